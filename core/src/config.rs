@@ -1,0 +1,202 @@
+//! The one place for configuration. Every field has a `RAILCC_*` variable, a default and a line
+//! of documentation; `railcc config` prints the table. Nothing else in railcc reads the
+//! environment for tunables (launchers' variables are read by [`crate::launch`]).
+
+use crate::error::{Error, Result};
+use std::time::Duration;
+
+/// Which collective algorithm to use; `Auto` lets the size-based selector decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AlgoChoice {
+    Auto,
+    Ring,
+    Direct,
+}
+
+impl std::str::FromStr for AlgoChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" | "" => Ok(AlgoChoice::Auto),
+            "ring" => Ok(AlgoChoice::Ring),
+            "direct" | "oneshot" | "one-shot" => Ok(AlgoChoice::Direct),
+            _ => Err(format!(
+                "unknown algorithm '{s}' (expected auto, ring, direct)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for AlgoChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AlgoChoice::Auto => "auto",
+            AlgoChoice::Ring => "ring",
+            AlgoChoice::Direct => "direct",
+        })
+    }
+}
+
+macro_rules! config {
+    ($( $(#[doc = $doc:literal])* $field:ident : $ty:ty = $default:expr, $env:literal; )*) => {
+        /// Effective configuration. Build with [`Config::default`] and set fields in code, or
+        /// with [`Config::from_env`] to apply `RAILCC_*` variables over the defaults.
+        #[derive(Debug, Clone, PartialEq)]
+        pub struct Config {
+            $( $(#[doc = $doc])* pub $field: $ty, )*
+        }
+
+        impl Default for Config {
+            fn default() -> Self {
+                Config { $( $field: $default, )* }
+            }
+        }
+
+        impl Config {
+            /// Applies variables from `lookup` (normally the process environment) over `self`.
+            pub fn apply_vars(mut self, lookup: impl Fn(&str) -> Option<String>) -> Result<Config> {
+                $(
+                    if let Some(v) = lookup($env) {
+                        self.$field = parse_value::<$ty>(&v).map_err(|e| {
+                            Error::invalid(format!("{}={v:?}: {e}", $env))
+                        })?;
+                    }
+                )*
+                Ok(self)
+            }
+
+            /// Rows of (variable, value, source, documentation) for `railcc config`.
+            pub fn describe(&self, lookup: impl Fn(&str) -> Option<String>) -> Vec<ConfigRow> {
+                vec![$(
+                    ConfigRow {
+                        var: $env,
+                        value: show_value(&self.$field),
+                        from_env: lookup($env).is_some(),
+                        doc: concat!($($doc),*).trim(),
+                    },
+                )*]
+            }
+        }
+    };
+}
+
+config! {
+    /// Deadline for any wait with no progress (bootstrap, connect, data), in milliseconds.
+    timeout_ms: u64 = 60_000, "RAILCC_TIMEOUT_MS";
+    /// Interfaces for sockets: a prefix list like NCCL's (`eth`, `^docker`, `=lo`). Empty: the
+    /// interface that reaches the bootstrap root, loopback for a local job.
+    socket_ifname: String = String::new(), "RAILCC_SOCKET_IFNAME";
+    /// TCP streams per peer connection; large messages are striped over them.
+    nsocks_per_peer: usize = 2, "RAILCC_NSOCKS_PER_PEER";
+    /// A message is striped over several streams only when each part gets at least this many bytes.
+    stripe_min_bytes: usize = 256 * 1024, "RAILCC_STRIPE_MIN_BYTES";
+    /// Socket send and receive buffer size in bytes (0 keeps the kernel's autotuning).
+    socket_buffer_bytes: usize = 4 * 1024 * 1024, "RAILCC_SOCKET_BUFFER_BYTES";
+    /// Pipelining chunk size in bytes for ring and chain algorithms.
+    chunk_bytes: usize = 512 * 1024, "RAILCC_CHUNK_BYTES";
+    /// Chunks a rank may have received but not yet consumed, per peer (bounds scratch memory).
+    max_inflight_chunks: usize = 8, "RAILCC_MAX_INFLIGHT_CHUNKS";
+    /// Algorithm: auto, ring or direct (one-shot).
+    algo: AlgoChoice = AlgoChoice::Auto, "RAILCC_ALGO";
+    /// Under auto, all-reduce uses the direct algorithm up to this many bytes per rank.
+    direct_max_bytes: usize = 64 * 1024, "RAILCC_DIRECT_MAX_BYTES";
+    /// Microseconds a waiting rank busy-polls before it sleeps in poll(2). 0 sleeps at once.
+    spin_us: u64 = 200, "RAILCC_SPIN_US";
+    /// Largest message a peer may announce, in bytes; a bigger header is a protocol error.
+    max_message_bytes: u64 = 1 << 40, "RAILCC_MAX_MESSAGE_BYTES";
+}
+
+impl Config {
+    /// Defaults overridden by the process environment.
+    pub fn from_env() -> Result<Config> {
+        Config::default().apply_vars(|k| std::env::var(k).ok())
+    }
+
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+
+    /// Checks values that parse but cannot work.
+    pub fn validate(&self) -> Result<()> {
+        if self.nsocks_per_peer == 0 || self.nsocks_per_peer > 64 {
+            return Err(Error::invalid(format!(
+                "RAILCC_NSOCKS_PER_PEER={} must be between 1 and 64",
+                self.nsocks_per_peer
+            )));
+        }
+        if self.chunk_bytes < 64 {
+            return Err(Error::invalid(format!(
+                "RAILCC_CHUNK_BYTES={} must be at least 64",
+                self.chunk_bytes
+            )));
+        }
+        if self.max_inflight_chunks == 0 {
+            return Err(Error::invalid(
+                "RAILCC_MAX_INFLIGHT_CHUNKS must be at least 1",
+            ));
+        }
+        if self.timeout_ms == 0 {
+            return Err(Error::invalid("RAILCC_TIMEOUT_MS must be at least 1"));
+        }
+        Ok(())
+    }
+}
+
+/// One row of `railcc config`.
+#[derive(Debug, Clone)]
+pub struct ConfigRow {
+    pub var: &'static str,
+    pub value: String,
+    pub from_env: bool,
+    pub doc: &'static str,
+}
+
+fn parse_value<T: std::str::FromStr>(s: &str) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    s.trim().parse::<T>().map_err(|e| e.to_string())
+}
+
+fn show_value<T: std::fmt::Display>(v: &T) -> String {
+    let s = v.to_string();
+    if s.is_empty() {
+        "(unset)".to_string()
+    } else {
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_overrides_defaults() {
+        let cfg = Config::default()
+            .apply_vars(|k| match k {
+                "RAILCC_TIMEOUT_MS" => Some("1500".into()),
+                "RAILCC_ALGO" => Some("ring".into()),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(cfg.timeout_ms, 1500);
+        assert_eq!(cfg.algo, AlgoChoice::Ring);
+        assert_eq!(cfg.chunk_bytes, Config::default().chunk_bytes);
+    }
+
+    #[test]
+    fn bad_value_names_the_variable() {
+        let e = Config::default()
+            .apply_vars(|k| (k == "RAILCC_NSOCKS_PER_PEER").then(|| "many".to_string()))
+            .unwrap_err();
+        assert!(e.message.contains("RAILCC_NSOCKS_PER_PEER"), "{e}");
+    }
+
+    #[test]
+    fn describe_lists_every_field() {
+        let rows = Config::default().describe(|_| None);
+        assert!(rows.iter().any(|r| r.var == "RAILCC_CHUNK_BYTES"));
+        assert!(rows.iter().all(|r| !r.doc.is_empty() && !r.from_env));
+    }
+}

@@ -1,0 +1,24 @@
+//! railcc-core: the types every other crate shares. It knows nothing of CUDA or verbs.
+//!
+//! - [`dtype`]: element types and reduction operators.
+//! - [`error`]: the one error type, carrying rank, peer, operation and transport.
+//! - [`config`]: all tunables, from code or `RAILCC_*` variables.
+//! - [`auth`]: the secret-proving handshake used by bootstrap and transports.
+//! - [`bootstrap`]: unique id, rendezvous, out-of-band all-gather and barrier.
+//! - [`launch`]: rank discovery from torchrun, Open MPI, Slurm and PMI variables.
+//! - [`net`]: the network-transport interface (NCCL net-plugin shape).
+//! - [`netif`]: choosing the socket interface.
+
+pub mod auth;
+pub mod bootstrap;
+pub mod config;
+pub mod dtype;
+pub mod error;
+pub mod launch;
+pub mod net;
+pub mod netif;
+pub mod wire;
+
+pub use config::Config;
+pub use dtype::{DataType, Element, ReduceOp};
+pub use error::{Error, ErrorKind, Result};

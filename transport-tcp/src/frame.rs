@@ -1,0 +1,185 @@
+//! The frame header that starts every part of every message on every stream, and the
+//! deterministic split of a message over streams that both ends compute.
+
+use railcc_core::net::{MsgTag, TAG_BYTES};
+use railcc_core::{Error, ErrorKind, Result};
+
+pub const MAGIC: u32 = 0x3146_4352; // "RCF1"
+pub const HEADER_BYTES: usize = 72;
+
+/// Header of one part: `magic | part u16 | nparts u16 | seq u64 | tag 32 | total u64 | off u64 | len u64`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    pub part: u16,
+    pub nparts: u16,
+    pub seq: u64,
+    pub tag: MsgTag,
+    pub total: u64,
+    pub off: u64,
+    pub len: u64,
+}
+
+impl Header {
+    pub fn encode(&self) -> [u8; HEADER_BYTES] {
+        let mut b = [0u8; HEADER_BYTES];
+        b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        b[4..6].copy_from_slice(&self.part.to_le_bytes());
+        b[6..8].copy_from_slice(&self.nparts.to_le_bytes());
+        b[8..16].copy_from_slice(&self.seq.to_le_bytes());
+        b[16..48].copy_from_slice(&self.tag.encode());
+        b[48..56].copy_from_slice(&self.total.to_le_bytes());
+        b[56..64].copy_from_slice(&self.off.to_le_bytes());
+        b[64..72].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Parses without trusting anything: only the magic is checked here; [`Header::check`]
+    /// checks the rest against what the receiver expects.
+    pub fn decode(b: &[u8; HEADER_BYTES]) -> Result<Header> {
+        let u64at = |i: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(x)
+        };
+        let magic = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        if magic != MAGIC {
+            return Err(Error::new(
+                ErrorKind::Protocol,
+                format!("bad frame magic {magic:#010x}"),
+            ));
+        }
+        let mut tag = [0u8; TAG_BYTES];
+        tag.copy_from_slice(&b[16..48]);
+        Ok(Header {
+            part: u16::from_le_bytes([b[4], b[5]]),
+            nparts: u16::from_le_bytes([b[6], b[7]]),
+            seq: u64at(8),
+            tag: MsgTag::decode(&tag),
+            total: u64at(48),
+            off: u64at(56),
+            len: u64at(64),
+        })
+    }
+
+    /// Checks a header that arrived on `stream` against the receive posted for its sequence.
+    pub fn check(
+        &self,
+        stream: usize,
+        nstreams: usize,
+        expect: &MsgTag,
+        posted_len: u64,
+        stripe_min: usize,
+        max_message: u64,
+    ) -> Result<()> {
+        let proto = |m: String| Err(Error::new(ErrorKind::Protocol, m));
+        if self.total > max_message {
+            return proto(format!(
+                "peer announced a {}-byte message, bound is {max_message}",
+                self.total
+            ));
+        }
+        if self.tag != *expect {
+            return Err(MsgTag::mismatch(expect, &self.tag));
+        }
+        if self.total != posted_len {
+            let elem = railcc_core::DataType::from_u8(expect.dtype).map_or(1, |d| d.size() as u64);
+            return Err(Error::new(
+                ErrorKind::Mismatch,
+                format!(
+                    "size differs: peer sent {} bytes ({} elements), this rank expected {} bytes ({} elements)",
+                    self.total,
+                    self.total / elem,
+                    posted_len,
+                    posted_len / elem
+                ),
+            ));
+        }
+        let nparts = nparts(self.total as usize, nstreams, stripe_min);
+        let (off, len) = split(self.total as usize, nparts, stream);
+        if self.part as usize != stream
+            || self.nparts as usize != nparts
+            || self.off != off as u64
+            || self.len != len as u64
+        {
+            return proto(format!(
+                "bad split on stream {stream}: part {}/{} at {}+{}, expected part {stream}/{nparts} at {off}+{len}",
+                self.part, self.nparts, self.off, self.len
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How many streams a message of `total` bytes uses.
+pub fn nparts(total: usize, nstreams: usize, stripe_min: usize) -> usize {
+    (total / stripe_min.max(1)).clamp(1, nstreams.max(1))
+}
+
+/// Byte range of part `i` of `nparts`. Parts are equal but the last, which may be shorter;
+/// a part past the end is empty.
+pub fn split(total: usize, nparts: usize, i: usize) -> (usize, usize) {
+    let chunk = total.div_ceil(nparts.max(1));
+    let off = (chunk * i).min(total);
+    (off, chunk.min(total - off))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use railcc_core::net::CollKind;
+    use railcc_core::DataType;
+
+    proptest! {
+        #[test]
+        fn split_covers_exactly(total in 0usize..10_000_000, nstreams in 1usize..9, stripe in 1usize..1_000_000) {
+            let n = nparts(total, nstreams, stripe);
+            prop_assert!(n >= 1 && n <= nstreams);
+            let mut next = 0;
+            for i in 0..n {
+                let (off, len) = split(total, n, i);
+                prop_assert_eq!(off, next);
+                next = off + len;
+            }
+            prop_assert_eq!(next, total);
+        }
+
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), HEADER_BYTES)) {
+            let mut b = [0u8; HEADER_BYTES];
+            b.copy_from_slice(&bytes);
+            if let Ok(h) = Header::decode(&b) {
+                let tag = MsgTag::new(0, CollKind::AllReduce, DataType::F32, None, None, 0);
+                let _ = h.check(0, 4, &tag, 1024, 4096, 1 << 30);
+            }
+        }
+    }
+
+    #[test]
+    fn header_round_trip_and_checks() {
+        let tag = MsgTag::new(3, CollKind::AllReduce, DataType::F32, None, None, 10);
+        let h = Header {
+            part: 0,
+            nparts: 1,
+            seq: 9,
+            tag,
+            total: 40,
+            off: 0,
+            len: 40,
+        };
+        let d = Header::decode(&h.encode()).unwrap();
+        assert_eq!(d, h);
+        d.check(0, 2, &tag, 40, 1024, 1 << 20).unwrap();
+        assert_eq!(
+            d.check(0, 2, &tag, 80, 1024, 1 << 20).unwrap_err().kind,
+            ErrorKind::Mismatch
+        );
+        assert_eq!(
+            d.check(0, 2, &tag, 40, 1024, 16).unwrap_err().kind,
+            ErrorKind::Protocol
+        );
+        let mut bad = h.encode();
+        bad[0] = 0;
+        assert_eq!(Header::decode(&bad).unwrap_err().kind, ErrorKind::Protocol);
+    }
+}

@@ -1,0 +1,147 @@
+//! TCP transport: the [`railcc_core::net`] interface over real sockets.
+//!
+//! - A connection is `nsocks_per_peer` TCP streams; a message of at least two stripes is split
+//!   over them in equal parts ([`frame::split`]), a small one goes on stream 0 alone.
+//! - Every part starts with a [`frame::Header`] that the receiver checks against what it
+//!   posted: magic, sequence, tag, length and split. A bad header is an error, never an
+//!   allocation (data goes straight into the caller's buffer) or a panic.
+//! - Sockets are non-blocking with `TCP_NODELAY` and large buffers; progress happens in `test`.
+//! - Every stream proves the job secret ([`railcc_core::auth`]) before it carries data.
+
+pub mod frame;
+mod listener;
+mod recv;
+mod send;
+mod sock;
+
+pub use listener::TcpListenerComm;
+pub use recv::TcpRecvComm;
+pub use send::TcpSendComm;
+
+use railcc_core::auth::Secret;
+use railcc_core::net::{
+    ConnIdent, ConnectHandle, NetListener, NetProps, NetSendComm, NetTransport,
+};
+use railcc_core::{Config, Error, ErrorKind, Result};
+use std::net::{IpAddr, SocketAddr};
+use std::time::Instant;
+
+pub const NAME: &str = "tcp";
+
+/// Settings the TCP transport takes from [`Config`].
+#[derive(Debug, Clone)]
+pub struct TcpSettings {
+    pub nstreams: usize,
+    pub stripe_min_bytes: usize,
+    pub socket_buffer_bytes: usize,
+    pub max_message_bytes: u64,
+}
+
+impl TcpSettings {
+    pub fn from_config(c: &Config) -> TcpSettings {
+        TcpSettings {
+            nstreams: c.nsocks_per_peer,
+            stripe_min_bytes: c.stripe_min_bytes.max(1),
+            socket_buffer_bytes: c.socket_buffer_bytes,
+            max_message_bytes: c.max_message_bytes,
+        }
+    }
+}
+
+/// The TCP transport bound to one local interface address.
+pub struct TcpTransport {
+    ifname: String,
+    ip: IpAddr,
+    secret: Secret,
+    settings: TcpSettings,
+}
+
+impl TcpTransport {
+    pub fn new(ifname: String, ip: IpAddr, secret: Secret, settings: TcpSettings) -> TcpTransport {
+        TcpTransport {
+            ifname,
+            ip,
+            secret,
+            settings,
+        }
+    }
+
+    pub fn local_ip(&self) -> IpAddr {
+        self.ip
+    }
+}
+
+fn link_speed_mbps(ifname: &str) -> u64 {
+    std::fs::read_to_string(format!("/sys/class/net/{ifname}/speed"))
+        .ok()
+        .and_then(|s| s.trim().parse::<i64>().ok())
+        .filter(|v| *v > 0)
+        .map_or(0, |v| v as u64)
+}
+
+impl NetTransport for TcpTransport {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn devices(&self) -> Result<Vec<NetProps>> {
+        let pci = std::fs::canonicalize(format!("/sys/class/net/{}/device", self.ifname))
+            .ok()
+            .map(|p| p.display().to_string());
+        Ok(vec![NetProps {
+            name: format!("{} ({})", self.ifname, self.ip),
+            speed_mbps: link_speed_mbps(&self.ifname),
+            pci_path: pci,
+            gpu_direct: false,
+            max_comms: 65536,
+        }])
+    }
+
+    fn listen(&self, dev: usize) -> Result<Box<dyn NetListener>> {
+        if dev != 0 {
+            return Err(Error::invalid(format!("tcp: no device {dev}")).transport(NAME));
+        }
+        Ok(Box::new(TcpListenerComm::bind(
+            self.ip,
+            self.secret,
+            self.settings.clone(),
+        )?))
+    }
+
+    fn connect(
+        &self,
+        dev: usize,
+        handle: &ConnectHandle,
+        me: ConnIdent,
+        deadline: Instant,
+    ) -> Result<Box<dyn NetSendComm>> {
+        if dev != 0 {
+            return Err(Error::invalid(format!("tcp: no device {dev}")).transport(NAME));
+        }
+        let addr = decode_handle(handle)?;
+        Ok(Box::new(TcpSendComm::connect(
+            addr,
+            me,
+            &self.secret,
+            &self.settings,
+            deadline,
+        )?))
+    }
+}
+
+pub(crate) fn encode_handle(addr: SocketAddr) -> ConnectHandle {
+    ConnectHandle(addr.to_string().into_bytes())
+}
+
+pub(crate) fn decode_handle(h: &ConnectHandle) -> Result<SocketAddr> {
+    std::str::from_utf8(&h.0)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::Protocol,
+                "tcp: connect handle is not a socket address",
+            )
+            .transport(NAME)
+        })
+}
