@@ -1,0 +1,269 @@
+//! Host reduction kernels for every dtype and op. Each loop is a plain zip over two slices with
+//! the operator chosen outside the loop, so the compiler vectorizes it; f16 and bf16 are
+//! widened to f32 for the arithmetic.
+
+use half::{bf16, f16};
+use railcc_core::{DataType, ReduceOp};
+
+trait Arith: Copy {
+    fn sum(self, o: Self) -> Self;
+    fn prod(self, o: Self) -> Self;
+    fn max(self, o: Self) -> Self;
+    fn min(self, o: Self) -> Self;
+    /// `self / n`, the final step of `Avg`.
+    fn div_n(self, n: usize) -> Self;
+}
+
+macro_rules! int_arith {
+    ($($t:ty),*) => {$(
+        impl Arith for $t {
+            #[inline(always)] fn sum(self, o: Self) -> Self { self.wrapping_add(o) }
+            #[inline(always)] fn prod(self, o: Self) -> Self { self.wrapping_mul(o) }
+            #[inline(always)] fn max(self, o: Self) -> Self { Ord::max(self, o) }
+            #[inline(always)] fn min(self, o: Self) -> Self { Ord::min(self, o) }
+            #[inline(always)] fn div_n(self, n: usize) -> Self { self / (n as $t) }
+        }
+    )*};
+}
+int_arith!(i8, u8, i32, u32, i64, u64);
+
+macro_rules! float_arith {
+    ($($t:ty),*) => {$(
+        impl Arith for $t {
+            #[inline(always)] fn sum(self, o: Self) -> Self { self + o }
+            #[inline(always)] fn prod(self, o: Self) -> Self { self * o }
+            #[inline(always)] fn max(self, o: Self) -> Self { if o > self { o } else { self } }
+            #[inline(always)] fn min(self, o: Self) -> Self { if o < self { o } else { self } }
+            #[inline(always)] fn div_n(self, n: usize) -> Self { self / (n as $t) }
+        }
+    )*};
+}
+float_arith!(f32, f64);
+
+macro_rules! half_arith {
+    ($($t:ty),*) => {$(
+        impl Arith for $t {
+            #[inline(always)] fn sum(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() + o.to_f32()) }
+            #[inline(always)] fn prod(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() * o.to_f32()) }
+            #[inline(always)] fn max(self, o: Self) -> Self { if o.to_f32() > self.to_f32() { o } else { self } }
+            #[inline(always)] fn min(self, o: Self) -> Self { if o.to_f32() < self.to_f32() { o } else { self } }
+            #[inline(always)] fn div_n(self, n: usize) -> Self { <$t>::from_f32(self.to_f32() / n as f32) }
+        }
+    )*};
+}
+half_arith!(f16, bf16);
+
+/// A binary operator as a type, so each (dtype, op) loop is monomorphized and vectorized.
+trait Bin<T> {
+    fn f(a: T, b: T) -> T;
+}
+struct SumOp;
+struct ProdOp;
+struct MaxOp;
+struct MinOp;
+impl<T: Arith> Bin<T> for SumOp {
+    #[inline(always)]
+    fn f(a: T, b: T) -> T {
+        a.sum(b)
+    }
+}
+impl<T: Arith> Bin<T> for ProdOp {
+    #[inline(always)]
+    fn f(a: T, b: T) -> T {
+        a.prod(b)
+    }
+}
+impl<T: Arith> Bin<T> for MaxOp {
+    #[inline(always)]
+    fn f(a: T, b: T) -> T {
+        a.max(b)
+    }
+}
+impl<T: Arith> Bin<T> for MinOp {
+    #[inline(always)]
+    fn f(a: T, b: T) -> T {
+        a.min(b)
+    }
+}
+
+fn into3_op<T: Arith, O: Bin<T>>(dst: &mut [T], a: &[T], b: &[T]) {
+    for ((d, x), y) in dst.iter_mut().zip(a).zip(b) {
+        *d = O::f(*x, *y);
+    }
+}
+
+fn inplace_op<T: Arith, O: Bin<T>>(acc: &mut [T], b: &[T]) {
+    for (d, y) in acc.iter_mut().zip(b) {
+        *d = O::f(*d, *y);
+    }
+}
+
+fn into3<T: Arith>(op: ReduceOp, dst: &mut [T], a: &[T], b: &[T]) {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => into3_op::<T, SumOp>(dst, a, b),
+        ReduceOp::Prod => into3_op::<T, ProdOp>(dst, a, b),
+        ReduceOp::Max => into3_op::<T, MaxOp>(dst, a, b),
+        ReduceOp::Min => into3_op::<T, MinOp>(dst, a, b),
+    }
+}
+
+fn inplace<T: Arith>(op: ReduceOp, acc: &mut [T], b: &[T]) {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => inplace_op::<T, SumOp>(acc, b),
+        ReduceOp::Prod => inplace_op::<T, ProdOp>(acc, b),
+        ReduceOp::Max => inplace_op::<T, MaxOp>(acc, b),
+        ReduceOp::Min => inplace_op::<T, MinOp>(acc, b),
+    }
+}
+
+macro_rules! dispatch {
+    ($dt:expr, $f:ident, $($args:tt)*) => {
+        match $dt {
+            DataType::I8 => $f::<i8>($($args)*),
+            DataType::U8 => $f::<u8>($($args)*),
+            DataType::I32 => $f::<i32>($($args)*),
+            DataType::U32 => $f::<u32>($($args)*),
+            DataType::I64 => $f::<i64>($($args)*),
+            DataType::U64 => $f::<u64>($($args)*),
+            DataType::F16 => $f::<f16>($($args)*),
+            DataType::Bf16 => $f::<bf16>($($args)*),
+            DataType::F32 => $f::<f32>($($args)*),
+            DataType::F64 => $f::<f64>($($args)*),
+        }
+    };
+}
+
+/// # Safety
+/// Pointers valid for `n` elements of `T`, aligned; `dst` either equals `a` or overlaps neither.
+unsafe fn reduce_typed<T: Arith>(op: ReduceOp, dst: *mut u8, a: *const u8, b: *const u8, n: usize) {
+    let (dst, a, b) = (dst as *mut T, a as *const T, b as *const T);
+    if std::ptr::eq(dst, b) && !std::ptr::eq(dst, a) {
+        // Every operator is commutative: reduce into `b`'s place with `a`.
+        inplace(
+            op,
+            std::slice::from_raw_parts_mut(dst, n),
+            std::slice::from_raw_parts(a, n),
+        );
+    } else if std::ptr::eq(dst, a) {
+        if std::ptr::eq(a, b) {
+            let copy: Vec<T> = std::slice::from_raw_parts(b, n).to_vec();
+            inplace(op, std::slice::from_raw_parts_mut(dst, n), &copy);
+        } else {
+            inplace(
+                op,
+                std::slice::from_raw_parts_mut(dst, n),
+                std::slice::from_raw_parts(b, n),
+            );
+        }
+    } else {
+        into3(
+            op,
+            std::slice::from_raw_parts_mut(dst, n),
+            std::slice::from_raw_parts(a, n),
+            std::slice::from_raw_parts(b, n),
+        );
+    }
+}
+
+/// `dst[i] = a[i] op b[i]` for `n` elements (`Avg` reduces as a sum).
+///
+/// # Safety
+/// All three must be valid and aligned for `n` elements of `dt`; `dst` may be exactly `a` or
+/// exactly `b`, and must not partially overlap either.
+pub unsafe fn reduce_raw(
+    dt: DataType,
+    op: ReduceOp,
+    dst: *mut u8,
+    a: *const u8,
+    b: *const u8,
+    n: usize,
+) {
+    dispatch!(dt, reduce_typed, op, dst, a, b, n)
+}
+
+/// # Safety
+/// As [`divide_raw`].
+unsafe fn divide_typed<T: Arith>(buf: *mut u8, n: usize, ranks: usize) {
+    for x in std::slice::from_raw_parts_mut(buf as *mut T, n) {
+        *x = x.div_n(ranks);
+    }
+}
+
+/// The final division of `Avg`: `buf[i] /= ranks`.
+///
+/// # Safety
+/// `buf` valid and aligned for `n` elements of `dt`.
+pub unsafe fn divide_raw(dt: DataType, buf: *mut u8, n: usize, ranks: usize) {
+    dispatch!(dt, divide_typed, buf, n, ranks)
+}
+
+/// Safe wrapper over byte slices of equal length (tests and the reference use it).
+pub fn reduce_bytes(dt: DataType, op: ReduceOp, acc: &mut [u8], other: &[u8]) {
+    let n = acc.len().min(other.len()) / dt.size();
+    assert_aligned(dt, acc.as_ptr());
+    assert_aligned(dt, other.as_ptr());
+    // SAFETY: lengths bounded by both slices; alignment checked; `acc` and `other` are distinct
+    // borrows so they cannot overlap.
+    unsafe { reduce_raw(dt, op, acc.as_mut_ptr(), acc.as_ptr(), other.as_ptr(), n) }
+}
+
+fn assert_aligned(dt: DataType, p: *const u8) {
+    assert!(
+        (p as usize) % dt.size() == 0,
+        "reduce_bytes: buffer not aligned for {dt}"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_dtype_and_op() {
+        let a: Vec<f32> = vec![1.0, -2.0, 3.0, 4.0];
+        let b: Vec<f32> = vec![2.0, 2.0, -1.0, 4.0];
+        let expect = |op: ReduceOp| -> Vec<f64> {
+            a.iter()
+                .zip(&b)
+                .map(|(x, y)| {
+                    let (x, y) = (*x as f64, *y as f64);
+                    match op {
+                        ReduceOp::Sum | ReduceOp::Avg => x + y,
+                        ReduceOp::Prod => x * y,
+                        ReduceOp::Max => x.max(y),
+                        ReduceOp::Min => x.min(y),
+                    }
+                })
+                .collect()
+        };
+        for dt in [
+            DataType::I8,
+            DataType::I32,
+            DataType::I64,
+            DataType::F16,
+            DataType::Bf16,
+            DataType::F32,
+            DataType::F64,
+        ] {
+            for op in ReduceOp::ALL {
+                let enc = |v: &[f32]| {
+                    crate::reference::encode(dt, &v.iter().map(|x| *x as f64).collect::<Vec<_>>())
+                };
+                let mut acc = enc(&a);
+                reduce_bytes(dt, op, &mut acc, &enc(&b));
+                assert_eq!(crate::reference::decode(dt, &acc), expect(op), "{dt} {op}");
+            }
+        }
+    }
+
+    #[test]
+    fn unsigned_wraps() {
+        let mut acc = vec![250u8, 3];
+        reduce_bytes(DataType::U8, ReduceOp::Sum, &mut acc, &[10, 4]);
+        assert_eq!(acc, vec![4, 7]);
+        let mut x = vec![9u8, 200];
+        // SAFETY: valid u8 buffer of 2 elements.
+        unsafe { divide_raw(DataType::U8, x.as_mut_ptr(), 2, 4) };
+        assert_eq!(x, vec![2, 50]);
+    }
+}

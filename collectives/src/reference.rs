@@ -1,0 +1,162 @@
+//! The oracle: what each rank's output must be, computed straight from every rank's input
+//! with exact arithmetic (i128 and f64), independent of the kernels in [`crate::reduce`].
+//! Tests fill inputs with small integers ([`fill_value`]) so that every dtype holds every
+//! intermediate exactly and results compare bit for bit whatever the reduction order.
+
+use crate::plan::CollArgs;
+use half::{bf16, f16};
+use railcc_core::net::CollKind;
+use railcc_core::{DataType, ReduceOp};
+
+/// Decodes a byte buffer to f64 values (integers are exact below 2^53).
+pub fn decode(dt: DataType, b: &[u8]) -> Vec<f64> {
+    let c = b.chunks_exact(dt.size());
+    match dt {
+        DataType::I8 => c.map(|x| x[0] as i8 as f64).collect(),
+        DataType::U8 => c.map(|x| x[0] as f64).collect(),
+        DataType::I32 => c
+            .map(|x| i32::from_le_bytes([x[0], x[1], x[2], x[3]]) as f64)
+            .collect(),
+        DataType::U32 => c
+            .map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]) as f64)
+            .collect(),
+        DataType::I64 => c.map(|x| i64::from_le_bytes(arr8(x)) as f64).collect(),
+        DataType::U64 => c.map(|x| u64::from_le_bytes(arr8(x)) as f64).collect(),
+        DataType::F16 => c
+            .map(|x| f16::from_le_bytes([x[0], x[1]]).to_f64())
+            .collect(),
+        DataType::Bf16 => c
+            .map(|x| bf16::from_le_bytes([x[0], x[1]]).to_f64())
+            .collect(),
+        DataType::F32 => c
+            .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]) as f64)
+            .collect(),
+        DataType::F64 => c.map(|x| f64::from_le_bytes(arr8(x))).collect(),
+    }
+}
+
+fn arr8(x: &[u8]) -> [u8; 8] {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(x);
+    a
+}
+
+/// Encodes f64 values; integers wrap modulo 2^bits like the kernels' wrapping arithmetic.
+pub fn encode(dt: DataType, v: &[f64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(v.len() * dt.size());
+    for &x in v {
+        let i = x as i128;
+        match dt {
+            DataType::I8 | DataType::U8 => out.push(i as u8),
+            DataType::I32 | DataType::U32 => out.extend_from_slice(&(i as u32).to_le_bytes()),
+            DataType::I64 | DataType::U64 => out.extend_from_slice(&(i as u64).to_le_bytes()),
+            DataType::F16 => out.extend_from_slice(&f16::from_f64(x).to_le_bytes()),
+            DataType::Bf16 => out.extend_from_slice(&bf16::from_f64(x).to_le_bytes()),
+            DataType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
+            DataType::F64 => out.extend_from_slice(&x.to_le_bytes()),
+        }
+    }
+    out
+}
+
+/// A small nonzero integer for element `i` of `rank`, chosen so that sums and products over up
+/// to 64 ranks stay exact in every dtype (products hold at most a few factors of 2).
+pub fn fill_value(dt: DataType, op: ReduceOp, rank: usize, i: usize, seed: u64) -> f64 {
+    let h = (rank as u64)
+        .wrapping_mul(0x9e37_79b9)
+        .wrapping_add((i as u64).wrapping_mul(2_654_435_761))
+        .wrapping_add(seed);
+    let h = (h ^ (h >> 13)).wrapping_mul(0x5bd1_e995);
+    let h = h ^ (h >> 15);
+    let signed = !matches!(dt, DataType::U8 | DataType::U32 | DataType::U64);
+    match op {
+        ReduceOp::Prod => {
+            let mag = if h % 16 == 0 { 2.0 } else { 1.0 };
+            if signed && (h >> 8) % 2 == 0 {
+                -mag
+            } else {
+                mag
+            }
+        }
+        _ => {
+            let v = (h % 4) as f64 + 1.0; // 1..=4
+            if signed && (h >> 8) % 2 == 0 {
+                -v
+            } else {
+                v
+            }
+        }
+    }
+}
+
+/// Every rank's input buffer for a call (the send buffer's contents).
+pub fn fill_input(a: &CollArgs, rank: usize, seed: u64) -> Vec<u8> {
+    let n = a.send_elems();
+    let v: Vec<f64> = (0..n)
+        .map(|i| fill_value(a.dtype, a.op, rank, i, seed))
+        .collect();
+    encode(a.dtype, &v)
+}
+
+fn reduce_exact(dt: DataType, op: ReduceOp, vals: &[Vec<f64>], nranks: usize) -> Vec<f64> {
+    let n = vals.first().map_or(0, |v| v.len());
+    (0..n)
+        .map(|i| {
+            let mut acc = vals[0][i];
+            for v in &vals[1..] {
+                let x = v[i];
+                acc = match op {
+                    ReduceOp::Sum | ReduceOp::Avg => acc + x,
+                    ReduceOp::Prod => acc * x,
+                    ReduceOp::Max => acc.max(x),
+                    ReduceOp::Min => acc.min(x),
+                };
+            }
+            if op == ReduceOp::Avg {
+                acc = avg_like_kernel(dt, acc, nranks);
+            }
+            acc
+        })
+        .collect()
+}
+
+/// The final division exactly as the kernel performs it (same precision, same rounding).
+fn avg_like_kernel(dt: DataType, sum: f64, n: usize) -> f64 {
+    let wrapped = decode(dt, &encode(dt, &[sum]))[0];
+    match dt {
+        DataType::F16 | DataType::Bf16 | DataType::F32 => (wrapped as f32 / n as f32) as f64,
+        DataType::F64 => wrapped / n as f64,
+        _ => (wrapped as i128 / n as i128) as f64,
+    }
+}
+
+/// What rank `rank`'s receive buffer must hold after the call, given every rank's input and
+/// the receive buffer's prior contents. For rooted reduce, non-roots' buffers are unchanged.
+pub fn expected(a: &CollArgs, inputs: &[Vec<u8>], rank: usize, prior_recv: &[u8]) -> Vec<u8> {
+    let dt = a.dtype;
+    let es = dt.size();
+    let p = a.nranks;
+    let c = a.count;
+    let vals: Vec<Vec<f64>> = inputs.iter().map(|b| decode(dt, b)).collect();
+    match a.coll {
+        CollKind::AllReduce => encode(dt, &reduce_exact(dt, a.op, &vals, p)),
+        CollKind::Reduce => {
+            if rank == a.root {
+                encode(dt, &reduce_exact(dt, a.op, &vals, p))
+            } else {
+                prior_recv.to_vec()
+            }
+        }
+        CollKind::ReduceScatter => {
+            let full = reduce_exact(dt, a.op, &vals, p);
+            encode(dt, &full[rank * c..(rank + 1) * c])
+        }
+        CollKind::AllGather => inputs.iter().flat_map(|b| b[..c * es].to_vec()).collect(),
+        CollKind::Broadcast => inputs[a.root][..c * es].to_vec(),
+        CollKind::AllToAll => (0..p)
+            .flat_map(|j| inputs[j][rank * c * es..(rank + 1) * c * es].to_vec())
+            .collect(),
+        CollKind::SendRecv => inputs[(rank + p - 1) % p][..c * es].to_vec(),
+        CollKind::Barrier => Vec::new(),
+    }
+}

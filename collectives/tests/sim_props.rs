@@ -1,0 +1,159 @@
+//! Property tests: every collective's plans, run by the simulator for every rank, agree bit for
+//! bit with the reference, for 1 to 16 ranks, awkward counts, every dtype and op, in place and
+//! out of place, and a range of chunk sizes and windows.
+
+use proptest::prelude::*;
+use railcc_collectives::plan::{Algo, CollArgs, PlanOpts};
+use railcc_collectives::reference::{expected, fill_input};
+use railcc_collectives::sim;
+use railcc_core::net::CollKind;
+use railcc_core::{DataType, ReduceOp};
+
+const COLLS: [CollKind; 8] = [
+    CollKind::AllReduce,
+    CollKind::AllReduce, // twice: ring and direct
+    CollKind::AllGather,
+    CollKind::ReduceScatter,
+    CollKind::Broadcast,
+    CollKind::Reduce,
+    CollKind::AllToAll,
+    CollKind::SendRecv,
+];
+
+fn check(a: CollArgs, algo: Algo, o: PlanOpts, seed: u64) -> Result<(), TestCaseError> {
+    let p = a.nranks;
+    let inputs: Vec<Vec<u8>> = (0..p).map(|r| fill_input(&a, r, seed)).collect();
+    // Receive buffers start as a recognisable pattern so unwritten output shows up.
+    let prior: Vec<Vec<u8>> = (0..p)
+        .map(|r| vec![0xA5 ^ r as u8; a.recv_elems() * a.dtype.size()])
+        .collect();
+    let prior = if o.in_place {
+        // In place, the receive buffer overlaps the input: its prior contents are the input's
+        // where they overlap (rooted reduce leaves non-root buffers as they were).
+        (0..p)
+            .map(|r| {
+                let (so, ro, total) = a.in_place_layout(r);
+                let es = a.dtype.size();
+                let mut backing = vec![0u8; total * es];
+                backing[ro * es..ro * es + prior[r].len()].copy_from_slice(&prior[r]);
+                backing[so * es..so * es + inputs[r].len()].copy_from_slice(&inputs[r]);
+                backing[ro * es..ro * es + prior[r].len()].to_vec()
+            })
+            .collect()
+    } else {
+        prior
+    };
+    let out = sim::run(&a, algo, &o, &inputs, &prior, seed)
+        .map_err(|e| TestCaseError::fail(format!("{a:?} {algo:?} {o:?}: {e}")))?;
+    for r in 0..p {
+        let want = expected(&a, &inputs, r, &prior[r]);
+        if out[r] != want {
+            let es = a.dtype.size();
+            let first = (0..want.len() / es)
+                .find(|i| out[r][i * es..(i + 1) * es] != want[i * es..(i + 1) * es]);
+            return Err(TestCaseError::fail(format!(
+                "{a:?} {algo:?} {o:?}: rank {r} differs first at element {first:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn count_strategy() -> impl Strategy<Value = usize> {
+    prop_oneof![
+        Just(0usize),
+        Just(1usize),
+        prop::sample::select(vec![2usize, 3, 5, 7, 13, 31, 97, 257, 1021, 4093]),
+        1usize..3000,
+        Just(262_147usize), // about a megabyte of f32, not a multiple of anything
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    #[test]
+    fn plans_match_reference(
+        coll_i in 0usize..COLLS.len(),
+        nranks in 1usize..=16,
+        count in count_strategy(),
+        dt in prop::sample::select(DataType::ALL.to_vec()),
+        op in prop::sample::select(ReduceOp::ALL.to_vec()),
+        root_seed in 0usize..1000,
+        in_place in any::<bool>(),
+        chunk in prop::sample::select(vec![1usize, 3, 64, 1000, 65536]),
+        window in 1usize..6,
+        seed in any::<u64>(),
+    ) {
+        let coll = COLLS[coll_i];
+        let algo = if coll_i == 1 { Algo::Direct } else { Algo::Ring };
+        let a = CollArgs { coll, nranks, count, dtype: dt, op, root: root_seed % nranks };
+        // Keep the simulated step count manageable: at most ~64 chunks per segment.
+        let chunk_elems = chunk.max(count / 64).max(1);
+        let o = PlanOpts { chunk_elems, window, in_place };
+        check(a, algo, o, seed)?;
+    }
+}
+
+#[test]
+fn barrier_plans_complete() {
+    for p in 1..=17 {
+        let a = CollArgs {
+            coll: CollKind::Barrier,
+            nranks: p,
+            count: 0,
+            dtype: DataType::U8,
+            op: ReduceOp::Sum,
+            root: 0,
+        };
+        let o = PlanOpts {
+            chunk_elems: 1,
+            window: 1,
+            in_place: false,
+        };
+        let inputs = vec![Vec::new(); p];
+        sim::run(&a, Algo::Dissemination, &o, &inputs, &inputs, 7).unwrap();
+    }
+}
+
+#[test]
+fn every_dtype_op_and_rank_count_small() {
+    // Exhaustive over the small space, on top of the random search above.
+    for coll_i in 0..COLLS.len() {
+        for p in 1..=9 {
+            for dt in DataType::ALL {
+                for op in ReduceOp::ALL {
+                    for in_place in [false, true] {
+                        let coll = COLLS[coll_i];
+                        if !matches!(
+                            coll,
+                            CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce
+                        ) && op != ReduceOp::Sum
+                        {
+                            continue;
+                        }
+                        let algo = if coll_i == 1 {
+                            Algo::Direct
+                        } else {
+                            Algo::Ring
+                        };
+                        let a = CollArgs {
+                            coll,
+                            nranks: p,
+                            count: 11,
+                            dtype: dt,
+                            op,
+                            root: p / 2,
+                        };
+                        let o = PlanOpts {
+                            chunk_elems: 2,
+                            window: 2,
+                            in_place,
+                        };
+                        check(a, algo, o, 42).unwrap();
+                    }
+                }
+            }
+        }
+    }
+}
