@@ -1,7 +1,15 @@
 //! railcc-collectives: the Communicator API, the algorithms as plans, the simulator that checks
 //! them, and the host executor that runs them over a network transport.
 
+pub mod comm;
+pub mod conn;
+pub mod exec;
 pub mod plan;
 pub mod reduce;
 pub mod reference;
 pub mod sim;
+
+pub use comm::{Bufs, Communicator, P2p};
+pub use plan::{Algo, CollArgs};
+pub use railcc_core::net::CollKind;
+pub use railcc_core::{Config, DataType, Element, Error, ErrorKind, ReduceOp, Result};

@@ -99,6 +99,16 @@ impl TcpRecvComm {
     fn progress_stream(&mut self, si: usize) -> Result<()> {
         let nstreams = self.streams.len();
         loop {
+            // Read only while a posted receive still needs this stream: reading ahead would turn
+            // a peer's orderly close after its last message into a spurious error.
+            if self.streams[si].cur.is_none()
+                && !self
+                    .posted
+                    .iter()
+                    .any(|p| p.parts_done < p.nparts && p.nparts > si)
+            {
+                return Ok(());
+            }
             if self.streams[si].cur.is_none() {
                 // Fast path: stream 0 carries part 0 of every message in order, so when the next
                 // message is posted and fits one part, read header and payload in one call.

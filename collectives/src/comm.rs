@@ -1,0 +1,617 @@
+//! The Communicator: one rank's handle on a job. `Send + Sync`; calls from several threads
+//! are serialized. After any failure the communicator is broken: it closes its connections
+//! (so peers learn of it at once) and every later call returns the same error.
+
+use crate::conn::Connections;
+use crate::exec::{Buffers, Exec, RawBuf};
+use crate::plan::{build, group_plan, Algo, CollArgs, P2pKind, PlanOpts};
+use parking_lot::Mutex;
+use railcc_core::bootstrap::{unspecified_like, Bootstrap, RootServer, UniqueId};
+use railcc_core::config::AlgoChoice;
+use railcc_core::launch;
+use railcc_core::net::{CollKind, MsgTag, NetTransport};
+use railcc_core::{netif, Config, DataType, Element, Error, ErrorKind, ReduceOp, Result};
+use railcc_transport_tcp::{TcpSettings, TcpTransport};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+struct State {
+    conns: Connections,
+    bootstrap: Bootstrap,
+    op_seq: u64,
+    scratch: Vec<u64>,
+    broken: Option<Error>,
+}
+
+pub struct Communicator {
+    rank: usize,
+    nranks: usize,
+    cfg: Config,
+    iface: String,
+    state: Mutex<State>,
+    abort: Arc<AtomicBool>,
+    _root: Option<RootServer>,
+}
+
+/// Buffers of one call, as bytes: separate, or one buffer for an in-place call.
+pub enum Bufs<'a> {
+    OutOfPlace { send: &'a [u8], recv: &'a mut [u8] },
+    InPlace(&'a mut [u8]),
+}
+
+/// One operation of a grouped send/recv (see [`Communicator::group`]).
+pub enum P2p<'a, T> {
+    Send { peer: usize, buf: &'a [T] },
+    Recv { peer: usize, buf: &'a mut [T] },
+}
+
+impl Communicator {
+    /// Joins the job described by `id` as `rank` of `nranks`.
+    pub fn init(cfg: Config, id: &UniqueId, rank: usize, nranks: usize) -> Result<Communicator> {
+        Communicator::init_inner(cfg, id, rank, nranks, None)
+    }
+
+    /// Joins the job described by launcher variables (torchrun, Open MPI, Slurm, PMI, or
+    /// `RAILCC_RANK`/`RAILCC_NRANKS`). Rank 0 serves the rendezvous unless a unique id was given.
+    pub fn from_env(cfg: Config) -> Result<Communicator> {
+        let info = launch::discover(|k| std::env::var(k).ok())?.ok_or_else(|| {
+            Error::invalid("no launcher variables found (RANK/WORLD_SIZE, OMPI_COMM_WORLD_*, SLURM_*, PMI_*, or RAILCC_RANK/RAILCC_NRANKS)")
+        })?;
+        if info.weak_secret {
+            tracing::warn!("no RAILCC_UNIQUE_ID or RAILCC_SECRET: the job secret is derived from job ids, which anyone who sees the environment knows");
+        }
+        let root = if info.rank == 0 && std::env::var("RAILCC_UNIQUE_ID").is_err() {
+            let bind = SocketAddr::new(unspecified_like(info.id.root.ip()), info.id.root.port());
+            Some(RootServer::start_with_secret(
+                bind,
+                info.id.secret,
+                cfg.timeout(),
+            )?)
+        } else {
+            None
+        };
+        Communicator::init_inner(cfg, &info.id, info.rank, info.nranks, root)
+    }
+
+    fn init_inner(
+        cfg: Config,
+        id: &UniqueId,
+        rank: usize,
+        nranks: usize,
+        root: Option<RootServer>,
+    ) -> Result<Communicator> {
+        cfg.validate()?;
+        let ctx = |e: Error| e.rank(rank).op("init");
+        let ifaces = netif::list().map_err(ctx)?;
+        let iface = netif::choose(&ifaces, &cfg.socket_ifname, Some(id.root.ip())).map_err(ctx)?;
+        let mut bootstrap = Bootstrap::init(id, rank, nranks, iface.ip, cfg.timeout())?;
+        let transport: Arc<dyn NetTransport> = Arc::new(TcpTransport::new(
+            iface.name.clone(),
+            iface.ip,
+            id.secret,
+            TcpSettings::from_config(&cfg),
+        ));
+        let listener = transport.listen(0).map_err(ctx)?;
+        let handles = bootstrap.all_gather(&listener.handle().0)?;
+        let handles = handles
+            .into_iter()
+            .map(railcc_core::net::ConnectHandle)
+            .collect();
+        let conns = Connections::new(rank, nranks, transport, listener, handles).map_err(ctx)?;
+        bootstrap.barrier()?;
+        tracing::debug!(
+            "rank {rank}/{nranks} ready on {} ({})",
+            iface.name,
+            iface.ip
+        );
+        Ok(Communicator {
+            rank,
+            nranks,
+            iface: iface.name,
+            cfg,
+            state: Mutex::new(State {
+                conns,
+                bootstrap,
+                op_seq: 0,
+                scratch: Vec::new(),
+                broken: None,
+            }),
+            abort: Arc::new(AtomicBool::new(false)),
+            _root: root,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn nranks(&self) -> usize {
+        self.nranks
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The interface the sockets use.
+    pub fn interface(&self) -> &str {
+        &self.iface
+    }
+
+    /// Unblocks every waiter within milliseconds and breaks the communicator. Callable from any
+    /// thread, even while another thread is inside a collective.
+    pub fn abort(&self) {
+        self.abort.store(true, Ordering::Relaxed);
+    }
+
+    /// The error that broke this communicator, if any (like `ncclCommGetAsyncError`).
+    pub fn async_error(&self) -> Option<Error> {
+        if self.abort.load(Ordering::Relaxed) {
+            return Some(Error::new(ErrorKind::Aborted, "communicator aborted").rank(self.rank));
+        }
+        self.state.lock().broken.clone()
+    }
+
+    /// The algorithm a call would use.
+    pub fn algo_for(&self, a: &CollArgs) -> Algo {
+        match a.coll {
+            CollKind::AllReduce => {
+                let bytes = a.count * a.dtype.size();
+                match self.cfg.algo {
+                    AlgoChoice::Ring => Algo::Ring,
+                    AlgoChoice::Direct => Algo::Direct,
+                    AlgoChoice::Auto if bytes <= self.cfg.direct_max_bytes && a.nranks <= 16 => {
+                        Algo::Direct
+                    }
+                    AlgoChoice::Auto => Algo::Ring,
+                }
+            }
+            CollKind::Broadcast | CollKind::Reduce => Algo::Chain,
+            CollKind::AllToAll | CollKind::SendRecv => Algo::PointToPoint,
+            CollKind::Barrier => Algo::Dissemination,
+            CollKind::AllGather | CollKind::ReduceScatter => Algo::Ring,
+        }
+    }
+
+    /// Runs one collective on byte buffers. This is the entry point every typed call goes
+    /// through, and the one the bench uses for run-time dtypes.
+    pub fn collective(&self, a: CollArgs, bufs: Bufs<'_>) -> Result<()> {
+        let name = a.coll.name();
+        let fail = |m: String| Err(Error::invalid(format!("{name}: {m}")).rank(self.rank));
+        if a.nranks != self.nranks {
+            return fail(format!(
+                "nranks {} differs from the communicator's {}",
+                a.nranks, self.nranks
+            ));
+        }
+        if matches!(a.coll, CollKind::Broadcast | CollKind::Reduce) && a.root >= self.nranks {
+            return fail(format!(
+                "root {} out of range for {} ranks",
+                a.root, self.nranks
+            ));
+        }
+        let es = a.dtype.size();
+        let need = |elems: usize| {
+            elems.checked_mul(es).ok_or_else(|| {
+                Error::invalid(format!("{name}: count {} overflows", a.count)).rank(self.rank)
+            })
+        };
+        let (send_need, recv_need) = (need(a.send_elems())?, need(a.recv_elems())?);
+        let root_only_recv = a.coll == CollKind::Reduce && self.rank != a.root;
+        let root_only_send = a.coll == CollKind::Broadcast && self.rank != a.root;
+        let (send, recv, in_place) = match bufs {
+            Bufs::OutOfPlace { send, recv } => {
+                if !root_only_send && send.len() < send_need {
+                    return fail(format!(
+                        "send buffer holds {} bytes, {} elements of {} need {send_need}",
+                        send.len(),
+                        a.send_elems(),
+                        a.dtype
+                    ));
+                }
+                if !root_only_recv && recv.len() < recv_need {
+                    return fail(format!(
+                        "receive buffer holds {} bytes, {} elements of {} need {recv_need}",
+                        recv.len(),
+                        a.recv_elems(),
+                        a.dtype
+                    ));
+                }
+                let (sl, rl) = (
+                    if root_only_send { 0 } else { send_need },
+                    if root_only_recv { 0 } else { recv_need },
+                );
+                let s = RawBuf {
+                    ptr: send.as_ptr() as *mut u8,
+                    bytes: sl.min(send.len()),
+                    writable: false,
+                };
+                let r = RawBuf {
+                    ptr: recv.as_mut_ptr(),
+                    bytes: rl.min(recv.len()),
+                    writable: true,
+                };
+                (s, r, false)
+            }
+            Bufs::InPlace(buf) => {
+                let (so, ro, total) = a.in_place_layout(self.rank);
+                let total = need(total)?;
+                if buf.len() < total {
+                    return fail(format!(
+                        "in-place buffer holds {} bytes, needs {total}",
+                        buf.len()
+                    ));
+                }
+                // SAFETY: so*es + send_need and ro*es + recv_need are within `total` bytes of
+                // the buffer (in_place_layout's contract), checked against buf.len() above.
+                let (s, r) =
+                    unsafe { (buf.as_mut_ptr().add(so * es), buf.as_mut_ptr().add(ro * es)) };
+                (
+                    RawBuf {
+                        ptr: s,
+                        bytes: send_need,
+                        writable: false,
+                    },
+                    RawBuf {
+                        ptr: r,
+                        bytes: recv_need,
+                        writable: true,
+                    },
+                    true,
+                )
+            }
+        };
+        for (what, b) in [("send", &send), ("receive", &recv)] {
+            if b.bytes > 0 && (b.ptr as usize) % es != 0 {
+                return fail(format!(
+                    "{what} buffer at {:p} is not aligned to {es} bytes for {}",
+                    b.ptr, a.dtype
+                ));
+            }
+        }
+        let algo = self.algo_for(&a);
+        let opts = PlanOpts {
+            chunk_elems: (self.cfg.chunk_bytes / es).max(1),
+            window: self.cfg.max_inflight_chunks,
+            in_place,
+        };
+        let mut st = self.state.lock();
+        self.check_usable(&st)?;
+        st.op_seq += 1;
+        let seq = st.op_seq;
+        if a.count == 0 && a.coll != CollKind::Barrier {
+            return Ok(());
+        }
+        let plan = build(&a, self.rank, algo, &opts);
+        let redop = a.reduces().then_some(a.op);
+        let root = matches!(a.coll, CollKind::Broadcast | CollKind::Reduce).then_some(a.root);
+        let tag = MsgTag::new(seq, a.coll, a.dtype, redop, root, a.count as u64);
+        let label = format!("{name}#{seq}");
+        self.execute(
+            &mut st,
+            &plan,
+            a.dtype,
+            a.op,
+            tag,
+            &label,
+            send,
+            recv,
+            Vec::new(),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn execute(
+        &self,
+        st: &mut State,
+        plan: &crate::plan::Plan,
+        dtype: DataType,
+        op: ReduceOp,
+        tag: MsgTag,
+        label: &str,
+        send: RawBuf,
+        recv: RawBuf,
+        user: Vec<RawBuf>,
+    ) -> Result<()> {
+        let scratch_bytes = plan.scratch_elems * dtype.size();
+        if st.scratch.len() * 8 < scratch_bytes {
+            st.scratch = vec![0u64; scratch_bytes.div_ceil(8)];
+        }
+        let scratch = RawBuf {
+            ptr: st.scratch.as_mut_ptr() as *mut u8,
+            bytes: scratch_bytes,
+            writable: true,
+        };
+        let ex = Exec {
+            rank: self.rank,
+            nranks: self.nranks,
+            dtype,
+            op,
+            tag,
+            name: label,
+            timeout: self.cfg.timeout(),
+            spin: Duration::from_micros(self.cfg.spin_us),
+            abort: &self.abort,
+        };
+        let r = ex.run(
+            plan,
+            &Buffers {
+                send,
+                recv,
+                scratch,
+                user,
+            },
+            &mut st.conns,
+        );
+        if let Err(e) = &r {
+            tracing::error!("{e}");
+            st.broken = Some(e.clone());
+            st.conns.close_all();
+        }
+        r
+    }
+
+    fn check_usable(&self, st: &State) -> Result<()> {
+        if self.abort.load(Ordering::Relaxed) {
+            return Err(Error::new(ErrorKind::Aborted, "communicator was aborted").rank(self.rank));
+        }
+        if let Some(e) = &st.broken {
+            return Err(Error::new(
+                ErrorKind::Aborted,
+                format!("communicator is broken by an earlier error: {e}"),
+            )
+            .rank(self.rank));
+        }
+        Ok(())
+    }
+
+    fn args<T: Element>(
+        &self,
+        coll: CollKind,
+        count: usize,
+        op: ReduceOp,
+        root: usize,
+    ) -> CollArgs {
+        CollArgs {
+            coll,
+            nranks: self.nranks,
+            count,
+            dtype: T::DTYPE,
+            op,
+            root,
+        }
+    }
+
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        let a = self.args::<T>(CollKind::AllReduce, send.len(), op, 0);
+        self.collective(
+            a,
+            Bufs::OutOfPlace {
+                send: bytemuck::cast_slice(send),
+                recv: bytemuck::cast_slice_mut(recv),
+            },
+        )
+    }
+
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let a = self.args::<T>(CollKind::AllReduce, buf.len(), op, 0);
+        self.collective(a, Bufs::InPlace(bytemuck::cast_slice_mut(buf)))
+    }
+
+    /// `recv` receives every rank's `send`, in rank order (`recv.len() >= send.len() * nranks`).
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let a = self.args::<T>(CollKind::AllGather, send.len(), ReduceOp::Sum, 0);
+        self.collective(
+            a,
+            Bufs::OutOfPlace {
+                send: bytemuck::cast_slice(send),
+                recv: bytemuck::cast_slice_mut(recv),
+            },
+        )
+    }
+
+    /// In place: this rank's contribution sits at `buf[rank * n..]` with `n = buf.len() / nranks`.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let count = self.per_rank(buf.len(), "all_gather")?;
+        let a = self.args::<T>(CollKind::AllGather, count, ReduceOp::Sum, 0);
+        self.collective(a, Bufs::InPlace(bytemuck::cast_slice_mut(buf)))
+    }
+
+    /// `recv` (n elements) gets block `rank` of the reduction of every rank's `send` (n * nranks).
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        let a = self.args::<T>(CollKind::ReduceScatter, recv.len(), op, 0);
+        self.collective(
+            a,
+            Bufs::OutOfPlace {
+                send: bytemuck::cast_slice(send),
+                recv: bytemuck::cast_slice_mut(recv),
+            },
+        )
+    }
+
+    /// In place: the result lands at `buf[rank * n..(rank + 1) * n]`.
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let count = self.per_rank(buf.len(), "reduce_scatter")?;
+        let a = self.args::<T>(CollKind::ReduceScatter, count, op, 0);
+        self.collective(a, Bufs::InPlace(bytemuck::cast_slice_mut(buf)))
+    }
+
+    /// `recv` gets the root's `send`; non-roots may pass an empty `send`.
+    pub fn broadcast<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        let a = self.args::<T>(CollKind::Broadcast, recv.len(), ReduceOp::Sum, root);
+        self.collective(
+            a,
+            Bufs::OutOfPlace {
+                send: bytemuck::cast_slice(send),
+                recv: bytemuck::cast_slice_mut(recv),
+            },
+        )
+    }
+
+    pub fn broadcast_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let a = self.args::<T>(CollKind::Broadcast, buf.len(), ReduceOp::Sum, root);
+        self.collective(a, Bufs::InPlace(bytemuck::cast_slice_mut(buf)))
+    }
+
+    /// The root's `recv` gets the reduction; non-roots may pass an empty `recv`.
+    pub fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let a = self.args::<T>(CollKind::Reduce, send.len(), op, root);
+        self.collective(
+            a,
+            Bufs::OutOfPlace {
+                send: bytemuck::cast_slice(send),
+                recv: bytemuck::cast_slice_mut(recv),
+            },
+        )
+    }
+
+    pub fn reduce_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let a = self.args::<T>(CollKind::Reduce, buf.len(), op, root);
+        self.collective(a, Bufs::InPlace(bytemuck::cast_slice_mut(buf)))
+    }
+
+    /// Block j of `send` goes to rank j; block j of `recv` comes from rank j.
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let count = self.per_rank(send.len(), "all_to_all")?;
+        let a = self.args::<T>(CollKind::AllToAll, count, ReduceOp::Sum, 0);
+        self.collective(
+            a,
+            Bufs::OutOfPlace {
+                send: bytemuck::cast_slice(send),
+                recv: bytemuck::cast_slice_mut(recv),
+            },
+        )
+    }
+
+    pub fn barrier(&self) -> Result<()> {
+        let a = self.args::<u8>(CollKind::Barrier, 0, ReduceOp::Sum, 0);
+        self.collective(
+            a,
+            Bufs::OutOfPlace {
+                send: &[],
+                recv: &mut [],
+            },
+        )
+    }
+
+    pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
+        self.group(&mut [P2p::Send { peer, buf }])
+    }
+
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
+        self.group(&mut [P2p::Recv { peer, buf }])
+    }
+
+    /// Runs several sends and receives together, so that pairs of ranks that send to each other
+    /// (or an all-to-all written as sends and receives) cannot deadlock. A send to self needs a
+    /// matching receive from self in the same group.
+    pub fn group<T: Element>(&self, ops: &mut [P2p<'_, T>]) -> Result<()> {
+        let mut desc = Vec::with_capacity(ops.len());
+        let mut user = Vec::with_capacity(ops.len());
+        for o in ops.iter_mut() {
+            match o {
+                P2p::Send { peer, buf } => {
+                    desc.push((P2pKind::Send, *peer, buf.len()));
+                    user.push(RawBuf {
+                        ptr: buf.as_ptr() as *mut u8,
+                        bytes: std::mem::size_of_val(*buf),
+                        writable: false,
+                    });
+                }
+                P2p::Recv { peer, buf } => {
+                    desc.push((P2pKind::Recv, *peer, buf.len()));
+                    user.push(RawBuf {
+                        ptr: buf.as_mut_ptr() as *mut u8,
+                        bytes: std::mem::size_of_val(*buf),
+                        writable: true,
+                    });
+                }
+            }
+        }
+        if let Some((_, peer, _)) = desc.iter().find(|d| d.1 >= self.nranks) {
+            return Err(Error::invalid(format!(
+                "send/recv: peer {peer} out of range for {} ranks",
+                self.nranks
+            ))
+            .rank(self.rank));
+        }
+        let plan = group_plan(self.rank, &desc)
+            .map_err(|m| Error::invalid(format!("send/recv: {m}")).rank(self.rank))?;
+        let mut st = self.state.lock();
+        self.check_usable(&st)?;
+        // Point-to-point calls are not collective, so they do not advance the call sequence;
+        // the tag still carries dtype and count so mismatched pairs are caught.
+        let count = desc.first().map_or(0, |d| d.2 as u64);
+        let tag = MsgTag::new(0, CollKind::SendRecv, T::DTYPE, None, None, count);
+        let mut plan = plan;
+        // Each message of a group carries its own count: rewrite per-op tags by splitting the
+        // group into one execution when counts differ would complicate matching, so instead the
+        // count in the tag is zeroed for multi-op groups and the byte length is checked.
+        if desc.len() > 1 {
+            plan.algo = Algo::PointToPoint;
+            let tag0 = MsgTag { count: 0, ..tag };
+            return self.execute(
+                &mut st,
+                &plan,
+                T::DTYPE,
+                ReduceOp::Sum,
+                tag0,
+                "send/recv group",
+                RawBuf::EMPTY,
+                RawBuf::EMPTY,
+                user,
+            );
+        }
+        self.execute(
+            &mut st,
+            &plan,
+            T::DTYPE,
+            ReduceOp::Sum,
+            tag,
+            "send/recv",
+            RawBuf::EMPTY,
+            RawBuf::EMPTY,
+            user,
+        )
+    }
+
+    fn per_rank(&self, len: usize, name: &str) -> Result<usize> {
+        if len % self.nranks != 0 {
+            return Err(Error::invalid(format!(
+                "{name}: buffer of {len} elements does not divide among {} ranks",
+                self.nranks
+            ))
+            .rank(self.rank));
+        }
+        Ok(len / self.nranks)
+    }
+
+    /// Out-of-band all-gather over the bootstrap ring (setup-time data, not bulk data).
+    pub fn oob_all_gather(&self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        self.state.lock().bootstrap.all_gather(mine)
+    }
+}
+
+// The raw pointers inside the state are only used while the mutex is held, during a call.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Communicator>();
+};

@@ -1,0 +1,161 @@
+//! Connections to peers, made on first use. Outbound connections are opened by the caller;
+//! inbound ones are accepted by a background thread (so two ranks that connect to each other at
+//! once never deadlock) and handed over by rank.
+
+use parking_lot::{Condvar, Mutex};
+use railcc_core::net::{
+    ConnIdent, ConnectHandle, NetListener, NetRecvComm, NetSendComm, NetTransport,
+};
+use railcc_core::{Error, ErrorKind, Result};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+#[derive(Default)]
+struct Inbound {
+    ready: Mutex<HashMap<usize, Box<dyn NetRecvComm>>>,
+    arrived: Condvar,
+}
+
+pub struct Connections {
+    pub rank: usize,
+    pub nranks: usize,
+    transport: Arc<dyn NetTransport>,
+    handles: Vec<ConnectHandle>,
+    pub sends: Vec<Option<Box<dyn NetSendComm>>>,
+    pub recvs: Vec<Option<Box<dyn NetRecvComm>>>,
+    inbound: Arc<Inbound>,
+    stop: Arc<AtomicBool>,
+    acceptor: Option<JoinHandle<()>>,
+}
+
+impl Connections {
+    pub fn new(
+        rank: usize,
+        nranks: usize,
+        transport: Arc<dyn NetTransport>,
+        mut listener: Box<dyn NetListener>,
+        handles: Vec<ConnectHandle>,
+    ) -> Result<Connections> {
+        let inbound = Arc::new(Inbound::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (inb, st) = (inbound.clone(), stop.clone());
+        let acceptor = std::thread::Builder::new()
+            .name(format!("railcc-accept-{rank}"))
+            .spawn(move || {
+                while !st.load(Ordering::Relaxed) {
+                    match listener.accept(Instant::now() + Duration::from_millis(20)) {
+                        Ok(Some((ConnIdent { rank: from, .. }, comm))) => {
+                            let from = from as usize;
+                            let mut ready = inb.ready.lock();
+                            if from >= nranks || from == rank || ready.contains_key(&from) {
+                                tracing::warn!("rank {rank}: dropped an unexpected connection claiming rank {from}");
+                                continue;
+                            }
+                            ready.insert(from, comm);
+                            inb.arrived.notify_all();
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            tracing::warn!("rank {rank}: accept: {e}");
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                    }
+                }
+            })
+            .map_err(|e| Error::io("spawn accept thread", &e))?;
+        Ok(Connections {
+            rank,
+            nranks,
+            transport,
+            handles,
+            sends: (0..nranks).map(|_| None).collect(),
+            recvs: (0..nranks).map(|_| None).collect(),
+            inbound,
+            stop,
+            acceptor: Some(acceptor),
+        })
+    }
+
+    pub fn transport_name(&self) -> &'static str {
+        self.transport.name()
+    }
+
+    /// Opens the outbound connection to `peer` if it is not open yet.
+    pub fn ensure_send(&mut self, peer: usize, deadline: Instant) -> Result<()> {
+        if self.sends[peer].is_none() {
+            let me = ConnIdent {
+                rank: self.rank as u32,
+                channel: 0,
+            };
+            let c = self
+                .transport
+                .connect(0, &self.handles[peer], me, deadline)
+                .map_err(|e| e.peer(peer).op("connect"))?;
+            self.sends[peer] = Some(c);
+        }
+        Ok(())
+    }
+
+    /// Waits for `peer`'s inbound connection if it has not arrived yet.
+    pub fn ensure_recv(
+        &mut self,
+        peer: usize,
+        deadline: Instant,
+        abort: &AtomicBool,
+    ) -> Result<()> {
+        if self.recvs[peer].is_some() {
+            return Ok(());
+        }
+        let mut ready = self.inbound.ready.lock();
+        loop {
+            if let Some(c) = ready.remove(&peer) {
+                self.recvs[peer] = Some(c);
+                return Ok(());
+            }
+            if abort.load(Ordering::Relaxed) {
+                return Err(Error::new(
+                    ErrorKind::Aborted,
+                    "communicator aborted while waiting for a connection",
+                )
+                .peer(peer));
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!("rank {peer} never connected to this rank"),
+                )
+                .peer(peer)
+                .op("accept"));
+            }
+            self.inbound
+                .arrived
+                .wait_for(&mut ready, Duration::from_millis(10));
+        }
+    }
+
+    /// Closes every connection so that peers blocked on us see the failure at once.
+    pub fn close_all(&mut self) {
+        for c in self.sends.iter_mut().filter_map(Option::take) {
+            let _ = c.close();
+        }
+        for c in self.recvs.iter_mut().filter_map(Option::take) {
+            let _ = c.close();
+        }
+        for (_, c) in self.inbound.ready.lock().drain() {
+            let _ = c.close();
+        }
+    }
+}
+
+impl Drop for Connections {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.close_all();
+        if let Some(t) = self.acceptor.take() {
+            let _ = t.join();
+        }
+    }
+}
