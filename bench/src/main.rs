@@ -1,1 +1,65 @@
-fn main() {}
+//! `railcc`: the command-line tool.
+//!
+//! - `railcc bench <collective>`: nccl-tests-style sweep over sizes, with checking.
+//! - `railcc config`: the effective configuration and where each value came from.
+
+mod args;
+mod measure;
+mod report;
+mod spawn;
+
+use clap::Parser;
+use railcc_core::Config;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(
+    name = "railcc",
+    version,
+    about = "railcc: collective communication over TCP (GPU and RDMA transports to come)"
+)]
+enum Cli {
+    /// Benchmark a collective, in the manner of nccl-tests.
+    Bench(args::BenchArgs),
+    /// Print the effective configuration (defaults overridden by RAILCC_* variables).
+    Config,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RAILCC_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let r = match Cli::parse() {
+        Cli::Bench(a) => spawn::bench_main(a),
+        Cli::Config => print_config(),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("railcc: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_config() -> Result<(), String> {
+    let env = |k: &str| std::env::var(k).ok();
+    let cfg = Config::default()
+        .apply_vars(env)
+        .map_err(|e| e.to_string())?;
+    println!("{:<28} {:<14} {:<8} meaning", "variable", "value", "source");
+    for row in cfg.describe(env) {
+        println!(
+            "{:<28} {:<14} {:<8} {}",
+            row.var,
+            row.value,
+            if row.from_env { "env" } else { "default" },
+            row.doc
+        );
+    }
+    Ok(())
+}

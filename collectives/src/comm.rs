@@ -59,10 +59,21 @@ impl Communicator {
         let info = launch::discover(|k| std::env::var(k).ok())?.ok_or_else(|| {
             Error::invalid("no launcher variables found (RANK/WORLD_SIZE, OMPI_COMM_WORLD_*, SLURM_*, PMI_*, or RAILCC_RANK/RAILCC_NRANKS)")
         })?;
+        let serve_root = std::env::var("RAILCC_UNIQUE_ID").is_err();
+        Communicator::from_launch(cfg, &info, serve_root)
+    }
+
+    /// Joins the job `info` describes; rank 0 serves the rendezvous when `serve_root` is set
+    /// (that is, when no separate process created the unique id).
+    pub fn from_launch(
+        cfg: Config,
+        info: &launch::LaunchInfo,
+        serve_root: bool,
+    ) -> Result<Communicator> {
         if info.weak_secret {
             tracing::warn!("no RAILCC_UNIQUE_ID or RAILCC_SECRET: the job secret is derived from job ids, which anyone who sees the environment knows");
         }
-        let root = if info.rank == 0 && std::env::var("RAILCC_UNIQUE_ID").is_err() {
+        let root = if info.rank == 0 && serve_root {
             let bind = SocketAddr::new(unspecified_like(info.id.root.ip()), info.id.root.port());
             Some(RootServer::start_with_secret(
                 bind,

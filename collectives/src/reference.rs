@@ -160,3 +160,94 @@ pub fn expected(a: &CollArgs, inputs: &[Vec<u8>], rank: usize, prior_recv: &[u8]
         CollKind::Barrier => Vec::new(),
     }
 }
+
+/// Rounds an exact value into `dt` the way the kernels store it (integers wrap).
+pub fn wrap(dt: DataType, v: f64) -> f64 {
+    decode(dt, &encode(dt, &[v]))[0]
+}
+
+/// The expected value of element `i` of `rank`'s receive buffer when every rank's input was
+/// filled by [`fill_value`] with `seed`, computed one element at a time so a checker needs no
+/// copy of the other ranks' data. `None` where the buffer's content is unspecified (a rooted
+/// reduce's non-root receive buffer).
+pub fn expected_value(a: &CollArgs, rank: usize, i: usize, seed: u64) -> Option<f64> {
+    let (dt, op, p, c) = (a.dtype, a.op, a.nranks, a.count);
+    let fill = |r: usize, j: usize| fill_value(dt, op, r, j, seed);
+    let reduced = |j: usize| {
+        let mut acc = fill(0, j);
+        for r in 1..p {
+            let x = fill(r, j);
+            acc = match op {
+                ReduceOp::Sum | ReduceOp::Avg => acc + x,
+                ReduceOp::Prod => acc * x,
+                ReduceOp::Max => acc.max(x),
+                ReduceOp::Min => acc.min(x),
+            };
+        }
+        if op == ReduceOp::Avg {
+            avg_like_kernel(dt, acc, p)
+        } else {
+            wrap(dt, acc)
+        }
+    };
+    let v = match a.coll {
+        CollKind::AllReduce => reduced(i),
+        CollKind::Reduce if rank == a.root => reduced(i),
+        CollKind::Reduce => return None,
+        CollKind::ReduceScatter => reduced(rank * c + i),
+        CollKind::AllGather => fill(i / c.max(1), i % c.max(1)),
+        CollKind::Broadcast => fill(a.root, i),
+        CollKind::AllToAll => fill(i / c.max(1), rank * c + i % c.max(1)),
+        CollKind::SendRecv => fill((rank + p - 1) % p, i),
+        CollKind::Barrier => return None,
+    };
+    Some(wrap(dt, v))
+}
+
+/// Counts elements of `out` (the receive buffer of `rank`) that differ from [`expected_value`].
+pub fn count_wrong(a: &CollArgs, rank: usize, out: &[u8], seed: u64) -> u64 {
+    let got = decode(a.dtype, out);
+    got.iter()
+        .enumerate()
+        .filter(|(i, g)| expected_value(a, rank, *i, seed).is_some_and(|e| e != **g))
+        .count() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streaming_matches_whole_buffer_reference() {
+        for coll in [
+            CollKind::AllReduce,
+            CollKind::ReduceScatter,
+            CollKind::AllGather,
+            CollKind::AllToAll,
+            CollKind::Broadcast,
+            CollKind::SendRecv,
+        ] {
+            for dt in DataType::ALL {
+                for op in ReduceOp::ALL {
+                    let a = CollArgs {
+                        coll,
+                        nranks: 4,
+                        count: 9,
+                        dtype: dt,
+                        op,
+                        root: 2,
+                    };
+                    let inputs: Vec<Vec<u8>> = (0..4).map(|r| fill_input(&a, r, 5)).collect();
+                    for r in 0..4 {
+                        let prior = vec![0u8; a.recv_elems() * dt.size()];
+                        let want = expected(&a, &inputs, r, &prior);
+                        assert_eq!(count_wrong(&a, r, &want, 5), 0, "{coll:?} {dt} {op}");
+                        let mut bad = want.clone();
+                        bad[0] ^= 0x40;
+                        assert_eq!(count_wrong(&a, r, &bad, 5), 1, "{coll:?} {dt} {op}");
+                    }
+                }
+            }
+        }
+    }
+}

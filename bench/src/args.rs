@@ -1,0 +1,140 @@
+//! Command-line arguments, with nccl-tests' flag names.
+
+use clap::{Args, ValueEnum};
+use railcc_collectives::CollKind;
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Collective {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    Broadcast,
+    Reduce,
+    Sendrecv,
+    Alltoall,
+}
+
+impl Collective {
+    pub fn kind(self) -> CollKind {
+        match self {
+            Collective::AllReduce => CollKind::AllReduce,
+            Collective::AllGather => CollKind::AllGather,
+            Collective::ReduceScatter => CollKind::ReduceScatter,
+            Collective::Broadcast => CollKind::Broadcast,
+            Collective::Reduce => CollKind::Reduce,
+            Collective::Sendrecv => CollKind::SendRecv,
+            Collective::Alltoall => CollKind::AllToAll,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// The collective to measure (all_reduce, all_gather, ...; dashes also accepted).
+    #[arg(value_parser = parse_collective)]
+    pub collective: Collective,
+    /// Smallest size in bytes (K, M, G suffixes are powers of 1024).
+    #[arg(short = 'b', long = "minbytes", default_value = "32M", value_parser = parse_size)]
+    pub min_bytes: u64,
+    /// Largest size in bytes.
+    #[arg(short = 'e', long = "maxbytes", default_value = "32M", value_parser = parse_size)]
+    pub max_bytes: u64,
+    /// Multiplication factor between sizes.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    pub step_factor: u64,
+    /// Fixed increment between sizes (overrides -f when set).
+    #[arg(short = 'i', long = "stepbytes", value_parser = parse_size)]
+    pub step_bytes: Option<u64>,
+    /// Timed iterations per size.
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    pub iters: u32,
+    /// Warm-up iterations per size.
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 1)]
+    pub warmup: u32,
+    /// Check results (1) or not (0).
+    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    pub check: u8,
+    /// Data type: int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16, or all.
+    #[arg(short = 'd', long = "datatype", default_value = "float")]
+    pub dtype: String,
+    /// Reduction: sum, prod, min, max, avg, or all.
+    #[arg(short = 'o', long = "op", default_value = "sum")]
+    pub op: String,
+    /// Root rank for broadcast and reduce.
+    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    pub root: usize,
+    /// Start this many local processes (ignored under mpirun, srun or torchrun).
+    #[arg(long, default_value_t = 2)]
+    pub ranks: usize,
+    /// This process's rank, for a hand-started job (with --nranks and --root-addr).
+    #[arg(long)]
+    pub rank: Option<usize>,
+    /// Rank count of a hand-started job.
+    #[arg(long)]
+    pub nranks: Option<usize>,
+    /// host:port of the rendezvous root (rank 0 listens there) for a hand-started job.
+    #[arg(long = "root-addr")]
+    pub root_addr: Option<String>,
+    /// Write results as JSON to this file.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+fn parse_collective(s: &str) -> Result<Collective, String> {
+    let norm = s.replace('-', "_").to_ascii_lowercase();
+    let norm = norm.strip_suffix("_perf").unwrap_or(&norm).to_string();
+    Ok(match norm.as_str() {
+        "all_reduce" | "allreduce" => Collective::AllReduce,
+        "all_gather" | "allgather" => Collective::AllGather,
+        "reduce_scatter" | "reducescatter" => Collective::ReduceScatter,
+        "broadcast" | "bcast" => Collective::Broadcast,
+        "reduce" => Collective::Reduce,
+        "sendrecv" | "send_recv" => Collective::Sendrecv,
+        "alltoall" | "all_to_all" => Collective::Alltoall,
+        _ => return Err(format!("unknown collective '{s}' (all_reduce, all_gather, reduce_scatter, broadcast, reduce, sendrecv, alltoall)")),
+    })
+}
+
+/// Parses `8`, `64K`, `32M`, `1G`, `2GB` (powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim().to_ascii_uppercase();
+    let t = t.strip_suffix('B').unwrap_or(&t);
+    let (num, mult) = match t.chars().last() {
+        Some('K') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        Some('T') => (&t[..t.len() - 1], 1 << 40),
+        _ => (t, 1),
+    };
+    num.trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|v| v.checked_mul(mult))
+        .ok_or_else(|| format!("'{s}' is not a size (examples: 8, 64K, 32M, 1G)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("8").unwrap(), 8);
+        assert_eq!(parse_size("64K").unwrap(), 65536);
+        assert_eq!(parse_size("32MB").unwrap(), 32 << 20);
+        assert!(parse_size("lots").is_err());
+    }
+
+    #[test]
+    fn collective_names() {
+        assert!(matches!(
+            parse_collective("all-reduce").unwrap(),
+            Collective::AllReduce
+        ));
+        assert!(matches!(
+            parse_collective("all_gather_perf").unwrap(),
+            Collective::AllGather
+        ));
+        assert!(parse_collective("gossip").is_err());
+    }
+}
