@@ -124,6 +124,7 @@ fn measure(
     let input = fill_input(a, rank, SEED);
     let recv_bytes = a.recv_elems() * es;
     let (so, ro, total) = a.in_place_layout(rank);
+    let ro = if in_place { ro } else { 0 };
     let mut send = Mem::zeroed(if in_place { 0 } else { input.len() });
     let mut recv = Mem::zeroed(if in_place { total * es } else { recv_bytes } + GUARD);
     let prepare = |send: &mut Mem, recv: &mut Mem| {

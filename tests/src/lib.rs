@@ -1,1 +1,126 @@
+//! Helpers for the integration tests: start N rank processes with a shared unique id, wait
+//! for them with a deadline (a hang is a failure, not a stuck CI), and collect their output.
 
+use railcc_core::bootstrap::RootServer;
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// What one rank process did.
+#[derive(Debug)]
+pub struct RankOutcome {
+    pub rank: usize,
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub elapsed: Duration,
+}
+
+fn drain(r: Option<impl Read + Send + 'static>) -> JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(mut r) = r {
+            let _ = r.read_to_string(&mut s);
+        }
+        s
+    })
+}
+
+/// Runs `exe <scenario>` as ranks `ranks` of an `nranks` job (ranks not listed are never
+/// started), with `env` added, and a rendezvous root served by this test. Panics, after
+/// killing every rank, if any process outlives `limit`.
+pub fn run_job(
+    exe: &str,
+    scenario: &str,
+    nranks: usize,
+    ranks: &[usize],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> Vec<RankOutcome> {
+    // The root gives up when the ranks do, so that it can tell them who never arrived.
+    let timeout = env
+        .iter()
+        .find(|(k, _)| *k == "RAILCC_TIMEOUT_MS")
+        .and_then(|(_, v)| v.parse().ok())
+        .map_or(limit, Duration::from_millis);
+    let root =
+        RootServer::start("127.0.0.1:0".parse().expect("address"), timeout).expect("root server");
+    run_job_with_id(
+        exe,
+        scenario,
+        nranks,
+        ranks,
+        env,
+        limit,
+        &root.id.to_string(),
+    )
+}
+
+pub fn run_job_with_id(
+    exe: &str,
+    scenario: &str,
+    nranks: usize,
+    ranks: &[usize],
+    env: &[(&str, &str)],
+    limit: Duration,
+    id: &str,
+) -> Vec<RankOutcome> {
+    let start = Instant::now();
+    let mut kids: Vec<(usize, Child, JoinHandle<String>, JoinHandle<String>)> = ranks
+        .iter()
+        .map(|&r| {
+            let mut c = Command::new(exe);
+            c.arg(scenario)
+                .env("RAILCC_UNIQUE_ID", id)
+                .env("RAILCC_RANK", r.to_string())
+                .env("RAILCC_NRANKS", nranks.to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            for (k, v) in env {
+                c.env(k, v);
+            }
+            let mut child = c.spawn().expect("spawn rank");
+            let (o, e) = (drain(child.stdout.take()), drain(child.stderr.take()));
+            (r, child, o, e)
+        })
+        .collect();
+    let mut status: Vec<Option<(bool, Duration)>> = vec![None; kids.len()];
+    while status.iter().any(Option::is_none) {
+        for (i, (_, kid, _, _)) in kids.iter_mut().enumerate() {
+            if status[i].is_none() {
+                if let Some(s) = kid.try_wait().expect("wait") {
+                    status[i] = Some((s.success(), start.elapsed()));
+                }
+            }
+        }
+        if start.elapsed() > limit {
+            for (_, k, _, _) in kids.iter_mut() {
+                let _ = k.kill();
+            }
+            let stuck: Vec<usize> = kids
+                .iter()
+                .zip(&status)
+                .filter(|(_, s)| s.is_none())
+                .map(|(k, _)| k.0)
+                .collect();
+            panic!(
+                "scenario '{scenario}': rank(s) {stuck:?} still running after {limit:?}, a hang"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    kids.into_iter()
+        .zip(status)
+        .map(|((rank, _, o, e), s)| {
+            let (success, elapsed) = s.unwrap_or((false, Duration::ZERO));
+            RankOutcome {
+                rank,
+                success,
+                stdout: o.join().unwrap_or_default(),
+                stderr: e.join().unwrap_or_default(),
+                elapsed,
+            }
+        })
+        .collect()
+}

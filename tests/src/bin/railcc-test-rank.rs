@@ -1,0 +1,199 @@
+//! One rank of an integration test. The first argument names the scenario; rank and job come
+//! from `RAILCC_*` variables set by the test. Prints `ok: ...` and exits 0 on success, or
+//! prints the error and exits 1.
+
+use railcc_collectives::plan::CollArgs;
+use railcc_collectives::reference::{count_wrong, fill_input};
+use railcc_collectives::sim::Mem;
+use railcc_collectives::{Bufs, CollKind, Communicator, Config, DataType, P2p, ReduceOp};
+use std::process::ExitCode;
+
+const SEED: u64 = 77;
+
+fn main() -> ExitCode {
+    let scenario = std::env::args().nth(1).unwrap_or_default();
+    match run(&scenario) {
+        Ok(msg) => {
+            println!("ok: {msg}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn comm() -> Result<Communicator, String> {
+    let cfg = Config::from_env().map_err(|e| e.to_string())?;
+    Communicator::from_env(cfg).map_err(|e| e.to_string())
+}
+
+fn run(scenario: &str) -> Result<String, String> {
+    let c = comm()?;
+    let (r, p) = (c.rank(), c.nranks());
+    let e2s = |e: railcc_collectives::Error| e.to_string();
+    match scenario {
+        "all" => all_collectives(&c),
+        "mismatch-count" => {
+            let n = if r == 0 { 100 } else { 200 };
+            let send = vec![1f32; n];
+            let mut recv = vec![0f32; n];
+            c.all_reduce(&send, &mut recv, ReduceOp::Sum).map_err(e2s)?;
+            Ok("no error".into())
+        }
+        "mismatch-dtype" => {
+            if r == 0 {
+                let mut b = vec![1f32; 64];
+                c.all_reduce_in_place(&mut b, ReduceOp::Sum).map_err(e2s)?;
+            } else {
+                let mut b = vec![1i32; 64];
+                c.all_reduce_in_place(&mut b, ReduceOp::Sum).map_err(e2s)?;
+            }
+            Ok("no error".into())
+        }
+        "bad-root" => {
+            let mut b = vec![0u8; 16];
+            c.broadcast_in_place(&mut b, p).map_err(e2s)?;
+            Ok("no error".into())
+        }
+        "short-buffer" => {
+            let send = vec![1f64; 1000];
+            let mut recv = vec![0f64; 999];
+            c.all_reduce(&send, &mut recv, ReduceOp::Sum).map_err(e2s)?;
+            Ok("no error".into())
+        }
+        "barrier" => {
+            c.barrier().map_err(e2s)?;
+            Ok("barrier".into())
+        }
+        _ => Err(format!("unknown scenario '{scenario}'")),
+    }
+}
+
+/// Every collective, dtype and op, in place and out of place, at awkward counts, each checked
+/// against the reference; then grouped point-to-point as an all-to-all.
+fn all_collectives(c: &Communicator) -> Result<String, String> {
+    let (r, p) = (c.rank(), c.nranks());
+    let colls = [
+        CollKind::AllReduce,
+        CollKind::AllGather,
+        CollKind::ReduceScatter,
+        CollKind::Broadcast,
+        CollKind::Reduce,
+        CollKind::AllToAll,
+        CollKind::SendRecv,
+    ];
+    let mut checks = 0usize;
+    for coll in colls {
+        let reduces = matches!(
+            coll,
+            CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce
+        );
+        for dt in DataType::ALL {
+            let ops: &[ReduceOp] = if reduces {
+                &ReduceOp::ALL
+            } else {
+                &[ReduceOp::Sum]
+            };
+            for &op in ops {
+                let mut counts = vec![0usize, 1, 7, 1000];
+                if matches!(
+                    (dt, op),
+                    (DataType::F32, ReduceOp::Sum)
+                        | (DataType::Bf16, ReduceOp::Avg)
+                        | (DataType::I64, ReduceOp::Max)
+                ) {
+                    counts.push(300_007);
+                }
+                for count in counts {
+                    for in_place in [false, true] {
+                        let a = CollArgs {
+                            coll,
+                            nranks: p,
+                            count,
+                            dtype: dt,
+                            op,
+                            root: p - 1,
+                        };
+                        check_one(c, &a, in_place).map_err(|e| {
+                            format!("{coll:?} {dt} {op} count {count} in_place {in_place}: {e}")
+                        })?;
+                        checks += 1;
+                    }
+                }
+            }
+        }
+    }
+    // All-to-all written as a group of sends and receives, including a send to self.
+    let n = 513;
+    let send: Vec<u32> = (0..p * n).map(|i| (r * 1_000_000 + i) as u32).collect();
+    let mut recv = vec![0u32; p * n];
+    {
+        let mut chunks: Vec<&mut [u32]> = recv.chunks_mut(n).collect();
+        let mut ops: Vec<P2p<u32>> = Vec::new();
+        for (j, dst) in chunks.iter_mut().enumerate() {
+            ops.push(P2p::Send {
+                peer: j,
+                buf: &send[j * n..(j + 1) * n],
+            });
+            ops.push(P2p::Recv { peer: j, buf: dst });
+        }
+        c.group(&mut ops).map_err(|e| e.to_string())?;
+    }
+    for j in 0..p {
+        for i in 0..n {
+            let want = (j * 1_000_000 + r * n + i) as u32;
+            if recv[j * n + i] != want {
+                return Err(format!(
+                    "group all-to-all: element {i} from rank {j} is {} not {want}",
+                    recv[j * n + i]
+                ));
+            }
+        }
+    }
+    c.barrier().map_err(|e| e.to_string())?;
+    Ok(format!(
+        "{checks} collective checks and a grouped all-to-all on {p} ranks"
+    ))
+}
+
+fn check_one(c: &Communicator, a: &CollArgs, in_place: bool) -> Result<(), String> {
+    let es = a.dtype.size();
+    let r = c.rank();
+    let input = fill_input(a, r, SEED);
+    let (so, ro, total) = a.in_place_layout(r);
+    let ro = if in_place { ro } else { 0 };
+    let recv_bytes = a.recv_elems() * es;
+    let guard = 32;
+    let mut recv = Mem::zeroed(if in_place { total * es } else { recv_bytes } + guard);
+    let len = recv.bytes().len();
+    recv.bytes_mut().fill(0x77);
+    let send = Mem::from_bytes(&input);
+    if in_place {
+        recv.bytes_mut()[so * es..so * es + input.len()].copy_from_slice(&input);
+    }
+    {
+        let body = &mut recv.bytes_mut()[..len - guard];
+        let bufs = if in_place {
+            Bufs::InPlace(body)
+        } else {
+            Bufs::OutOfPlace {
+                send: send.bytes(),
+                recv: body,
+            }
+        };
+        c.collective(*a, bufs).map_err(|e| e.to_string())?;
+    }
+    if recv.bytes()[len - guard..].iter().any(|b| *b != 0x77) {
+        return Err("wrote past the end of the receive buffer".into());
+    }
+    let wrong = count_wrong(a, r, &recv.bytes()[ro * es..ro * es + recv_bytes], SEED);
+    if wrong > 0 {
+        return Err(format!("{wrong} wrong elements"));
+    }
+    if !in_place && send.bytes() != input.as_slice() {
+        return Err("the send buffer was modified".into());
+    }
+    Ok(())
+}
