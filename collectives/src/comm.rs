@@ -275,7 +275,7 @@ impl Communicator {
             }
         };
         for (what, b) in [("send", &send), ("receive", &recv)] {
-            if b.bytes > 0 && (b.ptr as usize) % es != 0 {
+            if b.bytes > 0 && !(b.ptr as usize).is_multiple_of(es) {
                 return fail(format!(
                     "{what} buffer at {:p} is not aligned to {es} bytes for {}",
                     b.ptr, a.dtype
@@ -605,7 +605,7 @@ impl Communicator {
     }
 
     fn per_rank(&self, len: usize, name: &str) -> Result<usize> {
-        if len % self.nranks != 0 {
+        if !len.is_multiple_of(self.nranks) {
             return Err(Error::invalid(format!(
                 "{name}: buffer of {len} elements does not divide among {} ranks",
                 self.nranks

@@ -242,7 +242,7 @@ impl Exec<'_> {
                         Op::Copy { dst, src } => {
                             let (d, len) = bufs.at(dst, es, true)?;
                             let (s, _) = bufs.at(src, es, false)?;
-                            if d as *const u8 != s as *const u8 {
+                            if !std::ptr::eq(d, s) {
                                 std::ptr::copy(s, d, len);
                             }
                         }

@@ -306,7 +306,7 @@ fn ring_all_reduce(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
                         slot_deps,
                     );
                     let mut deps = vec![rv];
-                    deps.extend(readers[ri][c].drain(..));
+                    deps.append(&mut readers[ri][c]);
                     let dst = Slice::new(Buf::Recv, off, len);
                     let mut last = b.push(
                         Op::Reduce {

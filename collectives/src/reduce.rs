@@ -209,7 +209,7 @@ pub fn reduce_bytes(dt: DataType, op: ReduceOp, acc: &mut [u8], other: &[u8]) {
 
 fn assert_aligned(dt: DataType, p: *const u8) {
     assert!(
-        (p as usize) % dt.size() == 0,
+        (p as usize).is_multiple_of(dt.size()),
         "reduce_bytes: buffer not aligned for {dt}"
     );
 }

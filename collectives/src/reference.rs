@@ -71,8 +71,8 @@ pub fn fill_value(dt: DataType, op: ReduceOp, rank: usize, i: usize, seed: u64) 
     let signed = !matches!(dt, DataType::U8 | DataType::U32 | DataType::U64);
     match op {
         ReduceOp::Prod => {
-            let mag = if h % 16 == 0 { 2.0 } else { 1.0 };
-            if signed && (h >> 8) % 2 == 0 {
+            let mag = if h.is_multiple_of(16) { 2.0 } else { 1.0 };
+            if signed && (h >> 8).is_multiple_of(2) {
                 -mag
             } else {
                 mag
@@ -80,7 +80,7 @@ pub fn fill_value(dt: DataType, op: ReduceOp, rank: usize, i: usize, seed: u64) 
         }
         _ => {
             let v = (h % 4) as f64 + 1.0; // 1..=4
-            if signed && (h >> 8) % 2 == 0 {
+            if signed && (h >> 8).is_multiple_of(2) {
                 -v
             } else {
                 v

@@ -119,12 +119,11 @@ fn barrier_plans_complete() {
 #[test]
 fn every_dtype_op_and_rank_count_small() {
     // Exhaustive over the small space, on top of the random search above.
-    for coll_i in 0..COLLS.len() {
+    for (coll_i, &coll) in COLLS.iter().enumerate() {
         for p in 1..=9 {
             for dt in DataType::ALL {
                 for op in ReduceOp::ALL {
                     for in_place in [false, true] {
-                        let coll = COLLS[coll_i];
                         if !matches!(
                             coll,
                             CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce

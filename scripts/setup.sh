@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs what railcc needs on a fresh Debian machine. Idempotent; run as root or with sudo.
+set -euo pipefail
+
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+
+need_pkgs=()
+command -v cc >/dev/null || need_pkgs+=(build-essential)
+command -v ip >/dev/null || need_pkgs+=(iproute2)
+command -v pkg-config >/dev/null || need_pkgs+=(pkg-config)
+if ! command -v cargo >/dev/null; then
+    # Debian's own toolchain; railcc needs Rust >= 1.82 (the image's rustup toolchain is newer).
+    need_pkgs+=(cargo rustc)
+fi
+if [ "${#need_pkgs[@]}" -gt 0 ]; then
+    echo "setup: installing ${need_pkgs[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+rustc_minor=$(rustc --version | sed -E 's/rustc 1\.([0-9]+).*/\1/')
+if [ "$rustc_minor" -lt 82 ]; then
+    echo "setup: rustc $(rustc --version) is older than 1.82; install a newer toolchain (rustup) first" >&2
+    exit 1
+fi
+if [ "${RAILCC_SETUP_LINT:-0}" = 1 ]; then
+    rustup component list --installed 2>/dev/null | grep -q clippy || rustup component add clippy rustfmt 2>/dev/null || true
+fi

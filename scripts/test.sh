@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Every test: formatting, lints, unit, property and multi-process tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RAILCC_SETUP_LINT=1 bash scripts/setup.sh
+if cargo fmt --version >/dev/null 2>&1; then cargo fmt --all -- --check; else echo "test.sh: rustfmt not installed, format check skipped"; fi
+if cargo clippy --version >/dev/null 2>&1; then cargo clippy --all-targets -q -- -D warnings; else echo "test.sh: clippy not installed, lint skipped"; fi
+cargo test --workspace --all-targets
