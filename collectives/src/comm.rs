@@ -3,7 +3,7 @@
 //! (so peers learn of it at once) and every later call returns the same error.
 
 use crate::conn::Connections;
-use crate::exec::{Buffers, Exec, RawBuf};
+use crate::exec::{Buffers, Compiled, Exec, RawBuf, Workspace};
 use crate::plan::{build, group_plan, Algo, CollArgs, P2pKind, PlanOpts};
 use parking_lot::Mutex;
 use railcc_core::bootstrap::{unspecified_like, Bootstrap, RootServer, UniqueId};
@@ -12,13 +12,21 @@ use railcc_core::launch;
 use railcc_core::net::{CollKind, MsgTag, NetTransport};
 use railcc_core::{netif, Config, DataType, Element, Error, ErrorKind, ReduceOp, Result};
 use railcc_transport_tcp::{TcpSettings, TcpTransport};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Compiled plans by call shape: a repeated call (the common case in training loops) skips
+/// planning entirely.
+type PlanKey = (CollArgs, Algo, usize, usize, bool);
+const PLAN_CACHE_MAX: usize = 256;
+
 struct State {
     conns: Connections,
+    plans: HashMap<PlanKey, Arc<Compiled>>,
+    ws: Workspace,
     bootstrap: Bootstrap,
     op_seq: u64,
     scratch: Vec<u64>,
@@ -124,6 +132,8 @@ impl Communicator {
             cfg,
             state: Mutex::new(State {
                 conns,
+                plans: HashMap::new(),
+                ws: Workspace::default(),
                 bootstrap,
                 op_seq: 0,
                 scratch: Vec::new(),
@@ -295,18 +305,31 @@ impl Communicator {
         if a.count == 0 && a.coll != CollKind::Barrier {
             return Ok(());
         }
-        let plan = build(&a, self.rank, algo, &opts);
+        let key = (a, algo, opts.chunk_elems, opts.window, in_place);
+        let plan = match st.plans.get(&key) {
+            Some(p) => p.clone(),
+            None => {
+                if st.plans.len() >= PLAN_CACHE_MAX {
+                    st.plans.clear();
+                }
+                let p = Arc::new(Compiled::new(
+                    build(&a, self.rank, algo, &opts),
+                    self.nranks,
+                ));
+                st.plans.insert(key, p.clone());
+                p
+            }
+        };
         let redop = a.reduces().then_some(a.op);
         let root = matches!(a.coll, CollKind::Broadcast | CollKind::Reduce).then_some(a.root);
         let tag = MsgTag::new(seq, a.coll, a.dtype, redop, root, a.count as u64);
-        let label = format!("{name}#{seq}");
         self.execute(
             &mut st,
             &plan,
             a.dtype,
             a.op,
             tag,
-            &label,
+            name,
             send,
             recv,
             Vec::new(),
@@ -317,7 +340,7 @@ impl Communicator {
     fn execute(
         &self,
         st: &mut State,
-        plan: &crate::plan::Plan,
+        plan: &Compiled,
         dtype: DataType,
         op: ReduceOp,
         tag: MsgTag,
@@ -326,7 +349,7 @@ impl Communicator {
         recv: RawBuf,
         user: Vec<RawBuf>,
     ) -> Result<()> {
-        let scratch_bytes = plan.scratch_elems * dtype.size();
+        let scratch_bytes = plan.plan.scratch_elems * dtype.size();
         if st.scratch.len() * 8 < scratch_bytes {
             st.scratch = vec![0u64; scratch_bytes.div_ceil(8)];
         }
@@ -342,10 +365,12 @@ impl Communicator {
             op,
             tag,
             name: label,
+            seq: tag.op_seq,
             timeout: self.cfg.timeout(),
             spin: Duration::from_micros(self.cfg.spin_us),
             abort: &self.abort,
         };
+        let State { conns, ws, .. } = st;
         let r = ex.run(
             plan,
             &Buffers {
@@ -354,7 +379,8 @@ impl Communicator {
                 scratch,
                 user,
             },
-            &mut st.conns,
+            conns,
+            ws,
         );
         if let Err(e) = &r {
             tracing::error!("{e}");
@@ -572,25 +598,14 @@ impl Communicator {
         // the tag still carries dtype and count so mismatched pairs are caught.
         let count = desc.first().map_or(0, |d| d.2 as u64);
         let tag = MsgTag::new(0, CollKind::SendRecv, T::DTYPE, None, None, count);
-        let mut plan = plan;
-        // Each message of a group carries its own count: rewrite per-op tags by splitting the
-        // group into one execution when counts differ would complicate matching, so instead the
-        // count in the tag is zeroed for multi-op groups and the byte length is checked.
-        if desc.len() > 1 {
-            plan.algo = Algo::PointToPoint;
-            let tag0 = MsgTag { count: 0, ..tag };
-            return self.execute(
-                &mut st,
-                &plan,
-                T::DTYPE,
-                ReduceOp::Sum,
-                tag0,
-                "send/recv group",
-                RawBuf::EMPTY,
-                RawBuf::EMPTY,
-                user,
-            );
-        }
+        // One tag serves every message of a group, so for a group of several operations the
+        // count field is zero; each message's byte length is still checked by the transport.
+        let tag = if desc.len() > 1 {
+            MsgTag { count: 0, ..tag }
+        } else {
+            tag
+        };
+        let plan = Compiled::new(plan, self.nranks);
         self.execute(
             &mut st,
             &plan,

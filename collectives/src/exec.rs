@@ -47,6 +47,8 @@ pub struct Exec<'a> {
     pub op: ReduceOp,
     pub tag: MsgTag,
     pub name: &'a str,
+    /// Call sequence number, for error messages.
+    pub seq: u64,
     pub timeout: Duration,
     pub spin: Duration,
     pub abort: &'a AtomicBool,
@@ -90,8 +92,106 @@ impl Buffers {
     }
 }
 
-#[derive(Clone, Copy, PartialEq)]
+/// A plan with its dependency graph and per-peer queues precomputed, cached per call shape.
+pub struct Compiled {
+    pub plan: Plan,
+    init_missing: Vec<u32>,
+    dep_off: Vec<u32>,
+    dep_list: Vec<u32>,
+    send_q: Vec<Vec<usize>>,
+    recv_q: Vec<Vec<usize>>,
+    peers: Vec<usize>,
+    init_ready: Vec<usize>,
+}
+
+impl Compiled {
+    pub fn new(plan: Plan, nranks: usize) -> Compiled {
+        let n = plan.steps.len();
+        let mut counts = vec![0u32; n + 1];
+        for s in &plan.steps {
+            for d in &s.deps {
+                counts[*d + 1] += 1;
+            }
+        }
+        for i in 0..n {
+            counts[i + 1] += counts[i];
+        }
+        let dep_off = counts.clone();
+        let mut fill = counts;
+        let mut dep_list = vec![0u32; dep_off[n] as usize];
+        let mut send_q = vec![Vec::new(); nranks];
+        let mut recv_q = vec![Vec::new(); nranks];
+        let mut init_ready = Vec::new();
+        for (i, s) in plan.steps.iter().enumerate() {
+            for d in &s.deps {
+                dep_list[fill[*d] as usize] = i as u32;
+                fill[*d] += 1;
+            }
+            match s.op {
+                Op::Send { peer, .. } if peer < nranks => send_q[peer].push(i),
+                Op::Recv { peer, .. } if peer < nranks => recv_q[peer].push(i),
+                Op::Send { .. } | Op::Recv { .. } => {}
+                _ if s.deps.is_empty() => init_ready.push(i),
+                _ => {}
+            }
+        }
+        let peers = (0..nranks)
+            .filter(|q| !send_q[*q].is_empty() || !recv_q[*q].is_empty())
+            .collect();
+        let init_missing = plan.steps.iter().map(|s| s.deps.len() as u32).collect();
+        Compiled {
+            plan,
+            init_missing,
+            dep_off,
+            dep_list,
+            send_q,
+            recv_q,
+            peers,
+            init_ready,
+        }
+    }
+
+    fn dependents(&self, i: usize) -> &[u32] {
+        &self.dep_list[self.dep_off[i] as usize..self.dep_off[i + 1] as usize]
+    }
+}
+
+/// Per-call mutable state of the executor, kept between calls to avoid allocation.
+#[derive(Default)]
+pub struct Workspace {
+    state: Vec<St>,
+    missing: Vec<u32>,
+    ready: VecDeque<usize>,
+    send_cur: Vec<usize>,
+    recv_cur: Vec<usize>,
+    posted_s: Vec<VecDeque<(usize, ReqId)>>,
+    posted_r: Vec<VecDeque<(usize, ReqId)>>,
+    fds: Vec<WaitFd>,
+}
+
+impl Workspace {
+    fn reset(&mut self, cp: &Compiled, p: usize) {
+        self.state.clear();
+        self.state.resize(cp.plan.steps.len(), St::Waiting);
+        self.missing.clear();
+        self.missing.extend_from_slice(&cp.init_missing);
+        self.ready.clear();
+        self.ready.extend(cp.init_ready.iter().copied());
+        self.send_cur.clear();
+        self.send_cur.resize(p, 0);
+        self.recv_cur.clear();
+        self.recv_cur.resize(p, 0);
+        self.posted_s.resize_with(p, VecDeque::new);
+        self.posted_r.resize_with(p, VecDeque::new);
+        for q in self.posted_s.iter_mut().chain(self.posted_r.iter_mut()) {
+            q.clear();
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Default)]
 enum St {
+    #[default]
     Waiting,
     Posted,
     Done,
@@ -159,68 +259,54 @@ impl Exec<'_> {
     }
 
     /// Runs `plan` to completion, or fails with an error that names the step and peer.
-    pub fn run(&self, plan: &Plan, bufs: &Buffers, conns: &mut Connections) -> Result<()> {
+    /// `ws` is reused between calls so that a small collective allocates nothing.
+    pub fn run(
+        &self,
+        cp: &Compiled,
+        bufs: &Buffers,
+        conns: &mut Connections,
+        ws: &mut Workspace,
+    ) -> Result<()> {
         let tname = conns.transport_name();
+        let plan = &cp.plan;
         self.validate(plan, bufs)
             .map_err(|e| self.ctx(e, 0, None, tname))?;
         let es = self.dtype.size();
         let n = plan.steps.len();
         let p = self.nranks;
-        let mut state = vec![St::Waiting; n];
-        let mut missing: Vec<u32> = plan.steps.iter().map(|s| s.deps.len() as u32).collect();
-        let mut dependents: Vec<Vec<u32>> = vec![Vec::new(); n];
-        let mut send_q: Vec<VecDeque<usize>> = vec![VecDeque::new(); p];
-        let mut recv_q: Vec<VecDeque<usize>> = vec![VecDeque::new(); p];
-        let mut ready: VecDeque<usize> = VecDeque::new();
-        for (i, s) in plan.steps.iter().enumerate() {
-            for d in &s.deps {
-                dependents[*d].push(i as u32);
-            }
-            match s.op {
-                Op::Send { peer, .. } => send_q[peer].push_back(i),
-                Op::Recv { peer, .. } => recv_q[peer].push_back(i),
-                _ if s.deps.is_empty() => ready.push_back(i),
-                _ => {}
-            }
-        }
-        let peers: Vec<usize> = (0..p)
-            .filter(|q| !send_q[*q].is_empty() || !recv_q[*q].is_empty())
-            .collect();
+        ws.reset(cp, p);
         let setup_deadline = Instant::now() + self.timeout;
-        for &q in &peers {
-            if !send_q[q].is_empty() {
+        for &q in &cp.peers {
+            if !cp.send_q[q].is_empty() {
                 conns
                     .ensure_send(q, setup_deadline)
                     .map_err(|e| self.ctx(e, 0, Some(q), tname))?;
             }
         }
-        for &q in &peers {
-            if !recv_q[q].is_empty() {
+        for &q in &cp.peers {
+            if !cp.recv_q[q].is_empty() {
                 conns
                     .ensure_recv(q, setup_deadline, self.abort)
                     .map_err(|e| self.ctx(e, 0, Some(q), tname))?;
             }
         }
-        let mut posted_s: Vec<VecDeque<(usize, ReqId)>> = vec![VecDeque::new(); p];
-        let mut posted_r: Vec<VecDeque<(usize, ReqId)>> = vec![VecDeque::new(); p];
-        let (mut sent_idx, mut recv_idx) = (vec![0u64; p], vec![0u64; p]);
         let mut done = 0usize;
         let mut last_progress = Instant::now();
+        let mut idle_spins: u32 = 0;
         let mut idle_since: Option<Instant> = None;
-        let mut fds: Vec<WaitFd> = Vec::new();
 
         macro_rules! complete {
             ($i:expr) => {{
                 let i: usize = $i;
-                state[i] = St::Done;
+                ws.state[i] = St::Done;
                 done += 1;
-                for &d in &dependents[i] {
+                for &d in cp.dependents(i) {
                     let d = d as usize;
-                    missing[d] -= 1;
-                    if missing[d] == 0
+                    ws.missing[d] -= 1;
+                    if ws.missing[d] == 0
                         && !matches!(plan.steps[d].op, Op::Send { .. } | Op::Recv { .. })
                     {
-                        ready.push_back(d);
+                        ws.ready.push_back(d);
                     }
                 }
             }};
@@ -228,7 +314,7 @@ impl Exec<'_> {
 
         while done < n {
             let mut progressed = false;
-            while let Some(i) = ready.pop_front() {
+            while let Some(i) = ws.ready.pop_front() {
                 // SAFETY: validate() bounds-checked every slice, checked writability, and
                 // checked that reduce outputs overlap inputs exactly or not at all.
                 unsafe {
@@ -256,17 +342,16 @@ impl Exec<'_> {
                 complete!(i);
                 progressed = true;
             }
-            for &q in &peers {
-                while let Some(&i) = send_q[q].front() {
-                    if missing[i] > 0 {
+            for &q in &cp.peers {
+                while let Some(&i) = cp.send_q[q].get(ws.send_cur[q]) {
+                    if ws.missing[i] > 0 {
                         break;
                     }
                     let Op::Send { src, .. } = &plan.steps[i].op else {
                         break;
                     };
                     let (ptr, len) = bufs.at(src, es, false)?;
-                    let tag = self.tag.with_index(sent_idx[q]);
-                    sent_idx[q] += 1;
+                    let tag = self.tag.with_index(ws.send_cur[q] as u64);
                     let c = conns.sends[q].as_mut().ok_or_else(|| {
                         self.ctx(Error::invalid("no send connection"), i, Some(q), tname)
                     })?;
@@ -275,21 +360,20 @@ impl Exec<'_> {
                     // (or fails, after which the communicator closes the connection).
                     let req = unsafe { c.isend(ptr, len, tag, None) }
                         .map_err(|e| self.ctx(e, i, Some(q), tname))?;
-                    state[i] = St::Posted;
-                    posted_s[q].push_back((i, req));
-                    send_q[q].pop_front();
+                    ws.state[i] = St::Posted;
+                    ws.posted_s[q].push_back((i, req));
+                    ws.send_cur[q] += 1;
                     progressed = true;
                 }
-                while let Some(&i) = recv_q[q].front() {
-                    if missing[i] > 0 {
+                while let Some(&i) = cp.recv_q[q].get(ws.recv_cur[q]) {
+                    if ws.missing[i] > 0 {
                         break;
                     }
                     let Op::Recv { dst, .. } = &plan.steps[i].op else {
                         break;
                     };
                     let (ptr, len) = bufs.at(dst, es, true)?;
-                    let tag = self.tag.with_index(recv_idx[q]);
-                    recv_idx[q] += 1;
+                    let tag = self.tag.with_index(ws.recv_cur[q] as u64);
                     let c = conns.recvs[q].as_mut().ok_or_else(|| {
                         self.ctx(Error::invalid("no receive connection"), i, Some(q), tname)
                     })?;
@@ -297,31 +381,31 @@ impl Exec<'_> {
                     // (the plan's dependencies guarantee it).
                     let req = unsafe { c.irecv(ptr, len, tag, None) }
                         .map_err(|e| self.ctx(e, i, Some(q), tname))?;
-                    state[i] = St::Posted;
-                    posted_r[q].push_back((i, req));
-                    recv_q[q].pop_front();
+                    ws.state[i] = St::Posted;
+                    ws.posted_r[q].push_back((i, req));
+                    ws.recv_cur[q] += 1;
                     progressed = true;
                 }
-                while let Some(&(i, req)) = posted_r[q].front() {
+                while let Some(&(i, req)) = ws.posted_r[q].front() {
                     let c = conns.recvs[q].as_mut().ok_or_else(|| {
                         self.ctx(Error::invalid("no receive connection"), i, Some(q), tname)
                     })?;
                     match c.test(req).map_err(|e| self.ctx(e, i, Some(q), tname))? {
                         Some(_) => {
-                            posted_r[q].pop_front();
+                            ws.posted_r[q].pop_front();
                             complete!(i);
                             progressed = true;
                         }
                         None => break,
                     }
                 }
-                while let Some(&(i, req)) = posted_s[q].front() {
+                while let Some(&(i, req)) = ws.posted_s[q].front() {
                     let c = conns.sends[q].as_mut().ok_or_else(|| {
                         self.ctx(Error::invalid("no send connection"), i, Some(q), tname)
                     })?;
                     match c.test(req).map_err(|e| self.ctx(e, i, Some(q), tname))? {
                         Some(_) => {
-                            posted_s[q].pop_front();
+                            ws.posted_s[q].pop_front();
                             complete!(i);
                             progressed = true;
                         }
@@ -330,37 +414,47 @@ impl Exec<'_> {
                 }
             }
             if progressed {
-                last_progress = Instant::now();
+                idle_spins = 0;
                 idle_since = None;
                 continue;
             }
             if done == n {
                 break;
             }
+            // Idle: spin cheaply, reading the clock only every 64 turns.
+            idle_spins += 1;
+            if !idle_spins.is_multiple_of(64) {
+                std::hint::spin_loop();
+                continue;
+            }
             let now = Instant::now();
+            let since = *idle_since.get_or_insert(now);
+            if since == now {
+                last_progress = now;
+            }
             if self.abort.load(Ordering::Relaxed) {
                 return Err(Error::new(ErrorKind::Aborted, "communicator aborted")
                     .rank(self.rank)
-                    .op(self.name.to_string()));
+                    .op(format!("{}#{}", self.name, self.seq)));
             }
             if now.duration_since(last_progress) >= self.timeout {
-                return Err(self.stall_error(plan, &state, tname));
+                return Err(self.stall_error(plan, &ws.state, tname));
             }
-            let since = *idle_since.get_or_insert(now);
             if now.duration_since(since) < self.spin {
+                // Let a co-scheduled rank run when there are more ranks than cores.
                 std::thread::yield_now();
                 continue;
             }
-            fds.clear();
-            for &q in &peers {
+            ws.fds.clear();
+            for &q in &cp.peers {
                 if let Some(c) = conns.sends[q].as_ref() {
-                    c.wait_fds(&mut fds);
+                    c.wait_fds(&mut ws.fds);
                 }
                 if let Some(c) = conns.recvs[q].as_ref() {
-                    c.wait_fds(&mut fds);
+                    c.wait_fds(&mut ws.fds);
                 }
             }
-            poll_fds(&fds, 1);
+            poll_fds(&ws.fds, 1);
         }
         Ok(())
     }

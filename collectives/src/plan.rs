@@ -72,7 +72,7 @@ pub struct Step {
     pub deps: Vec<usize>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algo {
     Ring,
     Direct,
@@ -102,7 +102,7 @@ pub struct Plan {
 
 /// The arguments of one collective call, as NCCL counts them: `count` is the per-rank element
 /// count (all_gather: send count; reduce_scatter: receive count; all_to_all: per-peer count).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct CollArgs {
     pub coll: CollKind,
     pub nranks: usize,
