@@ -40,7 +40,17 @@ pub struct Communicator {
     iface: String,
     state: Mutex<State>,
     abort: Arc<AtomicBool>,
+    spin: Duration,
+    local_ranks: usize,
     _root: Option<RootServer>,
+}
+
+/// Identifies this host: the kernel's boot id, or the hostname where that is unreadable.
+fn host_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .or_else(|_| std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()))
+        .unwrap_or_default()
 }
 
 /// Buffers of one call, as bytes: separate, or one buffer for an in-place call.
@@ -119,6 +129,13 @@ impl Communicator {
             .map(railcc_core::net::ConnectHandle)
             .collect();
         let conns = Connections::new(rank, nranks, transport, listener, handles).map_err(ctx)?;
+        // Ranks on the same host (same boot id): when they outnumber the cores, waiting ranks
+        // sleep in poll(2) at once instead of spinning, so the rank with work gets the core.
+        let host = host_id();
+        let hosts = bootstrap.all_gather(host.as_bytes())?;
+        let local_ranks = hosts.iter().filter(|h| h.as_slice() == host.as_bytes()).count();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let spin = if local_ranks > cores { Duration::ZERO } else { Duration::from_micros(cfg.spin_us) };
         bootstrap.barrier()?;
         tracing::debug!(
             "rank {rank}/{nranks} ready on {} ({})",
@@ -140,6 +157,8 @@ impl Communicator {
                 broken: None,
             }),
             abort: Arc::new(AtomicBool::new(false)),
+            spin,
+            local_ranks,
             _root: root,
         })
     }
@@ -154,6 +173,11 @@ impl Communicator {
 
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// How many ranks of this job run on this host.
+    pub fn local_ranks(&self) -> usize {
+        self.local_ranks
     }
 
     /// The interface the sockets use.
@@ -367,7 +391,7 @@ impl Communicator {
             name: label,
             seq: tag.op_seq,
             timeout: self.cfg.timeout(),
-            spin: Duration::from_micros(self.cfg.spin_us),
+            spin: self.spin,
             abort: &self.abort,
         };
         let State { conns, ws, .. } = st;

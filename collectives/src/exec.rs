@@ -421,9 +421,10 @@ impl Exec<'_> {
             if done == n {
                 break;
             }
-            // Idle: spin cheaply, reading the clock only every 64 turns.
+            // Idle: spin, reading the clock only every 64 turns (each turn costs a few
+            // syscalls, so with spinning off a rank goes straight to poll).
             idle_spins += 1;
-            if !idle_spins.is_multiple_of(64) {
+            if !self.spin.is_zero() && !idle_spins.is_multiple_of(64) {
                 std::hint::spin_loop();
                 continue;
             }

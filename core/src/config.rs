@@ -100,7 +100,8 @@ config! {
     algo: AlgoChoice = AlgoChoice::Auto, "RAILCC_ALGO";
     /// Under auto, all-reduce uses the direct algorithm up to this many bytes per rank.
     direct_max_bytes: usize = 64 * 1024, "RAILCC_DIRECT_MAX_BYTES";
-    /// Microseconds a waiting rank busy-polls before it sleeps in poll(2). 0 sleeps at once.
+    /// Microseconds a waiting rank busy-polls before it sleeps in poll(2). 0 sleeps at once;
+    /// forced to 0 when more ranks share a host than it has cores.
     spin_us: u64 = 200, "RAILCC_SPIN_US";
     /// Largest message a peer may announce, in bytes; a bigger header is a protocol error.
     max_message_bytes: u64 = 1 << 40, "RAILCC_MAX_MESSAGE_BYTES";
