@@ -133,9 +133,16 @@ impl Communicator {
         // sleep in poll(2) at once instead of spinning, so the rank with work gets the core.
         let host = host_id();
         let hosts = bootstrap.all_gather(host.as_bytes())?;
-        let local_ranks = hosts.iter().filter(|h| h.as_slice() == host.as_bytes()).count();
+        let local_ranks = hosts
+            .iter()
+            .filter(|h| h.as_slice() == host.as_bytes())
+            .count();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let spin = if local_ranks > cores { Duration::ZERO } else { Duration::from_micros(cfg.spin_us) };
+        let spin = if local_ranks > cores {
+            Duration::ZERO
+        } else {
+            Duration::from_micros(cfg.spin_us)
+        };
         bootstrap.barrier()?;
         tracing::debug!(
             "rank {rank}/{nranks} ready on {} ({})",
