@@ -197,21 +197,25 @@ pub unsafe fn divide_raw(dt: DataType, buf: *mut u8, n: usize, ranks: usize) {
     dispatch!(dt, divide_typed, buf, n, ranks)
 }
 
-/// Safe wrapper over byte slices of equal length (tests and the reference use it).
-pub fn reduce_bytes(dt: DataType, op: ReduceOp, acc: &mut [u8], other: &[u8]) {
+/// Safe wrapper over byte slices: `acc[i] = acc[i] op other[i]` for the common length.
+pub fn reduce_bytes(
+    dt: DataType,
+    op: ReduceOp,
+    acc: &mut [u8],
+    other: &[u8],
+) -> railcc_core::Result<()> {
     let n = acc.len().min(other.len()) / dt.size();
-    assert_aligned(dt, acc.as_ptr());
-    assert_aligned(dt, other.as_ptr());
+    for p in [acc.as_ptr(), other.as_ptr()] {
+        if !(p as usize).is_multiple_of(dt.size()) {
+            return Err(railcc_core::Error::invalid(format!(
+                "reduce: buffer at {p:p} is not aligned for {dt}"
+            )));
+        }
+    }
     // SAFETY: lengths bounded by both slices; alignment checked; `acc` and `other` are distinct
     // borrows so they cannot overlap.
-    unsafe { reduce_raw(dt, op, acc.as_mut_ptr(), acc.as_ptr(), other.as_ptr(), n) }
-}
-
-fn assert_aligned(dt: DataType, p: *const u8) {
-    assert!(
-        (p as usize).is_multiple_of(dt.size()),
-        "reduce_bytes: buffer not aligned for {dt}"
-    );
+    unsafe { reduce_raw(dt, op, acc.as_mut_ptr(), acc.as_ptr(), other.as_ptr(), n) };
+    Ok(())
 }
 
 #[cfg(test)]
@@ -250,7 +254,7 @@ mod tests {
                     crate::reference::encode(dt, &v.iter().map(|x| *x as f64).collect::<Vec<_>>())
                 };
                 let mut acc = enc(&a);
-                reduce_bytes(dt, op, &mut acc, &enc(&b));
+                reduce_bytes(dt, op, &mut acc, &enc(&b)).unwrap();
                 assert_eq!(crate::reference::decode(dt, &acc), expect(op), "{dt} {op}");
             }
         }
@@ -259,7 +263,7 @@ mod tests {
     #[test]
     fn unsigned_wraps() {
         let mut acc = vec![250u8, 3];
-        reduce_bytes(DataType::U8, ReduceOp::Sum, &mut acc, &[10, 4]);
+        reduce_bytes(DataType::U8, ReduceOp::Sum, &mut acc, &[10, 4]).unwrap();
         assert_eq!(acc, vec![4, 7]);
         let mut x = vec![9u8, 200];
         // SAFETY: valid u8 buffer of 2 elements.
