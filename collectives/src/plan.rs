@@ -297,26 +297,45 @@ fn ring_all_reduce(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
             }
             for c in group.clone() {
                 if let Some((off, len)) = nth_chunk(seg(ri).0, seg(ri).1, ch, c) {
-                    let (slot, slot_deps) = b.acquire();
-                    let rv = b.push(
-                        Op::Recv {
-                            peer: prev,
-                            dst: Slice::new(Buf::Scratch, slot, len),
-                        },
-                        slot_deps,
-                    );
-                    let mut deps = vec![rv];
-                    deps.append(&mut readers[ri][c]);
                     let dst = Slice::new(Buf::Recv, off, len);
-                    let mut last = b.push(
-                        Op::Reduce {
-                            dst,
-                            a: Slice::new(Buf::Send, off, len),
-                            b: Slice::new(Buf::Scratch, slot, len),
-                        },
-                        deps,
-                    );
-                    b.release(slot, vec![rv, last]);
+                    let mine = Slice::new(Buf::Send, off, len);
+                    let mut last = if o.in_place {
+                        // The output holds our own input: stage the peer's chunk in scratch.
+                        let (slot, slot_deps) = b.acquire();
+                        let incoming = Slice::new(Buf::Scratch, slot, len);
+                        let rv = b.push(
+                            Op::Recv {
+                                peer: prev,
+                                dst: incoming,
+                            },
+                            slot_deps,
+                        );
+                        let mut deps = vec![rv];
+                        deps.append(&mut readers[ri][c]);
+                        let red = b.push(
+                            Op::Reduce {
+                                dst,
+                                a: mine,
+                                b: incoming,
+                            },
+                            deps,
+                        );
+                        b.release(slot, vec![rv, red]);
+                        red
+                    } else {
+                        // Out of place: receive straight into the output and reduce there, which
+                        // touches two buffers instead of three.
+                        let deps = std::mem::take(&mut readers[ri][c]);
+                        let rv = b.push(Op::Recv { peer: prev, dst }, deps);
+                        b.push(
+                            Op::Reduce {
+                                dst,
+                                a: dst,
+                                b: mine,
+                            },
+                            vec![rv],
+                        )
+                    };
                     if s == p - 2 && a.op == ReduceOp::Avg {
                         last = b.push(Op::Divide { buf: dst }, vec![last]);
                     }
