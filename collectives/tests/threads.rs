@@ -86,3 +86,45 @@ fn short_buffer_and_bad_root_are_errors() {
         c.barrier().unwrap();
     });
 }
+
+#[test]
+fn abort_from_another_thread_unblocks_a_waiter_quickly() {
+    // No connection exists between the two ranks, so rank 1 learns nothing from rank 0's abort
+    // and ends on its own (short) deadline, naming rank 0.
+    let cfg = Config {
+        timeout_ms: 3000,
+        ..Config::default()
+    };
+    with_ranks(2, cfg, |c| {
+        let c = Arc::new(c);
+        if c.rank() == 0 {
+            // Rank 1 never sends: this receive would wait for the full 60 s timeout.
+            let c2 = c.clone();
+            let aborter = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                c2.abort();
+            });
+            let t = std::time::Instant::now();
+            let mut buf = vec![0u8; 16];
+            let e = c.recv(&mut buf, 1).unwrap_err();
+            assert!(matches!(e.kind, ErrorKind::Aborted), "{e}");
+            assert!(
+                t.elapsed() < Duration::from_secs(1) + Duration::from_millis(200),
+                "took {:?}",
+                t.elapsed()
+            );
+            aborter.join().unwrap();
+            assert!(c.async_error().is_some());
+            assert_eq!(c.barrier().unwrap_err().kind, ErrorKind::Aborted);
+        } else {
+            // Wait for rank 0 to give up; its closed connection ends our receive too.
+            let mut buf = vec![0u8; 16];
+            let e = c.recv(&mut buf, 0).unwrap_err();
+            assert!(
+                matches!(e.kind, ErrorKind::PeerClosed | ErrorKind::Timeout),
+                "{e}"
+            );
+            assert!(e.message.contains("rank 0"), "{e}");
+        }
+    });
+}
