@@ -75,6 +75,13 @@ pub struct BenchArgs {
     /// host:port of the rendezvous root (rank 0 listens there) for a hand-started job.
     #[arg(long = "root-addr")]
     pub root_addr: Option<String>,
+    /// Where the buffers live: host (TCP ranks) or cuda (one process driving the local GPUs;
+    /// all_reduce only so far).
+    #[arg(long, default_value = "host")]
+    pub device: String,
+    /// With --device cuda: how many GPUs (default: all).
+    #[arg(long)]
+    pub gpus: Option<usize>,
     /// Write results as JSON to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,

@@ -10,6 +10,11 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 pub fn bench_main(a: BenchArgs) -> Result<(), String> {
+    match a.device.as_str() {
+        "host" => {}
+        "cuda" => return crate::gpu::run(&a),
+        d => return Err(format!("--device {d}: expected host or cuda")),
+    }
     let cfg = Config::from_env().map_err(|e| e.to_string())?;
     let env = |k: &str| std::env::var(k).ok();
     if let Some(info) = launch::discover(env).map_err(|e| e.to_string())? {

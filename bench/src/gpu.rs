@@ -1,0 +1,113 @@
+//! `railcc bench all_reduce --device cuda`: one process drives the local GPUs (like
+//! nccl-tests `-g N`). Buffers live on the GPUs, time comes from CUDA events on GPU 0's stream
+//! (which waits for every GPU at the end of each call), and every size is checked on the host
+//! against the same reference as the TCP path.
+
+use crate::args::BenchArgs;
+use crate::report::bus_factor;
+use railcc_collectives::plan::CollArgs;
+use railcc_collectives::reference::{count_wrong, fill_input};
+use railcc_collectives::{CollKind, DataType, ReduceOp};
+use railcc_transport_nvlink::multi::{DevBuf, MultiGpu};
+
+const SEED: u64 = 0x5eed;
+
+pub fn run(a: &BenchArgs) -> Result<(), String> {
+    let coll = a.collective.kind();
+    if coll != CollKind::AllReduce {
+        return Err(format!("--device cuda supports all_reduce so far, not {} (issue 3)", coll.name()));
+    }
+    let gpus = railcc_transport_nvlink::driver::devices().map_err(|e| e.to_string())?;
+    let n = a.gpus.unwrap_or(gpus.len());
+    if n == 0 || n > gpus.len() {
+        return Err(format!("--gpus {n}: this machine has {} GPU(s)", gpus.len()));
+    }
+    let ordinals: Vec<usize> = (0..n).collect();
+    let mg = MultiGpu::new(&ordinals).map_err(|e| e.to_string())?;
+    println!("# railcc bench all_reduce --device cuda: {n} GPU(s) in one process, two-shot kernel over peer access");
+    for g in &gpus[..n] {
+        println!("#  GPU {} {} bus {} sm_{}{} ({} SMs)", g.ordinal, g.name, g.pci_bus_id, g.compute_capability.0, g.compute_capability.1, g.sms);
+    }
+    for i in 0..n {
+        for j in 0..n {
+            if i != j {
+                let (can, rank) = railcc_transport_nvlink::driver::peer(i, j).map_err(|e| e.to_string())?;
+                println!("#  peer {i}->{j}: access {can}, performance rank {rank}");
+            }
+        }
+    }
+    println!("#");
+    println!("#                                                              out-of-place                       in-place          ");
+    println!("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong  blocks");
+    println!("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)           ");
+    let dts: Vec<DataType> = if a.dtype == "all" { DataType::ALL.to_vec() } else { a.dtype.split(',').map(|x| x.parse()).collect::<Result<_, _>>()? };
+    let ops: Vec<ReduceOp> = if a.op == "all" { ReduceOp::ALL.to_vec() } else { a.op.split(',').map(|x| x.parse()).collect::<Result<_, _>>()? };
+    let mut total_wrong = 0u64;
+    for &dt in &dts {
+        for &op in &ops {
+            let mut size = a.min_bytes;
+            while size <= a.max_bytes {
+                let count = size as usize / dt.size();
+                let args = CollArgs { coll, nranks: n, count, dtype: dt, op, root: 0 };
+                let (t_o, w_o, blocks) = one(&mg, &args, a, false)?;
+                let (t_i, w_i, _) = one(&mg, &args, a, true)?;
+                total_wrong += w_o + w_i;
+                let bytes = (count * dt.size()) as f64;
+                let side = |t: f64, w: u64| {
+                    let algbw = if t > 0.0 { bytes / t / 1e9 } else { 0.0 };
+                    format!("  {:>7.2}  {:>6.2}  {:>6.2}  {:>5}", t * 1e6, algbw, algbw * bus_factor(coll, n), if a.check != 0 { w.to_string() } else { "N/A".into() })
+                };
+                println!("{:>12}  {:>12}  {:>8}  {:>6}  {:>6}{}{}  {:>6}", count * dt.size(), count, dt.name(), op.name(), -1, side(t_o, w_o), side(t_i, w_i), blocks);
+                size = if let Some(i) = a.step_bytes { size + i.max(1) } else { size * a.step_factor.max(2) };
+            }
+        }
+    }
+    println!("# Out of bounds values : 0 OK");
+    println!("#");
+    if total_wrong > 0 {
+        return Err(format!("{total_wrong} wrong values"));
+    }
+    Ok(())
+}
+
+/// Checks once, warms up, times `iters` calls with CUDA events; returns (seconds per call,
+/// wrong elements over all GPUs, blocks per GPU).
+fn one(mg: &MultiGpu, args: &CollArgs, a: &BenchArgs, in_place: bool) -> Result<(f64, u64, u32), String> {
+    let n = mg.len();
+    let es = args.dtype.size();
+    let bytes = args.count * es;
+    let e = |x: railcc_core::Error| x.to_string();
+    let inputs: Vec<Vec<u8>> = (0..n).map(|g| fill_input(args, g, SEED)).collect();
+    let ins: Vec<DevBuf> = (0..n).map(|g| mg.alloc(g, bytes)).collect::<Result<_, _>>().map_err(e)?;
+    let outs: Vec<DevBuf> = if in_place { Vec::new() } else { (0..n).map(|g| mg.alloc(g, bytes)).collect::<Result<_, _>>().map_err(e)? };
+    for g in 0..n {
+        mg.upload(g, &ins[g], &inputs[g]).map_err(e)?;
+    }
+    let ip: Vec<u64> = ins.iter().map(|b| b.ptr).collect();
+    let op: Vec<u64> = if in_place { ip.clone() } else { outs.iter().map(|b| b.ptr).collect() };
+    let mut wrong = 0;
+    // SAFETY: every pointer is a live allocation of `bytes` on its GPU, kept until this
+    // function synchronizes (download and the timer wait on the streams).
+    let launch = unsafe { mg.all_reduce(&ip, &op, args.count, args.dtype, args.op) }.map_err(e)?;
+    if a.check != 0 {
+        let mut host = vec![0u8; bytes];
+        for g in 0..n {
+            let src = if in_place { &ins[g] } else { &outs[g] };
+            mg.download(g, src, &mut host).map_err(e)?;
+            wrong += count_wrong(args, g, &host, SEED);
+        }
+    }
+    for _ in 0..a.warmup {
+        // SAFETY: as above.
+        unsafe { mg.all_reduce(&ip, &op, args.count, args.dtype, args.op) }.map_err(e)?;
+    }
+    let t0 = mg.record_timer(0).map_err(e)?;
+    for _ in 0..a.iters {
+        // SAFETY: as above.
+        unsafe { mg.all_reduce(&ip, &op, args.count, args.dtype, args.op) }.map_err(e)?;
+    }
+    let t1 = mg.record_timer(0).map_err(e)?;
+    let ms = t0.elapsed_ms(&t1).map_err(e)?;
+    mg.synchronize().map_err(e)?;
+    Ok((ms as f64 / 1e3 / a.iters.max(1) as f64, wrong, launch.blocks_per_gpu))
+}

@@ -1,0 +1,138 @@
+//! The GPU kernels, as CUDA C++ compiled by NVRTC on first use for the device's architecture.
+//!
+//! Why NVRTC rather than shipped PTX: the build then needs no CUDA toolkit (CI has none), and
+//! the code is compiled for the exact GPU it runs on (sm_90 on H200) instead of a lowest common
+//! denominator. The cost is a compile of about a second per process on first use; a disk cache
+//! is future work.
+//!
+//! One kernel per (dtype, op): `ar_<dtype>_<op>` reduces elements `[begin, end)` of `n` inputs
+//! and writes the result to `n` outputs (any of which may be on peer GPUs). f16 and bf16 are
+//! widened to f32; integers wrap like the host kernels; avg divides once, after wrapping, as the
+//! host does, so GPU and host results are bit-identical for the reference's inputs.
+
+use railcc_core::{DataType, ReduceOp};
+
+pub const MAX_PEERS: usize = 8;
+
+/// (CUDA storage type, accumulator type, load, store) for each dtype.
+fn ctype(dt: DataType) -> (&'static str, &'static str, &'static str, &'static str) {
+    match dt {
+        DataType::I8 => ("signed char", "int", "(int)", "(signed char)"),
+        DataType::U8 => ("unsigned char", "unsigned int", "(unsigned int)", "(unsigned char)"),
+        DataType::I32 => ("int", "int", "", ""),
+        DataType::U32 => ("unsigned int", "unsigned int", "", ""),
+        DataType::I64 => ("long long", "long long", "", ""),
+        DataType::U64 => ("unsigned long long", "unsigned long long", "", ""),
+        DataType::F16 => ("unsigned short", "float", "h2f", "f2h"),
+        DataType::Bf16 => ("unsigned short", "float", "b2f", "f2b"),
+        DataType::F32 => ("float", "float", "", ""),
+        DataType::F64 => ("double", "double", "", ""),
+    }
+}
+
+fn op_expr(op: ReduceOp, dt: DataType) -> &'static str {
+    let float = dt.is_float();
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => "a + b",
+        ReduceOp::Prod => "a * b",
+        // Same tie-breaking as the host kernels: keep `a` unless `b` is strictly larger/smaller.
+        ReduceOp::Max if float => "(b > a ? b : a)",
+        ReduceOp::Min if float => "(b < a ? b : a)",
+        ReduceOp::Max => "(b > a ? b : a)",
+        ReduceOp::Min => "(b < a ? b : a)",
+    }
+}
+
+pub fn kernel_name(dt: DataType, op: ReduceOp) -> String {
+    format!("ar_{}_{}", dt.name(), op.name())
+}
+
+/// The whole program: helpers plus one kernel per (dtype, op).
+pub fn source() -> String {
+    let mut s = String::from(
+        r#"
+struct Ptrs { unsigned long long p[8]; };
+__device__ __forceinline__ float h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float b2f(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
+__device__ __forceinline__ unsigned short f2b(float f) {
+  unsigned int u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (unsigned short)(u >> 16);
+}
+"#,
+    );
+    for dt in DataType::ALL {
+        let (t, acc, ld, st) = ctype(dt);
+        for op in ReduceOp::ALL {
+            let name = kernel_name(dt, op);
+            let expr = op_expr(op, dt);
+            let avg = if op == ReduceOp::Avg {
+                format!("{{ {t} w = {st}(acc); acc = {ld}(w) / ({acc})avg_n; }}")
+            } else {
+                String::new()
+            };
+            // 16-byte vector loop over the aligned middle, scalar loop for the ends.
+            s.push_str(&format!(
+                r#"
+extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, Ptrs outs, int n, unsigned long long begin, unsigned long long end, int avg_n) {{
+  typedef {t} T;
+  const int V = 16 / sizeof(T);
+  unsigned long long tid = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+  unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  bool aligned = true;
+  for (int r = 0; r < n; r++) aligned = aligned && ((ins.p[r] | outs.p[r]) % 16 == 0);
+  unsigned long long vb = aligned ? (begin + V - 1) / V * V : end;
+  if (vb > end) vb = end;
+  unsigned long long ve = aligned ? end / V * V : end;
+  if (ve < vb) ve = vb;
+  for (unsigned long long i = begin + tid; i < vb; i += stride) {{
+    {acc} acc = {ld}(((const T*)ins.p[0])[i]);
+    for (int r = 1; r < n; r++) {{ {acc} a = acc, b = {ld}(((const T*)ins.p[r])[i]); acc = {expr}; }}
+    {avg}
+    T v = {st}(acc);
+    for (int r = 0; r < n; r++) ((T*)outs.p[r])[i] = v;
+  }}
+  for (unsigned long long j = vb / V + tid; j < ve / V; j += stride) {{
+    uint4 x = ((const uint4*)ins.p[0])[j];
+    T* xv = (T*)&x;
+    {acc} accs[V];
+    for (int k = 0; k < V; k++) accs[k] = {ld}(xv[k]);
+    for (int r = 1; r < n; r++) {{
+      uint4 y = ((const uint4*)ins.p[r])[j];
+      T* yv = (T*)&y;
+      for (int k = 0; k < V; k++) {{ {acc} a = accs[k], b = {ld}(yv[k]); accs[k] = {expr}; }}
+    }}
+    for (int k = 0; k < V; k++) {{ {acc} acc = accs[k]; {avg} xv[k] = {st}(acc); }}
+    for (int r = 0; r < n; r++) ((uint4*)outs.p[r])[j] = x;
+  }}
+  for (unsigned long long i = ve + tid; i < end; i += stride) {{
+    {acc} acc = {ld}(((const T*)ins.p[0])[i]);
+    for (int r = 1; r < n; r++) {{ {acc} a = acc, b = {ld}(((const T*)ins.p[r])[i]); acc = {expr}; }}
+    {avg}
+    T v = {st}(acc);
+    for (int r = 0; r < n; r++) ((T*)outs.p[r])[i] = v;
+  }}
+}}
+"#
+            ));
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_kernel_per_dtype_and_op() {
+        let s = source();
+        for dt in DataType::ALL {
+            for op in ReduceOp::ALL {
+                assert!(s.contains(&format!("void __launch_bounds__(512) {}(", kernel_name(dt, op))));
+            }
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! One process driving several GPUs (like `ncclCommInitAll`): a stream-ordered all-reduce.
+//!
+//! A call enqueues, on every GPU's stream: wait for every other GPU's "inputs ready" event,
+//! the two-shot kernel for that GPU's segment, then a wait for every other GPU's "done" event,
+//! and returns at once. The kernels read peers' inputs and write peers' outputs through peer
+//! mappings (NVLink here), so each link direction carries the data once.
+
+use crate::driver::{available, check, device, nvrtc_available};
+use crate::kernels::{kernel_name, source, MAX_PEERS};
+use cudarc::driver::sys;
+use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+
+/// Device memory on one GPU, freed on drop.
+pub struct DevBuf {
+    pub ptr: u64,
+    pub bytes: usize,
+    ctx: sys::CUcontext,
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from cuMemAlloc in `ctx` and is freed once.
+        unsafe {
+            let _ = sys::cuCtxSetCurrent(self.ctx);
+            let _ = sys::cuMemFree_v2(self.ptr);
+        }
+    }
+}
+
+struct Gpu {
+    ctx: sys::CUcontext,
+    stream: sys::CUstream,
+    ready: sys::CUevent,
+    done: sys::CUevent,
+    funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
+    sms: i32,
+}
+
+/// The GPUs of this process, with peer access enabled between every pair.
+pub struct MultiGpu {
+    gpus: Vec<Gpu>,
+    pub ordinals: Vec<usize>,
+    /// Thread blocks per GPU per call (the SMs a call occupies), capped by work.
+    pub max_blocks: u32,
+}
+
+// SAFETY: the raw CUDA handles are only used through &self/&mut self methods that bind the
+// right context first; the driver API is thread-safe.
+unsafe impl Send for MultiGpu {}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Ptrs {
+    p: [u64; MAX_PEERS],
+}
+
+/// What one call launched.
+#[derive(Debug, Clone, Copy)]
+pub struct Launch {
+    pub blocks_per_gpu: u32,
+    pub threads_per_block: u32,
+}
+
+const THREADS: u32 = 512;
+
+impl MultiGpu {
+    pub fn new(ordinals: &[usize]) -> Result<MultiGpu> {
+        available()?;
+        nvrtc_available()?;
+        if ordinals.is_empty() || ordinals.len() > MAX_PEERS {
+            return Err(Error::invalid(format!("multi-GPU: {} GPUs requested, 1 to {MAX_PEERS} supported", ordinals.len())));
+        }
+        let mut gpus = Vec::new();
+        let mut arch_major = 0;
+        for &o in ordinals {
+            let d = device(o)?;
+            let mut ctx: sys::CUcontext = std::ptr::null_mut();
+            let (mut maj, mut sms) = (0, 0);
+            // SAFETY: valid out-pointers; the primary context is retained for the process.
+            unsafe {
+                check(sys::cuDevicePrimaryCtxRetain(&mut ctx, d), "cuDevicePrimaryCtxRetain")?;
+                check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
+                check(sys::cuDeviceGetAttribute(&mut maj, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d), "cuDeviceGetAttribute")?;
+                check(sys::cuDeviceGetAttribute(&mut sms, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d), "cuDeviceGetAttribute")?;
+            }
+            arch_major = maj;
+            let mut stream: sys::CUstream = std::ptr::null_mut();
+            let mut ready: sys::CUevent = std::ptr::null_mut();
+            let mut done: sys::CUevent = std::ptr::null_mut();
+            let no_timing = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+            // SAFETY: valid out-pointers in the current context.
+            unsafe {
+                check(sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32), "cuStreamCreate")?;
+                check(sys::cuEventCreate(&mut ready, no_timing), "cuEventCreate")?;
+                check(sys::cuEventCreate(&mut done, no_timing), "cuEventCreate")?;
+            }
+            gpus.push(Gpu { ctx, stream, ready, done, funcs: HashMap::new(), sms });
+        }
+        // Peer access between every pair.
+        for (i, &a) in ordinals.iter().enumerate() {
+            for (j, &b) in ordinals.iter().enumerate() {
+                if i == j {
+                    continue;
+                }
+                let (can, _) = crate::driver::peer(a, b)?;
+                if !can {
+                    return Err(Error::new(ErrorKind::Unsupported, format!("GPU {a} cannot access GPU {b}'s memory (no P2P)")).transport(crate::NAME));
+                }
+                // SAFETY: both contexts are live; enabling twice reports ALREADY_ENABLED.
+                let r = unsafe {
+                    check(sys::cuCtxSetCurrent(gpus[i].ctx), "cuCtxSetCurrent")?;
+                    sys::cuCtxEnablePeerAccess(gpus[j].ctx, 0)
+                };
+                if r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+                    check(r, "cuCtxEnablePeerAccess")?;
+                }
+            }
+        }
+        // Compile once for the architecture, load into every context.
+        let arch: &'static str = match arch_major {
+            9 => "compute_90",
+            10 => "compute_100",
+            8 => "compute_80",
+            _ => "compute_70",
+        };
+        let t0 = std::time::Instant::now();
+        let opts = cudarc::nvrtc::CompileOptions { arch: Some(arch), ..Default::default() };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(source(), opts)
+            .map_err(|e| Error::new(ErrorKind::Io, format!("NVRTC compile failed: {e:?}")).transport(crate::NAME))?;
+        tracing::info!("NVRTC compiled the kernels for {arch} in {:?}", t0.elapsed());
+        let image = CString::new(ptx.to_src()).map_err(|_| Error::new(ErrorKind::Io, "PTX contains a NUL byte"))?;
+        for g in gpus.iter_mut() {
+            let mut module: sys::CUmodule = std::ptr::null_mut();
+            // SAFETY: `image` is NUL-terminated PTX; the context is live.
+            unsafe {
+                check(sys::cuCtxSetCurrent(g.ctx), "cuCtxSetCurrent")?;
+                check(sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void), "cuModuleLoadData")?;
+            }
+            for dt in DataType::ALL {
+                for op in ReduceOp::ALL {
+                    let name = CString::new(kernel_name(dt, op)).map_err(|_| Error::invalid("kernel name"))?;
+                    let mut f: sys::CUfunction = std::ptr::null_mut();
+                    // SAFETY: module loaded above; `name` is NUL-terminated.
+                    check(unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) }, "cuModuleGetFunction")?;
+                    g.funcs.insert((dt, op), f);
+                }
+            }
+        }
+        let max_blocks = gpus.iter().map(|g| g.sms as u32).min().unwrap_or(1);
+        Ok(MultiGpu { gpus, ordinals: ordinals.to_vec(), max_blocks })
+    }
+
+    pub fn len(&self) -> usize {
+        self.gpus.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.gpus.is_empty()
+    }
+
+    pub fn stream(&self, g: usize) -> sys::CUstream {
+        self.gpus[g].stream
+    }
+
+    fn bind(&self, g: usize) -> Result<()> {
+        // SAFETY: the context is live for the lifetime of self.
+        check(unsafe { sys::cuCtxSetCurrent(self.gpus[g].ctx) }, "cuCtxSetCurrent")
+    }
+
+    pub fn alloc(&self, g: usize, bytes: usize) -> Result<DevBuf> {
+        self.bind(g)?;
+        let mut ptr = 0;
+        // SAFETY: valid out-pointer in the bound context.
+        check(unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes.max(1)) }, "cuMemAlloc")?;
+        Ok(DevBuf { ptr, bytes, ctx: self.gpus[g].ctx })
+    }
+
+    pub fn upload(&self, g: usize, dst: &DevBuf, data: &[u8]) -> Result<()> {
+        if data.len() > dst.bytes {
+            return Err(Error::invalid("upload larger than the device buffer"));
+        }
+        self.bind(g)?;
+        // SAFETY: `dst` holds at least data.len() bytes (checked); `data` is valid host memory.
+        check(unsafe { sys::cuMemcpyHtoD_v2(dst.ptr, data.as_ptr() as *const c_void, data.len()) }, "cuMemcpyHtoD")
+    }
+
+    pub fn download(&self, g: usize, src: &DevBuf, out: &mut [u8]) -> Result<()> {
+        if out.len() > src.bytes {
+            return Err(Error::invalid("download larger than the device buffer"));
+        }
+        self.synchronize()?;
+        self.bind(g)?;
+        // SAFETY: `src` holds at least out.len() bytes (checked); `out` is valid host memory.
+        check(unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut c_void, src.ptr, out.len()) }, "cuMemcpyDtoH")
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        for (g, gpu) in self.gpus.iter().enumerate() {
+            self.bind(g)?;
+            // SAFETY: the stream is live.
+            check(unsafe { sys::cuStreamSynchronize(gpu.stream) }, "cuStreamSynchronize")?;
+        }
+        Ok(())
+    }
+
+    /// Enqueues an all-reduce of `count` elements: `outs[g]` on every GPU gets the reduction of
+    /// every `ins[g]`. In place when `ins[g] == outs[g]`. Returns at once (stream-ordered).
+    ///
+    /// # Safety
+    /// Each `ins[g]`/`outs[g]` must be device memory of GPU g holding `count` elements of `dt`,
+    /// valid until the streams pass this call.
+    pub unsafe fn all_reduce(&self, ins: &[u64], outs: &[u64], count: usize, dt: DataType, op: ReduceOp) -> Result<Launch> {
+        let n = self.gpus.len();
+        if ins.len() != n || outs.len() != n {
+            return Err(Error::invalid(format!("all_reduce: {} inputs and {} outputs for {n} GPUs", ins.len(), outs.len())));
+        }
+        let mut pin = Ptrs { p: [0; MAX_PEERS] };
+        let mut pout = Ptrs { p: [0; MAX_PEERS] };
+        pin.p[..n].copy_from_slice(ins);
+        pout.p[..n].copy_from_slice(outs);
+        // Segments in multiples of 16 bytes so every GPU's vector loop covers its whole share.
+        let es = dt.size();
+        let v = 16 / es;
+        let units = count.div_ceil(v);
+        let work_per_gpu = units.div_ceil(n);
+        let blocks = (work_per_gpu as u64).div_ceil(THREADS as u64).clamp(1, self.max_blocks as u64) as u32;
+        for g in 0..n {
+            self.bind(g)?;
+            check(sys::cuEventRecord(self.gpus[g].ready, self.gpus[g].stream), "cuEventRecord")?;
+        }
+        for g in 0..n {
+            self.bind(g)?;
+            let me = &self.gpus[g];
+            for (h, other) in self.gpus.iter().enumerate() {
+                if h != g {
+                    check(sys::cuStreamWaitEvent(me.stream, other.ready, 0), "cuStreamWaitEvent")?;
+                }
+            }
+            let begin = (g * work_per_gpu * v).min(count) as u64;
+            let end = ((g + 1) * work_per_gpu * v).min(count) as u64;
+            let mut nn = n as i32;
+            let (mut b, mut e) = (begin, end);
+            let mut avg_n = n as i32;
+            let f = *me.funcs.get(&(dt, op)).ok_or_else(|| Error::invalid("no kernel for dtype/op"))?;
+            let mut params: [*mut c_void; 6] = [
+                &mut pin as *mut Ptrs as *mut c_void,
+                &mut pout as *mut Ptrs as *mut c_void,
+                &mut nn as *mut i32 as *mut c_void,
+                &mut b as *mut u64 as *mut c_void,
+                &mut e as *mut u64 as *mut c_void,
+                &mut avg_n as *mut i32 as *mut c_void,
+            ];
+            check(sys::cuLaunchKernel(f, blocks, 1, 1, THREADS, 1, 1, 0, me.stream, params.as_mut_ptr(), std::ptr::null_mut()), "cuLaunchKernel")?;
+            check(sys::cuEventRecord(me.done, me.stream), "cuEventRecord")?;
+        }
+        for g in 0..n {
+            self.bind(g)?;
+            let me = &self.gpus[g];
+            for (h, other) in self.gpus.iter().enumerate() {
+                if h != g {
+                    check(sys::cuStreamWaitEvent(me.stream, other.done, 0), "cuStreamWaitEvent")?;
+                }
+            }
+        }
+        Ok(Launch { blocks_per_gpu: blocks, threads_per_block: THREADS })
+    }
+
+    /// A timing event recorded on GPU `g`'s stream.
+    pub fn record_timer(&self, g: usize) -> Result<Timer> {
+        self.bind(g)?;
+        let mut ev: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; stream live.
+        unsafe {
+            check(sys::cuEventCreate(&mut ev, 0), "cuEventCreate")?;
+            check(sys::cuEventRecord(ev, self.gpus[g].stream), "cuEventRecord")?;
+        }
+        Ok(Timer { ev })
+    }
+}
+
+/// A CUDA event for timing.
+pub struct Timer {
+    ev: sys::CUevent,
+}
+
+impl Timer {
+    /// Milliseconds from `self` to `end` (waits for `end`).
+    pub fn elapsed_ms(&self, end: &Timer) -> Result<f32> {
+        let mut ms = 0f32;
+        // SAFETY: both events were recorded; valid out-pointer.
+        unsafe {
+            check(sys::cuEventSynchronize(end.ev), "cuEventSynchronize")?;
+            check(sys::cuEventElapsedTime_v2(&mut ms, self.ev, end.ev), "cuEventElapsedTime")?;
+        }
+        Ok(ms)
+    }
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        // SAFETY: the event was created by us and is destroyed once.
+        unsafe {
+            let _ = sys::cuEventDestroy_v2(self.ev);
+        }
+    }
+}
