@@ -13,6 +13,10 @@
 use railcc_core::{DataType, ReduceOp};
 
 pub const MAX_PEERS: usize = 8;
+/// Most thread blocks a call may use per GPU (the size of the flag area).
+pub const MAX_BLOCKS: usize = 1024;
+/// Bytes of the per-GPU synchronization area (ready words plus per-block done words).
+pub const SYNC_BYTES: usize = (8 + MAX_PEERS * MAX_BLOCKS) * 8;
 
 /// (CUDA storage type, accumulator type, load, store) for each dtype.
 fn ctype(dt: DataType) -> (&'static str, &'static str, &'static str, &'static str) {
@@ -52,6 +56,46 @@ pub fn source() -> String {
     let mut s = String::from(
         r#"
 struct Ptrs { unsigned long long p[8]; };
+// Synchronization area in each GPU's memory, written by peers:
+//   words [0, 8): ready[h]  = last epoch at which GPU h's inputs were ready
+//   words [8, 8 + 8*1024): done[h][b] = last epoch at which block b of GPU h finished
+#define SYNC_DONE 8
+#define MAX_BLOCKS 1024
+__device__ __forceinline__ unsigned long long now_ns() { unsigned long long t; asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t)); return t; }
+__device__ __forceinline__ void wait_at_least(volatile unsigned long long* p, unsigned long long epoch, unsigned long long t0, unsigned long long timeout_ns) {
+  while (*p < epoch) {
+    if (now_ns() - t0 > timeout_ns) __trap(); // a peer never arrived: fail loudly, never hang
+  }
+}
+// Every block waits until every peer's inputs are ready (its kernel has started).
+__device__ void arrive_ready(Ptrs syncs, int n, int me, unsigned long long epoch, unsigned long long timeout_ns) {
+  if (n == 1) return;
+  unsigned long long t0 = now_ns();
+  if (blockIdx.x == 0 && threadIdx.x < n && threadIdx.x != me)
+    ((volatile unsigned long long*)syncs.p[threadIdx.x])[me] = epoch;
+  if (threadIdx.x < n && threadIdx.x != me)
+    wait_at_least((volatile unsigned long long*)syncs.p[me] + threadIdx.x, epoch, t0, timeout_ns);
+  __syncthreads();
+}
+// Each block tells every peer it is done with their memory; block 0 waits for every block of
+// every peer, so this kernel ends only when nobody reads our inputs or writes our outputs.
+__device__ void arrive_done(Ptrs syncs, int n, int me, unsigned long long epoch, unsigned long long timeout_ns) {
+  if (n == 1) return;
+  __threadfence_system(); // every thread's peer writes, before the block reports done
+  __syncthreads();
+  if (threadIdx.x < n && threadIdx.x != me) {
+    ((volatile unsigned long long*)syncs.p[threadIdx.x])[SYNC_DONE + me * MAX_BLOCKS + blockIdx.x] = epoch;
+  }
+  if (blockIdx.x == 0) {
+    unsigned long long t0 = now_ns();
+    for (int h = 0; h < n; h++) {
+      if (h == me) continue;
+      for (unsigned int b = threadIdx.x; b < gridDim.x; b += blockDim.x)
+        wait_at_least((volatile unsigned long long*)syncs.p[me] + SYNC_DONE + h * MAX_BLOCKS + b, epoch, t0, timeout_ns);
+    }
+    __threadfence_system();
+  }
+}
 __device__ __forceinline__ float h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ unsigned short f2h(float f) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 __device__ __forceinline__ float b2f(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
@@ -76,8 +120,9 @@ __device__ __forceinline__ unsigned short f2b(float f) {
             // 16-byte vector loop over the aligned middle, scalar loop for the ends.
             s.push_str(&format!(
                 r#"
-extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, Ptrs outs, int n, unsigned long long begin, unsigned long long end, int avg_n) {{
+extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, Ptrs outs, int n, unsigned long long begin, unsigned long long end, int avg_n, Ptrs syncs, int me, unsigned long long epoch, unsigned long long timeout_ns) {{
   typedef {t} T;
+  arrive_ready(syncs, n, me, epoch, timeout_ns);
   const int V = 16 / sizeof(T);
   unsigned long long tid = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
   unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
@@ -114,6 +159,7 @@ extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, Ptrs outs, in
     T v = {st}(acc);
     for (int r = 0; r < n; r++) ((T*)outs.p[r])[i] = v;
   }}
+  arrive_done(syncs, n, me, epoch, timeout_ns);
 }}
 "#
             ));

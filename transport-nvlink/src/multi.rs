@@ -1,12 +1,15 @@
 //! One process driving several GPUs (like `ncclCommInitAll`): a stream-ordered all-reduce.
 //!
-//! A call enqueues, on every GPU's stream: wait for every other GPU's "inputs ready" event,
-//! the two-shot kernel for that GPU's segment, then a wait for every other GPU's "done" event,
-//! and returns at once. The kernels read peers' inputs and write peers' outputs through peer
-//! mappings (NVLink here), so each link direction carries the data once.
+//! A call enqueues one kernel on every GPU's stream and returns at once. The kernels meet at two
+//! barriers made of flags in each GPU's memory, written by peers over NVLink: "my inputs are
+//! ready" at the start and "I am done with your memory" at the end, so a kernel ends only when
+//! no peer still reads its inputs or writes its outputs. Between them, each GPU reduces its
+//! segment by reading every peer's input and writes the result to every peer's output, so each
+//! link direction carries the data once. A peer that never arrives makes the kernel trap after
+//! `timeout_ns` (the call then fails) instead of hanging.
 
 use crate::driver::{available, check, device, nvrtc_available};
-use crate::kernels::{kernel_name, source, MAX_PEERS};
+use crate::kernels::{kernel_name, source, MAX_BLOCKS, MAX_PEERS, SYNC_BYTES};
 use cudarc::driver::sys;
 use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
 use std::collections::HashMap;
@@ -31,9 +34,9 @@ impl Drop for DevBuf {
 
 struct Gpu {
     ctx: sys::CUcontext,
+    /// Flags that peers write (see kernels.rs); zeroed at creation.
+    sync: u64,
     stream: sys::CUstream,
-    ready: sys::CUevent,
-    done: sys::CUevent,
     funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     sms: i32,
 }
@@ -41,6 +44,10 @@ struct Gpu {
 /// The GPUs of this process, with peer access enabled between every pair.
 pub struct MultiGpu {
     gpus: Vec<Gpu>,
+    /// Call counter shared by every GPU's kernels; flags compare against it.
+    epoch: std::sync::atomic::AtomicU64,
+    /// How long a kernel spins for a peer before it traps (and the call fails).
+    pub timeout_ns: u64,
     pub ordinals: Vec<usize>,
     /// Thread blocks per GPU per call (the SMs a call occupies), capped by work.
     pub max_blocks: u32,
@@ -87,16 +94,17 @@ impl MultiGpu {
             }
             arch_major = maj;
             let mut stream: sys::CUstream = std::ptr::null_mut();
-            let mut ready: sys::CUevent = std::ptr::null_mut();
-            let mut done: sys::CUevent = std::ptr::null_mut();
-            let no_timing = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
             // SAFETY: valid out-pointers in the current context.
             unsafe {
                 check(sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32), "cuStreamCreate")?;
-                check(sys::cuEventCreate(&mut ready, no_timing), "cuEventCreate")?;
-                check(sys::cuEventCreate(&mut done, no_timing), "cuEventCreate")?;
             }
-            gpus.push(Gpu { ctx, stream, ready, done, funcs: HashMap::new(), sms });
+            let mut sync = 0;
+            // SAFETY: valid out-pointer; the allocation is zeroed before any kernel reads it.
+            unsafe {
+                check(sys::cuMemAlloc_v2(&mut sync, SYNC_BYTES), "cuMemAlloc")?;
+                check(sys::cuMemsetD8_v2(sync, 0, SYNC_BYTES), "cuMemsetD8")?;
+            }
+            gpus.push(Gpu { ctx, sync, stream, funcs: HashMap::new(), sms });
         }
         // Peer access between every pair.
         for (i, &a) in ordinals.iter().enumerate() {
@@ -148,8 +156,10 @@ impl MultiGpu {
                 }
             }
         }
-        let max_blocks = gpus.iter().map(|g| g.sms as u32).min().unwrap_or(1);
-        Ok(MultiGpu { gpus, ordinals: ordinals.to_vec(), max_blocks })
+        // Every block of every GPU must be resident at once (they wait for each other), so
+        // use at most one block per SM.
+        let max_blocks = gpus.iter().map(|g| g.sms as u32).min().unwrap_or(1).min(MAX_BLOCKS as u32);
+        Ok(MultiGpu { gpus, epoch: std::sync::atomic::AtomicU64::new(0), timeout_ns: 30_000_000_000, ordinals: ordinals.to_vec(), max_blocks })
     }
 
     pub fn len(&self) -> usize {
@@ -226,43 +236,35 @@ impl MultiGpu {
         let units = count.div_ceil(v);
         let work_per_gpu = units.div_ceil(n);
         let blocks = (work_per_gpu as u64).div_ceil(THREADS as u64).clamp(1, self.max_blocks as u64) as u32;
-        for g in 0..n {
-            self.bind(g)?;
-            check(sys::cuEventRecord(self.gpus[g].ready, self.gpus[g].stream), "cuEventRecord")?;
+        let mut syncs = Ptrs { p: [0; MAX_PEERS] };
+        for (g, gpu) in self.gpus.iter().enumerate() {
+            syncs.p[g] = gpu.sync;
         }
+        let mut epoch = self.epoch.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let mut timeout = self.timeout_ns;
         for g in 0..n {
             self.bind(g)?;
             let me = &self.gpus[g];
-            for (h, other) in self.gpus.iter().enumerate() {
-                if h != g {
-                    check(sys::cuStreamWaitEvent(me.stream, other.ready, 0), "cuStreamWaitEvent")?;
-                }
-            }
             let begin = (g * work_per_gpu * v).min(count) as u64;
             let end = ((g + 1) * work_per_gpu * v).min(count) as u64;
             let mut nn = n as i32;
             let (mut b, mut e) = (begin, end);
             let mut avg_n = n as i32;
+            let mut me_i = g as i32;
             let f = *me.funcs.get(&(dt, op)).ok_or_else(|| Error::invalid("no kernel for dtype/op"))?;
-            let mut params: [*mut c_void; 6] = [
+            let mut params: [*mut c_void; 10] = [
                 &mut pin as *mut Ptrs as *mut c_void,
                 &mut pout as *mut Ptrs as *mut c_void,
                 &mut nn as *mut i32 as *mut c_void,
                 &mut b as *mut u64 as *mut c_void,
                 &mut e as *mut u64 as *mut c_void,
                 &mut avg_n as *mut i32 as *mut c_void,
+                &mut syncs as *mut Ptrs as *mut c_void,
+                &mut me_i as *mut i32 as *mut c_void,
+                &mut epoch as *mut u64 as *mut c_void,
+                &mut timeout as *mut u64 as *mut c_void,
             ];
             check(sys::cuLaunchKernel(f, blocks, 1, 1, THREADS, 1, 1, 0, me.stream, params.as_mut_ptr(), std::ptr::null_mut()), "cuLaunchKernel")?;
-            check(sys::cuEventRecord(me.done, me.stream), "cuEventRecord")?;
-        }
-        for g in 0..n {
-            self.bind(g)?;
-            let me = &self.gpus[g];
-            for (h, other) in self.gpus.iter().enumerate() {
-                if h != g {
-                    check(sys::cuStreamWaitEvent(me.stream, other.done, 0), "cuStreamWaitEvent")?;
-                }
-            }
         }
         Ok(Launch { blocks_per_gpu: blocks, threads_per_block: THREADS })
     }
