@@ -193,7 +193,11 @@ impl MultiGpu {
         }
         self.bind(g)?;
         // SAFETY: `dst` holds at least data.len() bytes (checked); `data` is valid host memory.
-        check(unsafe { sys::cuMemcpyHtoD_v2(dst.ptr, data.as_ptr() as *const c_void, data.len()) }, "cuMemcpyHtoD")
+        check(unsafe { sys::cuMemcpyHtoD_v2(dst.ptr, data.as_ptr() as *const c_void, data.len()) }, "cuMemcpyHtoD")?;
+        // From pageable memory the copy may return before its DMA lands, and our streams do not
+        // wait for the legacy stream: wait here so later kernels see the data.
+        // SAFETY: the bound context is live.
+        check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
     }
 
     pub fn download(&self, g: usize, src: &DevBuf, out: &mut [u8]) -> Result<()> {
