@@ -20,7 +20,11 @@ R=.device/bin/railcc
   echo "== railcc all_reduce timings, float sum (checked once per size)"
   $R bench all_reduce --device cuda -b 8 -e 1G -f 4 -n 50 -w 10 -c 1
   echo "exit $?"
+  $R bench all_reduce --device cuda -b 1G -e 1G -n 20 -w 5 -c 1
+  echo "exit $?"
   echo "== NCCL"
   NCCL_TESTS_FLAGS="-b 8 -e 1G -f 4 -g 2 -n 50 -w 10" bash .device/nccl_baseline.sh .device/nccl-tests all_reduce
+  echo "exit $?"
+  NCCL_TESTS_FLAGS="-b 1G -e 1G -g 2 -n 20 -w 5" bash .device/nccl_baseline.sh .device/nccl-tests all_reduce
   echo "exit $?"
 } 2>&1 | tee "$OUT/gpu-device.log"
