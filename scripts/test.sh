@@ -6,3 +6,5 @@ RAILCC_SETUP_LINT=1 bash scripts/setup.sh
 if cargo fmt --version >/dev/null 2>&1; then cargo fmt --all -- --check; else echo "test.sh: rustfmt not installed, format check skipped"; fi
 if cargo clippy --version >/dev/null 2>&1; then cargo clippy --all-targets -q -- -D warnings; else echo "test.sh: clippy not installed, lint skipped"; fi
 cargo test --workspace --all-targets
+# GPU tests report themselves ("SKIP ... no CUDA driver" on machines without one): show it.
+cargo test -q -p railcc-transport-nvlink --lib -- --nocapture --test-threads 1 2>&1 | grep -E "SKIP|CUDA driver present|test result"

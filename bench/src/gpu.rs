@@ -15,23 +15,33 @@ const SEED: u64 = 0x5eed;
 pub fn run(a: &BenchArgs) -> Result<(), String> {
     let coll = a.collective.kind();
     if coll != CollKind::AllReduce {
-        return Err(format!("--device cuda supports all_reduce so far, not {} (issue 3)", coll.name()));
+        return Err(format!(
+            "--device cuda supports all_reduce so far, not {} (issue 3)",
+            coll.name()
+        ));
     }
     let gpus = railcc_transport_nvlink::driver::devices().map_err(|e| e.to_string())?;
     let n = a.gpus.unwrap_or(gpus.len());
     if n == 0 || n > gpus.len() {
-        return Err(format!("--gpus {n}: this machine has {} GPU(s)", gpus.len()));
+        return Err(format!(
+            "--gpus {n}: this machine has {} GPU(s)",
+            gpus.len()
+        ));
     }
     let ordinals: Vec<usize> = (0..n).collect();
     let mg = MultiGpu::new(&ordinals).map_err(|e| e.to_string())?;
     println!("# railcc bench all_reduce --device cuda: {n} GPU(s) in one process, two-shot kernel over peer access");
     for g in &gpus[..n] {
-        println!("#  GPU {} {} bus {} sm_{}{} ({} SMs)", g.ordinal, g.name, g.pci_bus_id, g.compute_capability.0, g.compute_capability.1, g.sms);
+        println!(
+            "#  GPU {} {} bus {} sm_{}{} ({} SMs)",
+            g.ordinal, g.name, g.pci_bus_id, g.compute_capability.0, g.compute_capability.1, g.sms
+        );
     }
     for i in 0..n {
         for j in 0..n {
             if i != j {
-                let (can, rank) = railcc_transport_nvlink::driver::peer(i, j).map_err(|e| e.to_string())?;
+                let (can, rank) =
+                    railcc_transport_nvlink::driver::peer(i, j).map_err(|e| e.to_string())?;
                 println!("#  peer {i}->{j}: access {can}, performance rank {rank}");
             }
         }
@@ -40,25 +50,69 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     println!("#                                                              out-of-place                       in-place          ");
     println!("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong  blocks");
     println!("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)           ");
-    let dts: Vec<DataType> = if a.dtype == "all" { DataType::ALL.to_vec() } else { a.dtype.split(',').map(|x| x.parse()).collect::<Result<_, _>>()? };
-    let ops: Vec<ReduceOp> = if a.op == "all" { ReduceOp::ALL.to_vec() } else { a.op.split(',').map(|x| x.parse()).collect::<Result<_, _>>()? };
+    let dts: Vec<DataType> = if a.dtype == "all" {
+        DataType::ALL.to_vec()
+    } else {
+        a.dtype
+            .split(',')
+            .map(|x| x.parse())
+            .collect::<Result<_, _>>()?
+    };
+    let ops: Vec<ReduceOp> = if a.op == "all" {
+        ReduceOp::ALL.to_vec()
+    } else {
+        a.op.split(',')
+            .map(|x| x.parse())
+            .collect::<Result<_, _>>()?
+    };
     let mut total_wrong = 0u64;
     for &dt in &dts {
         for &op in &ops {
             let mut size = a.min_bytes;
             while size <= a.max_bytes {
                 let count = size as usize / dt.size();
-                let args = CollArgs { coll, nranks: n, count, dtype: dt, op, root: 0 };
+                let args = CollArgs {
+                    coll,
+                    nranks: n,
+                    count,
+                    dtype: dt,
+                    op,
+                    root: 0,
+                };
                 let (t_o, w_o, blocks) = one(&mg, &args, a, false)?;
                 let (t_i, w_i, _) = one(&mg, &args, a, true)?;
                 total_wrong += w_o + w_i;
                 let bytes = (count * dt.size()) as f64;
                 let side = |t: f64, w: u64| {
                     let algbw = if t > 0.0 { bytes / t / 1e9 } else { 0.0 };
-                    format!("  {:>7.2}  {:>6.2}  {:>6.2}  {:>5}", t * 1e6, algbw, algbw * bus_factor(coll, n), if a.check != 0 { w.to_string() } else { "N/A".into() })
+                    format!(
+                        "  {:>7.2}  {:>6.2}  {:>6.2}  {:>5}",
+                        t * 1e6,
+                        algbw,
+                        algbw * bus_factor(coll, n),
+                        if a.check != 0 {
+                            w.to_string()
+                        } else {
+                            "N/A".into()
+                        }
+                    )
                 };
-                println!("{:>12}  {:>12}  {:>8}  {:>6}  {:>6}{}{}  {:>6}", count * dt.size(), count, dt.name(), op.name(), -1, side(t_o, w_o), side(t_i, w_i), blocks);
-                size = if let Some(i) = a.step_bytes { size + i.max(1) } else { size * a.step_factor.max(2) };
+                println!(
+                    "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}{}{}  {:>6}",
+                    count * dt.size(),
+                    count,
+                    dt.name(),
+                    op.name(),
+                    -1,
+                    side(t_o, w_o),
+                    side(t_i, w_i),
+                    blocks
+                );
+                size = if let Some(i) = a.step_bytes {
+                    size + i.max(1)
+                } else {
+                    size * a.step_factor.max(2)
+                };
             }
         }
     }
@@ -72,19 +126,38 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
 
 /// Checks once, warms up, times `iters` calls with CUDA events; returns (seconds per call,
 /// wrong elements over all GPUs, blocks per GPU).
-fn one(mg: &MultiGpu, args: &CollArgs, a: &BenchArgs, in_place: bool) -> Result<(f64, u64, u32), String> {
+fn one(
+    mg: &MultiGpu,
+    args: &CollArgs,
+    a: &BenchArgs,
+    in_place: bool,
+) -> Result<(f64, u64, u32), String> {
     let n = mg.len();
     let es = args.dtype.size();
     let bytes = args.count * es;
     let e = |x: railcc_core::Error| x.to_string();
     let inputs: Vec<Vec<u8>> = (0..n).map(|g| fill_input(args, g, SEED)).collect();
-    let ins: Vec<DevBuf> = (0..n).map(|g| mg.alloc(g, bytes)).collect::<Result<_, _>>().map_err(e)?;
-    let outs: Vec<DevBuf> = if in_place { Vec::new() } else { (0..n).map(|g| mg.alloc(g, bytes)).collect::<Result<_, _>>().map_err(e)? };
+    let ins: Vec<DevBuf> = (0..n)
+        .map(|g| mg.alloc(g, bytes))
+        .collect::<Result<_, _>>()
+        .map_err(e)?;
+    let outs: Vec<DevBuf> = if in_place {
+        Vec::new()
+    } else {
+        (0..n)
+            .map(|g| mg.alloc(g, bytes))
+            .collect::<Result<_, _>>()
+            .map_err(e)?
+    };
     for g in 0..n {
         mg.upload(g, &ins[g], &inputs[g]).map_err(e)?;
     }
     let ip: Vec<u64> = ins.iter().map(|b| b.ptr).collect();
-    let op: Vec<u64> = if in_place { ip.clone() } else { outs.iter().map(|b| b.ptr).collect() };
+    let op: Vec<u64> = if in_place {
+        ip.clone()
+    } else {
+        outs.iter().map(|b| b.ptr).collect()
+    };
     let mut wrong = 0;
     // SAFETY: every pointer is a live allocation of `bytes` on its GPU, kept until this
     // function synchronizes (download and the timer wait on the streams).
@@ -109,5 +182,9 @@ fn one(mg: &MultiGpu, args: &CollArgs, a: &BenchArgs, in_place: bool) -> Result<
     let t1 = mg.record_timer(0).map_err(e)?;
     let ms = t0.elapsed_ms(&t1).map_err(e)?;
     mg.synchronize().map_err(e)?;
-    Ok((ms as f64 / 1e3 / a.iters.max(1) as f64, wrong, launch.blocks_per_gpu))
+    Ok((
+        ms as f64 / 1e3 / a.iters.max(1) as f64,
+        wrong,
+        launch.blocks_per_gpu,
+    ))
 }

@@ -21,7 +21,7 @@ use std::process::ExitCode;
 )]
 enum Cli {
     /// Benchmark a collective, in the manner of nccl-tests.
-    Bench(args::BenchArgs),
+    Bench(Box<args::BenchArgs>),
     /// Print the effective configuration (defaults overridden by RAILCC_* variables).
     Config,
 }
@@ -35,7 +35,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let r = match Cli::parse() {
-        Cli::Bench(a) => spawn::bench_main(a),
+        Cli::Bench(a) => spawn::bench_main(*a),
         Cli::Config => print_config(),
     };
     match r {

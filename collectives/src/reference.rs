@@ -237,7 +237,9 @@ pub fn expected_value(a: &CollArgs, rank: usize, i: usize, seed: u64) -> Option<
 pub fn count_wrong(a: &CollArgs, rank: usize, out: &[u8], seed: u64) -> u64 {
     let n = out.len() / a.dtype.size();
     (0..n)
-        .filter(|&i| expected_value(a, rank, i, seed).is_some_and(|e| e != decode_at(a.dtype, out, i)))
+        .filter(|&i| {
+            expected_value(a, rank, i, seed).is_some_and(|e| e != decode_at(a.dtype, out, i))
+        })
         .count() as u64
 }
 

@@ -19,7 +19,11 @@ pub fn check(r: sys::CUresult, what: &str) -> Result<()> {
 pub fn available() -> Result<()> {
     // SAFETY: is_culib_present only tries to dlopen the library and drops it.
     if !unsafe { sys::is_culib_present() } {
-        return Err(Error::new(ErrorKind::Unsupported, "no CUDA driver on this machine (libcuda.so not found)").transport(crate::NAME));
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            "no CUDA driver on this machine (libcuda.so not found)",
+        )
+        .transport(crate::NAME));
     }
     // SAFETY: the library is present, so the lazily loaded symbol table resolves.
     check(unsafe { sys::cuInit(0) }, "cuInit")
@@ -29,7 +33,11 @@ pub fn available() -> Result<()> {
 pub fn nvrtc_available() -> Result<()> {
     // SAFETY: only tries to dlopen the library.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(Error::new(ErrorKind::Unsupported, "NVRTC (libnvrtc.so) not found; put CUDA's lib directory on LD_LIBRARY_PATH").transport(crate::NAME));
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            "NVRTC (libnvrtc.so) not found; put CUDA's lib directory on LD_LIBRARY_PATH",
+        )
+        .transport(crate::NAME));
     }
     Ok(())
 }
@@ -46,14 +54,20 @@ pub struct GpuInfo {
 fn attr(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Result<i32> {
     let mut v = 0;
     // SAFETY: `v` is a valid out-pointer; the driver was initialized by `available`.
-    check(unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) }, "cuDeviceGetAttribute")?;
+    check(
+        unsafe { sys::cuDeviceGetAttribute(&mut v, a, dev) },
+        "cuDeviceGetAttribute",
+    )?;
     Ok(v)
 }
 
 pub fn device(ordinal: usize) -> Result<sys::CUdevice> {
     let mut d: sys::CUdevice = 0;
     // SAFETY: valid out-pointer; driver initialized.
-    check(unsafe { sys::cuDeviceGet(&mut d, ordinal as i32) }, "cuDeviceGet")?;
+    check(
+        unsafe { sys::cuDeviceGet(&mut d, ordinal as i32) },
+        "cuDeviceGet",
+    )?;
     Ok(d)
 }
 
@@ -70,8 +84,14 @@ pub fn devices() -> Result<Vec<GpuInfo>> {
         let mut bus = [0 as std::ffi::c_char; 64];
         // SAFETY: buffers are valid for the lengths passed.
         unsafe {
-            check(sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, d), "cuDeviceGetName")?;
-            check(sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, d), "cuDeviceGetPCIBusId")?;
+            check(
+                sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, d),
+                "cuDeviceGetName",
+            )?;
+            check(
+                sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), bus.len() as i32, d),
+                "cuDeviceGetPCIBusId",
+            )?;
         }
         // SAFETY: the driver NUL-terminates both strings within the buffers.
         let (name, bus) = unsafe { (CStr::from_ptr(name.as_ptr()), CStr::from_ptr(bus.as_ptr())) };
@@ -80,7 +100,10 @@ pub fn devices() -> Result<Vec<GpuInfo>> {
             ordinal,
             name: name.to_string_lossy().into_owned(),
             pci_bus_id: bus.to_string_lossy().into_owned(),
-            compute_capability: (attr(d, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, attr(d, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?),
+            compute_capability: (
+                attr(d, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                attr(d, A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            ),
             sms: attr(d, A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
         });
     }
@@ -96,10 +119,18 @@ pub fn peer(a: usize, b: usize) -> Result<(bool, i32)> {
     let mut rank = 0;
     // SAFETY: valid out-pointers; driver initialized.
     unsafe {
-        check(sys::cuDeviceCanAccessPeer(&mut can, da, db), "cuDeviceCanAccessPeer")?;
+        check(
+            sys::cuDeviceCanAccessPeer(&mut can, da, db),
+            "cuDeviceCanAccessPeer",
+        )?;
         if can != 0 {
             check(
-                sys::cuDeviceGetP2PAttribute(&mut rank, sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK, da, db),
+                sys::cuDeviceGetP2PAttribute(
+                    &mut rank,
+                    sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK,
+                    da,
+                    db,
+                ),
                 "cuDeviceGetP2PAttribute",
             )?;
         }

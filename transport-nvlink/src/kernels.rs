@@ -22,7 +22,12 @@ pub const SYNC_BYTES: usize = (8 + MAX_PEERS * MAX_BLOCKS) * 8;
 fn ctype(dt: DataType) -> (&'static str, &'static str, &'static str, &'static str) {
     match dt {
         DataType::I8 => ("signed char", "int", "(int)", "(signed char)"),
-        DataType::U8 => ("unsigned char", "unsigned int", "(unsigned int)", "(unsigned char)"),
+        DataType::U8 => (
+            "unsigned char",
+            "unsigned int",
+            "(unsigned int)",
+            "(unsigned char)",
+        ),
         DataType::I32 => ("int", "int", "", ""),
         DataType::U32 => ("unsigned int", "unsigned int", "", ""),
         DataType::I64 => ("long long", "long long", "", ""),
@@ -177,7 +182,10 @@ mod tests {
         let s = source();
         for dt in DataType::ALL {
             for op in ReduceOp::ALL {
-                assert!(s.contains(&format!("void __launch_bounds__(512) {}(", kernel_name(dt, op))));
+                assert!(s.contains(&format!(
+                    "void __launch_bounds__(512) {}(",
+                    kernel_name(dt, op)
+                )));
             }
         }
     }

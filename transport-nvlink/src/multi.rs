@@ -77,7 +77,10 @@ impl MultiGpu {
         available()?;
         nvrtc_available()?;
         if ordinals.is_empty() || ordinals.len() > MAX_PEERS {
-            return Err(Error::invalid(format!("multi-GPU: {} GPUs requested, 1 to {MAX_PEERS} supported", ordinals.len())));
+            return Err(Error::invalid(format!(
+                "multi-GPU: {} GPUs requested, 1 to {MAX_PEERS} supported",
+                ordinals.len()
+            )));
         }
         let mut gpus = Vec::new();
         let mut arch_major = 0;
@@ -87,16 +90,39 @@ impl MultiGpu {
             let (mut maj, mut sms) = (0, 0);
             // SAFETY: valid out-pointers; the primary context is retained for the process.
             unsafe {
-                check(sys::cuDevicePrimaryCtxRetain(&mut ctx, d), "cuDevicePrimaryCtxRetain")?;
+                check(
+                    sys::cuDevicePrimaryCtxRetain(&mut ctx, d),
+                    "cuDevicePrimaryCtxRetain",
+                )?;
                 check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
-                check(sys::cuDeviceGetAttribute(&mut maj, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d), "cuDeviceGetAttribute")?;
-                check(sys::cuDeviceGetAttribute(&mut sms, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d), "cuDeviceGetAttribute")?;
+                check(
+                    sys::cuDeviceGetAttribute(
+                        &mut maj,
+                        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                        d,
+                    ),
+                    "cuDeviceGetAttribute",
+                )?;
+                check(
+                    sys::cuDeviceGetAttribute(
+                        &mut sms,
+                        sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                        d,
+                    ),
+                    "cuDeviceGetAttribute",
+                )?;
             }
             arch_major = maj;
             let mut stream: sys::CUstream = std::ptr::null_mut();
             // SAFETY: valid out-pointers in the current context.
             unsafe {
-                check(sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32), "cuStreamCreate")?;
+                check(
+                    sys::cuStreamCreate(
+                        &mut stream,
+                        sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                    ),
+                    "cuStreamCreate",
+                )?;
             }
             let mut sync = 0;
             // SAFETY: valid out-pointer; the allocation is zeroed before any kernel reads it.
@@ -104,7 +130,13 @@ impl MultiGpu {
                 check(sys::cuMemAlloc_v2(&mut sync, SYNC_BYTES), "cuMemAlloc")?;
                 check(sys::cuMemsetD8_v2(sync, 0, SYNC_BYTES), "cuMemsetD8")?;
             }
-            gpus.push(Gpu { ctx, sync, stream, funcs: HashMap::new(), sms });
+            gpus.push(Gpu {
+                ctx,
+                sync,
+                stream,
+                funcs: HashMap::new(),
+                sms,
+            });
         }
         // Peer access between every pair.
         for (i, &a) in ordinals.iter().enumerate() {
@@ -114,7 +146,11 @@ impl MultiGpu {
                 }
                 let (can, _) = crate::driver::peer(a, b)?;
                 if !can {
-                    return Err(Error::new(ErrorKind::Unsupported, format!("GPU {a} cannot access GPU {b}'s memory (no P2P)")).transport(crate::NAME));
+                    return Err(Error::new(
+                        ErrorKind::Unsupported,
+                        format!("GPU {a} cannot access GPU {b}'s memory (no P2P)"),
+                    )
+                    .transport(crate::NAME));
                 }
                 // SAFETY: both contexts are live; enabling twice reports ALREADY_ENABLED.
                 let r = unsafe {
@@ -134,32 +170,58 @@ impl MultiGpu {
             _ => "compute_70",
         };
         let t0 = std::time::Instant::now();
-        let opts = cudarc::nvrtc::CompileOptions { arch: Some(arch), ..Default::default() };
-        let ptx = cudarc::nvrtc::compile_ptx_with_opts(source(), opts)
-            .map_err(|e| Error::new(ErrorKind::Io, format!("NVRTC compile failed: {e:?}")).transport(crate::NAME))?;
-        tracing::info!("NVRTC compiled the kernels for {arch} in {:?}", t0.elapsed());
-        let image = CString::new(ptx.to_src()).map_err(|_| Error::new(ErrorKind::Io, "PTX contains a NUL byte"))?;
+        let opts = cudarc::nvrtc::CompileOptions {
+            arch: Some(arch),
+            ..Default::default()
+        };
+        let ptx = cudarc::nvrtc::compile_ptx_with_opts(source(), opts).map_err(|e| {
+            Error::new(ErrorKind::Io, format!("NVRTC compile failed: {e:?}")).transport(crate::NAME)
+        })?;
+        tracing::info!(
+            "NVRTC compiled the kernels for {arch} in {:?}",
+            t0.elapsed()
+        );
+        let image = CString::new(ptx.to_src())
+            .map_err(|_| Error::new(ErrorKind::Io, "PTX contains a NUL byte"))?;
         for g in gpus.iter_mut() {
             let mut module: sys::CUmodule = std::ptr::null_mut();
             // SAFETY: `image` is NUL-terminated PTX; the context is live.
             unsafe {
                 check(sys::cuCtxSetCurrent(g.ctx), "cuCtxSetCurrent")?;
-                check(sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void), "cuModuleLoadData")?;
+                check(
+                    sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void),
+                    "cuModuleLoadData",
+                )?;
             }
             for dt in DataType::ALL {
                 for op in ReduceOp::ALL {
-                    let name = CString::new(kernel_name(dt, op)).map_err(|_| Error::invalid("kernel name"))?;
+                    let name = CString::new(kernel_name(dt, op))
+                        .map_err(|_| Error::invalid("kernel name"))?;
                     let mut f: sys::CUfunction = std::ptr::null_mut();
                     // SAFETY: module loaded above; `name` is NUL-terminated.
-                    check(unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) }, "cuModuleGetFunction")?;
+                    check(
+                        unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) },
+                        "cuModuleGetFunction",
+                    )?;
                     g.funcs.insert((dt, op), f);
                 }
             }
         }
         // Every block of every GPU must be resident at once (they wait for each other), so
         // use at most one block per SM.
-        let max_blocks = gpus.iter().map(|g| g.sms as u32).min().unwrap_or(1).min(MAX_BLOCKS as u32);
-        Ok(MultiGpu { gpus, epoch: std::sync::atomic::AtomicU64::new(0), timeout_ns: 30_000_000_000, ordinals: ordinals.to_vec(), max_blocks })
+        let max_blocks = gpus
+            .iter()
+            .map(|g| g.sms as u32)
+            .min()
+            .unwrap_or(1)
+            .min(MAX_BLOCKS as u32);
+        Ok(MultiGpu {
+            gpus,
+            epoch: std::sync::atomic::AtomicU64::new(0),
+            timeout_ns: 30_000_000_000,
+            ordinals: ordinals.to_vec(),
+            max_blocks,
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -176,15 +238,25 @@ impl MultiGpu {
 
     fn bind(&self, g: usize) -> Result<()> {
         // SAFETY: the context is live for the lifetime of self.
-        check(unsafe { sys::cuCtxSetCurrent(self.gpus[g].ctx) }, "cuCtxSetCurrent")
+        check(
+            unsafe { sys::cuCtxSetCurrent(self.gpus[g].ctx) },
+            "cuCtxSetCurrent",
+        )
     }
 
     pub fn alloc(&self, g: usize, bytes: usize) -> Result<DevBuf> {
         self.bind(g)?;
         let mut ptr = 0;
         // SAFETY: valid out-pointer in the bound context.
-        check(unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes.max(1)) }, "cuMemAlloc")?;
-        Ok(DevBuf { ptr, bytes, ctx: self.gpus[g].ctx })
+        check(
+            unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes.max(1)) },
+            "cuMemAlloc",
+        )?;
+        Ok(DevBuf {
+            ptr,
+            bytes,
+            ctx: self.gpus[g].ctx,
+        })
     }
 
     pub fn upload(&self, g: usize, dst: &DevBuf, data: &[u8]) -> Result<()> {
@@ -193,7 +265,10 @@ impl MultiGpu {
         }
         self.bind(g)?;
         // SAFETY: `dst` holds at least data.len() bytes (checked); `data` is valid host memory.
-        check(unsafe { sys::cuMemcpyHtoD_v2(dst.ptr, data.as_ptr() as *const c_void, data.len()) }, "cuMemcpyHtoD")?;
+        check(
+            unsafe { sys::cuMemcpyHtoD_v2(dst.ptr, data.as_ptr() as *const c_void, data.len()) },
+            "cuMemcpyHtoD",
+        )?;
         // From pageable memory the copy may return before its DMA lands, and our streams do not
         // wait for the legacy stream: wait here so later kernels see the data.
         // SAFETY: the bound context is live.
@@ -207,14 +282,20 @@ impl MultiGpu {
         self.synchronize()?;
         self.bind(g)?;
         // SAFETY: `src` holds at least out.len() bytes (checked); `out` is valid host memory.
-        check(unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut c_void, src.ptr, out.len()) }, "cuMemcpyDtoH")
+        check(
+            unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr() as *mut c_void, src.ptr, out.len()) },
+            "cuMemcpyDtoH",
+        )
     }
 
     pub fn synchronize(&self) -> Result<()> {
         for (g, gpu) in self.gpus.iter().enumerate() {
             self.bind(g)?;
             // SAFETY: the stream is live.
-            check(unsafe { sys::cuStreamSynchronize(gpu.stream) }, "cuStreamSynchronize")?;
+            check(
+                unsafe { sys::cuStreamSynchronize(gpu.stream) },
+                "cuStreamSynchronize",
+            )?;
         }
         Ok(())
     }
@@ -225,10 +306,21 @@ impl MultiGpu {
     /// # Safety
     /// Each `ins[g]`/`outs[g]` must be device memory of GPU g holding `count` elements of `dt`,
     /// valid until the streams pass this call.
-    pub unsafe fn all_reduce(&self, ins: &[u64], outs: &[u64], count: usize, dt: DataType, op: ReduceOp) -> Result<Launch> {
+    pub unsafe fn all_reduce(
+        &self,
+        ins: &[u64],
+        outs: &[u64],
+        count: usize,
+        dt: DataType,
+        op: ReduceOp,
+    ) -> Result<Launch> {
         let n = self.gpus.len();
         if ins.len() != n || outs.len() != n {
-            return Err(Error::invalid(format!("all_reduce: {} inputs and {} outputs for {n} GPUs", ins.len(), outs.len())));
+            return Err(Error::invalid(format!(
+                "all_reduce: {} inputs and {} outputs for {n} GPUs",
+                ins.len(),
+                outs.len()
+            )));
         }
         let mut pin = Ptrs { p: [0; MAX_PEERS] };
         let mut pout = Ptrs { p: [0; MAX_PEERS] };
@@ -239,12 +331,17 @@ impl MultiGpu {
         let v = 16 / es;
         let units = count.div_ceil(v);
         let work_per_gpu = units.div_ceil(n);
-        let blocks = (work_per_gpu as u64).div_ceil(THREADS as u64).clamp(1, self.max_blocks as u64) as u32;
+        let blocks = (work_per_gpu as u64)
+            .div_ceil(THREADS as u64)
+            .clamp(1, self.max_blocks as u64) as u32;
         let mut syncs = Ptrs { p: [0; MAX_PEERS] };
         for (g, gpu) in self.gpus.iter().enumerate() {
             syncs.p[g] = gpu.sync;
         }
-        let mut epoch = self.epoch.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let mut epoch = self
+            .epoch
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
         let mut timeout = self.timeout_ns;
         for g in 0..n {
             self.bind(g)?;
@@ -255,7 +352,10 @@ impl MultiGpu {
             let (mut b, mut e) = (begin, end);
             let mut avg_n = n as i32;
             let mut me_i = g as i32;
-            let f = *me.funcs.get(&(dt, op)).ok_or_else(|| Error::invalid("no kernel for dtype/op"))?;
+            let f = *me
+                .funcs
+                .get(&(dt, op))
+                .ok_or_else(|| Error::invalid("no kernel for dtype/op"))?;
             let mut params: [*mut c_void; 10] = [
                 &mut pin as *mut Ptrs as *mut c_void,
                 &mut pout as *mut Ptrs as *mut c_void,
@@ -268,9 +368,27 @@ impl MultiGpu {
                 &mut epoch as *mut u64 as *mut c_void,
                 &mut timeout as *mut u64 as *mut c_void,
             ];
-            check(sys::cuLaunchKernel(f, blocks, 1, 1, THREADS, 1, 1, 0, me.stream, params.as_mut_ptr(), std::ptr::null_mut()), "cuLaunchKernel")?;
+            check(
+                sys::cuLaunchKernel(
+                    f,
+                    blocks,
+                    1,
+                    1,
+                    THREADS,
+                    1,
+                    1,
+                    0,
+                    me.stream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                ),
+                "cuLaunchKernel",
+            )?;
         }
-        Ok(Launch { blocks_per_gpu: blocks, threads_per_block: THREADS })
+        Ok(Launch {
+            blocks_per_gpu: blocks,
+            threads_per_block: THREADS,
+        })
     }
 
     /// A timing event recorded on GPU `g`'s stream.
@@ -298,7 +416,10 @@ impl Timer {
         // SAFETY: both events were recorded; valid out-pointer.
         unsafe {
             check(sys::cuEventSynchronize(end.ev), "cuEventSynchronize")?;
-            check(sys::cuEventElapsedTime_v2(&mut ms, self.ev, end.ev), "cuEventElapsedTime")?;
+            check(
+                sys::cuEventElapsedTime_v2(&mut ms, self.ev, end.ev),
+                "cuEventElapsedTime",
+            )?;
         }
         Ok(ms)
     }
