@@ -29,8 +29,13 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
         ));
     }
     let ordinals: Vec<usize> = (0..n).collect();
-    let mg = MultiGpu::new(&ordinals).map_err(|e| e.to_string())?;
-    println!("# railcc bench all_reduce --device cuda: {n} GPU(s) in one process, two-shot kernel over peer access");
+    let cfg = railcc_core::Config::from_env().map_err(|e| e.to_string())?;
+    let mut mg = MultiGpu::new(&ordinals).map_err(|e| e.to_string())?;
+    mg.timeout_ns = cfg.timeout_ms.saturating_mul(1_000_000);
+    let blocks = mg
+        .set_max_blocks(cfg.gpu_max_blocks)
+        .map_err(|e| e.to_string())?;
+    println!("# railcc bench all_reduce --device cuda: {n} GPU(s) in one process, two-shot kernel over peer access, up to {blocks} blocks per GPU");
     for g in &gpus[..n] {
         println!(
             "#  GPU {} {} bus {} sm_{}{} ({} SMs)",

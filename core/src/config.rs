@@ -103,6 +103,9 @@ config! {
     /// Microseconds a waiting rank busy-polls before it sleeps in poll(2). 0 sleeps at once;
     /// forced to 0 when more ranks share a host than it has cores.
     spin_us: u64 = 200, "RAILCC_SPIN_US";
+    /// Thread blocks per GPU for GPU collectives; 0 means one per SM. Clamped to what the GPU
+    /// can keep resident at once (the kernels wait for each other).
+    gpu_max_blocks: usize = 0, "RAILCC_GPU_MAX_BLOCKS";
     /// Largest message a peer may announce, in bytes; a bigger header is a protocol error.
     max_message_bytes: u64 = 1 << 40, "RAILCC_MAX_MESSAGE_BYTES";
 }

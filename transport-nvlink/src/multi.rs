@@ -224,6 +224,31 @@ impl MultiGpu {
         })
     }
 
+    /// Sets the blocks per GPU (0: one per SM), clamped to what stays resident at once.
+    pub fn set_max_blocks(&mut self, want: usize) -> Result<u32> {
+        let sms = self.gpus.iter().map(|g| g.sms).min().unwrap_or(1).max(1) as u32;
+        let mut per_sm = 1;
+        if let Some(f) = self.gpus.first().and_then(|g| g.funcs.values().next()) {
+            self.bind(0)?;
+            // SAFETY: valid out-pointer and a loaded function.
+            check(
+                unsafe {
+                    sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                        &mut per_sm,
+                        *f,
+                        THREADS as i32,
+                        0,
+                    )
+                },
+                "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+            )?;
+        }
+        let resident = sms * per_sm.max(1) as u32;
+        let want = if want == 0 { sms } else { want as u32 };
+        self.max_blocks = want.clamp(1, resident.min(MAX_BLOCKS as u32));
+        Ok(self.max_blocks)
+    }
+
     pub fn len(&self) -> usize {
         self.gpus.len()
     }
