@@ -35,7 +35,7 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     let blocks = mg
         .set_max_blocks(cfg.gpu_max_blocks)
         .map_err(|e| e.to_string())?;
-    println!("# railcc bench all_reduce --device cuda: {n} GPU(s) in one process, two-shot kernel over peer access, up to {blocks} blocks per GPU");
+    println!("# railcc bench {} --device cuda: {n} GPU(s) in one process, kernels over peer access, up to {blocks} blocks per GPU", coll.name());
     for g in &gpus[..n] {
         println!(
             "#  GPU {} {} bus {} sm_{}{} ({} SMs)",
@@ -139,50 +139,70 @@ fn one(
 ) -> Result<(f64, u64, u32), String> {
     let n = mg.len();
     let es = args.dtype.size();
-    let bytes = args.count * es;
+    let (send_b, recv_b) = (args.send_elems() * es, args.recv_elems() * es);
     let e = |x: railcc_core::Error| x.to_string();
     let inputs: Vec<Vec<u8>> = (0..n).map(|g| fill_input(args, g, SEED)).collect();
-    let ins: Vec<DevBuf> = (0..n)
-        .map(|g| mg.alloc(g, bytes))
-        .collect::<Result<_, _>>()
-        .map_err(e)?;
-    let outs: Vec<DevBuf> = if in_place {
-        Vec::new()
-    } else {
-        (0..n)
-            .map(|g| mg.alloc(g, bytes))
-            .collect::<Result<_, _>>()
-            .map_err(e)?
-    };
+    // Out of place: separate send and receive buffers. In place: one backing buffer per GPU
+    // with send and receive at NCCL's in-place offsets.
+    let mut bufs: Vec<(DevBuf, Option<DevBuf>)> = Vec::with_capacity(n);
+    let (mut ip, mut op) = (Vec::new(), Vec::new());
     for g in 0..n {
-        mg.upload(g, &ins[g], &inputs[g]).map_err(e)?;
+        if in_place {
+            let (so, ro, total) = args.in_place_layout(g);
+            let b = mg.alloc(g, total * es).map_err(e)?;
+            let mut host = vec![0u8; total * es];
+            host[so * es..so * es + send_b].copy_from_slice(&inputs[g]);
+            mg.upload(g, &b, &host).map_err(e)?;
+            ip.push(b.ptr + (so * es) as u64);
+            op.push(b.ptr + (ro * es) as u64);
+            bufs.push((b, None));
+        } else {
+            let s = mg.alloc(g, send_b).map_err(e)?;
+            let r = mg.alloc(g, recv_b).map_err(e)?;
+            mg.upload(g, &s, &inputs[g]).map_err(e)?;
+            ip.push(s.ptr);
+            op.push(r.ptr);
+            bufs.push((s, Some(r)));
+        }
     }
-    let ip: Vec<u64> = ins.iter().map(|b| b.ptr).collect();
-    let op: Vec<u64> = if in_place {
-        ip.clone()
-    } else {
-        outs.iter().map(|b| b.ptr).collect()
-    };
     let mut wrong = 0;
-    // SAFETY: every pointer is a live allocation of `bytes` on its GPU, kept until this
-    // function synchronizes (download and the timer wait on the streams).
-    let launch = unsafe { mg.all_reduce(&ip, &op, args.count, args.dtype, args.op) }.map_err(e)?;
+    // SAFETY: every pointer lies in a live allocation of the size the collective implies, kept
+    // until this function synchronizes (download and the timer wait on the streams).
+    let launch = unsafe {
+        mg.collective(
+            args.coll, &ip, &op, args.count, args.dtype, args.op, args.root,
+        )
+    }
+    .map_err(e)?;
     if a.check != 0 {
-        let mut host = vec![0u8; bytes];
-        for g in 0..n {
-            let src = if in_place { &ins[g] } else { &outs[g] };
+        for (g, (b, r)) in bufs.iter().enumerate() {
+            let (src, off) = match r {
+                Some(r) => (r, 0),
+                None => (b, (op[g] - b.ptr) as usize),
+            };
+            let mut host = vec![0u8; off + recv_b];
             mg.download(g, src, &mut host).map_err(e)?;
-            wrong += count_wrong(args, g, &host, SEED);
+            wrong += count_wrong(args, g, &host[off..], SEED);
         }
     }
     for _ in 0..a.warmup {
         // SAFETY: as above.
-        unsafe { mg.all_reduce(&ip, &op, args.count, args.dtype, args.op) }.map_err(e)?;
+        unsafe {
+            mg.collective(
+                args.coll, &ip, &op, args.count, args.dtype, args.op, args.root,
+            )
+        }
+        .map_err(e)?;
     }
     let t0 = mg.record_timer(0).map_err(e)?;
     for _ in 0..a.iters {
         // SAFETY: as above.
-        unsafe { mg.all_reduce(&ip, &op, args.count, args.dtype, args.op) }.map_err(e)?;
+        unsafe {
+            mg.collective(
+                args.coll, &ip, &op, args.count, args.dtype, args.op, args.root,
+            )
+        }
+        .map_err(e)?;
     }
     let t1 = mg.record_timer(0).map_err(e)?;
     let ms = t0.elapsed_ms(&t1).map_err(e)?;

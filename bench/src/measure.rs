@@ -60,7 +60,7 @@ fn sizes(a: &BenchArgs) -> Result<Vec<u64>, String> {
 }
 
 /// Per-rank element count (NCCL's `count` argument) and total bytes for a requested size.
-fn shape(coll: CollKind, size: u64, es: usize, p: usize) -> (usize, u64) {
+pub fn shape(coll: CollKind, size: u64, es: usize, p: usize) -> (usize, u64) {
     let elems = (size as usize) / es;
     match coll {
         CollKind::AllGather | CollKind::ReduceScatter | CollKind::AllToAll => {

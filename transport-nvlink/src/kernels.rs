@@ -6,7 +6,8 @@
 //! is future work.
 //!
 //! One kernel per (dtype, op): `ar_<dtype>_<op>` reduces elements `[begin, end)` of `n` inputs
-//! and writes the result to `n` outputs (any of which may be on peer GPUs). f16 and bf16 are
+//! and writes the result to `n_out` outputs (any of which may be on peer GPUs); with one input
+//! it is a copy. Every collective is a choice of inputs, outputs and range per GPU. f16 and bf16 are
 //! widened to f32; integers wrap like the host kernels; avg divides once, after wrapping, as the
 //! host does, so GPU and host results are bit-identical for the reference's inputs.
 
@@ -125,14 +126,15 @@ __device__ __forceinline__ unsigned short f2b(float f) {
             // 16-byte vector loop over the aligned middle, scalar loop for the ends.
             s.push_str(&format!(
                 r#"
-extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, Ptrs outs, int n, unsigned long long begin, unsigned long long end, int avg_n, Ptrs syncs, int me, unsigned long long epoch, unsigned long long timeout_ns) {{
+extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, int n, Ptrs outs, int n_out, unsigned long long begin, unsigned long long end, int avg_n, Ptrs syncs, int n_gpus, int me, unsigned long long epoch, unsigned long long timeout_ns) {{
   typedef {t} T;
-  arrive_ready(syncs, n, me, epoch, timeout_ns);
+  arrive_ready(syncs, n_gpus, me, epoch, timeout_ns);
   const int V = 16 / sizeof(T);
   unsigned long long tid = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
   unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   bool aligned = true;
-  for (int r = 0; r < n; r++) aligned = aligned && ((ins.p[r] | outs.p[r]) % 16 == 0);
+  for (int r = 0; r < n; r++) aligned = aligned && (ins.p[r] % 16 == 0);
+  for (int r = 0; r < n_out; r++) aligned = aligned && (outs.p[r] % 16 == 0);
   unsigned long long vb = aligned ? (begin + V - 1) / V * V : end;
   if (vb > end) vb = end;
   unsigned long long ve = aligned ? end / V * V : end;
@@ -142,7 +144,7 @@ extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, Ptrs outs, in
     for (int r = 1; r < n; r++) {{ {acc} a = acc, b = {ld}(((const T*)ins.p[r])[i]); acc = {expr}; }}
     {avg}
     T v = {st}(acc);
-    for (int r = 0; r < n; r++) ((T*)outs.p[r])[i] = v;
+    for (int r = 0; r < n_out; r++) ((T*)outs.p[r])[i] = v;
   }}
   for (unsigned long long j = vb / V + tid; j < ve / V; j += stride) {{
     uint4 x = ((const uint4*)ins.p[0])[j];
@@ -155,16 +157,16 @@ extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, Ptrs outs, in
       for (int k = 0; k < V; k++) {{ {acc} a = accs[k], b = {ld}(yv[k]); accs[k] = {expr}; }}
     }}
     for (int k = 0; k < V; k++) {{ {acc} acc = accs[k]; {avg} xv[k] = {st}(acc); }}
-    for (int r = 0; r < n; r++) ((uint4*)outs.p[r])[j] = x;
+    for (int r = 0; r < n_out; r++) ((uint4*)outs.p[r])[j] = x;
   }}
   for (unsigned long long i = ve + tid; i < end; i += stride) {{
     {acc} acc = {ld}(((const T*)ins.p[0])[i]);
     for (int r = 1; r < n; r++) {{ {acc} a = acc, b = {ld}(((const T*)ins.p[r])[i]); acc = {expr}; }}
     {avg}
     T v = {st}(acc);
-    for (int r = 0; r < n; r++) ((T*)outs.p[r])[i] = v;
+    for (int r = 0; r < n_out; r++) ((T*)outs.p[r])[i] = v;
   }}
-  arrive_done(syncs, n, me, epoch, timeout_ns);
+  arrive_done(syncs, n_gpus, me, epoch, timeout_ns);
 }}
 "#
             ));

@@ -11,6 +11,7 @@
 use crate::driver::{available, check, device, nvrtc_available};
 use crate::kernels::{kernel_name, source, MAX_BLOCKS, MAX_PEERS, SYNC_BYTES};
 use cudarc::driver::sys;
+use railcc_core::net::CollKind;
 use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
@@ -339,24 +340,100 @@ impl MultiGpu {
         dt: DataType,
         op: ReduceOp,
     ) -> Result<Launch> {
+        self.collective(CollKind::AllReduce, ins, outs, count, dt, op, 0)
+    }
+
+    /// Enqueues one collective, with NCCL's buffer conventions: `count` is the per-rank count
+    /// (all_gather: send count; reduce_scatter: receive count), `ins[g]`/`outs[g]` are GPU g's
+    /// send and receive buffers. Supported: all_reduce, reduce_scatter, all_gather, broadcast,
+    /// reduce, sendrecv (out of place only).
+    ///
+    /// # Safety
+    /// Each buffer must be device memory of its GPU, of the size the collective implies, valid
+    /// until the streams pass this call.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn collective(
+        &self,
+        coll: CollKind,
+        ins: &[u64],
+        outs: &[u64],
+        count: usize,
+        dt: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Launch> {
         let n = self.gpus.len();
         if ins.len() != n || outs.len() != n {
             return Err(Error::invalid(format!(
-                "all_reduce: {} inputs and {} outputs for {n} GPUs",
+                "{}: {} inputs and {} outputs for {n} GPUs",
+                coll.name(),
                 ins.len(),
                 outs.len()
             )));
         }
-        let mut pin = Ptrs { p: [0; MAX_PEERS] };
-        let mut pout = Ptrs { p: [0; MAX_PEERS] };
-        pin.p[..n].copy_from_slice(ins);
-        pout.p[..n].copy_from_slice(outs);
+        if root >= n {
+            return Err(Error::invalid(format!(
+                "{}: root {root} out of range for {n} GPUs",
+                coll.name()
+            )));
+        }
+        let es = dt.size() as u64;
+        let at = |p: u64, elems: usize| p + elems as u64 * es;
         // Segments in multiples of 16 bytes so every GPU's vector loop covers its whole share.
-        let es = dt.size();
-        let v = 16 / es;
-        let units = count.div_ceil(v);
-        let work_per_gpu = units.div_ceil(n);
-        let blocks = (work_per_gpu as u64)
+        let v = 16 / dt.size();
+        let seg = |g: usize| {
+            let per = count.div_ceil(v).div_ceil(n) * v;
+            (
+                (g * per).min(count) as u64,
+                ((g + 1) * per).min(count) as u64,
+            )
+        };
+        let full = (0u64, count as u64);
+        let mut specs: Vec<(Vec<u64>, Vec<u64>, (u64, u64))> = Vec::with_capacity(n);
+        for g in 0..n {
+            specs.push(match coll {
+                // Each GPU reduces its segment from every input into every output.
+                CollKind::AllReduce => (ins.to_vec(), outs.to_vec(), seg(g)),
+                // Each GPU reduces block g of every input into its own output.
+                CollKind::ReduceScatter => (
+                    ins.iter().map(|&p| at(p, g * count)).collect(),
+                    vec![outs[g]],
+                    full,
+                ),
+                // Each GPU writes its input into block g of every output.
+                CollKind::AllGather => (
+                    vec![ins[g]],
+                    outs.iter().map(|&p| at(p, g * count)).collect(),
+                    full,
+                ),
+                // Each GPU pulls the root's buffer.
+                CollKind::Broadcast => (vec![ins[root]], vec![outs[g]], full),
+                // Each GPU reduces its segment into the root's output only.
+                CollKind::Reduce => (ins.to_vec(), vec![outs[root]], seg(g)),
+                // Each GPU pushes its buffer to the next GPU.
+                CollKind::SendRecv => (vec![ins[g]], vec![outs[(g + 1) % n]], full),
+                other => {
+                    return Err(Error::new(
+                        ErrorKind::Unsupported,
+                        format!("{} is not on the GPU path yet", other.name()),
+                    )
+                    .transport(crate::NAME))
+                }
+            });
+        }
+        if coll == CollKind::SendRecv && ins.iter().zip(outs).any(|(a, b)| a == b) {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "in-place sendrecv is not on the GPU path yet",
+            )
+            .transport(crate::NAME));
+        }
+        let most = specs
+            .iter()
+            .map(|s| (s.2 .1 - s.2 .0) as usize)
+            .max()
+            .unwrap_or(0);
+        let blocks = (most.div_ceil(v) as u64)
             .div_ceil(THREADS as u64)
             .clamp(1, self.max_blocks as u64) as u32;
         let mut syncs = Ptrs { p: [0; MAX_PEERS] };
@@ -368,27 +445,34 @@ impl MultiGpu {
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
         let mut timeout = self.timeout_ns;
-        for g in 0..n {
+        let mut n_gpus = n as i32;
+        let mut avg_n = n as i32;
+        for (g, (gi, go, (b0, e0))) in specs.into_iter().enumerate() {
             self.bind(g)?;
             let me = &self.gpus[g];
-            let begin = (g * work_per_gpu * v).min(count) as u64;
-            let end = ((g + 1) * work_per_gpu * v).min(count) as u64;
-            let mut nn = n as i32;
-            let (mut b, mut e) = (begin, end);
-            let mut avg_n = n as i32;
+            let mut pin = Ptrs { p: [0; MAX_PEERS] };
+            let mut pout = Ptrs { p: [0; MAX_PEERS] };
+            pin.p[..gi.len()].copy_from_slice(&gi);
+            pout.p[..go.len()].copy_from_slice(&go);
+            let (mut n_in, mut n_out) = (gi.len() as i32, go.len() as i32);
+            let (mut b, mut e) = (b0, e0);
             let mut me_i = g as i32;
+            // A single input is a copy: use the plain sum kernel so avg does not divide it.
+            let kop = if gi.len() == 1 { ReduceOp::Sum } else { op };
             let f = *me
                 .funcs
-                .get(&(dt, op))
+                .get(&(dt, kop))
                 .ok_or_else(|| Error::invalid("no kernel for dtype/op"))?;
-            let mut params: [*mut c_void; 10] = [
+            let mut params: [*mut c_void; 12] = [
                 &mut pin as *mut Ptrs as *mut c_void,
+                &mut n_in as *mut i32 as *mut c_void,
                 &mut pout as *mut Ptrs as *mut c_void,
-                &mut nn as *mut i32 as *mut c_void,
+                &mut n_out as *mut i32 as *mut c_void,
                 &mut b as *mut u64 as *mut c_void,
                 &mut e as *mut u64 as *mut c_void,
                 &mut avg_n as *mut i32 as *mut c_void,
                 &mut syncs as *mut Ptrs as *mut c_void,
+                &mut n_gpus as *mut i32 as *mut c_void,
                 &mut me_i as *mut i32 as *mut c_void,
                 &mut epoch as *mut u64 as *mut c_void,
                 &mut timeout as *mut u64 as *mut c_void,
