@@ -64,6 +64,9 @@ struct Ptrs {
     p: [u64; MAX_PEERS],
 }
 
+/// One GPU's part of a call: its inputs, its outputs, and the element range.
+type LaunchSpec = (Vec<u64>, Vec<u64>, (u64, u64));
+
 /// What one call launched.
 #[derive(Debug, Clone, Copy)]
 pub struct Launch {
@@ -389,7 +392,7 @@ impl MultiGpu {
             )
         };
         let full = (0u64, count as u64);
-        let mut specs: Vec<(Vec<u64>, Vec<u64>, (u64, u64))> = Vec::with_capacity(n);
+        let mut specs: Vec<LaunchSpec> = Vec::with_capacity(n);
         for g in 0..n {
             specs.push(match coll {
                 // Each GPU reduces its segment from every input into every output.
