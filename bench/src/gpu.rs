@@ -146,12 +146,12 @@ fn one(
     // with send and receive at NCCL's in-place offsets.
     let mut bufs: Vec<(DevBuf, Option<DevBuf>)> = Vec::with_capacity(n);
     let (mut ip, mut op) = (Vec::new(), Vec::new());
-    for g in 0..n {
+    for (g, input) in inputs.iter().enumerate() {
         if in_place {
             let (so, ro, total) = args.in_place_layout(g);
             let b = mg.alloc(g, total * es).map_err(e)?;
             let mut host = vec![0u8; total * es];
-            host[so * es..so * es + send_b].copy_from_slice(&inputs[g]);
+            host[so * es..so * es + send_b].copy_from_slice(input);
             mg.upload(g, &b, &host).map_err(e)?;
             ip.push(b.ptr + (so * es) as u64);
             op.push(b.ptr + (ro * es) as u64);
@@ -159,7 +159,7 @@ fn one(
         } else {
             let s = mg.alloc(g, send_b).map_err(e)?;
             let r = mg.alloc(g, recv_b).map_err(e)?;
-            mg.upload(g, &s, &inputs[g]).map_err(e)?;
+            mg.upload(g, &s, input).map_err(e)?;
             ip.push(s.ptr);
             op.push(r.ptr);
             bufs.push((s, Some(r)));
