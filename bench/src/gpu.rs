@@ -14,11 +14,8 @@ const SEED: u64 = 0x5eed;
 
 pub fn run(a: &BenchArgs) -> Result<(), String> {
     let coll = a.collective.kind();
-    if coll != CollKind::AllReduce {
-        return Err(format!(
-            "--device cuda supports all_reduce so far, not {} (issue 3)",
-            coll.name()
-        ));
+    if coll == CollKind::AllToAll {
+        return Err("--device cuda does not run alltoall yet (issue 3)".into());
     }
     let gpus = railcc_transport_nvlink::driver::devices().map_err(|e| e.to_string())?;
     let n = a.gpus.unwrap_or(gpus.len());
@@ -27,6 +24,14 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
             "--gpus {n}: this machine has {} GPU(s)",
             gpus.len()
         ));
+    }
+    let reduces = matches!(
+        coll,
+        CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce
+    );
+    let rooted = matches!(coll, CollKind::Broadcast | CollKind::Reduce);
+    if rooted && a.root >= n {
+        return Err(format!("-r {}: root out of range for {n} GPUs", a.root));
     }
     let ordinals: Vec<usize> = (0..n).collect();
     let cfg = railcc_core::Config::from_env().map_err(|e| e.to_string())?;
@@ -63,7 +68,9 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
             .map(|x| x.parse())
             .collect::<Result<_, _>>()?
     };
-    let ops: Vec<ReduceOp> = if a.op == "all" {
+    let ops: Vec<ReduceOp> = if !reduces {
+        vec![ReduceOp::Sum]
+    } else if a.op == "all" {
         ReduceOp::ALL.to_vec()
     } else {
         a.op.split(',')
@@ -75,19 +82,24 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
         for &op in &ops {
             let mut size = a.min_bytes;
             while size <= a.max_bytes {
-                let count = size as usize / dt.size();
+                let (count, total_bytes) = crate::measure::shape(coll, size, dt.size(), n);
                 let args = CollArgs {
                     coll,
                     nranks: n,
                     count,
                     dtype: dt,
                     op,
-                    root: 0,
+                    root: a.root,
                 };
                 let (t_o, w_o, blocks) = one(&mg, &args, a, false)?;
-                let (t_i, w_i, _) = one(&mg, &args, a, true)?;
+                let in_place = coll != CollKind::SendRecv;
+                let (t_i, w_i, _) = if in_place {
+                    one(&mg, &args, a, true)?
+                } else {
+                    (0.0, 0, 0)
+                };
                 total_wrong += w_o + w_i;
-                let bytes = (count * dt.size()) as f64;
+                let bytes = total_bytes as f64;
                 let side = |t: f64, w: u64| {
                     let algbw = if t > 0.0 { bytes / t / 1e9 } else { 0.0 };
                     format!(
@@ -102,15 +114,22 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
                         }
                     )
                 };
+                let ip = if in_place {
+                    side(t_i, w_i)
+                } else {
+                    format!("  {:>7}  {:>6}  {:>6}  {:>5}", "N/A", "N/A", "N/A", "N/A")
+                };
+                let redop = if reduces { op.name() } else { "none" };
+                let root = if rooted { a.root as i64 } else { -1 };
                 println!(
                     "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}{}{}  {:>6}",
-                    count * dt.size(),
-                    count,
+                    total_bytes,
+                    total_bytes as usize / dt.size(),
                     dt.name(),
-                    op.name(),
-                    -1,
+                    redop,
+                    root,
                     side(t_o, w_o),
-                    side(t_i, w_i),
+                    ip,
                     blocks
                 );
                 size = if let Some(i) = a.step_bytes {
