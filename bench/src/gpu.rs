@@ -124,7 +124,7 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
                 println!(
                     "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}{}{}  {:>6}",
                     total_bytes,
-                    total_bytes as usize / dt.size(),
+                    args.count,
                     dt.name(),
                     redop,
                     root,

@@ -159,14 +159,14 @@ impl Report {
         self.busbw_sum += i.busbw_gbs;
         self.oob += r.oop.oob + r.ip.oob;
         self.wrong += r.oop.wrong.unwrap_or(0) + r.ip.wrong.unwrap_or(0);
-        let es = r.args.dtype.size() as u64;
         let rooted = matches!(self.coll, CollKind::Broadcast | CollKind::Reduce);
         let reduces = r.args.reduces();
         let row = JsonRow {
             collective: self.coll.name(),
             nranks: self.nranks,
             size_bytes: r.bytes,
-            count: r.bytes / es,
+            // nccl-tests prints the per-rank count (its `paramcount`), which is NCCL's argument.
+            count: r.args.count as u64,
             dtype: r.args.dtype.name(),
             redop: if reduces { r.args.op.name() } else { "none" },
             root: if rooted { r.args.root as i64 } else { -1 },
