@@ -8,3 +8,10 @@ if cargo clippy --version >/dev/null 2>&1; then cargo clippy --all-targets -q --
 cargo test --workspace --all-targets
 # GPU tests report themselves ("SKIP ... no CUDA driver" on machines without one): show it.
 cargo test -q -p railcc-transport-nvlink --lib -- --nocapture --test-threads 1 2>&1 | grep -E "SKIP|CUDA driver present|test result"
+# Soft-RoCE VM smoke test: real verbs on rdma_rxe inside qemu (see tests/rdma-vm/README.md).
+bash tests/rdma-vm/setup.sh
+cargo build -q -p railcc-bench
+bash tests/rdma-vm/vm.sh tests/rdma-vm/smoke.sh target/debug/railcc > target/rdma-vm-smoke.log 2>&1 \
+    || { cat target/rdma-vm-smoke.log; echo "rdma-vm smoke: FAILED"; exit 1; }
+grep -aE "ib_write_bw 1 MB|rcvd_pkts|SMOKE" target/rdma-vm-smoke.log
+
