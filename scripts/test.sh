@@ -5,9 +5,6 @@ cd "$(dirname "$0")/.."
 RAILCC_SETUP_LINT=1 bash scripts/setup.sh
 if cargo fmt --version >/dev/null 2>&1; then cargo fmt --all -- --check; else echo "test.sh: rustfmt not installed, format check skipped"; fi
 if cargo clippy --version >/dev/null 2>&1; then cargo clippy --all-targets -q -- -D warnings; else echo "test.sh: clippy not installed, lint skipped"; fi
-cargo test --workspace --all-targets
-# GPU tests report themselves ("SKIP ... no CUDA driver" on machines without one): show it.
-cargo test -q -p railcc-transport-nvlink --lib -- --nocapture --test-threads 1 2>&1 | grep -E "SKIP|CUDA driver present|test result"
 # Soft-RoCE VM smoke test: real verbs on rdma_rxe inside qemu (see tests/rdma-vm/README.md).
 bash tests/rdma-vm/setup.sh
 cargo build -q -p railcc-bench
@@ -15,3 +12,6 @@ bash tests/rdma-vm/vm.sh tests/rdma-vm/smoke.sh target/debug/railcc > target/rdm
     || { cat target/rdma-vm-smoke.log; echo "rdma-vm smoke: FAILED"; exit 1; }
 grep -aE "ib_write_bw 1 MB|rcvd_pkts|SMOKE" target/rdma-vm-smoke.log
 
+cargo test --workspace --all-targets
+# GPU tests report themselves ("SKIP ... no CUDA driver" on machines without one): show it.
+cargo test -q -p railcc-transport-nvlink --lib -- --nocapture --test-threads 1 2>&1 | grep -E "SKIP|CUDA driver present|test result"
