@@ -325,6 +325,41 @@ fn serve_root(
     }
 }
 
+/// The root's answer: every rank's address, or the reason the job cannot start.
+fn decode_table(reply: &[u8], nranks: usize) -> Result<Vec<SocketAddr>> {
+    let mut r = Reader::new(reply, "bootstrap table");
+    match r.u8()? {
+        MSG_TABLE => {
+            let n = r.u32()? as usize;
+            if n != nranks {
+                return Err(Error::new(
+                    ErrorKind::Protocol,
+                    "bootstrap table has the wrong size",
+                ));
+            }
+            let mut v = Vec::with_capacity(n);
+            for _ in 0..n {
+                v.push(decode_addr(&mut r)?);
+            }
+            r.finish()?;
+            Ok(v)
+        }
+        MSG_FAIL => {
+            let msg = String::from_utf8_lossy(r.bytes(4096)?).into_owned();
+            let kind = if msg.contains("never reached") {
+                ErrorKind::Timeout
+            } else {
+                ErrorKind::InvalidArgument
+            };
+            Err(Error::new(kind, msg))
+        }
+        t => Err(Error::new(
+            ErrorKind::Protocol,
+            format!("bootstrap: unexpected message {t}"),
+        )),
+    }
+}
+
 fn admit(mut s: TcpStream, secret: &Secret) -> Result<(TcpStream, Hello)> {
     s.set_nonblocking(false)
         .map_err(|e| Error::io("bootstrap", &e))?;
@@ -400,38 +435,7 @@ impl Bootstrap {
             _ => e,
         })
         .map_err(ctx)?;
-        let mut r = Reader::new(&reply, "bootstrap table");
-        let peer_addrs = match r.u8().map_err(ctx)? {
-            MSG_TABLE => {
-                let n = r.u32().map_err(ctx)? as usize;
-                if n != nranks {
-                    return Err(ctx(Error::new(
-                        ErrorKind::Protocol,
-                        "bootstrap table has the wrong size",
-                    )));
-                }
-                let mut v = Vec::with_capacity(n);
-                for _ in 0..n {
-                    v.push(decode_addr(&mut r).map_err(ctx)?);
-                }
-                v
-            }
-            MSG_FAIL => {
-                let msg = String::from_utf8_lossy(r.bytes(4096).map_err(ctx)?).into_owned();
-                let kind = if msg.contains("never reached") {
-                    ErrorKind::Timeout
-                } else {
-                    ErrorKind::InvalidArgument
-                };
-                return Err(ctx(Error::new(kind, msg)));
-            }
-            t => {
-                return Err(ctx(Error::new(
-                    ErrorKind::Protocol,
-                    format!("bootstrap: unexpected message {t}"),
-                )))
-            }
-        };
+        let peer_addrs = decode_table(&reply, nranks).map_err(ctx)?;
         let mut b = Bootstrap {
             rank,
             nranks,
@@ -588,6 +592,31 @@ pub fn unspecified_like(ip: IpAddr) -> IpAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use proptest::prelude::*;
+
+    proptest! {
+        // Whatever a peer or a stranger sends, decoders return errors, never panic, and never
+        // allocate beyond their bounds (the readers check lengths first).
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300), n in 0usize..64) {
+            let _ = decode_hello(&bytes);
+            let _ = decode_table(&bytes, n);
+            let _ = UniqueId::from_bytes(&bytes);
+            let _ = String::from_utf8_lossy(&bytes).parse::<UniqueId>();
+        }
+
+        #[test]
+        fn table_round_trips(ports in proptest::collection::vec(1u16..u16::MAX, 1..20)) {
+            let mut w = Writer::default();
+            w.u8(MSG_TABLE).u32(ports.len() as u32);
+            let addrs: Vec<SocketAddr> = ports.iter().map(|p| SocketAddr::from(([127, 0, 0, 1], *p))).collect();
+            for a in &addrs {
+                encode_addr(&mut w, *a);
+            }
+            prop_assert_eq!(decode_table(&w.buf, addrs.len()).unwrap(), addrs);
+        }
+    }
 
     #[test]
     fn unique_id_round_trips() {

@@ -146,3 +146,33 @@ pub unsafe fn recv_iov(s: &Socket, a: (*mut u8, usize), b: (*mut u8, usize)) -> 
     let r = libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_DONTWAIT);
     classify(r, "tcp recv")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn hello_decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), HELLO_BYTES)) {
+            let mut b = [0u8; HELLO_BYTES];
+            b.copy_from_slice(&bytes);
+            if let Ok(h) = StreamHello::decode(&b) {
+                prop_assert!(h.stream < h.nstreams && h.nstreams as usize <= MAX_STREAMS);
+            }
+        }
+    }
+
+    #[test]
+    fn hello_round_trips() {
+        let h = StreamHello {
+            who: ConnIdent {
+                rank: 7,
+                channel: 1,
+            },
+            stream: 2,
+            nstreams: 4,
+        };
+        assert_eq!(StreamHello::decode(&h.encode()).unwrap(), h);
+    }
+}
