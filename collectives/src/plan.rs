@@ -203,6 +203,25 @@ impl Builder {
         self.free.push_back((off, users));
     }
 
+    /// `dst = x op y` as the last reduction of `dst`, then avg's division when `divide`;
+    /// returns (the reduce step, the last step).
+    fn reduce_last(
+        &mut self,
+        dst: Slice,
+        x: Slice,
+        y: Slice,
+        deps: Vec<usize>,
+        divide: bool,
+    ) -> (usize, usize) {
+        let red = self.push(Op::Reduce { dst, a: x, b: y }, deps);
+        let last = if divide {
+            self.push(Op::Divide { buf: dst }, vec![red])
+        } else {
+            red
+        };
+        (red, last)
+    }
+
     fn finish(self, algo: Algo) -> Plan {
         Plan {
             algo,
@@ -527,18 +546,9 @@ fn ring_reduce_scatter(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
                 let mine = Slice::new(Buf::Send, ri * c + off, len);
                 if s == p - 2 {
                     let dst = Slice::new(Buf::Recv, off, len);
-                    let red = b.push(
-                        Op::Reduce {
-                            dst,
-                            a: mine,
-                            b: incoming,
-                        },
-                        vec![rv],
-                    );
+                    let (red, _) =
+                        b.reduce_last(dst, mine, incoming, vec![rv], a.op == ReduceOp::Avg);
                     b.release(slot, vec![rv, red]);
-                    if a.op == ReduceOp::Avg {
-                        b.push(Op::Divide { buf: dst }, vec![red]);
-                    }
                 } else {
                     let red = b.push(
                         Op::Reduce {
@@ -665,18 +675,8 @@ fn chain_reduce(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
         );
         if pos == 0 {
             let dst = Slice::new(Buf::Recv, off, len);
-            let red = b.push(
-                Op::Reduce {
-                    dst,
-                    a: incoming,
-                    b: mine,
-                },
-                vec![rv],
-            );
+            let (red, _) = b.reduce_last(dst, incoming, mine, vec![rv], a.op == ReduceOp::Avg);
             b.release(slot, vec![rv, red]);
-            if a.op == ReduceOp::Avg {
-                b.push(Op::Divide { buf: dst }, vec![red]);
-            }
         } else {
             let red = b.push(
                 Op::Reduce {

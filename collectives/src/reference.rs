@@ -98,25 +98,33 @@ pub fn fill_input(a: &CollArgs, rank: usize, seed: u64) -> Vec<u8> {
     encode(a.dtype, &v)
 }
 
-fn reduce_exact(dt: DataType, op: ReduceOp, vals: &[Vec<f64>], nranks: usize) -> Vec<f64> {
+/// Reduces `xs` (one value per rank, in rank order) exactly, then rounds into `dt` the way the
+/// kernels store it, including avg's single final division.
+fn reduce_exact(
+    dt: DataType,
+    op: ReduceOp,
+    nranks: usize,
+    mut xs: impl Iterator<Item = f64>,
+) -> f64 {
+    let first = xs.next().unwrap_or(0.0);
+    let acc = xs.fold(first, |acc, x| match op {
+        ReduceOp::Sum | ReduceOp::Avg => acc + x,
+        ReduceOp::Prod => acc * x,
+        ReduceOp::Max => acc.max(x),
+        ReduceOp::Min => acc.min(x),
+    });
+    if op == ReduceOp::Avg {
+        avg_like_kernel(dt, acc, nranks)
+    } else {
+        wrap(dt, acc)
+    }
+}
+
+/// Element-wise [`reduce_exact`] over every rank's decoded input.
+fn reduce_all(dt: DataType, op: ReduceOp, vals: &[Vec<f64>]) -> Vec<f64> {
     let n = vals.first().map_or(0, |v| v.len());
     (0..n)
-        .map(|i| {
-            let mut acc = vals[0][i];
-            for v in &vals[1..] {
-                let x = v[i];
-                acc = match op {
-                    ReduceOp::Sum | ReduceOp::Avg => acc + x,
-                    ReduceOp::Prod => acc * x,
-                    ReduceOp::Max => acc.max(x),
-                    ReduceOp::Min => acc.min(x),
-                };
-            }
-            if op == ReduceOp::Avg {
-                acc = avg_like_kernel(dt, acc, nranks);
-            }
-            acc
-        })
+        .map(|i| reduce_exact(dt, op, vals.len(), vals.iter().map(|v| v[i])))
         .collect()
 }
 
@@ -139,16 +147,16 @@ pub fn expected(a: &CollArgs, inputs: &[Vec<u8>], rank: usize, prior_recv: &[u8]
     let c = a.count;
     let vals: Vec<Vec<f64>> = inputs.iter().map(|b| decode(dt, b)).collect();
     match a.coll {
-        CollKind::AllReduce => encode(dt, &reduce_exact(dt, a.op, &vals, p)),
+        CollKind::AllReduce => encode(dt, &reduce_all(dt, a.op, &vals)),
         CollKind::Reduce => {
             if rank == a.root {
-                encode(dt, &reduce_exact(dt, a.op, &vals, p))
+                encode(dt, &reduce_all(dt, a.op, &vals))
             } else {
                 prior_recv.to_vec()
             }
         }
         CollKind::ReduceScatter => {
-            let full = reduce_exact(dt, a.op, &vals, p);
+            let full = reduce_all(dt, a.op, &vals);
             encode(dt, &full[rank * c..(rank + 1) * c])
         }
         CollKind::AllGather => inputs.iter().flat_map(|b| b[..c * es].to_vec()).collect(),
@@ -202,23 +210,7 @@ fn decode_at(dt: DataType, b: &[u8], i: usize) -> f64 {
 pub fn expected_value(a: &CollArgs, rank: usize, i: usize, seed: u64) -> Option<f64> {
     let (dt, op, p, c) = (a.dtype, a.op, a.nranks, a.count);
     let fill = |r: usize, j: usize| fill_value(dt, op, r, j, seed);
-    let reduced = |j: usize| {
-        let mut acc = fill(0, j);
-        for r in 1..p {
-            let x = fill(r, j);
-            acc = match op {
-                ReduceOp::Sum | ReduceOp::Avg => acc + x,
-                ReduceOp::Prod => acc * x,
-                ReduceOp::Max => acc.max(x),
-                ReduceOp::Min => acc.min(x),
-            };
-        }
-        if op == ReduceOp::Avg {
-            avg_like_kernel(dt, acc, p)
-        } else {
-            wrap(dt, acc)
-        }
-    };
+    let reduced = |j: usize| reduce_exact(dt, op, p, (0..p).map(|r| fill(r, j)));
     let v = match a.coll {
         CollKind::AllReduce => reduced(i),
         CollKind::Reduce if rank == a.root => reduced(i),
