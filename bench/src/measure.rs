@@ -123,22 +123,16 @@ fn measure(
     let rank = comm.rank();
     let input = fill_input(a, rank, SEED);
     let recv_bytes = a.recv_elems() * es;
-    let (so, ro, total) = a.in_place_layout(rank);
-    let ro = if in_place { ro } else { 0 };
-    let mut send = Mem::zeroed(if in_place { 0 } else { input.len() });
-    let mut recv = Mem::zeroed(if in_place { total * es } else { recv_bytes } + GUARD);
-    let prepare = |send: &mut Mem, recv: &mut Mem| {
-        let r = recv.bytes_mut();
-        r.fill(0x5A);
-        let n = r.len();
-        r[n - GUARD..].fill(GUARD_BYTE);
-        if in_place {
-            r[so * es..so * es + input.len()].copy_from_slice(&input);
-        } else {
-            send.bytes_mut().copy_from_slice(&input);
-        }
+    // Receive memory starts as a pattern (so unwritten output shows) followed by a guard.
+    let body = if in_place {
+        a.in_place_backing(rank, &input, &vec![0x5A; recv_bytes])
+    } else {
+        vec![0x5A; recv_bytes]
     };
-    prepare(&mut send, &mut recv);
+    let send = Mem::from_bytes(if in_place { &[] } else { &input });
+    let mut recv = Mem::zeroed(body.len() + GUARD);
+    recv.bytes_mut()[..body.len()].copy_from_slice(&body);
+    recv.bytes_mut()[body.len()..].fill(GUARD_BYTE);
     let call = |send: &Mem, recv: &mut Mem| {
         let n = recv.bytes().len() - GUARD;
         let r = &mut recv.bytes_mut()[..n];
@@ -155,7 +149,7 @@ fn measure(
     let mut wrong = 0u64;
     if b.check != 0 {
         call(&send, &mut recv)?;
-        let out = &recv.bytes()[ro * es..ro * es + recv_bytes];
+        let out = &recv.bytes()[a.recv_range(rank, in_place)];
         wrong = count_wrong(a, rank, out, SEED);
     }
     let n = recv.bytes().len();

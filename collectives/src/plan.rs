@@ -12,6 +12,7 @@
 use railcc_core::net::CollKind;
 use railcc_core::{DataType, ReduceOp};
 use std::collections::VecDeque;
+use std::ops::Range;
 
 /// Which buffer a slice lives in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -139,6 +140,41 @@ impl CollArgs {
             CollKind::ReduceScatter => (0, rank * self.count, self.send_elems()),
             _ => (0, 0, self.send_elems().max(self.recv_elems())),
         }
+    }
+
+    /// Byte ranges of the send and receive buffers inside an in-place call's backing buffer,
+    /// and the backing buffer's length in bytes.
+    pub fn in_place_ranges(&self, rank: usize) -> (Range<usize>, Range<usize>, usize) {
+        let es = self.dtype.size();
+        let (so, ro, total) = self.in_place_layout(rank);
+        (
+            so * es..(so + self.send_elems()) * es,
+            ro * es..(ro + self.recv_elems()) * es,
+            total * es,
+        )
+    }
+
+    /// Where the receive buffer's bytes sit in what the caller holds: all of the receive
+    /// buffer out of place, its part of the backing buffer in place.
+    pub fn recv_range(&self, rank: usize, in_place: bool) -> Range<usize> {
+        if in_place {
+            self.in_place_ranges(rank).1
+        } else {
+            0..self.recv_elems() * self.dtype.size()
+        }
+    }
+
+    /// The contents of an in-place call's backing buffer: `prior` (the receive buffer's bytes)
+    /// at the receive offset, then `input` (the send buffer's) written over it at the send
+    /// offset, as a caller that fills its input last would leave it.
+    pub fn in_place_backing(&self, rank: usize, input: &[u8], prior: &[u8]) -> Vec<u8> {
+        let (send, recv, total) = self.in_place_ranges(rank);
+        let mut b = vec![0u8; total];
+        b[recv.start..recv.start + prior.len().min(recv.len())]
+            .copy_from_slice(&prior[..prior.len().min(recv.len())]);
+        b[send.start..send.start + input.len().min(send.len())]
+            .copy_from_slice(&input[..input.len().min(send.len())]);
+        b
     }
 
     pub fn reduces(&self) -> bool {
@@ -275,19 +311,25 @@ fn copy_if_needed(
     (!o.in_place && dst.len > 0).then(|| b.push(Op::Copy { dst, src }, deps))
 }
 
+/// With one rank every collective is a copy from the send to the receive buffer (none in place).
+fn single_rank(o: &PlanOpts, n: usize, algo: Algo) -> Plan {
+    let mut b = Builder::new(0, 1);
+    copy_if_needed(
+        &mut b,
+        o,
+        Slice::new(Buf::Recv, 0, n),
+        Slice::new(Buf::Send, 0, n),
+        vec![],
+    );
+    b.finish(algo)
+}
+
 fn ring_all_reduce(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
     let (p, n, ch) = (a.nranks, a.count, o.chunk_elems);
-    let mut b = Builder::new(ch, o.window);
     if p == 1 {
-        copy_if_needed(
-            &mut b,
-            o,
-            Slice::new(Buf::Recv, 0, n),
-            Slice::new(Buf::Send, 0, n),
-            vec![],
-        );
-        return b.finish(Algo::Ring);
+        return single_rank(o, n, Algo::Ring);
     }
+    let mut b = Builder::new(ch, o.window);
     let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
     let seg = |i: usize| segment(n, p, i % p);
     let max_chunks = seg(0).1.div_ceil(ch.max(1));
@@ -505,17 +547,10 @@ fn ring_all_gather(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
 
 fn ring_reduce_scatter(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
     let (p, c, ch) = (a.nranks, a.count, o.chunk_elems);
-    let mut b = Builder::new(ch, o.window);
     if p == 1 {
-        copy_if_needed(
-            &mut b,
-            o,
-            Slice::new(Buf::Recv, 0, c),
-            Slice::new(Buf::Send, 0, c),
-            vec![],
-        );
-        return b.finish(Algo::Ring);
+        return single_rank(o, c, Algo::Ring);
     }
+    let mut b = Builder::new(ch, o.window);
     let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
     let nch = c.div_ceil(ch.max(1));
     // acc[k]: (scratch offset, producing step) of the partial sum to forward for chunk k.
@@ -639,19 +674,12 @@ fn chain_broadcast(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
 /// receive buffer is written.
 fn chain_reduce(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
     let (p, n, ch) = (a.nranks, a.count, o.chunk_elems);
+    if p == 1 {
+        return single_rank(o, n, Algo::Chain);
+    }
     let mut b = Builder::new(ch, o.window);
     let pos = (r + p - a.root) % p;
     let (next, prev) = ((r + 1) % p, (r + p - 1) % p);
-    if p == 1 {
-        copy_if_needed(
-            &mut b,
-            o,
-            Slice::new(Buf::Recv, 0, n),
-            Slice::new(Buf::Send, 0, n),
-            vec![],
-        );
-        return b.finish(Algo::Chain);
-    }
     for (off, len) in chunks(0, n, ch) {
         let mine = Slice::new(Buf::Send, off, len);
         if pos == 1 {
@@ -755,12 +783,11 @@ fn all_to_all(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
 /// nccl-tests' sendrecv: send to the next rank, receive from the previous one.
 fn ring_send_recv(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
     let (p, c) = (a.nranks, a.count);
+    if p == 1 {
+        return single_rank(o, c, Algo::PointToPoint);
+    }
     let mut b = Builder::new(0, 1);
     let whole = |buf| Slice::new(buf, 0, c);
-    if p == 1 {
-        copy_if_needed(&mut b, o, whole(Buf::Recv), whole(Buf::Send), vec![]);
-        return b.finish(Algo::PointToPoint);
-    }
     let st = b.push(
         Op::Send {
             peer: (r + 1) % p,

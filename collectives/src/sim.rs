@@ -87,16 +87,12 @@ pub fn run(
         .map(|r| {
             let scratch = Mem::zeroed(plans[r].scratch_elems * es);
             if o.in_place {
-                let (so, ro, total) = a.in_place_layout(r);
-                let mut backing = Mem::zeroed(total * es);
-                let b = backing.bytes_mut();
-                b[ro * es..ro * es + prior[r].len()].copy_from_slice(&prior[r]);
-                b[so * es..so * es + inputs[r].len()].copy_from_slice(&inputs[r]);
+                let (send, recv, _) = a.in_place_ranges(r);
                 RankMem {
                     send: Mem::zeroed(0),
-                    recv: backing,
+                    recv: Mem::from_bytes(&a.in_place_backing(r, &inputs[r], &prior[r])),
                     scratch,
-                    in_place: Some((so * es, ro * es)),
+                    in_place: Some((send.start, recv.start)),
                 }
             } else {
                 RankMem {

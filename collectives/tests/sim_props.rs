@@ -31,14 +31,7 @@ fn check(a: CollArgs, algo: Algo, o: PlanOpts, seed: u64) -> Result<(), TestCase
         // In place, the receive buffer overlaps the input: its prior contents are the input's
         // where they overlap (rooted reduce leaves non-root buffers as they were).
         (0..p)
-            .map(|r| {
-                let (so, ro, total) = a.in_place_layout(r);
-                let es = a.dtype.size();
-                let mut backing = vec![0u8; total * es];
-                backing[ro * es..ro * es + prior[r].len()].copy_from_slice(&prior[r]);
-                backing[so * es..so * es + inputs[r].len()].copy_from_slice(&inputs[r]);
-                backing[ro * es..ro * es + prior[r].len()].to_vec()
-            })
+            .map(|r| a.in_place_backing(r, &inputs[r], &prior[r])[a.recv_range(r, true)].to_vec())
             .collect()
     } else {
         prior

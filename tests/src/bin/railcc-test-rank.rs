@@ -162,17 +162,18 @@ fn check_one(c: &Communicator, a: &CollArgs, in_place: bool) -> Result<(), Strin
     let es = a.dtype.size();
     let r = c.rank();
     let input = fill_input(a, r, SEED);
-    let (so, ro, total) = a.in_place_layout(r);
-    let ro = if in_place { ro } else { 0 };
     let recv_bytes = a.recv_elems() * es;
     let guard = 32;
-    let mut recv = Mem::zeroed(if in_place { total * es } else { recv_bytes } + guard);
+    let body = if in_place {
+        a.in_place_backing(r, &input, &vec![0x77; recv_bytes])
+    } else {
+        vec![0x77; recv_bytes]
+    };
+    let mut recv = Mem::zeroed(body.len() + guard);
     let len = recv.bytes().len();
     recv.bytes_mut().fill(0x77);
+    recv.bytes_mut()[..body.len()].copy_from_slice(&body);
     let send = Mem::from_bytes(&input);
-    if in_place {
-        recv.bytes_mut()[so * es..so * es + input.len()].copy_from_slice(&input);
-    }
     {
         let body = &mut recv.bytes_mut()[..len - guard];
         let bufs = if in_place {
@@ -188,7 +189,7 @@ fn check_one(c: &Communicator, a: &CollArgs, in_place: bool) -> Result<(), Strin
     if recv.bytes()[len - guard..].iter().any(|b| *b != 0x77) {
         return Err("wrote past the end of the receive buffer".into());
     }
-    let wrong = count_wrong(a, r, &recv.bytes()[ro * es..ro * es + recv_bytes], SEED);
+    let wrong = count_wrong(a, r, &recv.bytes()[a.recv_range(r, in_place)], SEED);
     if wrong > 0 {
         return Err(format!("{wrong} wrong elements"));
     }
