@@ -75,13 +75,25 @@ pub struct BenchArgs {
     /// host:port of the rendezvous root (rank 0 listens there) for a hand-started job.
     #[arg(long = "root-addr")]
     pub root_addr: Option<String>,
-    /// Where the buffers live: host (TCP ranks) or cuda (one process driving the local GPUs;
-    /// all_reduce only so far).
+    /// Where the buffers live: host (TCP ranks) or cuda (GPU memory, kernels over NVLink/PCIe
+    /// peer access).
     #[arg(long, default_value = "host")]
     pub device: String,
-    /// With --device cuda: how many GPUs (default: all).
+    /// With --device cuda: how many GPUs one process drives (default: all).
     #[arg(long)]
     pub gpus: Option<usize>,
+    /// With --device cuda: one process per GPU (torchrun style; --ranks processes, or the
+    /// launcher's), peers reached through CUDA IPC. Implied under a launcher.
+    #[arg(long = "per-process")]
+    pub per_process: bool,
+    /// With --device cuda: capture the timed calls in a CUDA graph and launch it this many
+    /// times (nccl-tests -G); 0 launches eagerly.
+    #[arg(short = 'G', long = "cudagraph", default_value_t = 0)]
+    pub graph_launches: u32,
+    /// With --device cuda: start every buffer this many bytes into its allocation, to test
+    /// buffers that are not 256-byte aligned (a multiple of the element size).
+    #[arg(long, default_value_t = 0)]
+    pub offset: usize,
     /// Write results as JSON to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,

@@ -1,23 +1,293 @@
-//! `railcc bench all_reduce --device cuda`: one process drives the local GPUs (like
-//! nccl-tests `-g N`). Buffers live on the GPUs, time comes from CUDA events on GPU 0's stream
-//! (which waits for every GPU at the end of each call), and every size is checked on the host
-//! against the same reference as the TCP path.
+//! `railcc bench <collective> --device cuda`: buffers on the GPUs, time from CUDA events,
+//! every size checked against the same reference as the TCP path, plus nccl-tests'
+//! out-of-bounds check (bytes around each receive buffer must stay untouched).
+//!
+//! Two ways of running, as with NCCL:
+//! - one process driving every local GPU (`--device cuda`, like nccl-tests `-g N`): [`run`];
+//! - one process per GPU (`--device cuda --per-process`, or under torchrun/mpirun/srun):
+//!   [`run_rank`], each rank on the GPU of its local rank, peers reached by CUDA IPC.
+//!
+//! `-G N` captures `iters` calls in a CUDA graph and launches it N times (nccl-tests `-G`).
 
 use crate::args::BenchArgs;
 use crate::report::bus_factor;
 use railcc_collectives::plan::CollArgs;
 use railcc_collectives::reference::{count_wrong, fill_input};
-use railcc_collectives::{CollKind, DataType, ReduceOp};
-use railcc_transport_nvlink::multi::{DevBuf, MultiGpu};
+use railcc_collectives::{CollKind, Communicator, DataType, ReduceOp};
+use railcc_transport_nvlink::gpu::{begin_capture, end_capture, DevBuf, GpuCtx, Graph, Stream};
+use railcc_transport_nvlink::multi::MultiGpu;
+use railcc_transport_nvlink::proc::ProcGpu;
 
 const SEED: u64 = 0x5eed;
+/// Bytes after each buffer that must stay untouched, and their value.
+const GUARD: usize = 64;
+const GUARD_BYTE: u8 = 0xC3;
 
-pub fn run(a: &BenchArgs) -> Result<(), String> {
-    let coll = a.collective.kind();
-    if coll == CollKind::AllToAll {
-        return Err("--device cuda does not run alltoall yet (issue 3)".into());
+fn err(e: railcc_core::Error) -> String {
+    e.to_string()
+}
+
+/// What one (size, dtype, op, placement) measured.
+#[derive(Debug, Clone, Copy, Default)]
+struct Sample {
+    secs: f64,
+    wrong: u64,
+    oob: u64,
+    blocks: u32,
+}
+
+/// One GPU's buffers for one call: allocations with guard bytes around the data, and the
+/// image each receive allocation must match outside the receive range.
+struct Placed {
+    send: DevBuf,
+    recv: Option<DevBuf>,
+    send_ptr: u64,
+    recv_ptr: u64,
+    /// The receive range inside the allocation that holds it, and that allocation's image.
+    recv_at: std::ops::Range<usize>,
+    image: Vec<u8>,
+}
+
+fn place(
+    gpu: &GpuCtx,
+    args: &CollArgs,
+    rank: usize,
+    in_place: bool,
+    offset: usize,
+) -> Result<Placed, String> {
+    let es = args.dtype.size();
+    let input = fill_input(args, rank, SEED);
+    let framed = |body: &[u8]| {
+        let mut v = vec![GUARD_BYTE; offset];
+        v.extend_from_slice(body);
+        v.extend(std::iter::repeat_n(GUARD_BYTE, GUARD));
+        v
+    };
+    if in_place {
+        let (send, recv, total) = args.in_place_ranges(rank);
+        let prior = vec![GUARD_BYTE; recv.len()];
+        let image = framed(&args.in_place_backing(rank, &input, &prior));
+        let b = gpu.alloc(image.len()).map_err(err)?;
+        gpu.upload(&b, 0, &image).map_err(err)?;
+        debug_assert_eq!(image.len(), offset + total + GUARD);
+        Ok(Placed {
+            send_ptr: b.ptr + (offset + send.start) as u64,
+            recv_ptr: b.ptr + (offset + recv.start) as u64,
+            recv_at: offset + recv.start..offset + recv.end,
+            send: b,
+            recv: None,
+            image,
+        })
+    } else {
+        let send_image = framed(&input);
+        let image = framed(&vec![GUARD_BYTE; args.recv_elems() * es]);
+        let s = gpu.alloc(send_image.len()).map_err(err)?;
+        let r = gpu.alloc(image.len()).map_err(err)?;
+        gpu.upload(&s, 0, &send_image).map_err(err)?;
+        gpu.upload(&r, 0, &image).map_err(err)?;
+        Ok(Placed {
+            send_ptr: s.ptr + offset as u64,
+            recv_ptr: r.ptr + offset as u64,
+            recv_at: offset..offset + args.recv_elems() * es,
+            send: s,
+            recv: Some(r),
+            image,
+        })
     }
-    let gpus = railcc_transport_nvlink::driver::devices().map_err(|e| e.to_string())?;
+}
+
+/// (wrong elements, out-of-bounds bytes) after a call (the stream must be synchronized).
+fn check(gpu: &GpuCtx, p: &Placed, args: &CollArgs, rank: usize) -> Result<(u64, u64), String> {
+    let buf = p.recv.as_ref().unwrap_or(&p.send);
+    let mut host = vec![0u8; p.image.len()];
+    gpu.download(buf, 0, &mut host).map_err(err)?;
+    let wrong = count_wrong(args, rank, &host[p.recv_at.clone()], SEED);
+    let oob = host
+        .iter()
+        .zip(&p.image)
+        .enumerate()
+        .filter(|(i, (a, b))| !p.recv_at.contains(i) && a != b)
+        .count() as u64;
+    Ok((wrong, oob))
+}
+
+/// Times `a.iters` calls of `launch` (eagerly, or captured once and replayed `-G` times),
+/// after `a.warmup` untimed ones, with events on `timer_gpu`'s stream. `capture` brackets a
+/// capture on every stream involved.
+fn time_calls(
+    a: &BenchArgs,
+    timer_gpu: &GpuCtx,
+    launch: &dyn Fn() -> Result<u32, String>,
+    streams: &[(&GpuCtx, Stream)],
+) -> Result<f64, String> {
+    for _ in 0..a.warmup {
+        launch()?;
+    }
+    if a.graph_launches == 0 {
+        let t0 = timer_gpu.record_timer().map_err(err)?;
+        for _ in 0..a.iters {
+            launch()?;
+        }
+        let t1 = timer_gpu.record_timer().map_err(err)?;
+        let ms = t0.elapsed_ms(&t1).map_err(err)?;
+        return Ok(ms as f64 / 1e3 / a.iters.max(1) as f64);
+    }
+    for (g, s) in streams {
+        // SAFETY: each stream belongs to its GPU and is idle on the host side.
+        unsafe { begin_capture(g, *s) }.map_err(err)?;
+    }
+    let mut captured = Ok(());
+    for _ in 0..a.iters {
+        if let Err(e) = launch() {
+            captured = Err(e);
+            break;
+        }
+    }
+    // End every capture, even after a failure, so the streams are usable again.
+    let graphs: Vec<Result<Graph, String>> = streams
+        .iter()
+        // SAFETY: each stream was put in capture mode above.
+        .map(|(g, s)| unsafe { end_capture(g, *s) }.map_err(err))
+        .collect();
+    captured?;
+    let graphs = graphs.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let replay = || -> Result<(), String> {
+        for (gr, (g, s)) in graphs.iter().zip(streams) {
+            // SAFETY: each graph was captured from this stream of this GPU.
+            unsafe { gr.launch(g, *s) }.map_err(err)?;
+        }
+        Ok(())
+    };
+    replay()?; // warm-up launch (uploads the graph)
+    let t0 = timer_gpu.record_timer().map_err(err)?;
+    for _ in 0..a.graph_launches {
+        replay()?;
+    }
+    let t1 = timer_gpu.record_timer().map_err(err)?;
+    let ms = t0.elapsed_ms(&t1).map_err(err)?;
+    Ok(ms as f64 / 1e3 / (a.iters.max(1) as f64 * a.graph_launches as f64))
+}
+
+/// The part that differs between the two ways of running.
+trait Runner {
+    fn ranks(&self) -> usize;
+    fn prints(&self) -> bool;
+    fn one(&self, args: &CollArgs, a: &BenchArgs, in_place: bool) -> Result<Sample, String>;
+}
+
+struct Single(MultiGpu);
+
+impl Runner for Single {
+    fn ranks(&self) -> usize {
+        self.0.len()
+    }
+    fn prints(&self) -> bool {
+        true
+    }
+    fn one(&self, args: &CollArgs, a: &BenchArgs, in_place: bool) -> Result<Sample, String> {
+        let mg = &self.0;
+        let n = mg.len();
+        let placed = (0..n)
+            .map(|g| place(mg.gpu(g), args, g, in_place, a.offset))
+            .collect::<Result<Vec<_>, _>>()?;
+        let ins: Vec<u64> = placed.iter().map(|p| p.send_ptr).collect();
+        let outs: Vec<u64> = placed.iter().map(|p| p.recv_ptr).collect();
+        let launch = || -> Result<u32, String> {
+            // SAFETY: every pointer lies in a live allocation of the size the collective
+            // implies (`place`), kept until this function has synchronized.
+            let l = unsafe {
+                mg.collective(
+                    args.coll, &ins, &outs, args.count, args.dtype, args.op, args.root,
+                )
+            }
+            .map_err(err)?;
+            Ok(l.blocks_per_gpu)
+        };
+        let mut s = Sample {
+            blocks: launch()?,
+            ..Sample::default()
+        };
+        mg.synchronize().map_err(err)?;
+        if a.check != 0 {
+            for (g, p) in placed.iter().enumerate() {
+                let (w, o) = check(mg.gpu(g), p, args, g)?;
+                s.wrong += w;
+                s.oob += o;
+            }
+        }
+        let streams: Vec<_> = (0..n).map(|g| (mg.gpu(g), mg.stream(g))).collect();
+        s.secs = time_calls(a, mg.gpu(0), &launch, &streams)?;
+        mg.synchronize().map_err(err)?;
+        Ok(s)
+    }
+}
+
+struct PerProcess<'a> {
+    gpu: ProcGpu,
+    comm: &'a Communicator,
+}
+
+impl Runner for PerProcess<'_> {
+    fn ranks(&self) -> usize {
+        self.gpu.nranks
+    }
+    fn prints(&self) -> bool {
+        self.gpu.rank == 0
+    }
+    fn one(&self, args: &CollArgs, a: &BenchArgs, in_place: bool) -> Result<Sample, String> {
+        let (pg, me) = (&self.gpu, self.gpu.rank);
+        let p = place(&pg.gpu, args, me, in_place, a.offset)?;
+        let stream = pg.stream();
+        let launch = || -> Result<u32, String> {
+            // SAFETY: the buffers are live cuMemAlloc allocations of the implied size (`place`),
+            // kept until this function has synchronized.
+            let l = unsafe {
+                pg.collective(
+                    stream, args.coll, p.send_ptr, p.recv_ptr, args.count, args.dtype, args.op,
+                    args.root,
+                )
+            }
+            .map_err(err)?;
+            Ok(l.blocks_per_gpu)
+        };
+        let mut s = Sample {
+            blocks: launch()?,
+            ..Sample::default()
+        };
+        pg.gpu.synchronize().map_err(err)?;
+        if a.check != 0 {
+            (s.wrong, s.oob) = check(&pg.gpu, &p, args, me)?;
+        }
+        // Peers write into our receive buffer: nobody reuses buffers until all have checked.
+        self.comm.barrier().map_err(err)?;
+        s.secs = time_calls(a, &pg.gpu, &launch, &[(&pg.gpu, stream)])?;
+        pg.gpu.synchronize().map_err(err)?;
+        // Rank 0 reports the slowest rank's time and everyone's errors.
+        let mine = [
+            s.secs.to_le_bytes(),
+            s.wrong.to_le_bytes(),
+            s.oob.to_le_bytes(),
+        ]
+        .concat();
+        let all = self.comm.oob_all_gather(&mine).map_err(err)?;
+        let field = |b: &[u8], i: usize| {
+            b.get(i * 8..i * 8 + 8)
+                .and_then(|x| <[u8; 8]>::try_from(x).ok())
+                .unwrap_or_default()
+        };
+        s.secs = all
+            .iter()
+            .map(|b| f64::from_le_bytes(field(b, 0)))
+            .fold(0.0, f64::max);
+        s.wrong = all.iter().map(|b| u64::from_le_bytes(field(b, 1))).sum();
+        s.oob = all.iter().map(|b| u64::from_le_bytes(field(b, 2))).sum();
+        Ok(s)
+    }
+}
+
+/// One process driving the local GPUs.
+pub fn run(a: &BenchArgs) -> Result<(), String> {
+    let gpus = railcc_transport_nvlink::driver::devices().map_err(err)?;
     let n = a.gpus.unwrap_or(gpus.len());
     if n == 0 || n > gpus.len() {
         return Err(format!(
@@ -25,6 +295,102 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
             gpus.len()
         ));
     }
+    let cfg = railcc_core::Config::from_env().map_err(err)?;
+    let cache = railcc_transport_nvlink::compile::cache_dir(&cfg.cache_dir);
+    let ordinals: Vec<usize> = (0..n).collect();
+    let mut mg = MultiGpu::new(&ordinals, cache.as_deref()).map_err(err)?;
+    mg.timeout_ns = cfg.timeout_ms.saturating_mul(1_000_000);
+    let blocks = mg.set_max_blocks(cfg.gpu_max_blocks).map_err(err)?;
+    println!(
+        "# railcc bench {} --device cuda: {n} GPU(s) in one process, kernels over peer access, up to {blocks} blocks per GPU{}",
+        a.collective.kind().name(),
+        graph_note(a)
+    );
+    describe_gpus(&gpus[..n])?;
+    sweep(&Single(mg), a)
+}
+
+/// One rank of a job with one process per GPU.
+pub fn run_rank(comm: &Communicator, a: &BenchArgs) -> Result<(), String> {
+    let gpus = railcc_transport_nvlink::driver::devices().map_err(err)?;
+    if gpus.is_empty() {
+        return Err("--device cuda: no GPU on this machine".into());
+    }
+    let local = std::env::var("RAILCC_LOCAL_RANK")
+        .or_else(|_| std::env::var("LOCAL_RANK"))
+        .or_else(|_| std::env::var("OMPI_COMM_WORLD_LOCAL_RANK"))
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .unwrap_or(comm.rank());
+    let ordinal = local % gpus.len();
+    let cfg = comm.config();
+    let cache = railcc_transport_nvlink::compile::cache_dir(&cfg.cache_dir);
+    let mut ex = |b: &[u8]| comm.oob_all_gather(b);
+    let pg = ProcGpu::new(
+        ordinal,
+        comm.rank(),
+        comm.nranks(),
+        cache.as_deref(),
+        cfg.timeout(),
+        cfg.gpu_max_blocks,
+        &mut ex,
+    )
+    .map_err(err)?;
+    if comm.rank() == 0 {
+        println!(
+            "# railcc bench {} --device cuda --per-process: {} ranks, one GPU each, peers by CUDA IPC, up to {} blocks per GPU{}",
+            a.collective.kind().name(),
+            comm.nranks(),
+            pg.max_blocks,
+            graph_note(a)
+        );
+        describe_gpus(&gpus)?;
+    }
+    sweep(&PerProcess { gpu: pg, comm }, a)
+}
+
+fn graph_note(a: &BenchArgs) -> String {
+    if a.graph_launches > 0 {
+        format!(
+            ", CUDA graph of {} calls launched {} times",
+            a.iters, a.graph_launches
+        )
+    } else {
+        String::new()
+    }
+}
+
+fn describe_gpus(gpus: &[railcc_transport_nvlink::driver::GpuInfo]) -> Result<(), String> {
+    for g in gpus {
+        println!(
+            "#  GPU {} {} bus {} sm_{}{} ({} SMs)",
+            g.ordinal, g.name, g.pci_bus_id, g.compute_capability.0, g.compute_capability.1, g.sms
+        );
+    }
+    for i in 0..gpus.len() {
+        for j in 0..gpus.len() {
+            if i != j {
+                let (can, rank) = railcc_transport_nvlink::driver::peer(i, j).map_err(err)?;
+                println!("#  peer {i}->{j}: access {can}, performance rank {rank}");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn list<T: std::str::FromStr<Err = String> + Copy>(s: &str, all: &[T]) -> Result<Vec<T>, String> {
+    if s == "all" {
+        return Ok(all.to_vec());
+    }
+    s.split(',').map(|x| x.parse()).collect()
+}
+
+fn sweep(r: &dyn Runner, a: &BenchArgs) -> Result<(), String> {
+    let coll = a.collective.kind();
+    if coll == CollKind::AllToAll {
+        return Err("--device cuda does not run alltoall yet".into());
+    }
+    let n = r.ranks();
     let reduces = matches!(
         coll,
         CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce
@@ -33,51 +399,33 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     if rooted && a.root >= n {
         return Err(format!("-r {}: root out of range for {n} GPUs", a.root));
     }
-    let ordinals: Vec<usize> = (0..n).collect();
-    let cfg = railcc_core::Config::from_env().map_err(|e| e.to_string())?;
-    let mut mg = MultiGpu::new(&ordinals).map_err(|e| e.to_string())?;
-    mg.timeout_ns = cfg.timeout_ms.saturating_mul(1_000_000);
-    let blocks = mg
-        .set_max_blocks(cfg.gpu_max_blocks)
-        .map_err(|e| e.to_string())?;
-    println!("# railcc bench {} --device cuda: {n} GPU(s) in one process, kernels over peer access, up to {blocks} blocks per GPU", coll.name());
-    for g in &gpus[..n] {
-        println!(
-            "#  GPU {} {} bus {} sm_{}{} ({} SMs)",
-            g.ordinal, g.name, g.pci_bus_id, g.compute_capability.0, g.compute_capability.1, g.sms
-        );
-    }
-    for i in 0..n {
-        for j in 0..n {
-            if i != j {
-                let (can, rank) =
-                    railcc_transport_nvlink::driver::peer(i, j).map_err(|e| e.to_string())?;
-                println!("#  peer {i}->{j}: access {can}, performance rank {rank}");
-            }
+    let dts: Vec<DataType> = list(&a.dtype, &DataType::ALL)?;
+    let ops: Vec<ReduceOp> = if reduces {
+        list(&a.op, &ReduceOp::ALL)?
+    } else {
+        vec![ReduceOp::Sum]
+    };
+    for dt in &dts {
+        if !a.offset.is_multiple_of(dt.size()) {
+            return Err(format!(
+                "--offset {}: not a multiple of {}'s {} bytes",
+                a.offset,
+                dt.name(),
+                dt.size()
+            ));
         }
     }
-    println!("#");
-    println!("#                                                              out-of-place                       in-place          ");
-    println!("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong  blocks");
-    println!("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)           ");
-    let dts: Vec<DataType> = if a.dtype == "all" {
-        DataType::ALL.to_vec()
-    } else {
-        a.dtype
-            .split(',')
-            .map(|x| x.parse())
-            .collect::<Result<_, _>>()?
-    };
-    let ops: Vec<ReduceOp> = if !reduces {
-        vec![ReduceOp::Sum]
-    } else if a.op == "all" {
-        ReduceOp::ALL.to_vec()
-    } else {
-        a.op.split(',')
-            .map(|x| x.parse())
-            .collect::<Result<_, _>>()?
-    };
-    let mut total_wrong = 0u64;
+    let p = r.prints();
+    if p {
+        if a.offset > 0 {
+            println!("# buffers start {} bytes past their allocation", a.offset);
+        }
+        println!("#");
+        println!("#                                                              out-of-place                       in-place          ");
+        println!("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong  blocks");
+        println!("#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)           ");
+    }
+    let (mut total_wrong, mut total_oob) = (0u64, 0u64);
     for &dt in &dts {
         for &op in &ops {
             let mut size = a.min_bytes;
@@ -91,134 +439,89 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
                     op,
                     root: a.root,
                 };
-                let (t_o, w_o, blocks) = one(&mg, &args, a, false)?;
+                let o = r.one(&args, a, false)?;
                 let in_place = coll != CollKind::SendRecv;
-                let (t_i, w_i, _) = if in_place {
-                    one(&mg, &args, a, true)?
+                let i = if in_place {
+                    r.one(&args, a, true)?
                 } else {
-                    (0.0, 0, 0)
+                    Sample::default()
                 };
-                total_wrong += w_o + w_i;
-                let bytes = total_bytes as f64;
-                let side = |t: f64, w: u64| {
-                    let algbw = if t > 0.0 { bytes / t / 1e9 } else { 0.0 };
-                    format!(
-                        "  {:>7.2}  {:>6.2}  {:>6.2}  {:>5}",
-                        t * 1e6,
-                        algbw,
-                        algbw * bus_factor(coll, n),
-                        if a.check != 0 {
-                            w.to_string()
-                        } else {
-                            "N/A".into()
-                        }
-                    )
-                };
-                let ip = if in_place {
-                    side(t_i, w_i)
-                } else {
-                    format!("  {:>7}  {:>6}  {:>6}  {:>5}", "N/A", "N/A", "N/A", "N/A")
-                };
-                let redop = if reduces { op.name() } else { "none" };
-                let root = if rooted { a.root as i64 } else { -1 };
-                println!(
-                    "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}{}{}  {:>6}",
-                    total_bytes,
-                    args.count,
-                    dt.name(),
-                    redop,
-                    root,
-                    side(t_o, w_o),
-                    ip,
-                    blocks
-                );
-                size = if let Some(i) = a.step_bytes {
-                    size + i.max(1)
-                } else {
-                    size * a.step_factor.max(2)
+                total_wrong += o.wrong + i.wrong;
+                total_oob += o.oob + i.oob;
+                if p {
+                    print_row(
+                        a,
+                        &args,
+                        total_bytes,
+                        &o,
+                        in_place.then_some(&i),
+                        reduces,
+                        rooted,
+                    );
+                }
+                size = match a.step_bytes {
+                    Some(i) => size + i.max(1),
+                    None => size * a.step_factor.max(2),
                 };
             }
         }
     }
-    println!("# Out of bounds values : 0 OK");
-    println!("#");
-    if total_wrong > 0 {
-        return Err(format!("{total_wrong} wrong values"));
+    if p {
+        println!(
+            "# Out of bounds values : {total_oob} {}",
+            if total_oob == 0 { "OK" } else { "FAILED" }
+        );
+        println!("#");
+    }
+    if total_wrong > 0 || total_oob > 0 {
+        return Err(format!(
+            "{total_wrong} wrong values, {total_oob} out-of-bounds bytes"
+        ));
     }
     Ok(())
 }
 
-/// Checks once, warms up, times `iters` calls with CUDA events; returns (seconds per call,
-/// wrong elements over all GPUs, blocks per GPU).
-fn one(
-    mg: &MultiGpu,
-    args: &CollArgs,
+fn print_row(
     a: &BenchArgs,
-    in_place: bool,
-) -> Result<(f64, u64, u32), String> {
-    let n = mg.len();
-    let es = args.dtype.size();
-    let (send_b, recv_b) = (args.send_elems() * es, args.recv_elems() * es);
-    let e = |x: railcc_core::Error| x.to_string();
-    let inputs: Vec<Vec<u8>> = (0..n).map(|g| fill_input(args, g, SEED)).collect();
-    // Out of place: separate send and receive buffers. In place: one backing buffer per GPU
-    // with send and receive at NCCL's in-place offsets.
-    let mut bufs: Vec<(DevBuf, Option<DevBuf>)> = Vec::with_capacity(n);
-    let (mut ip, mut op) = (Vec::new(), Vec::new());
-    for (g, input) in inputs.iter().enumerate() {
-        if in_place {
-            let (send, recv, total) = args.in_place_ranges(g);
-            let b = mg.alloc(g, total).map_err(e)?;
-            mg.upload(g, &b, &args.in_place_backing(g, input, &[]))
-                .map_err(e)?;
-            ip.push(b.ptr + send.start as u64);
-            op.push(b.ptr + recv.start as u64);
-            bufs.push((b, None));
+    args: &CollArgs,
+    total_bytes: u64,
+    o: &Sample,
+    i: Option<&Sample>,
+    reduces: bool,
+    rooted: bool,
+) {
+    let bytes = total_bytes as f64;
+    let side = |s: &Sample| {
+        let algbw = if s.secs > 0.0 {
+            bytes / s.secs / 1e9
         } else {
-            let s = mg.alloc(g, send_b).map_err(e)?;
-            let r = mg.alloc(g, recv_b).map_err(e)?;
-            mg.upload(g, &s, input).map_err(e)?;
-            ip.push(s.ptr);
-            op.push(r.ptr);
-            bufs.push((s, Some(r)));
-        }
-    }
-    let mut wrong = 0;
-    let launch_once = || {
-        // SAFETY: every pointer lies in a live allocation of the size the collective implies,
-        // kept until this function synchronizes (download and the timer wait on the streams).
-        unsafe {
-            mg.collective(
-                args.coll, &ip, &op, args.count, args.dtype, args.op, args.root,
-            )
-        }
-        .map_err(e)
+            0.0
+        };
+        format!(
+            "  {:>7.2}  {:>6.2}  {:>6.2}  {:>5}",
+            s.secs * 1e6,
+            algbw,
+            algbw * bus_factor(args.coll, args.nranks),
+            if a.check != 0 {
+                s.wrong.to_string()
+            } else {
+                "N/A".into()
+            }
+        )
     };
-    let launch = launch_once()?;
-    if a.check != 0 {
-        for (g, (b, r)) in bufs.iter().enumerate() {
-            let (src, off) = match r {
-                Some(r) => (r, 0),
-                None => (b, (op[g] - b.ptr) as usize),
-            };
-            let mut host = vec![0u8; off + recv_b];
-            mg.download(g, src, &mut host).map_err(e)?;
-            wrong += count_wrong(args, g, &host[off..], SEED);
-        }
-    }
-    for _ in 0..a.warmup {
-        launch_once()?;
-    }
-    let t0 = mg.record_timer(0).map_err(e)?;
-    for _ in 0..a.iters {
-        launch_once()?;
-    }
-    let t1 = mg.record_timer(0).map_err(e)?;
-    let ms = t0.elapsed_ms(&t1).map_err(e)?;
-    mg.synchronize().map_err(e)?;
-    Ok((
-        ms as f64 / 1e3 / a.iters.max(1) as f64,
-        wrong,
-        launch.blocks_per_gpu,
-    ))
+    let ip = match i {
+        Some(i) => side(i),
+        None => format!("  {:>7}  {:>6}  {:>6}  {:>5}", "N/A", "N/A", "N/A", "N/A"),
+    };
+    println!(
+        "{:>12}  {:>12}  {:>8}  {:>6}  {:>6}{}{}  {:>6}",
+        total_bytes,
+        args.count,
+        args.dtype.name(),
+        if reduces { args.op.name() } else { "none" },
+        if rooted { args.root as i64 } else { -1 },
+        side(o),
+        ip,
+        o.blocks
+    );
 }

@@ -72,6 +72,9 @@ pub fn shape(coll: CollKind, size: u64, es: usize, p: usize) -> (usize, u64) {
 }
 
 pub fn run_rank(comm: &Communicator, a: &BenchArgs) -> Result<(), String> {
+    if a.device == "cuda" {
+        return crate::gpu::run_rank(comm, a);
+    }
     let coll = a.collective.kind();
     let p = comm.nranks();
     if a.root >= p && matches!(coll, CollKind::Broadcast | CollKind::Reduce) {

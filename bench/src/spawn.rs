@@ -10,14 +10,18 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 pub fn bench_main(a: BenchArgs) -> Result<(), String> {
-    match a.device.as_str() {
-        "host" => {}
-        "cuda" => return crate::gpu::run(&a),
-        d => return Err(format!("--device {d}: expected host or cuda")),
-    }
     let cfg = Config::from_env().map_err(|e| e.to_string())?;
     let env = |k: &str| std::env::var(k).ok();
-    if let Some(info) = launch::discover(env).map_err(|e| e.to_string())? {
+    let launched = launch::discover(env).map_err(|e| e.to_string())?;
+    match a.device.as_str() {
+        "host" => {}
+        "cuda" if !a.per_process && launched.is_none() && a.rank.is_none() => {
+            return crate::gpu::run(&a)
+        }
+        "cuda" => {}
+        d => return Err(format!("--device {d}: expected host or cuda")),
+    }
+    if let Some(info) = launched {
         let comm = Communicator::from_launch(cfg, &info, env("RAILCC_UNIQUE_ID").is_none())
             .map_err(|e| e.to_string())?;
         return run_rank(&comm, &a);

@@ -106,6 +106,9 @@ config! {
     /// Thread blocks per GPU for GPU collectives; 0 means one per SM. Clamped to what the GPU
     /// can keep resident at once (the kernels wait for each other).
     gpu_max_blocks: usize = 0, "RAILCC_GPU_MAX_BLOCKS";
+    /// Folder for the compiled GPU kernels (PTX); empty: $XDG_CACHE_HOME/railcc or
+    /// ~/.cache/railcc; "off": compile in every process.
+    cache_dir: String = String::new(), "RAILCC_CACHE_DIR";
     /// Largest message a peer may announce, in bytes; a bigger header is a protocol error.
     max_message_bytes: u64 = 1 << 40, "RAILCC_MAX_MESSAGE_BYTES";
 }

@@ -16,8 +16,9 @@ use railcc_core::{DataType, ReduceOp};
 pub const MAX_PEERS: usize = 8;
 /// Most thread blocks a call may use per GPU (the size of the flag area).
 pub const MAX_BLOCKS: usize = 1024;
-/// Bytes of the per-GPU synchronization area (ready words plus per-block done words).
-pub const SYNC_BYTES: usize = (8 + MAX_PEERS * MAX_BLOCKS) * 8;
+/// Bytes of the per-GPU synchronization area: ready words, per-block done words, and the
+/// call counter (see `source`).
+pub const SYNC_BYTES: usize = (8 + MAX_PEERS * MAX_BLOCKS + 8) * 8;
 
 /// (CUDA storage type, accumulator type, load, store) for each dtype.
 fn ctype(dt: DataType) -> (&'static str, &'static str, &'static str, &'static str) {
@@ -65,8 +66,13 @@ struct Ptrs { unsigned long long p[8]; };
 // Synchronization area in each GPU's memory, written by peers:
 //   words [0, 8): ready[h]  = last epoch at which GPU h's inputs were ready
 //   words [8, 8 + 8*1024): done[h][b] = last epoch at which block b of GPU h finished
+//   word SYNC_EPOCH: calls this GPU has completed. It lives in device memory, not in a kernel
+//   argument, so a captured CUDA graph replays correctly: every call reads it at the start and
+//   block 0 advances it at the end, once every block of this GPU has reported done.
 #define SYNC_DONE 8
 #define MAX_BLOCKS 1024
+#define SYNC_EPOCH (8 + 8 * MAX_BLOCKS)
+__device__ __forceinline__ unsigned long long call_epoch(unsigned long long sync) { return ((volatile unsigned long long*)sync)[SYNC_EPOCH] + 1; }
 __device__ __forceinline__ unsigned long long now_ns() { unsigned long long t; asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t)); return t; }
 __device__ __forceinline__ void wait_at_least(volatile unsigned long long* p, unsigned long long epoch, unsigned long long t0, unsigned long long timeout_ns) {
   while (*p < epoch) {
@@ -86,20 +92,22 @@ __device__ void arrive_ready(Ptrs syncs, int n, int me, unsigned long long epoch
 // Each block tells every peer it is done with their memory; block 0 waits for every block of
 // every peer, so this kernel ends only when nobody reads our inputs or writes our outputs.
 __device__ void arrive_done(Ptrs syncs, int n, int me, unsigned long long epoch, unsigned long long timeout_ns) {
-  if (n == 1) return;
   __threadfence_system(); // every thread's peer writes, before the block reports done
   __syncthreads();
-  if (threadIdx.x < n && threadIdx.x != me) {
+  // Done goes to every GPU including this one: block 0 advances the call counter only once
+  // every block here has read it.
+  if (threadIdx.x < n) {
     ((volatile unsigned long long*)syncs.p[threadIdx.x])[SYNC_DONE + me * MAX_BLOCKS + blockIdx.x] = epoch;
   }
   if (blockIdx.x == 0) {
     unsigned long long t0 = now_ns();
     for (int h = 0; h < n; h++) {
-      if (h == me) continue;
       for (unsigned int b = threadIdx.x; b < gridDim.x; b += blockDim.x)
         wait_at_least((volatile unsigned long long*)syncs.p[me] + SYNC_DONE + h * MAX_BLOCKS + b, epoch, t0, timeout_ns);
     }
     __threadfence_system();
+    __syncthreads();
+    if (threadIdx.x == 0) ((volatile unsigned long long*)syncs.p[me])[SYNC_EPOCH] = epoch;
   }
 }
 __device__ __forceinline__ float h2f(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
@@ -126,8 +134,9 @@ __device__ __forceinline__ unsigned short f2b(float f) {
             // 16-byte vector loop over the aligned middle, scalar loop for the ends.
             s.push_str(&format!(
                 r#"
-extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, int n, Ptrs outs, int n_out, unsigned long long begin, unsigned long long end, int avg_n, Ptrs syncs, int n_gpus, int me, unsigned long long epoch, unsigned long long timeout_ns) {{
+extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, int n, Ptrs outs, int n_out, unsigned long long begin, unsigned long long end, int avg_n, Ptrs syncs, int n_gpus, int me, unsigned long long timeout_ns) {{
   typedef {t} T;
+  const unsigned long long epoch = call_epoch(syncs.p[me]);
   arrive_ready(syncs, n_gpus, me, epoch, timeout_ns);
   const int V = 16 / sizeof(T);
   unsigned long long tid = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;

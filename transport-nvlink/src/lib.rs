@@ -1,18 +1,22 @@
-//! CUDA peer-to-peer transport over NVLink/PCIe (issue 3, in progress).
+//! CUDA peer-to-peer transport over NVLink/PCIe.
 //!
-//! Working today, on one process that drives several GPUs:
 //! - [`driver`]: guarded loading of libcuda (no driver is an `Unsupported` error, never a
 //!   panic), GPU discovery and the peer-access matrix;
-//! - [`kernels`]: copy-free reduce kernels for every dtype and op, compiled by NVRTC for the
-//!   device's architecture on first use (f16/bf16 accumulate in f32);
-//! - [`multi`]: a stream-ordered all-reduce across the GPUs of one process (two-shot: each GPU
-//!   reduces its segment by reading every peer's input over NVLink and writes the result to
-//!   every peer's output).
-//!
-//! Not yet: one process per GPU (IPC handles), the other collectives, graph mode.
+//! - [`kernels`] and [`compile`]: one copy/reduce kernel per dtype and op, compiled by NVRTC
+//!   for the device's architecture on first use and cached on disk (f16/bf16 accumulate in f32);
+//! - [`gpu`]: one GPU's context, stream, kernels and sync area; CUDA graphs;
+//! - [`launch`]: what each GPU's kernel does in each collective, and the launch;
+//! - [`multi`]: one process driving several GPUs (like `ncclCommInitAll`);
+//! - [`ipc`] and [`proc`]: one process per GPU (torchrun style), peers' buffers mapped through
+//!   CUDA IPC handles.
 
+pub mod compile;
 pub mod driver;
+pub mod gpu;
+pub mod ipc;
 pub mod kernels;
+pub mod launch;
 pub mod multi;
+pub mod proc;
 
 pub const NAME: &str = "nvlink";

@@ -1,0 +1,142 @@
+//! NVRTC compilation of the kernels, with a PTX cache on disk.
+//!
+//! Compiling every (dtype, op) kernel takes about a second, once per process; the cache makes
+//! every later process start in milliseconds. The key covers the source, the architecture and
+//! the driver version, so a changed kernel or driver never loads stale PTX; a cached file that
+//! the driver rejects is recompiled (see `GpuCtx::new`).
+
+use crate::kernels::source;
+use railcc_core::{Error, ErrorKind, Result};
+use std::ffi::CString;
+use std::path::{Path, PathBuf};
+
+/// The cache folder: `RAILCC_CACHE_DIR` when set ("off" disables it), else
+/// `$XDG_CACHE_HOME/railcc`, else `$HOME/.cache/railcc`.
+pub fn cache_dir(configured: &str) -> Option<PathBuf> {
+    match configured {
+        "off" => None,
+        "" => std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .map(|d| d.join("railcc")),
+        d => Some(PathBuf::from(d)),
+    }
+}
+
+/// The virtual architecture for a compute capability major version.
+pub fn arch_for(major: i32) -> &'static str {
+    match major {
+        10.. => "compute_100",
+        9 => "compute_90",
+        8 => "compute_80",
+        _ => "compute_70",
+    }
+}
+
+/// Where the PTX for this source, architecture and driver lives in `dir`.
+pub fn cache_path(dir: &Path, arch: &str, driver_version: i32) -> PathBuf {
+    let mut h = blake3::Hasher::new();
+    h.update(source().as_bytes());
+    h.update(arch.as_bytes());
+    h.update(&driver_version.to_le_bytes());
+    let hex = h.finalize().to_hex();
+    dir.join(format!("kernels-{arch}-{}.ptx", &hex[..16]))
+}
+
+/// PTX for `arch`, from the cache when `use_cache` and present, else compiled (and stored).
+/// Compiled PTX is also kept in memory, so a process driving several GPUs compiles once.
+pub fn ptx(arch: &'static str, cache: Option<&Path>, use_cache: bool) -> Result<CString> {
+    static MEMO: std::sync::Mutex<Vec<(&'static str, CString)>> = std::sync::Mutex::new(Vec::new());
+    if use_cache {
+        if let Some((_, c)) = MEMO
+            .lock()
+            .ok()
+            .and_then(|m| m.iter().find(|(a, _)| *a == arch).cloned())
+        {
+            return Ok(c);
+        }
+    }
+    let c = ptx_uncached(arch, cache, use_cache)?;
+    if let Ok(mut m) = MEMO.lock() {
+        m.retain(|(a, _)| *a != arch);
+        m.push((arch, c.clone()));
+    }
+    Ok(c)
+}
+
+fn ptx_uncached(arch: &'static str, cache: Option<&Path>, use_cache: bool) -> Result<CString> {
+    if let (Some(path), true) = (cache, use_cache) {
+        if let Ok(bytes) = std::fs::read(path) {
+            if let Ok(c) = CString::new(bytes) {
+                tracing::debug!("kernels from the PTX cache {}", path.display());
+                return Ok(c);
+            }
+        }
+    }
+    let t0 = std::time::Instant::now();
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some(arch),
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source(), opts).map_err(|e| {
+        Error::new(ErrorKind::Io, format!("NVRTC compile failed: {e:?}")).transport(crate::NAME)
+    })?;
+    tracing::info!(
+        "NVRTC compiled the kernels for {arch} in {:?}",
+        t0.elapsed()
+    );
+    let src = ptx.to_src();
+    if let Some(path) = cache {
+        store(path, src.as_bytes());
+    }
+    CString::new(src).map_err(|_| {
+        Error::new(ErrorKind::Io, "NVRTC produced PTX with a NUL byte").transport(crate::NAME)
+    })
+}
+
+/// Writes atomically (temporary file, then rename) so concurrent ranks never read half a file.
+/// A cache that cannot be written is only logged: it is an optimization.
+fn store(path: &Path, bytes: &[u8]) {
+    let Some(dir) = path.parent() else { return };
+    let tmp = dir.join(format!(".{}.tmp", std::process::id()));
+    let r = std::fs::create_dir_all(dir)
+        .and_then(|_| std::fs::write(&tmp, bytes))
+        .and_then(|_| std::fs::rename(&tmp, path));
+    if let Err(e) = r {
+        let _ = std::fs::remove_file(&tmp);
+        tracing::warn!("could not write the PTX cache {}: {e}", path.display());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_key_depends_on_arch_and_driver() {
+        let d = Path::new("/c");
+        assert_ne!(
+            cache_path(d, "compute_90", 1),
+            cache_path(d, "compute_80", 1)
+        );
+        assert_ne!(
+            cache_path(d, "compute_90", 1),
+            cache_path(d, "compute_90", 2)
+        );
+        assert_eq!(
+            cache_path(d, "compute_90", 1),
+            cache_path(d, "compute_90", 1)
+        );
+        assert_eq!(cache_dir("off"), None);
+        assert_eq!(cache_dir("/x"), Some(PathBuf::from("/x")));
+    }
+
+    #[test]
+    fn store_is_atomic_and_readable() {
+        let dir = std::env::temp_dir().join(format!("railcc-ptx-{}", std::process::id()));
+        let p = dir.join("k.ptx");
+        store(&p, b"// ptx");
+        assert_eq!(std::fs::read(&p).unwrap(), b"// ptx");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

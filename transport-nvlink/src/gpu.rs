@@ -1,0 +1,352 @@
+//! One GPU as the kernels see it: its context, a stream, the kernels loaded for its
+//! architecture, and the synchronization area that peers write (see kernels.rs).
+
+use crate::compile;
+use crate::driver::{available, check, device, nvrtc_available};
+use crate::kernels::{kernel_name, SYNC_BYTES};
+use cudarc::driver::sys;
+use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::path::Path;
+
+/// Device memory on one GPU, freed on drop.
+pub struct DevBuf {
+    pub ptr: u64,
+    pub bytes: usize,
+    ctx: sys::CUcontext,
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from cuMemAlloc in `ctx` and is freed once.
+        unsafe {
+            let _ = sys::cuCtxSetCurrent(self.ctx);
+            let _ = sys::cuMemFree_v2(self.ptr);
+        }
+    }
+}
+
+/// A CUDA stream handle (the caller's, or ours).
+pub type Stream = sys::CUstream;
+
+pub struct GpuCtx {
+    pub ordinal: usize,
+    pub ctx: sys::CUcontext,
+    /// Flags that peers write; zeroed at creation.
+    pub sync: DevBuf,
+    pub stream: sys::CUstream,
+    funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
+    pub sms: i32,
+}
+
+// SAFETY: the raw handles are only used after binding the context; the driver API is
+// thread-safe.
+unsafe impl Send for GpuCtx {}
+unsafe impl Sync for GpuCtx {}
+
+impl GpuCtx {
+    /// Retains the primary context of GPU `ordinal`, creates a stream and the sync area, and
+    /// loads the kernels (compiled once per process; cached on disk in `cache`).
+    pub fn new(ordinal: usize, cache: Option<&Path>) -> Result<GpuCtx> {
+        available()?;
+        nvrtc_available()?;
+        let d = device(ordinal)?;
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; the primary context stays retained for the process.
+        unsafe {
+            check(
+                sys::cuDevicePrimaryCtxRetain(&mut ctx, d),
+                "cuDevicePrimaryCtxRetain",
+            )?;
+            check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
+        }
+        use sys::CUdevice_attribute as A;
+        let attr = |a| -> Result<i32> {
+            let mut v = 0;
+            // SAFETY: valid out-pointer; driver initialized.
+            check(
+                unsafe { sys::cuDeviceGetAttribute(&mut v, a, d) },
+                "cuDeviceGetAttribute",
+            )?;
+            Ok(v)
+        };
+        let major = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let mut stream: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: valid out-pointer in the current context.
+        check(
+            unsafe {
+                sys::cuStreamCreate(
+                    &mut stream,
+                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                )
+            },
+            "cuStreamCreate",
+        )?;
+        let mut g = GpuCtx {
+            ordinal,
+            ctx,
+            sync: DevBuf {
+                ptr: 0,
+                bytes: 0,
+                ctx,
+            },
+            stream,
+            funcs: HashMap::new(),
+            sms,
+        };
+        g.sync = g.alloc(SYNC_BYTES)?;
+        // SAFETY: the allocation holds SYNC_BYTES; zeroed before any kernel reads it.
+        check(
+            unsafe { sys::cuMemsetD8_v2(g.sync.ptr, 0, SYNC_BYTES) },
+            "cuMemsetD8",
+        )?;
+        let arch = compile::arch_for(major);
+        let mut driver_version = 0;
+        // SAFETY: valid out-pointer.
+        check(
+            unsafe { sys::cuDriverGetVersion(&mut driver_version) },
+            "cuDriverGetVersion",
+        )?;
+        let path = cache.map(|d| compile::cache_path(d, arch, driver_version));
+        let image = compile::ptx(arch, path.as_deref(), true)?;
+        if g.load(&image).is_err() {
+            // A cached file the driver rejects (truncated, or from another toolkit): rebuild.
+            let image = compile::ptx(arch, path.as_deref(), false)?;
+            g.load(&image)?;
+        }
+        Ok(g)
+    }
+
+    fn load(&mut self, image: &CString) -> Result<()> {
+        self.bind()?;
+        let mut module: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: `image` is NUL-terminated PTX; the context is bound.
+        check(
+            unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) },
+            "cuModuleLoadData",
+        )?;
+        for dt in DataType::ALL {
+            for op in ReduceOp::ALL {
+                let name =
+                    CString::new(kernel_name(dt, op)).map_err(|_| Error::invalid("kernel name"))?;
+                let mut f: sys::CUfunction = std::ptr::null_mut();
+                // SAFETY: module loaded above; `name` is NUL-terminated.
+                check(
+                    unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) },
+                    "cuModuleGetFunction",
+                )?;
+                self.funcs.insert((dt, op), f);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn func(&self, dt: DataType, op: ReduceOp) -> Result<sys::CUfunction> {
+        self.funcs
+            .get(&(dt, op))
+            .copied()
+            .ok_or_else(|| Error::new(ErrorKind::Unsupported, "no kernel for dtype/op"))
+    }
+
+    /// Blocks of `threads` threads that one SM keeps resident for our kernels.
+    pub fn blocks_per_sm(&self, threads: u32) -> Result<u32> {
+        let f = self.func(DataType::F32, ReduceOp::Sum)?;
+        self.bind()?;
+        let mut per_sm = 1;
+        // SAFETY: valid out-pointer and a loaded function.
+        check(
+            unsafe {
+                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, f, threads as i32, 0)
+            },
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        )?;
+        Ok(per_sm.max(1) as u32)
+    }
+
+    pub fn bind(&self) -> Result<()> {
+        // SAFETY: the context is retained for the lifetime of self.
+        check(unsafe { sys::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")
+    }
+
+    pub fn alloc(&self, bytes: usize) -> Result<DevBuf> {
+        self.bind()?;
+        let mut ptr = 0;
+        // SAFETY: valid out-pointer in the bound context.
+        check(
+            unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes.max(1)) },
+            "cuMemAlloc",
+        )?;
+        Ok(DevBuf {
+            ptr,
+            bytes,
+            ctx: self.ctx,
+        })
+    }
+
+    /// Copies `data` to `dst + offset` and waits for it to land.
+    pub fn upload(&self, dst: &DevBuf, offset: usize, data: &[u8]) -> Result<()> {
+        if offset + data.len() > dst.bytes {
+            return Err(Error::invalid("upload larger than the device buffer"));
+        }
+        self.bind()?;
+        // SAFETY: the range lies in `dst` (checked); `data` is valid host memory.
+        check(
+            unsafe {
+                sys::cuMemcpyHtoD_v2(
+                    dst.ptr + offset as u64,
+                    data.as_ptr() as *const c_void,
+                    data.len(),
+                )
+            },
+            "cuMemcpyHtoD",
+        )?;
+        // From pageable memory the copy may return before its DMA lands, and our streams do not
+        // wait for the legacy stream: wait here so later kernels see the data.
+        // SAFETY: the bound context is live.
+        check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
+    }
+
+    /// Copies `src + offset` into `out` after the stream has finished its work.
+    pub fn download(&self, src: &DevBuf, offset: usize, out: &mut [u8]) -> Result<()> {
+        if offset + out.len() > src.bytes {
+            return Err(Error::invalid("download larger than the device buffer"));
+        }
+        self.synchronize()?;
+        // SAFETY: the range lies in `src` (checked); `out` is valid host memory.
+        check(
+            unsafe {
+                sys::cuMemcpyDtoH_v2(
+                    out.as_mut_ptr() as *mut c_void,
+                    src.ptr + offset as u64,
+                    out.len(),
+                )
+            },
+            "cuMemcpyDtoH",
+        )
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the stream is live.
+        check(
+            unsafe { sys::cuStreamSynchronize(self.stream) },
+            "cuStreamSynchronize",
+        )
+    }
+
+    /// A timing event recorded on this GPU's stream.
+    pub fn record_timer(&self) -> Result<Timer> {
+        self.bind()?;
+        let mut ev: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; stream live.
+        unsafe {
+            check(sys::cuEventCreate(&mut ev, 0), "cuEventCreate")?;
+            check(sys::cuEventRecord(ev, self.stream), "cuEventRecord")?;
+        }
+        Ok(Timer { ev })
+    }
+}
+
+/// A CUDA event for timing.
+pub struct Timer {
+    ev: sys::CUevent,
+}
+
+impl Timer {
+    /// Milliseconds from `self` to `end` (waits for `end`).
+    pub fn elapsed_ms(&self, end: &Timer) -> Result<f32> {
+        let mut ms = 0f32;
+        // SAFETY: both events were recorded; valid out-pointer.
+        unsafe {
+            check(sys::cuEventSynchronize(end.ev), "cuEventSynchronize")?;
+            check(
+                sys::cuEventElapsedTime_v2(&mut ms, self.ev, end.ev),
+                "cuEventElapsedTime",
+            )?;
+        }
+        Ok(ms)
+    }
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        // SAFETY: the event was created by us and is destroyed once.
+        unsafe {
+            let _ = sys::cuEventDestroy_v2(self.ev);
+        }
+    }
+}
+
+/// A CUDA graph captured from one stream, replayed with `launch`.
+pub struct Graph {
+    exec: sys::CUgraphExec,
+    graph: sys::CUgraph,
+}
+
+// SAFETY: graph handles are plain driver handles, used from one thread at a time.
+unsafe impl Send for Graph {}
+
+/// Starts capturing `stream` (relaxed mode, so other threads' CUDA calls are unaffected).
+///
+/// # Safety
+/// `stream` must be a live stream of `g`, not already being captured.
+pub unsafe fn begin_capture(g: &GpuCtx, stream: sys::CUstream) -> Result<()> {
+    g.bind()?;
+    // SAFETY: the stream is live and not being captured.
+    check(
+        unsafe {
+            sys::cuStreamBeginCapture_v2(
+                stream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )
+        },
+        "cuStreamBeginCapture",
+    )
+}
+
+/// Ends the capture started by `begin_capture` and instantiates the graph.
+///
+/// # Safety
+/// `stream` must be a live stream of `g` being captured.
+pub unsafe fn end_capture(g: &GpuCtx, stream: sys::CUstream) -> Result<Graph> {
+    g.bind()?;
+    let mut graph: sys::CUgraph = std::ptr::null_mut();
+    let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+    // SAFETY: valid out-pointers; the stream is being captured.
+    unsafe {
+        check(
+            sys::cuStreamEndCapture(stream, &mut graph),
+            "cuStreamEndCapture",
+        )?;
+        check(
+            sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0),
+            "cuGraphInstantiate",
+        )?;
+    }
+    Ok(Graph { exec, graph })
+}
+
+impl Graph {
+    /// # Safety
+    /// `stream` must be a live stream of `g`.
+    pub unsafe fn launch(&self, g: &GpuCtx, stream: sys::CUstream) -> Result<()> {
+        g.bind()?;
+        // SAFETY: an instantiated graph on a live stream.
+        check(
+            unsafe { sys::cuGraphLaunch(self.exec, stream) },
+            "cuGraphLaunch",
+        )
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: created by end_capture, destroyed once.
+        unsafe {
+            let _ = sys::cuGraphExecDestroy(self.exec);
+            let _ = sys::cuGraphDestroy(self.graph);
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! One process per GPU (torchrun style): each rank drives its own GPU and reaches its peers'
+//! memory through CUDA IPC.
+//!
+//! At init the ranks of one host swap, over the bootstrap, the IPC handles of their sync areas
+//! and the name of a shared-memory table (ipc.rs). Each call publishes the call's shape and
+//! buffers in the table, reads the peers' (which also catches mismatched calls), maps any
+//! allocation not seen before, and enqueues the same kernel as the one-process path on the
+//! caller's stream. The call returns once every rank has published, without waiting for any GPU.
+
+use crate::gpu::GpuCtx;
+use crate::ipc::{export, open, Imports, ShmTable, HANDLE_BYTES};
+use crate::launch::{blocks, launch, spec, CallShape, Launch, THREADS};
+use crate::multi::clamp_blocks;
+use cudarc::driver::sys;
+use parking_lot::Mutex;
+use railcc_core::net::CollKind;
+use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Swaps one byte string per rank with every rank (the bootstrap's all-gather).
+pub type Exchange<'a> = dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>> + 'a;
+
+pub struct ProcGpu {
+    pub gpu: GpuCtx,
+    pub rank: usize,
+    pub nranks: usize,
+    /// Every rank's sync area as this GPU addresses it.
+    syncs: Vec<u64>,
+    table: ShmTable,
+    imports: Mutex<Imports>,
+    calls: AtomicU64,
+    pub timeout: Duration,
+    pub max_blocks: u32,
+}
+
+/// What each rank tells the others at init.
+struct Hello {
+    host: String,
+    sync: [u8; HANDLE_BYTES],
+    shm: String,
+    blocks: u32,
+}
+
+impl Hello {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::new();
+        v.extend_from_slice(&self.sync);
+        v.extend_from_slice(&self.blocks.to_le_bytes());
+        for s in [&self.host, &self.shm] {
+            v.extend_from_slice(&(s.len() as u16).to_le_bytes());
+            v.extend_from_slice(s.as_bytes());
+        }
+        v
+    }
+
+    fn decode(b: &[u8]) -> Option<Hello> {
+        let sync: [u8; HANDLE_BYTES] = b.get(..HANDLE_BYTES)?.try_into().ok()?;
+        let blocks = u32::from_le_bytes(b.get(HANDLE_BYTES..HANDLE_BYTES + 4)?.try_into().ok()?);
+        let mut at = HANDLE_BYTES + 4;
+        let mut s = [String::new(), String::new()];
+        for x in s.iter_mut() {
+            let n = u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?) as usize;
+            *x = String::from_utf8(b.get(at + 2..at + 2 + n)?.to_vec()).ok()?;
+            at += 2 + n;
+        }
+        let [host, shm] = s;
+        Some(Hello {
+            host,
+            sync: sync.to_owned(),
+            shm,
+            blocks,
+        })
+    }
+}
+
+/// Every rank learns whether every rank succeeded; the first failure is returned everywhere,
+/// so no rank waits for a peer that already gave up.
+fn agree<T>(
+    x: Result<T>,
+    ex: &mut Exchange<'_>,
+    payload: impl Fn(&T) -> Vec<u8>,
+) -> Result<(T, Vec<Vec<u8>>)> {
+    let mine = match &x {
+        Ok(v) => [vec![1u8], payload(v)].concat(),
+        Err(e) => [vec![0u8], e.to_string().into_bytes()].concat(),
+    };
+    let all = ex(&mine)?;
+    for (r, b) in all.iter().enumerate() {
+        if b.first() != Some(&1) {
+            let why = String::from_utf8_lossy(b.get(1..).unwrap_or_default()).into_owned();
+            return Err(x.err().unwrap_or_else(|| {
+                Error::new(ErrorKind::Io, format!("rank {r} failed GPU setup: {why}")).peer(r)
+            }));
+        }
+    }
+    let v = x?;
+    Ok((v, all.into_iter().map(|b| b[1..].to_vec()).collect()))
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+impl ProcGpu {
+    /// Collective over `nranks` processes of one host, this one driving GPU `ordinal`.
+    /// `exchange` is the bootstrap's all-gather; every rank must call this together.
+    pub fn new(
+        ordinal: usize,
+        rank: usize,
+        nranks: usize,
+        cache: Option<&Path>,
+        timeout: Duration,
+        want_blocks: usize,
+        exchange: &mut Exchange<'_>,
+    ) -> Result<ProcGpu> {
+        if nranks == 0 || nranks > crate::kernels::MAX_PEERS || rank >= nranks {
+            return Err(Error::invalid(format!(
+                "GPU ranks: rank {rank} of {nranks} (1 to {} ranks per host)",
+                crate::kernels::MAX_PEERS
+            )));
+        }
+        let shm = format!(
+            "/railcc-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        );
+        let setup = GpuCtx::new(ordinal, cache).and_then(|gpu| {
+            gpu.bind()?;
+            let sync = export(gpu.sync.ptr)?;
+            let blocks = clamp_blocks(std::slice::from_ref(&gpu), want_blocks)?;
+            let table = if rank == 0 {
+                Some(ShmTable::open(&shm, nranks, true)?)
+            } else {
+                None
+            };
+            Ok((gpu, sync, blocks, table))
+        });
+        let ((gpu, _, _, table0), hellos) = agree(setup, exchange, |(_, sync, blocks, _)| {
+            Hello {
+                host: hostname(),
+                sync: sync.handle,
+                shm: shm.clone(),
+                blocks: *blocks,
+            }
+            .encode()
+        })?;
+        let hellos = hellos
+            .iter()
+            .enumerate()
+            .map(|(r, b)| {
+                Hello::decode(b).ok_or_else(|| {
+                    Error::new(ErrorKind::Protocol, format!("bad GPU hello from rank {r}")).peer(r)
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // Second step: open the table and the peers' sync areas, everyone or no one.
+        let opened = (|| {
+            if let Some(r) = hellos.iter().position(|h| h.host != hellos[rank].host) {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    format!(
+                        "GPU ranks must share a host for peer-to-peer: rank {r} is on {}, rank {rank} on {}",
+                        hellos[r].host, hellos[rank].host
+                    ),
+                )
+                .peer(r));
+            }
+            let table = match table0 {
+                Some(t) => t,
+                None => ShmTable::open(&hellos[0].shm, nranks, false)?,
+            };
+            gpu.bind()?;
+            let mut syncs = Vec::with_capacity(nranks);
+            for (r, h) in hellos.iter().enumerate() {
+                syncs.push(if r == rank {
+                    gpu.sync.ptr
+                } else {
+                    open(&h.sync).map_err(|e| e.peer(r))?
+                });
+            }
+            Ok((table, syncs))
+        })();
+        let ((table, syncs), _) = agree(opened, exchange, |_| Vec::new())?;
+        if rank == 0 {
+            ShmTable::unlink(&hellos[0].shm);
+        }
+        let max_blocks = hellos.iter().map(|h| h.blocks).min().unwrap_or(1);
+        Ok(ProcGpu {
+            gpu,
+            rank,
+            nranks,
+            syncs,
+            table,
+            imports: Mutex::new(Imports::default()),
+            calls: AtomicU64::new(0),
+            timeout,
+            max_blocks,
+        })
+    }
+
+    pub fn stream(&self) -> sys::CUstream {
+        self.gpu.stream
+    }
+
+    /// Enqueues this rank's part of a collective on `stream` (a stream of this GPU), with
+    /// NCCL's arguments: `send`/`recv` are this rank's buffers, `count` the per-rank count.
+    /// Returns once every rank has made the same call; fails with a named cause if a rank
+    /// made a different one or never came.
+    ///
+    /// # Safety
+    /// `send` and `recv` must be device memory of this GPU from cudaMalloc/cuMemAlloc, of the
+    /// size the collective implies, valid until the stream passes this call.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn collective(
+        &self,
+        stream: sys::CUstream,
+        coll: CollKind,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dt: DataType,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<Launch> {
+        let n = self.nranks;
+        if root >= n {
+            return Err(Error::invalid(format!(
+                "{}: root {root} out of range for {n} ranks",
+                coll.name()
+            ))
+            .rank(self.rank));
+        }
+        self.gpu.bind()?;
+        let mine = [export(send)?, export(recv)?];
+        let shape = [coll as u64, dt as u64, op as u64, count as u64, root as u64];
+        let call = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        self.table.publish(call, self.rank, shape, mine);
+        let deadline = Instant::now() + self.timeout;
+        let (mut ins, mut outs) = (vec![send; n], vec![recv; n]);
+        let mut imports = self.imports.lock();
+        for p in (0..n).filter(|&p| p != self.rank) {
+            let (theirs, bufs) = self
+                .table
+                .read(call, p, deadline)
+                .map_err(|e| e.rank(self.rank))?;
+            if theirs != shape {
+                return Err(Error::new(
+                    ErrorKind::Mismatch,
+                    format!(
+                        "GPU call {call}: rank {p} called {}, rank {} called {}",
+                        describe(theirs),
+                        self.rank,
+                        describe(shape)
+                    ),
+                )
+                .peer(p)
+                .rank(self.rank)
+                .transport(crate::NAME));
+            }
+            ins[p] = imports.map(p, &bufs[0])?;
+            outs[p] = imports.map(p, &bufs[1])?;
+        }
+        drop(imports);
+        let s = spec(coll, self.rank, &ins, &outs, count, dt, root)?;
+        let shape = CallShape {
+            dt,
+            op,
+            syncs: &self.syncs,
+            avg_n: n as i32,
+            blocks: blocks(coll, n, count, dt, self.max_blocks),
+            timeout_ns: self.timeout.as_nanos().min(u64::MAX as u128) as u64,
+        };
+        // SAFETY: peers' buffers and sync areas are mapped into this context by IPC; the
+        // caller vouches for its own buffers and stream.
+        unsafe { launch(&self.gpu, stream, self.rank, &s, &shape)? };
+        Ok(Launch {
+            blocks_per_gpu: shape.blocks,
+            threads_per_block: THREADS,
+        })
+    }
+}
+
+/// A published call shape in words, for mismatch errors.
+fn describe(s: [u64; 5]) -> String {
+    let coll = CollKind::ALL
+        .iter()
+        .find(|c| **c as u64 == s[0])
+        .map_or("?", |c| c.name());
+    let dt = DataType::ALL
+        .iter()
+        .find(|d| **d as u64 == s[1])
+        .map_or("?", |d| d.name());
+    let op = ReduceOp::ALL
+        .iter()
+        .find(|o| **o as u64 == s[2])
+        .map_or("?", |o| o.name());
+    format!("{coll} of {} {dt} (op {op}, root {})", s[3], s[4])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_round_trips() {
+        let h = Hello {
+            host: "node-1".into(),
+            sync: [7; HANDLE_BYTES],
+            shm: "/railcc-1-2".into(),
+            blocks: 132,
+        };
+        let bytes = h.encode();
+        assert!(Hello::decode(&bytes[..70]).is_none());
+        let d = Hello::decode(&bytes).unwrap();
+        assert_eq!(
+            (d.host, d.shm, d.blocks, d.sync),
+            (h.host, h.shm, 132, h.sync)
+        );
+    }
+
+    #[test]
+    fn setup_failure_reaches_every_rank() {
+        // Two ranks simulated by one exchange: rank 1 failed.
+        let mut ex =
+            |_: &[u8]| -> Result<Vec<Vec<u8>>> { Ok(vec![vec![1, 9], b"\x00no GPU".to_vec()]) };
+        let e = agree(Ok(5u8), &mut ex, |v| vec![*v]).unwrap_err();
+        assert!(
+            e.to_string().contains("rank 1 failed GPU setup: no GPU"),
+            "{e}"
+        );
+    }
+}
