@@ -22,6 +22,11 @@ COLLS="all_reduce all_gather reduce_scatter broadcast reduce sendrecv"
       $T $R bench $c --device cuda $mode -b 8 -e 4M -f 16 -d all -o all -n 1 -w 0 -r 1 --offset 8 | grep -vE '^ +[0-9]'; echo "exit ${PIPESTATUS[0]}"
     done
   done
+  for mode in "" "--per-process"; do
+    echo "== all_reduce $mode, small types at offsets 2 and 4 (the low-latency kernel's byte path)"
+    $T $R bench all_reduce --device cuda $mode -b 1 -e 256K -f 3 -d int8,uint8,half,bfloat16 -o all -n 1 -w 0 --offset 2 | grep -vE '^ +[0-9]'; echo "exit ${PIPESTATUS[0]}"
+    $T $R bench all_reduce --device cuda $mode -b 4 -e 256K -f 3 -d float,int32 -o all -n 1 -w 0 --offset 4 | grep -vE '^ +[0-9]'; echo "exit ${PIPESTATUS[0]}"
+  done
   echo "== per-process all_reduce timing"
   $T $R bench all_reduce --device cuda --per-process -b 8 -e 512M -f 8 -n 20 -w 5; echo "exit $?"
   echo "== one-process all_reduce timing"

@@ -301,6 +301,7 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     let mut mg = MultiGpu::new(&ordinals, cache.as_deref()).map_err(err)?;
     mg.timeout_ns = cfg.timeout_ms.saturating_mul(1_000_000);
     let blocks = mg.set_max_blocks(cfg.gpu_max_blocks).map_err(err)?;
+    mg.ll_max_bytes = cfg.gpu_ll_max_bytes;
     println!(
         "# railcc bench {} --device cuda: {n} GPU(s) in one process, kernels over peer access, up to {blocks} blocks per GPU{}",
         a.collective.kind().name(),
@@ -326,7 +327,7 @@ pub fn run_rank(comm: &Communicator, a: &BenchArgs) -> Result<(), String> {
     let cfg = comm.config();
     let cache = railcc_transport_nvlink::compile::cache_dir(&cfg.cache_dir);
     let mut ex = |b: &[u8]| comm.oob_all_gather(b);
-    let pg = ProcGpu::new(
+    let mut pg = ProcGpu::new(
         ordinal,
         comm.rank(),
         comm.nranks(),
@@ -336,6 +337,7 @@ pub fn run_rank(comm: &Communicator, a: &BenchArgs) -> Result<(), String> {
         &mut ex,
     )
     .map_err(err)?;
+    pg.ll_max_bytes = cfg.gpu_ll_max_bytes;
     if comm.rank() == 0 {
         println!(
             "# railcc bench {} --device cuda --per-process: {} ranks, one GPU each, peers by CUDA IPC, up to {} blocks per GPU{}",

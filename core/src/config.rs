@@ -109,6 +109,9 @@ config! {
     /// Folder for the compiled GPU kernels (PTX); empty: $XDG_CACHE_HOME/railcc or
     /// ~/.cache/railcc; "off": compile in every process.
     cache_dir: String = String::new(), "RAILCC_CACHE_DIR";
+    /// GPU all-reduces up to this many bytes per rank use the low-latency kernel (one exchange,
+    /// no barriers); larger ones the bulk kernel. 0 disables it; at most 65536.
+    gpu_ll_max_bytes: usize = 65536, "RAILCC_GPU_LL_MAX_BYTES";
     /// Largest message a peer may announce, in bytes; a bigger header is a protocol error.
     max_message_bytes: u64 = 1 << 40, "RAILCC_MAX_MESSAGE_BYTES";
 }

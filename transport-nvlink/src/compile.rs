@@ -140,3 +140,20 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+#[cfg(test)]
+mod nvrtc_tests {
+    /// Compiles the real kernel source when NVRTC is present (it needs no GPU); prints a skip
+    /// line otherwise, as on CI.
+    #[test]
+    fn kernels_compile_with_nvrtc() {
+        if let Err(e) = crate::driver::nvrtc_available() {
+            println!("SKIP NVRTC compile: {e}");
+            return;
+        }
+        let ptx = super::ptx("compute_90", None, false).expect("kernels compile");
+        let text = ptx.to_string_lossy();
+        assert!(text.contains(".entry ar_float_sum"));
+        assert!(text.contains(".entry ll_bfloat16_avg"));
+    }
+}

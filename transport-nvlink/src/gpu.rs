@@ -3,7 +3,7 @@
 
 use crate::compile;
 use crate::driver::{available, check, device, nvrtc_available};
-use crate::kernels::{kernel_name, SYNC_BYTES};
+use crate::kernels::{kernel_name, AREA_BYTES};
 use cudarc::driver::sys;
 use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
 use std::collections::HashMap;
@@ -33,10 +33,11 @@ pub type Stream = sys::CUstream;
 pub struct GpuCtx {
     pub ordinal: usize,
     pub ctx: sys::CUcontext,
-    /// Flags that peers write; zeroed at creation.
+    /// The area peers reach: flags, call counter and low-latency scratch; zeroed at creation.
     pub sync: DevBuf,
     pub stream: sys::CUstream,
     funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
+    ll_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     pub sms: i32,
 }
 
@@ -94,12 +95,14 @@ impl GpuCtx {
             },
             stream,
             funcs: HashMap::new(),
+            ll_funcs: HashMap::new(),
             sms,
         };
-        g.sync = g.alloc(SYNC_BYTES)?;
-        // SAFETY: the allocation holds SYNC_BYTES; zeroed before any kernel reads it.
+        g.sync = g.alloc(AREA_BYTES)?;
+        // SAFETY: the allocation holds AREA_BYTES; zeroed before any kernel reads it (zero is
+        // never a valid flag).
         check(
-            unsafe { sys::cuMemsetD8_v2(g.sync.ptr, 0, SYNC_BYTES) },
+            unsafe { sys::cuMemsetD8_v2(g.sync.ptr, 0, AREA_BYTES) },
             "cuMemsetD8",
         )?;
         let arch = compile::arch_for(major);
@@ -127,20 +130,31 @@ impl GpuCtx {
             unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) },
             "cuModuleLoadData",
         )?;
+        let get = |name: String| -> Result<sys::CUfunction> {
+            let name = CString::new(name).map_err(|_| Error::invalid("kernel name"))?;
+            let mut f: sys::CUfunction = std::ptr::null_mut();
+            // SAFETY: module loaded above; `name` is NUL-terminated.
+            check(
+                unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) },
+                "cuModuleGetFunction",
+            )?;
+            Ok(f)
+        };
         for dt in DataType::ALL {
             for op in ReduceOp::ALL {
-                let name =
-                    CString::new(kernel_name(dt, op)).map_err(|_| Error::invalid("kernel name"))?;
-                let mut f: sys::CUfunction = std::ptr::null_mut();
-                // SAFETY: module loaded above; `name` is NUL-terminated.
-                check(
-                    unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) },
-                    "cuModuleGetFunction",
-                )?;
-                self.funcs.insert((dt, op), f);
+                self.funcs.insert((dt, op), get(kernel_name(dt, op))?);
+                self.ll_funcs
+                    .insert((dt, op), get(crate::ll::kernel_name(dt, op))?);
             }
         }
         Ok(())
+    }
+
+    pub fn ll_func(&self, dt: DataType, op: ReduceOp) -> Result<sys::CUfunction> {
+        self.ll_funcs
+            .get(&(dt, op))
+            .copied()
+            .ok_or_else(|| Error::new(ErrorKind::Unsupported, "no low-latency kernel for dtype/op"))
     }
 
     pub fn func(&self, dt: DataType, op: ReduceOp) -> Result<sys::CUfunction> {

@@ -26,6 +26,7 @@ pub struct BufDesc {
     /// The allocation's base in the owner's address space (the cache key) and our offset in it.
     pub base: u64,
     pub offset: u64,
+    pub size: u64,
 }
 
 /// The IPC handle of the allocation holding `ptr`, and `ptr`'s offset in it.
@@ -49,39 +50,52 @@ pub fn export(ptr: u64) -> Result<BufDesc> {
         handle: h.reserved.map(|c| c as u8),
         base,
         offset: ptr - base,
+        size: size as u64,
     })
 }
 
 /// Peers' allocations opened in this process, keyed by (peer rank, base in the peer). A new
-/// handle for the same base (the peer freed and reallocated) closes the old mapping.
+/// handle overlapping a mapped range of the same peer means the peer freed that allocation
+/// and made another: the old mapping is closed first (IPC maps at the exporter's address, so
+/// the stale one would be in the way: CUDA_ERROR_ALREADY_MAPPED).
 #[derive(Default)]
 pub struct Imports {
-    open: HashMap<(usize, u64), ([u8; HANDLE_BYTES], u64)>,
+    open: HashMap<(usize, u64), ([u8; HANDLE_BYTES], u64, u64)>,
 }
 
 impl Imports {
     /// `d` (exported by `peer`) as an address in the current context.
     pub fn map(&mut self, peer: usize, d: &BufDesc) -> Result<u64> {
-        if let Some((h, mapped)) = self.open.get(&(peer, d.base)) {
+        if let Some((h, mapped, _)) = self.open.get(&(peer, d.base)) {
             if *h == d.handle {
                 return Ok(mapped + d.offset);
             }
         }
-        if let Some((_, old)) = self.open.remove(&(peer, d.base)) {
-            // SAFETY: `old` was returned by cuIpcOpenMemHandle and is closed once.
-            unsafe {
-                let _ = sys::cuIpcCloseMemHandle(old);
+        let stale: Vec<(usize, u64)> = self
+            .open
+            .iter()
+            .filter(|((p, b), (_, _, size))| {
+                *p == peer && *b < d.base + d.size.max(1) && d.base < b + (*size).max(1)
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for k in stale {
+            if let Some((_, old, _)) = self.open.remove(&k) {
+                // SAFETY: `old` was returned by cuIpcOpenMemHandle and is closed once.
+                unsafe {
+                    let _ = sys::cuIpcCloseMemHandle(old);
+                }
             }
         }
         let mapped = open(&d.handle).map_err(|e| e.peer(peer))?;
-        self.open.insert((peer, d.base), (d.handle, mapped));
+        self.open.insert((peer, d.base), (d.handle, mapped, d.size));
         Ok(mapped + d.offset)
     }
 }
 
 impl Drop for Imports {
     fn drop(&mut self) {
-        for (_, (_, p)) in self.open.drain() {
+        for (_, (_, p, _)) in self.open.drain() {
             // SAFETY: each mapping came from cuIpcOpenMemHandle and is closed once.
             unsafe {
                 let _ = sys::cuIpcCloseMemHandle(p);
@@ -264,6 +278,7 @@ mod tests {
             handle: [b; HANDLE_BYTES],
             base: b as u64,
             offset: 0,
+            size: 1,
         }
     }
 

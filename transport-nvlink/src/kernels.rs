@@ -19,9 +19,14 @@ pub const MAX_BLOCKS: usize = 1024;
 /// Bytes of the per-GPU synchronization area: ready words, per-block done words, and the
 /// call counter (see `source`).
 pub const SYNC_BYTES: usize = (8 + MAX_PEERS * MAX_BLOCKS + 8) * 8;
+/// Where the low-latency scratch starts in each GPU's area (see ll.rs).
+pub const SCRATCH_OFFSET: usize = 128 * 1024;
+const _: () = assert!(SYNC_BYTES <= SCRATCH_OFFSET);
+/// The whole per-GPU area that peers reach: sync words, then the low-latency scratch.
+pub const AREA_BYTES: usize = SCRATCH_OFFSET + crate::ll::SCRATCH_BYTES;
 
 /// (CUDA storage type, accumulator type, load, store) for each dtype.
-fn ctype(dt: DataType) -> (&'static str, &'static str, &'static str, &'static str) {
+pub(crate) fn ctype(dt: DataType) -> (&'static str, &'static str, &'static str, &'static str) {
     match dt {
         DataType::I8 => ("signed char", "int", "(int)", "(signed char)"),
         DataType::U8 => (
@@ -41,7 +46,7 @@ fn ctype(dt: DataType) -> (&'static str, &'static str, &'static str, &'static st
     }
 }
 
-fn op_expr(op: ReduceOp, dt: DataType) -> &'static str {
+pub(crate) fn op_expr(op: ReduceOp, dt: DataType) -> &'static str {
     let float = dt.is_float();
     match op {
         ReduceOp::Sum | ReduceOp::Avg => "a + b",
@@ -179,6 +184,7 @@ extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, int n, Ptrs o
 }}
 "#
             ));
+            s.push_str(&crate::ll::kernel_source(dt, op));
         }
     }
     s

@@ -6,6 +6,7 @@
 //!   for the device's architecture on first use and cached on disk (f16/bf16 accumulate in f32);
 //! - [`gpu`]: one GPU's context, stream, kernels and sync area; CUDA graphs;
 //! - [`launch`]: what each GPU's kernel does in each collective, and the launch;
+//! - [`ll`]: the low-latency all-reduce for small messages (one exchange, no barriers);
 //! - [`multi`]: one process driving several GPUs (like `ncclCommInitAll`);
 //! - [`ipc`] and [`proc`]: one process per GPU (torchrun style), peers' buffers mapped through
 //!   CUDA IPC handles.
@@ -16,6 +17,7 @@ pub mod gpu;
 pub mod ipc;
 pub mod kernels;
 pub mod launch;
+pub mod ll;
 pub mod multi;
 pub mod proc;
 

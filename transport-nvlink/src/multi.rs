@@ -26,6 +26,8 @@ pub struct MultiGpu {
     pub ordinals: Vec<usize>,
     /// Thread blocks per GPU per call (the SMs a call occupies), capped by work.
     pub max_blocks: u32,
+    /// All-reduces up to this many bytes use the low-latency kernel (ll.rs).
+    pub ll_max_bytes: usize,
 }
 
 impl MultiGpu {
@@ -68,6 +70,7 @@ impl MultiGpu {
             timeout_ns: 30_000_000_000,
             ordinals: ordinals.to_vec(),
             max_blocks: 1,
+            ll_max_bytes: crate::ll::MAX_BYTES,
         };
         mg.set_max_blocks(0)?;
         Ok(mg)
@@ -183,6 +186,34 @@ impl MultiGpu {
                 coll.name(),
                 streams.len()
             )));
+        }
+        let nbytes = count * dt.size();
+        if coll == CollKind::AllReduce && nbytes <= self.ll_max_bytes.min(crate::ll::MAX_BYTES) {
+            let areas: Vec<u64> = self.gpus.iter().map(|g| g.sync.ptr).collect();
+            let blocks = crate::ll::blocks(nbytes, self.max_blocks);
+            for (g, gpu) in self.gpus.iter().enumerate() {
+                // SAFETY: peer access is enabled between every pair, so GPU g reaches every
+                // area; the caller vouches for the buffers.
+                unsafe {
+                    crate::ll::launch(
+                        gpu,
+                        streams[g],
+                        g,
+                        ins[g],
+                        outs[g],
+                        nbytes,
+                        dt,
+                        op,
+                        &areas,
+                        blocks,
+                        self.timeout_ns,
+                    )?
+                };
+            }
+            return Ok(Launch {
+                blocks_per_gpu: blocks,
+                threads_per_block: crate::ll::THREADS,
+            });
         }
         // Every spec first, so a bad argument launches nothing.
         let specs = (0..n)

@@ -33,6 +33,8 @@ pub struct ProcGpu {
     calls: AtomicU64,
     pub timeout: Duration,
     pub max_blocks: u32,
+    /// All-reduces up to this many bytes use the low-latency kernel (ll.rs).
+    pub ll_max_bytes: usize,
 }
 
 /// What each rank tells the others at init.
@@ -201,6 +203,7 @@ impl ProcGpu {
             calls: AtomicU64::new(0),
             timeout,
             max_blocks,
+            ll_max_bytes: crate::ll::MAX_BYTES,
         })
     }
 
@@ -267,6 +270,31 @@ impl ProcGpu {
             outs[p] = imports.map(p, &bufs[1])?;
         }
         drop(imports);
+        let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
+        let nbytes = count * dt.size();
+        if coll == CollKind::AllReduce && nbytes <= self.ll_max_bytes.min(crate::ll::MAX_BYTES) {
+            let blocks = crate::ll::blocks(nbytes, self.max_blocks);
+            // SAFETY: the peers' areas are mapped by IPC; the caller vouches for its buffers.
+            unsafe {
+                crate::ll::launch(
+                    &self.gpu,
+                    stream,
+                    self.rank,
+                    send,
+                    recv,
+                    nbytes,
+                    dt,
+                    op,
+                    &self.syncs,
+                    blocks,
+                    timeout_ns,
+                )?
+            };
+            return Ok(Launch {
+                blocks_per_gpu: blocks,
+                threads_per_block: crate::ll::THREADS,
+            });
+        }
         let s = spec(coll, self.rank, &ins, &outs, count, dt, root)?;
         let shape = CallShape {
             dt,
@@ -274,7 +302,7 @@ impl ProcGpu {
             syncs: &self.syncs,
             avg_n: n as i32,
             blocks: blocks(coll, n, count, dt, self.max_blocks),
-            timeout_ns: self.timeout.as_nanos().min(u64::MAX as u128) as u64,
+            timeout_ns,
         };
         // SAFETY: peers' buffers and sync areas are mapped into this context by IPC; the
         // caller vouches for its own buffers and stream.
