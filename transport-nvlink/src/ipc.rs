@@ -232,11 +232,14 @@ impl ShmTable {
         deadline: Instant,
     ) -> Result<([u64; 5], [BufDesc; 2])> {
         let s = self.slot(call, peer);
+        // Busy-wait first: peers normally publish within microseconds, and a sleeping host
+        // falls behind the GPU it feeds. Sleep only once a peer is clearly late.
+        let spin_until = Instant::now() + Duration::from_micros(500);
         let mut spins = 0u32;
         // SAFETY: the slot lies in the mapping; `seq` is only accessed atomically.
         while unsafe { (*s).seq.load(Ordering::Acquire) } != call {
-            spins += 1;
-            if spins > 1000 {
+            spins = spins.wrapping_add(1);
+            if spins % 256 == 0 && Instant::now() > spin_until {
                 if Instant::now() > deadline {
                     return Err(Error::new(
                         ErrorKind::Timeout,
