@@ -31,5 +31,5 @@ for mode in "" "--per-process"; do
 done
 step bench all_reduce --device cuda -b 1G -e 1G -d all -o sum -n 1 -w 0
 echo "rows with #wrong != 0:"
-awk '/^ +[0-9]/ && ($10 != 0 || ($14 != 0 && $14 != "N/A"))' "$LOG" | head
+awk '/^ +[0-9]/ && ($9 != 0 || ($13 != 0 && $13 != "N/A"))' "$LOG" | head
 grep -h "Out of bounds" "$LOG" | sort | uniq -c
