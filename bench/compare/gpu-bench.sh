@@ -12,7 +12,7 @@ R=.device/bin/railcc
 T="timeout 200"
 NT=/tmp/nccl-tests
 [ -d $NT ] || cp -r .device/nccl-tests $NT
-OTHERS="all_gather reduce_scatter sendrecv broadcast reduce"
+OTHERS=${OTHERS:-"all_gather reduce_scatter sendrecv broadcast reduce"}
 {
   nvidia-smi -L
   echo "== railcc all_reduce, one process, eager"
