@@ -239,7 +239,7 @@ impl ShmTable {
         // SAFETY: the slot lies in the mapping; `seq` is only accessed atomically.
         while unsafe { (*s).seq.load(Ordering::Acquire) } != call {
             spins = spins.wrapping_add(1);
-            if spins % 256 == 0 && Instant::now() > spin_until {
+            if spins.is_multiple_of(256) && Instant::now() > spin_until {
                 if Instant::now() > deadline {
                     return Err(Error::new(
                         ErrorKind::Timeout,
