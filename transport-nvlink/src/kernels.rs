@@ -2,8 +2,8 @@
 //!
 //! Why NVRTC rather than shipped PTX: the build then needs no CUDA toolkit (CI has none), and
 //! the code is compiled for the exact GPU it runs on (sm_90 on H200) instead of a lowest common
-//! denominator. The cost is a compile of about a second per process on first use; a disk cache
-//! is future work.
+//! denominator. The cost, a few seconds on a machine's first run, is paid once: compile.rs
+//! caches the PTX on disk.
 //!
 //! One kernel per (dtype, op): `ar_<dtype>_<op>` reduces elements `[begin, end)` of `n` inputs
 //! and writes the result to `n_out` outputs (any of which may be on peer GPUs); with one input
