@@ -9,6 +9,10 @@ need_pkgs=()
 command -v cc >/dev/null || need_pkgs+=(build-essential)
 command -v ip >/dev/null || need_pkgs+=(iproute2)
 command -v pkg-config >/dev/null || need_pkgs+=(pkg-config)
+# The RDMA transport's bindings (rdma-sys) are generated from rdma-core's headers by bindgen.
+[ -e /usr/include/infiniband/verbs.h ] || need_pkgs+=(libibverbs-dev)
+[ -e /usr/include/rdma/rdma_cma.h ] || need_pkgs+=(librdmacm-dev)
+ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang-[0-9]*.so* >/dev/null 2>&1 || need_pkgs+=(libclang-dev)
 if ! command -v cargo >/dev/null; then
     # Debian's own toolchain; railcc needs Rust >= 1.82 (the image's rustup toolchain is newer).
     need_pkgs+=(cargo rustc)

@@ -75,6 +75,10 @@ pub struct BenchArgs {
     /// host:port of the rendezvous root (rank 0 listens there) for a hand-started job.
     #[arg(long = "root-addr")]
     pub root_addr: Option<String>,
+    /// Network transport for host buffers: auto, tcp or rdma (sets RAILCC_TRANSPORT for every
+    /// rank; rdma fails when a rank has no active RDMA port).
+    #[arg(long)]
+    pub transport: Option<String>,
     /// Where the buffers live: host (TCP ranks) or cuda (GPU memory, kernels over NVLink/PCIe
     /// peer access).
     #[arg(long, default_value = "host")]

@@ -82,10 +82,10 @@ impl Report {
     pub fn new(comm: &Communicator, a: &BenchArgs, coll: CollKind) -> Report {
         let c = comm.config();
         let title = format!(
-            "# railcc bench {}: {} ranks, transport tcp over {}, {} stream(s) per peer, chunk {} B, algo {}",
+            "# railcc bench {}: {} ranks, transport {}, {} stream(s) per peer, chunk {} B, algo {}",
             coll.name(),
             comm.nranks(),
-            comm.interface(),
+            comm.transport(),
             c.nsocks_per_peer,
             c.chunk_bytes,
             c.algo

@@ -10,6 +10,10 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 pub fn bench_main(a: BenchArgs) -> Result<(), String> {
+    if let Some(t) = &a.transport {
+        // Read by Config::from_env here and inherited by the ranks this process starts.
+        std::env::set_var("RAILCC_TRANSPORT", t);
+    }
     let cfg = Config::from_env().map_err(|e| e.to_string())?;
     let env = |k: &str| std::env::var(k).ok();
     let launched = launch::discover(env).map_err(|e| e.to_string())?;

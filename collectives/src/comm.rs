@@ -11,6 +11,7 @@ use railcc_core::config::AlgoChoice;
 use railcc_core::launch;
 use railcc_core::net::{CollKind, MsgTag, NetTransport};
 use railcc_core::{netif, Config, DataType, Element, Error, ErrorKind, ReduceOp, Result};
+use railcc_transport_rdma::RdmaTransport;
 use railcc_transport_tcp::{TcpSettings, TcpTransport};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -38,6 +39,8 @@ pub struct Communicator {
     nranks: usize,
     cfg: Config,
     iface: String,
+    /// What carries the data, for logs and bench headers ("tcp over lo", "rdma rxe0:1 ...").
+    transport_desc: String,
     state: Mutex<State>,
     abort: Arc<AtomicBool>,
     spin: Duration,
@@ -46,6 +49,72 @@ pub struct Communicator {
 }
 
 /// Identifies this host: the kernel's boot id, or the hostname where that is unreadable.
+/// RDMA when every rank has a usable port (and config allows it), else TCP. Ranks agree over
+/// the bootstrap, so a job never mixes transports.
+fn choose_transport(
+    cfg: &Config,
+    id: &UniqueId,
+    rank: usize,
+    local_rank: usize,
+    iface: &netif::Iface,
+    bootstrap: &mut Bootstrap,
+) -> Result<(Arc<dyn NetTransport>, String)> {
+    let mut rdma = None;
+    let mut why = String::from("RAILCC_TRANSPORT=tcp");
+    if cfg.transport != "tcp" {
+        match railcc_transport_rdma::choose(&cfg.ib_hca, local_rank) {
+            None if cfg.ib_hca.is_empty() => why = "no active RDMA port".into(),
+            None => why = format!("no active RDMA port matches RAILCC_IB_HCA={}", cfg.ib_hca),
+            Some(p) => match RdmaTransport::open(&p, iface.ip, id.secret, rank) {
+                Ok(t) => rdma = Some(t),
+                Err(e) => why = format!("{}:{} unusable: {e}", p.device, p.port),
+            },
+        }
+    }
+    let mine = [u8::from(rdma.is_some())];
+    let all = bootstrap.all_gather(&mine)?;
+    let without: Vec<usize> = (0..all.len()).filter(|&r| all[r] != [1]).collect();
+    if let (Some(t), true) = (rdma, without.is_empty()) {
+        let desc = format!("rdma {}", t.describe());
+        tracing::info!("rank {rank}: transport {desc}");
+        return Ok((Arc::new(t), desc));
+    }
+    if cfg.transport == "rdma" {
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "RAILCC_TRANSPORT=rdma, but rank(s) {without:?} have no usable RDMA port{}",
+                if without.contains(&rank) {
+                    format!(" (here: {why})")
+                } else {
+                    String::new()
+                }
+            ),
+        )
+        .transport(railcc_transport_rdma::NAME));
+    }
+    if cfg.transport == "auto" && rank == 0 {
+        let here = if without.contains(&0) {
+            format!(" (rank 0: {why})")
+        } else {
+            String::new()
+        };
+        tracing::info!(
+            "transport TCP over {}: no usable RDMA port on rank(s) {without:?}{here}",
+            iface.name
+        );
+    } else if without.contains(&rank) {
+        tracing::debug!("rank {rank}: no RDMA: {why}");
+    }
+    let t = TcpTransport::new(
+        iface.name.clone(),
+        iface.ip,
+        id.secret,
+        TcpSettings::from_config(cfg),
+    );
+    Ok((Arc::new(t), format!("tcp over {}", iface.name)))
+}
+
 fn host_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_string())
@@ -116,12 +185,15 @@ impl Communicator {
         let ifaces = netif::list().map_err(ctx)?;
         let iface = netif::choose(&ifaces, &cfg.socket_ifname, Some(id.root.ip())).map_err(ctx)?;
         let mut bootstrap = Bootstrap::init(id, rank, nranks, iface.ip, cfg.timeout())?;
-        let transport: Arc<dyn NetTransport> = Arc::new(TcpTransport::new(
-            iface.name.clone(),
-            iface.ip,
-            id.secret,
-            TcpSettings::from_config(&cfg),
-        ));
+        // Ranks on the same host (same boot id), and this rank's place among them.
+        let host = host_id();
+        let hosts = bootstrap.all_gather(host.as_bytes())?;
+        let local_rank = hosts[..rank]
+            .iter()
+            .filter(|h| h.as_slice() == host.as_bytes())
+            .count();
+        let (transport, transport_desc) =
+            choose_transport(&cfg, id, rank, local_rank, &iface, &mut bootstrap).map_err(ctx)?;
         let listener = transport.listen(0).map_err(ctx)?;
         let handles = bootstrap.all_gather(&listener.handle().0)?;
         let handles = handles
@@ -129,10 +201,8 @@ impl Communicator {
             .map(railcc_core::net::ConnectHandle)
             .collect();
         let conns = Connections::new(rank, nranks, transport, listener, handles).map_err(ctx)?;
-        // Ranks on the same host (same boot id): when they outnumber the cores, waiting ranks
-        // sleep in poll(2) at once instead of spinning, so the rank with work gets the core.
-        let host = host_id();
-        let hosts = bootstrap.all_gather(host.as_bytes())?;
+        // When ranks on this host outnumber the cores, waiting ranks sleep in poll(2) at once
+        // instead of spinning, so the rank with work gets the core.
         let local_ranks = hosts
             .iter()
             .filter(|h| h.as_slice() == host.as_bytes())
@@ -153,6 +223,7 @@ impl Communicator {
             rank,
             nranks,
             iface: iface.name,
+            transport_desc,
             cfg,
             state: Mutex::new(State {
                 conns,
@@ -190,6 +261,11 @@ impl Communicator {
     /// The interface the sockets use.
     pub fn interface(&self) -> &str {
         &self.iface
+    }
+
+    /// The transport in use and its device, e.g. `rdma rxe0:1 Ethernet GID[1] ...`.
+    pub fn transport(&self) -> &str {
+        &self.transport_desc
     }
 
     /// Unblocks every waiter within milliseconds and breaks the communicator. Callable from any

@@ -112,6 +112,12 @@ config! {
     /// GPU all-reduces up to this many bytes per rank use the low-latency kernel (one exchange,
     /// no barriers); larger ones the bulk kernel. 0 disables it; at most 65536.
     gpu_ll_max_bytes: usize = 65536, "RAILCC_GPU_LL_MAX_BYTES";
+    /// Network transport: auto (RDMA when every rank has an active RDMA port, else TCP), tcp,
+    /// or rdma (an error when a rank has none).
+    transport: String = "auto".to_string(), "RAILCC_TRANSPORT";
+    /// RDMA ports to use, NCCL_IB_HCA style: a comma list of device names, `^` in front to
+    /// exclude; empty: every active port. Several ports: local rank i takes the i-th.
+    ib_hca: String = String::new(), "RAILCC_IB_HCA";
     /// Largest message a peer may announce, in bytes; a bigger header is a protocol error.
     max_message_bytes: u64 = 1 << 40, "RAILCC_MAX_MESSAGE_BYTES";
 }
@@ -128,6 +134,12 @@ impl Config {
 
     /// Checks values that parse but cannot work.
     pub fn validate(&self) -> Result<()> {
+        if !matches!(self.transport.as_str(), "auto" | "tcp" | "rdma") {
+            return Err(Error::invalid(format!(
+                "RAILCC_TRANSPORT={} must be auto, tcp or rdma",
+                self.transport
+            )));
+        }
         if self.nsocks_per_peer == 0 || self.nsocks_per_peer > 64 {
             return Err(Error::invalid(format!(
                 "RAILCC_NSOCKS_PER_PEER={} must be between 1 and 64",

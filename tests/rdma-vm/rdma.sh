@@ -1,0 +1,52 @@
+# Inside the VM (run by tests/rdma-vm/vm.sh): railcc's RDMA transport over real verbs on two
+# Soft-RoCE devices. Rank r uses rxe(r mod 2), so every message crosses the veth pair.
+#  1. every collective for 2 and 3 ranks over RDMA, every size checked against the reference
+#     (sizes that are not multiples of the rank count, up to 3 MB);
+#  2. killing a rank mid-transfer: every survivor fails naming it, none hangs;
+#  3. the rxe packet counters moved on both devices;
+#  4. sendrecv at 1 MB next to ib_write_bw at 1 MB, in this same run.
+fail() { echo "RDMA FAIL: $*"; exit 1; }
+export RAILCC_TRANSPORT=rdma RAILCC_IB_HCA=rxe0,rxe1 RAILCC_TIMEOUT_MS=20000
+pkts() { rdma statistic show link $1/1 | sed -E 's/.*rcvd_pkts ([0-9]+).*/\1/'; }
+p0=$(pkts rxe0); p1=$(pkts rxe1)
+for n in 2 3; do
+  for c in all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall; do
+    railcc bench $c --ranks $n -b 1000 -e 3M -f 7 -n 1 -w 0 -r 1 > /tmp/$c.log 2>&1 || { cat /tmp/$c.log; fail "$c on $n ranks"; }
+    grep -q "transport rdma rxe" /tmp/$c.log || { cat /tmp/$c.log; fail "$c did not run over RDMA"; }
+    echo "$n ranks $c: $(grep -cE '^ +[0-9]' /tmp/$c.log) sizes, $(grep 'Out of bounds' /tmp/$c.log)"
+  done
+done
+grep -m1 "transport rdma" /tmp/all_reduce.log
+railcc bench all_reduce --ranks 2 -d all -o all -b 1001 -e 100K -f 99 -n 1 -w 0 > /tmp/types.log 2>&1 || { cat /tmp/types.log; fail "every dtype and op"; }
+echo "2 ranks all_reduce, every dtype and op: $(grep -cE '^ +[0-9]' /tmp/types.log) rows, $(grep 'Out of bounds' /tmp/types.log)"
+# 2. Kill rank 1 of 3 during a long all-reduce.
+port=29555
+for r in 0 1 2; do
+  RAILCC_LOCAL_RANK=$r railcc bench all_reduce --rank $r --nranks 3 --root-addr 127.0.0.1:$port -b 2M -e 2M -n 100000 -w 0 -c 0 > /tmp/kill$r.log 2>&1 &
+  eval pid$r=$!
+done
+sleep 8
+kill -9 $pid1
+t0=$(date +%s)
+wait $pid0; s0=$?
+wait $pid2; s2=$?
+t1=$(date +%s)
+echo "kill test: survivors exited $s0 and $s2, $((t1 - t0)) s after the kill"
+[ $s0 -ne 0 ] && [ $s2 -ne 0 ] || fail "a survivor did not fail"
+grep -h "railcc:" /tmp/kill0.log /tmp/kill2.log | head -4
+grep -q "rank 1" /tmp/kill0.log && grep -q "rank 1" /tmp/kill2.log || fail "a survivor's error does not name rank 1"
+# 3. Counters.
+q0=$(pkts rxe0); q1=$(pkts rxe1)
+echo "rxe0 rcvd_pkts $p0 -> $q0, rxe1 rcvd_pkts $p1 -> $q1"
+[ "$q0" -gt $((p0 + 1000)) ] && [ "$q1" -gt $((p1 + 1000)) ] || fail "rxe counters did not move"
+# 4. Bandwidth at 1 MB: ib_write_bw (rxe1 -> rxe0), then railcc sendrecv (rank 0 on rxe0, 1 on rxe1).
+ib_write_bw -d rxe0 -x 1 -s 1048576 -n 50 -F > /tmp/srv.log 2>&1 &
+sleep 1
+ib_write_bw -d rxe1 -x 1 -s 1048576 -n 50 -F 10.99.0.1 > /tmp/cli.log 2>&1 || { cat /tmp/cli.log; fail "ib_write_bw"; }
+wait
+ib=$(grep -E "^ +1048576" /tmp/cli.log | head -1 | awk '{print $4}')
+railcc bench sendrecv --ranks 2 -b 1M -e 1M -n 50 -w 5 > /tmp/sr.log 2>&1 || { cat /tmp/sr.log; fail "sendrecv bench"; }
+sr=$(grep -E "^ +1048576" /tmp/sr.log | head -1 | awk '{print $8}')
+echo "1 MB: ib_write_bw $ib MB/s, railcc sendrecv busbw $sr GB/s"
+echo "BW_RATIO $(awk -v a="$sr" -v b="$ib" 'BEGIN { printf "%.2f", a * 1000 / b }')"
+echo "RDMA PASS"

@@ -1,0 +1,656 @@
+//! One connection's two ends over an RC queue pair. The receiver drives: each `irecv`
+//! registers the buffer and SENDs a clear-to-send (address, rkey, length, tag) to the sender;
+//! the sender matches its `isend`s to the clear-to-sends in order, checks length and tag, and
+//! RDMA-WRITEs the data straight into the receiver's buffer, the last write carrying the
+//! message's sequence number as an immediate, which completes the receive. Flow control is the
+//! receiver's posted buffers (credits): nothing is written that was not offered. A mismatch is
+//! reported to the receiver with a SEND carrying the sender's tag, so both ranks fail with the
+//! same named cause. A TCP control socket stays open beside the QP: a peer that dies closes it,
+//! which names the dead rank at once instead of after the retry timeout.
+
+use crate::verbs::{Completion, Mr, Qp};
+use crate::NAME;
+use railcc_core::net::{MemRegion, MsgTag, ReqId, WaitFd, TAG_BYTES};
+use railcc_core::{Error, ErrorKind, Result};
+use std::collections::{HashMap, VecDeque};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+
+pub const DEPTH: u32 = 128;
+const SLOT: usize = 64;
+const MAX_WRITE: usize = 1 << 30;
+const SEQ_MASK: u32 = 0x7fff_ffff;
+const ERR_BIT: u32 = 0x8000_0000;
+// wr_id kinds (top byte).
+const K_CTRL: u64 = 1 << 56;
+const K_RECV: u64 = 2 << 56;
+const K_WRITE: u64 = 3 << 56;
+const KIND: u64 = 0xff << 56;
+
+/// Registered control slots: `DEPTH` to send from, `DEPTH` to receive into.
+struct Ctrl {
+    buf: Vec<u8>,
+    mr: Mr,
+    free_tx: Vec<usize>,
+}
+
+impl Ctrl {
+    fn new(qp: &Qp) -> Result<Ctrl> {
+        let buf = vec![0u8; 2 * DEPTH as usize * SLOT];
+        let mr = qp.ctx.reg(buf.as_ptr() as usize, buf.len())?;
+        Ok(Ctrl {
+            buf,
+            mr,
+            free_tx: (0..DEPTH as usize).collect(),
+        })
+    }
+    fn tx_addr(&self, i: usize) -> usize {
+        self.buf.as_ptr() as usize + i * SLOT
+    }
+    fn rx(&self, i: usize) -> &[u8] {
+        let o = (DEPTH as usize + i) * SLOT;
+        &self.buf[o..o + SLOT]
+    }
+    fn rx_addr(&self, i: usize) -> usize {
+        self.buf.as_ptr() as usize + (DEPTH as usize + i) * SLOT
+    }
+    fn post_all_recvs(&self, qp: &Qp) -> Result<()> {
+        (0..DEPTH as usize).try_for_each(|i| {
+            qp.post_recv(
+                K_RECV | i as u64,
+                self.rx_addr(i),
+                SLOT as u32,
+                self.mr.lkey,
+            )
+        })
+    }
+    fn repost(&self, qp: &Qp, i: usize) -> Result<()> {
+        qp.post_recv(
+            K_RECV | i as u64,
+            self.rx_addr(i),
+            SLOT as u32,
+            self.mr.lkey,
+        )
+    }
+}
+
+/// What both ends share: the queue pair, the control slots, the peer, the control socket.
+struct Link {
+    qp: Qp,
+    ctrl: Ctrl,
+    peer: usize,
+    control: TcpStream,
+    broken: Option<Error>,
+    polls: u32,
+    comps: Vec<Completion>,
+}
+
+impl Link {
+    fn new(qp: Qp, peer: usize, control: TcpStream) -> Result<Link> {
+        let ctrl = Ctrl::new(&qp)?;
+        ctrl.post_all_recvs(&qp)?;
+        Ok(Link {
+            qp,
+            ctrl,
+            peer,
+            control,
+            broken: None,
+            polls: 0,
+            comps: Vec::with_capacity(16),
+        })
+    }
+
+    fn fail(&mut self, e: Error) -> Error {
+        let e = e.peer(self.peer).transport(NAME);
+        self.broken.get_or_insert(e.clone());
+        e
+    }
+
+    /// Polls the CQ; also, now and then, the control socket (EOF: the peer is gone).
+    fn poll(&mut self) -> Result<Vec<Completion>> {
+        if let Some(e) = &self.broken {
+            return Err(e.clone());
+        }
+        self.comps.clear();
+        let mut comps = std::mem::take(&mut self.comps);
+        if let Err(e) = self.qp.poll(&mut comps) {
+            return Err(self.fail(e));
+        }
+        for c in &comps {
+            if !c.ok {
+                let what = match c.wr_id & KIND {
+                    K_CTRL => "control message",
+                    K_RECV => "receive",
+                    _ => "RDMA write",
+                };
+                let e = Error::new(
+                    ErrorKind::PeerClosed,
+                    format!(
+                        "{what} (work request {:#x}) to rank {} on {} failed: {}",
+                        c.wr_id & !KIND,
+                        self.peer,
+                        self.qp.ctx.name,
+                        c.status
+                    ),
+                );
+                return Err(self.fail(e));
+            }
+        }
+        self.polls = self.polls.wrapping_add(1);
+        if comps.is_empty() && self.polls.is_multiple_of(64) {
+            let mut b = [0u8; 1];
+            // SAFETY: a one-byte peek into a valid buffer on our own socket; MSG_DONTWAIT keeps
+            // it from blocking whatever mode the socket is in.
+            let r = unsafe {
+                libc::recv(
+                    self.control.as_raw_fd(),
+                    b.as_mut_ptr() as *mut libc::c_void,
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            let r = if r < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(r as usize)
+            };
+            match r {
+                Ok(0) => {
+                    let e = Error::new(
+                        ErrorKind::PeerClosed,
+                        format!("rank {} closed its connection (process gone?)", self.peer),
+                    );
+                    return Err(self.fail(e));
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(self.fail(Error::io("rdma: control socket", &e))),
+            }
+        }
+        Ok(comps)
+    }
+
+    fn done_with(&mut self, comps: Vec<Completion>) {
+        self.comps = comps;
+    }
+}
+
+fn encode_tag_len(b: &mut [u8], tag: &MsgTag, len: u64) {
+    b[..TAG_BYTES].copy_from_slice(&tag.encode());
+    b[TAG_BYTES..TAG_BYTES + 8].copy_from_slice(&len.to_le_bytes());
+}
+
+fn decode_tag_len(b: &[u8]) -> (MsgTag, u64) {
+    let mut t = [0u8; TAG_BYTES];
+    t.copy_from_slice(&b[..TAG_BYTES]);
+    let mut l = [0u8; 8];
+    l.copy_from_slice(&b[TAG_BYTES..TAG_BYTES + 8]);
+    (MsgTag::decode(&t), u64::from_le_bytes(l))
+}
+
+/// A registration held by one request: the caller's region, or our own for this request.
+enum Reg {
+    Caller { lkey: u32, rkey: u32 },
+    Own(Mr),
+    None,
+}
+
+impl Reg {
+    fn get(
+        qp: &Qp,
+        addr: usize,
+        len: usize,
+        mr: Option<&MemRegion>,
+        own: &HashMap<u64, Mr>,
+    ) -> Result<Reg> {
+        if len == 0 {
+            return Ok(Reg::None);
+        }
+        if let Some(m) = mr {
+            if let Some(r) = own.get(&m.id) {
+                if addr >= r.addr && addr + len <= r.addr + r.len {
+                    return Ok(Reg::Caller {
+                        lkey: r.lkey,
+                        rkey: r.rkey,
+                    });
+                }
+            }
+        }
+        Ok(Reg::Own(qp.ctx.reg(addr, len)?))
+    }
+    fn keys(&self) -> (u32, u32) {
+        match self {
+            Reg::Caller { lkey, rkey } => (*lkey, *rkey),
+            Reg::Own(m) => (m.lkey, m.rkey),
+            Reg::None => (0, 0),
+        }
+    }
+}
+
+/// Regions the caller registered with `reg_mr` (kept until `dereg_mr`).
+#[derive(Default)]
+struct Regions {
+    next: u64,
+    map: HashMap<u64, Mr>,
+}
+
+impl Regions {
+    fn reg(&mut self, qp: &Qp, addr: usize, len: usize) -> Result<MemRegion> {
+        let mr = qp.ctx.reg(addr, len)?;
+        self.next += 1;
+        self.map.insert(self.next, mr);
+        Ok(MemRegion {
+            id: self.next,
+            addr,
+            len,
+        })
+    }
+    fn dereg(&mut self, m: MemRegion) -> Result<()> {
+        self.map.remove(&m.id).map(drop).ok_or_else(|| {
+            Error::invalid(format!(
+                "rdma: memory region {} is not registered here",
+                m.id
+            ))
+            .transport(NAME)
+        })
+    }
+}
+
+// ---------------------------------------------------------------- receiving end
+
+struct RecvReq {
+    seq: u64,
+    len: usize,
+    tag: MsgTag,
+    _reg: Reg,
+}
+
+pub struct RdmaRecvComm {
+    link: Link,
+    regions: Regions,
+    next_seq: u64,
+    pending: VecDeque<RecvReq>,
+    results: HashMap<u64, Result<usize>>,
+}
+
+impl RdmaRecvComm {
+    pub(crate) fn new(qp: Qp, peer: usize, control: TcpStream) -> Result<RdmaRecvComm> {
+        Ok(RdmaRecvComm {
+            link: Link::new(qp, peer, control)?,
+            regions: Regions::default(),
+            next_seq: 0,
+            pending: VecDeque::new(),
+            results: HashMap::new(),
+        })
+    }
+
+    fn progress(&mut self) -> Result<()> {
+        let comps = self.link.poll()?;
+        for c in &comps {
+            match c.wr_id & KIND {
+                K_CTRL => self.link.ctrl.free_tx.push((c.wr_id & !KIND) as usize),
+                K_RECV => {
+                    let slot = (c.wr_id & !KIND) as usize;
+                    let imm = c.imm.unwrap_or(0);
+                    let Some(req) = self.pending.pop_front() else {
+                        let e = Error::new(
+                            ErrorKind::Protocol,
+                            format!("rank {} wrote a message nobody posted", self.link.peer),
+                        );
+                        return Err(self.link.fail(e));
+                    };
+                    if imm & SEQ_MASK != req.seq as u32 & SEQ_MASK {
+                        let e = Error::new(
+                            ErrorKind::Protocol,
+                            format!(
+                                "rank {} completed message {} where {} was next",
+                                self.link.peer,
+                                imm & SEQ_MASK,
+                                req.seq
+                            ),
+                        );
+                        return Err(self.link.fail(e));
+                    }
+                    let r = if imm & ERR_BIT != 0 {
+                        let (theirs, len) = decode_tag_len(self.link.ctrl.rx(slot));
+                        Err(if theirs == req.tag {
+                            Error::new(
+                                ErrorKind::Mismatch,
+                                format!(
+                                    "{}: rank {} sends {len} bytes where this rank receives {}",
+                                    req.tag.op_seq, self.link.peer, req.len
+                                ),
+                            )
+                        } else {
+                            MsgTag::mismatch(&req.tag, &theirs)
+                        }
+                        .peer(self.link.peer)
+                        .transport(NAME))
+                    } else {
+                        Ok(req.len)
+                    };
+                    self.results.insert(req.seq, r);
+                    if let Err(e) = self.link.ctrl.repost(&self.link.qp, slot) {
+                        return Err(self.link.fail(e));
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.link.done_with(comps);
+        Ok(())
+    }
+}
+
+impl railcc_core::net::NetRecvComm for RdmaRecvComm {
+    fn reg_mr(&mut self, addr: usize, len: usize) -> Result<MemRegion> {
+        self.regions.reg(&self.link.qp, addr, len)
+    }
+
+    fn dereg_mr(&mut self, mr: MemRegion) -> Result<()> {
+        self.regions.dereg(mr)
+    }
+
+    unsafe fn irecv(
+        &mut self,
+        data: *mut u8,
+        len: usize,
+        tag: MsgTag,
+        mr: Option<&MemRegion>,
+    ) -> Result<ReqId> {
+        // A free control slot: they come back as soon as earlier clear-to-sends complete.
+        let start = std::time::Instant::now();
+        while self.link.ctrl.free_tx.is_empty() {
+            self.progress()?;
+            if start.elapsed() > std::time::Duration::from_secs(30) {
+                let e = Error::new(ErrorKind::Timeout, "no control slot came back in 30 s");
+                return Err(self.link.fail(e));
+            }
+        }
+        let reg = Reg::get(&self.link.qp, data as usize, len, mr, &self.regions.map)
+            .map_err(|e| self.link.fail(e))?;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let slot = self.link.ctrl.free_tx.pop().unwrap_or(0);
+        let (_, rkey) = reg.keys();
+        let a = self.link.ctrl.tx_addr(slot);
+        {
+            let o = slot * SLOT;
+            let b = &mut self.link.ctrl.buf[o..o + SLOT];
+            b[..8].copy_from_slice(&(data as u64).to_le_bytes());
+            b[8..12].copy_from_slice(&rkey.to_le_bytes());
+            encode_tag_len(&mut b[16..], &tag, len as u64);
+        }
+        let lkey = self.link.ctrl.mr.lkey;
+        if let Err(e) = self.link.qp.post_send(
+            K_CTRL | slot as u64,
+            a,
+            16 + TAG_BYTES as u32 + 8,
+            lkey,
+            None,
+            Some(seq as u32 & SEQ_MASK),
+            true,
+        ) {
+            return Err(self.link.fail(e));
+        }
+        self.pending.push_back(RecvReq {
+            seq,
+            len,
+            tag,
+            _reg: reg,
+        });
+        Ok(ReqId(seq))
+    }
+
+    fn test(&mut self, req: ReqId) -> Result<Option<usize>> {
+        if let Some(r) = self.results.remove(&req.0) {
+            return r.map(Some);
+        }
+        self.progress()?;
+        match self.results.remove(&req.0) {
+            Some(r) => r.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn wait_fds(&self, out: &mut Vec<WaitFd>) {
+        out.push(WaitFd {
+            fd: self.link.control.as_raw_fd(),
+            write: false,
+        });
+    }
+
+    fn close(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------- sending end
+
+struct SendReq {
+    seq: u64,
+    data: usize,
+    len: usize,
+    tag: MsgTag,
+    mr: Option<MemRegion>,
+}
+
+struct Cts {
+    seq: u32,
+    addr: u64,
+    rkey: u32,
+    len: u64,
+    tag: MsgTag,
+}
+
+pub struct RdmaSendComm {
+    link: Link,
+    regions: Regions,
+    next_seq: u64,
+    queue: VecDeque<SendReq>,
+    cts: VecDeque<Cts>,
+    /// Writes in flight: (seq, send-queue entries they hold, bytes, registration).
+    inflight: VecDeque<(u64, u32, usize, Reg)>,
+    sq_used: u32,
+    results: HashMap<u64, Result<usize>>,
+}
+
+impl RdmaSendComm {
+    pub(crate) fn new(qp: Qp, peer: usize, control: TcpStream) -> Result<RdmaSendComm> {
+        Ok(RdmaSendComm {
+            link: Link::new(qp, peer, control)?,
+            regions: Regions::default(),
+            next_seq: 0,
+            queue: VecDeque::new(),
+            cts: VecDeque::new(),
+            inflight: VecDeque::new(),
+            sq_used: 0,
+            results: HashMap::new(),
+        })
+    }
+
+    fn progress(&mut self) -> Result<()> {
+        let comps = self.link.poll()?;
+        for c in &comps {
+            match c.wr_id & KIND {
+                K_CTRL => {
+                    self.link.ctrl.free_tx.push((c.wr_id & !KIND) as usize);
+                    self.sq_used -= 1;
+                }
+                K_RECV => {
+                    let slot = (c.wr_id & !KIND) as usize;
+                    let b = self.link.ctrl.rx(slot);
+                    let (tag, len) = decode_tag_len(&b[16..]);
+                    let cts = Cts {
+                        seq: c.imm.unwrap_or(0) & SEQ_MASK,
+                        addr: u64::from_le_bytes(b[..8].try_into().unwrap_or_default()),
+                        rkey: u32::from_le_bytes(b[8..12].try_into().unwrap_or_default()),
+                        len,
+                        tag,
+                    };
+                    self.cts.push_back(cts);
+                    if let Err(e) = self.link.ctrl.repost(&self.link.qp, slot) {
+                        return Err(self.link.fail(e));
+                    }
+                }
+                K_WRITE => {
+                    let seq = c.wr_id & !KIND;
+                    while let Some((s, n, len, _reg)) = self.inflight.pop_front() {
+                        self.sq_used -= n;
+                        self.results.insert(s, Ok(len));
+                        if s == seq {
+                            break;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.link.done_with(comps);
+        self.start_writes()
+    }
+
+    /// Pairs queued sends with clear-to-sends, in order, and writes.
+    fn start_writes(&mut self) -> Result<()> {
+        while let (Some(s), Some(c)) = (self.queue.front(), self.cts.front()) {
+            let need = s.len.div_ceil(MAX_WRITE).max(1) as u32;
+            if self.sq_used + need > DEPTH || self.link.ctrl.free_tx.is_empty() {
+                break;
+            }
+            if c.seq != s.seq as u32 & SEQ_MASK {
+                let e = Error::new(
+                    ErrorKind::Protocol,
+                    format!(
+                        "rank {} offered message {} where {} was next",
+                        self.link.peer, c.seq, s.seq
+                    ),
+                );
+                return Err(self.link.fail(e));
+            }
+            let (s, c) = match (self.queue.pop_front(), self.cts.pop_front()) {
+                (Some(s), Some(c)) => (s, c),
+                _ => break,
+            };
+            if c.tag != s.tag || c.len != s.len as u64 {
+                // Tell the receiver what we sent, so it fails with the same cause.
+                let slot = self.link.ctrl.free_tx.pop().unwrap_or(0);
+                let o = slot * SLOT;
+                encode_tag_len(&mut self.link.ctrl.buf[o..o + SLOT], &s.tag, s.len as u64);
+                let (a, lkey) = (self.link.ctrl.tx_addr(slot), self.link.ctrl.mr.lkey);
+                self.sq_used += 1;
+                if let Err(e) = self.link.qp.post_send(
+                    K_CTRL | slot as u64,
+                    a,
+                    (TAG_BYTES + 8) as u32,
+                    lkey,
+                    None,
+                    Some(ERR_BIT | (s.seq as u32 & SEQ_MASK)),
+                    true,
+                ) {
+                    return Err(self.link.fail(e));
+                }
+                let e = if c.tag == s.tag {
+                    Error::new(
+                        ErrorKind::Mismatch,
+                        format!(
+                            "rank {} receives {} bytes where this rank sends {}",
+                            self.link.peer, c.len, s.len
+                        ),
+                    )
+                } else {
+                    MsgTag::mismatch(&s.tag, &c.tag)
+                };
+                self.results
+                    .insert(s.seq, Err(e.peer(self.link.peer).transport(NAME)));
+                continue;
+            }
+            let reg = Reg::get(
+                &self.link.qp,
+                s.data,
+                s.len,
+                s.mr.as_ref(),
+                &self.regions.map,
+            )
+            .map_err(|e| self.link.fail(e))?;
+            let (lkey, _) = reg.keys();
+            let mut off = 0;
+            loop {
+                let n = (s.len - off).min(MAX_WRITE);
+                let last = off + n == s.len;
+                let r = self.link.qp.post_send(
+                    K_WRITE | s.seq,
+                    s.data + off,
+                    n as u32,
+                    lkey,
+                    Some((c.addr + off as u64, c.rkey)),
+                    last.then_some(s.seq as u32 & SEQ_MASK),
+                    last,
+                );
+                if let Err(e) = r {
+                    return Err(self.link.fail(e));
+                }
+                off += n;
+                if last {
+                    break;
+                }
+            }
+            self.sq_used += need;
+            self.inflight.push_back((s.seq, need, s.len, reg));
+        }
+        Ok(())
+    }
+}
+
+impl railcc_core::net::NetSendComm for RdmaSendComm {
+    fn reg_mr(&mut self, addr: usize, len: usize) -> Result<MemRegion> {
+        self.regions.reg(&self.link.qp, addr, len)
+    }
+
+    fn dereg_mr(&mut self, mr: MemRegion) -> Result<()> {
+        self.regions.dereg(mr)
+    }
+
+    unsafe fn isend(
+        &mut self,
+        data: *const u8,
+        len: usize,
+        tag: MsgTag,
+        mr: Option<&MemRegion>,
+    ) -> Result<ReqId> {
+        if let Some(e) = &self.link.broken {
+            return Err(e.clone());
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.queue.push_back(SendReq {
+            seq,
+            data: data as usize,
+            len,
+            tag,
+            mr: mr.cloned(),
+        });
+        self.progress()?;
+        Ok(ReqId(seq))
+    }
+
+    fn test(&mut self, req: ReqId) -> Result<Option<usize>> {
+        if !self.results.contains_key(&req.0) {
+            self.progress()?;
+        }
+        match self.results.remove(&req.0) {
+            Some(r) => r.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn wait_fds(&self, out: &mut Vec<WaitFd>) {
+        out.push(WaitFd {
+            fd: self.link.control.as_raw_fd(),
+            write: false,
+        });
+    }
+
+    fn close(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}

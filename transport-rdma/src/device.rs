@@ -1,0 +1,181 @@
+//! RDMA devices as the kernel lists them in /sys/class/infiniband: ports, state, link layer,
+//! rate, and the GID to use. Reading sysfs needs no verbs library call, so "is there RDMA
+//! here?" is answered without opening anything.
+
+use std::path::Path;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RdmaPort {
+    pub device: String,
+    pub port: u8,
+    pub active: bool,
+    /// "InfiniBand" or "Ethernet" (RoCE).
+    pub link_layer: String,
+    /// Line rate in Gb/s (active speed times width, as the kernel reports it).
+    pub rate_gbps: f64,
+    /// The GID index to use (RoCE v2 with an IPv4-mapped address when there is one).
+    pub gid_index: u8,
+    pub gid: String,
+    /// The network interface under a RoCE port.
+    pub netdev: Option<String>,
+    pub pci_path: Option<String>,
+}
+
+fn read(p: &Path) -> Option<String> {
+    std::fs::read_to_string(p)
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// Every port of every RDMA device under `root` (normally /sys/class/infiniband).
+pub fn list_at(root: &Path) -> Vec<RdmaPort> {
+    let mut out = Vec::new();
+    let Ok(devs) = std::fs::read_dir(root) else {
+        return out;
+    };
+    let mut names: Vec<String> = devs
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    for dev in names {
+        let d = root.join(&dev);
+        let Ok(ports) = std::fs::read_dir(d.join("ports")) else {
+            continue;
+        };
+        let mut nums: Vec<u8> = ports
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
+            .collect();
+        nums.sort();
+        for port in nums {
+            let p = d.join("ports").join(port.to_string());
+            let state = read(&p.join("state")).unwrap_or_default();
+            let link_layer = read(&p.join("link_layer")).unwrap_or_default();
+            let rate_gbps = read(&p.join("rate"))
+                .and_then(|r| r.split_whitespace().next().and_then(|x| x.parse().ok()))
+                .unwrap_or(0.0);
+            let (gid_index, gid) = choose_gid(&p, link_layer == "Ethernet");
+            let netdev = read(&p.join("gid_attrs/ndevs").join(gid_index.to_string()))
+                .filter(|s| !s.is_empty());
+            out.push(RdmaPort {
+                device: dev.clone(),
+                port,
+                active: state.contains("ACTIVE"),
+                link_layer,
+                rate_gbps,
+                gid_index,
+                gid,
+                netdev,
+                pci_path: std::fs::canonicalize(d.join("device"))
+                    .ok()
+                    .map(|x| x.display().to_string()),
+            });
+        }
+    }
+    out
+}
+
+pub fn list() -> Vec<RdmaPort> {
+    list_at(Path::new("/sys/class/infiniband"))
+}
+
+/// RoCE: the first RoCE v2 GID holding an IPv4-mapped address (::ffff:a.b.c.d), else the first
+/// RoCE v2 GID, else index 0. InfiniBand: index 0 (routing uses the LID).
+fn choose_gid(port: &Path, ethernet: bool) -> (u8, String) {
+    let gid = |i: u8| read(&port.join("gids").join(i.to_string())).unwrap_or_default();
+    if !ethernet {
+        return (0, gid(0));
+    }
+    let mut v2_first = None;
+    for i in 0..=254u8 {
+        let g = gid(i);
+        if g.is_empty() {
+            break;
+        }
+        if g.chars().all(|c| c == '0' || c == ':') {
+            continue;
+        }
+        let ty = read(&port.join("gid_attrs/types").join(i.to_string())).unwrap_or_default();
+        if !ty.contains("v2") {
+            continue;
+        }
+        if g.starts_with("0000:0000:0000:0000:0000:ffff:") {
+            return (i, g);
+        }
+        v2_first.get_or_insert((i, g));
+    }
+    v2_first.unwrap_or_else(|| (0, gid(0)))
+}
+
+/// The ports a rank uses: active ones whose device matches `hca` (a comma list of device
+/// names, `^` in front to exclude them; empty: all).
+pub fn select(ports: &[RdmaPort], hca: &str) -> Vec<RdmaPort> {
+    let (exclude, names) = match hca.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, hca),
+    };
+    let names: Vec<&str> = names
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    ports
+        .iter()
+        .filter(|p| p.active)
+        .filter(|p| names.is_empty() || names.contains(&p.device.as_str()) != exclude)
+        .cloned()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake_port(root: &Path, dev: &str, state: &str, gids: &[(&str, &str)]) {
+        let p = root.join(dev).join("ports/1");
+        std::fs::create_dir_all(p.join("gids")).unwrap();
+        std::fs::create_dir_all(p.join("gid_attrs/types")).unwrap();
+        std::fs::create_dir_all(p.join("gid_attrs/ndevs")).unwrap();
+        std::fs::write(p.join("state"), state).unwrap();
+        std::fs::write(p.join("link_layer"), "Ethernet\n").unwrap();
+        std::fs::write(p.join("rate"), "10 Gb/sec (1X QDR)\n").unwrap();
+        for (i, (g, t)) in gids.iter().enumerate() {
+            std::fs::write(p.join("gids").join(i.to_string()), g).unwrap();
+            std::fs::write(p.join("gid_attrs/types").join(i.to_string()), t).unwrap();
+            std::fs::write(p.join("gid_attrs/ndevs").join(i.to_string()), "v0\n").unwrap();
+        }
+    }
+
+    #[test]
+    fn picks_the_roce_v2_ipv4_gid_and_filters_ports() {
+        let root = std::env::temp_dir().join(format!("railcc-ib-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        fake_port(
+            &root,
+            "rxe0",
+            "4: ACTIVE\n",
+            &[
+                ("fe80:0000:0000:0000:0000:00ff:fe00:0001", "IB/RoCE v1"),
+                ("0000:0000:0000:0000:0000:ffff:0a63:0001", "IB/RoCE v1"),
+                ("0000:0000:0000:0000:0000:ffff:0a63:0001", "RoCE v2"),
+            ],
+        );
+        fake_port(&root, "rxe1", "1: DOWN\n", &[("fe80::1", "RoCE v2")]);
+        let ports = list_at(&root);
+        assert_eq!(ports.len(), 2);
+        assert_eq!(ports[0].gid_index, 2);
+        assert_eq!(ports[0].rate_gbps, 10.0);
+        assert_eq!(ports[0].netdev.as_deref(), Some("v0"));
+        assert!(!ports[1].active);
+        assert_eq!(select(&ports, "").len(), 1);
+        assert_eq!(
+            select(&ports, "rxe1").len(),
+            0,
+            "inactive ports are never used"
+        );
+        assert_eq!(select(&ports, "^rxe0").len(), 0);
+        assert!(list_at(Path::new("/nonexistent")).is_empty());
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
