@@ -11,6 +11,11 @@ cargo build -q -p railcc-bench
 bash tests/rdma-vm/vm.sh tests/rdma-vm/smoke.sh target/debug/railcc > target/rdma-vm-smoke.log 2>&1 \
     || { cat target/rdma-vm-smoke.log; echo "rdma-vm smoke: FAILED"; exit 1; }
 grep -aE "ib_write_bw 1 MB|rcvd_pkts|SMOKE" target/rdma-vm-smoke.log
+# The RDMA transport over real verbs: every collective, mismatches, a killed rank, bandwidth.
+cargo build -q -p railcc-tests --bins
+RAILCC_VM_TIMEOUT=1500 bash tests/rdma-vm/vm.sh tests/rdma-vm/rdma.sh target/debug/railcc target/debug/railcc-test-rank \
+    > target/rdma-vm-test.log 2>&1 || { cat target/rdma-vm-test.log; echo "rdma-vm test: FAILED"; exit 1; }
+grep -aE "ranks|mismatched|kill test|railcc:|rcvd_pkts|1 MB|RATIO|RDMA PASS" target/rdma-vm-test.log
 
 cargo test --workspace --all-targets
 # GPU tests report themselves ("SKIP ... no CUDA driver" on machines without one): show it.

@@ -492,7 +492,7 @@ impl Communicator {
         if let Err(e) = &r {
             tracing::error!("{e}");
             st.broken = Some(e.clone());
-            st.conns.close_all();
+            st.conns.abort_all(&e.to_string());
         }
         r
     }

@@ -138,10 +138,21 @@ impl Connections {
 
     /// Closes every connection so that peers blocked on us see the failure at once.
     pub fn close_all(&mut self) {
-        for c in self.sends.iter_mut().filter_map(Option::take) {
+        self.abort_all("");
+    }
+
+    /// Closes every connection, first telling each peer `reason` where the transport can.
+    pub fn abort_all(&mut self, reason: &str) {
+        for mut c in self.sends.iter_mut().filter_map(Option::take) {
+            if !reason.is_empty() {
+                c.abort(reason);
+            }
             let _ = c.close();
         }
-        for c in self.recvs.iter_mut().filter_map(Option::take) {
+        for mut c in self.recvs.iter_mut().filter_map(Option::take) {
+            if !reason.is_empty() {
+                c.abort(reason);
+            }
             let _ = c.close();
         }
         for (_, c) in self.inbound.ready.lock().drain() {

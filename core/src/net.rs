@@ -276,6 +276,9 @@ pub trait NetSendComm: Send {
     fn test(&mut self, req: ReqId) -> Result<Option<usize>>;
     /// Descriptors to sleep on while requests are pending.
     fn wait_fds(&self, out: &mut Vec<WaitFd>);
+    /// Tells the peer, best effort, why this rank is giving up before it closes, so the peer's
+    /// error names the first cause (say, the rank that died) instead of only "rank X left".
+    fn abort(&mut self, _reason: &str) {}
     fn close(self: Box<Self>) -> Result<()>;
 }
 
@@ -296,6 +299,8 @@ pub trait NetRecvComm: Send {
     ) -> Result<ReqId>;
     fn test(&mut self, req: ReqId) -> Result<Option<usize>>;
     fn wait_fds(&self, out: &mut Vec<WaitFd>);
+    /// As [`NetSendComm::abort`].
+    fn abort(&mut self, _reason: &str) {}
     fn close(self: Box<Self>) -> Result<()>;
 }
 

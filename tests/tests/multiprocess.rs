@@ -197,3 +197,23 @@ fn strangers_at_the_bootstrap_port_are_refused_and_the_job_completes() {
     all_ok(&outs);
     assert_eq!(t.join().unwrap(), 2, "both strangers must be refused");
 }
+
+#[test]
+fn forced_rdma_without_a_usable_port_is_a_clear_error() {
+    // RAILCC_IB_HCA names no real device, so this holds on machines with RDMA too.
+    let outs = run_job(
+        EXE,
+        "all",
+        2,
+        &[0, 1],
+        &[
+            ("RAILCC_TRANSPORT", "rdma"),
+            ("RAILCC_IB_HCA", "no-such-hca"),
+        ],
+        Duration::from_secs(60),
+    );
+    expect_all_fail(&outs, "no usable RDMA port");
+    assert!(outs
+        .iter()
+        .all(|o| o.stdout.contains("RAILCC_TRANSPORT=rdma") && o.stdout.contains("unsupported")));
+}

@@ -155,6 +155,25 @@ impl Link {
                 Ok(r as usize)
             };
             match r {
+                Ok(n) if n > 0 => {
+                    // The peer gave up and said why before closing (`abort`).
+                    let mut why = [0u8; 1024];
+                    // SAFETY: reading into a valid buffer of that length; non-blocking.
+                    let got = unsafe {
+                        libc::recv(
+                            self.control.as_raw_fd(),
+                            why.as_mut_ptr() as *mut libc::c_void,
+                            why.len(),
+                            libc::MSG_DONTWAIT,
+                        )
+                    };
+                    let text = String::from_utf8_lossy(&why[..got.max(0) as usize]).into_owned();
+                    let e = Error::new(
+                        ErrorKind::PeerClosed,
+                        format!("rank {} gave up: {}", self.peer, text.trim()),
+                    );
+                    return Err(self.fail(e));
+                }
                 Ok(0) => {
                     let e = Error::new(
                         ErrorKind::PeerClosed,
@@ -172,6 +191,21 @@ impl Link {
 
     fn done_with(&mut self, comps: Vec<Completion>) {
         self.comps = comps;
+    }
+
+    /// Best effort: the reason goes on the control socket, where the peer's next look finds it.
+    fn abort(&mut self, reason: &str) {
+        let b = reason.as_bytes();
+        let b = &b[..b.len().min(1000)];
+        // SAFETY: sending from a valid buffer; non-blocking and without SIGPIPE.
+        unsafe {
+            libc::send(
+                self.control.as_raw_fd(),
+                b.as_ptr() as *const libc::c_void,
+                b.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            );
+        }
     }
 }
 
@@ -420,6 +454,10 @@ impl railcc_core::net::NetRecvComm for RdmaRecvComm {
         });
     }
 
+    fn abort(&mut self, reason: &str) {
+        self.link.abort(reason);
+    }
+
     fn close(self: Box<Self>) -> Result<()> {
         Ok(())
     }
@@ -648,6 +686,10 @@ impl railcc_core::net::NetSendComm for RdmaSendComm {
             fd: self.link.control.as_raw_fd(),
             write: false,
         });
+    }
+
+    fn abort(&mut self, reason: &str) {
+        self.link.abort(reason);
     }
 
     fn close(self: Box<Self>) -> Result<()> {
