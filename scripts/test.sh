@@ -12,8 +12,9 @@ bash tests/rdma-vm/vm.sh tests/rdma-vm/smoke.sh target/debug/railcc > target/rdm
     || { cat target/rdma-vm-smoke.log; echo "rdma-vm smoke: FAILED"; exit 1; }
 grep -aE "ib_write_bw 1 MB|rcvd_pkts|SMOKE" target/rdma-vm-smoke.log
 # The RDMA transport over real verbs: every collective, mismatches, a killed rank, bandwidth.
-cargo build -q -p railcc-tests --bins
-RAILCC_VM_TIMEOUT=1500 bash tests/rdma-vm/vm.sh tests/rdma-vm/rdma.sh target/debug/railcc target/debug/railcc-test-rank \
+# Release binaries: under emulation the ranks share two CPUs with the soft devices.
+cargo build -q --release -p railcc-bench -p railcc-tests --bins
+RAILCC_VM_TIMEOUT=1500 bash tests/rdma-vm/vm.sh tests/rdma-vm/rdma.sh target/release/railcc target/release/railcc-test-rank \
     > target/rdma-vm-test.log 2>&1 || { cat target/rdma-vm-test.log; echo "rdma-vm test: FAILED"; exit 1; }
 grep -aE "ranks|mismatched|kill test|railcc:|rcvd_pkts|1 MB|RATIO|RDMA PASS" target/rdma-vm-test.log
 
