@@ -4,14 +4,8 @@
 # running; the other collectives 8 B - 512 MB. Log: $OUT/gpu-bench.log.
 # Prepare as for gpu-device.sh (build here; .device/bin/railcc, .device/nccl-tests, carry .device).
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # never NVLink multicast
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export RAILCC_CACHE_DIR=${RAILCC_CACHE_DIR:-/tmp/railcc-cache}
-OUT=${OUT:-/tmp/out}
-R=.device/bin/railcc
+source "$(dirname "$0")/gpu-env.sh"
 T="timeout 200"
-NT=/tmp/nccl-tests
-[ -d $NT ] || cp -r .device/nccl-tests $NT
 OTHERS=${OTHERS:-"all_gather reduce_scatter sendrecv broadcast reduce"}
 {
   nvidia-smi -L

@@ -8,11 +8,7 @@
 # Full rows in $OUT/gpu-check.log; a summary (each command and its exit status) on stdout.
 # Prepare as for gpu-device.sh (build here; .device/bin/railcc; carry .device).
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # never NVLink multicast
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export RAILCC_CACHE_DIR=${RAILCC_CACHE_DIR:-/tmp/railcc-cache}
-OUT=${OUT:-/tmp/out}
-R=.device/bin/railcc
+source "$(dirname "$0")/gpu-env.sh"
 LOG="$OUT/gpu-check.log"
 : > "$LOG"
 step() {

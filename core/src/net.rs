@@ -30,6 +30,27 @@ pub struct ConnectHandle(pub Vec<u8>);
 
 pub const MAX_HANDLE_BYTES: usize = 128;
 
+impl ConnectHandle {
+    /// The handle of a listener reached at a socket address (TCP data, RDMA control).
+    pub fn from_addr(addr: std::net::SocketAddr) -> ConnectHandle {
+        ConnectHandle(addr.to_string().into_bytes())
+    }
+
+    /// The socket address in a handle made by [`ConnectHandle::from_addr`].
+    pub fn addr(&self, transport: &'static str) -> Result<std::net::SocketAddr> {
+        std::str::from_utf8(&self.0)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Protocol,
+                    format!("{transport}: connect handle is not a socket address"),
+                )
+                .transport(transport)
+            })
+    }
+}
+
 /// Who is connecting: sent by the connector after authentication.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ConnIdent {

@@ -193,6 +193,14 @@ impl Link {
         self.comps = comps;
     }
 
+    /// Sleeping ranks wake when the control socket turns readable (the peer died or gave up).
+    fn wait_fds(&self, out: &mut Vec<WaitFd>) {
+        out.push(WaitFd {
+            fd: self.control.as_raw_fd(),
+            write: false,
+        });
+    }
+
     /// Best effort: the reason goes on the control socket, where the peer's next look finds it.
     fn abort(&mut self, reason: &str) {
         let b = reason.as_bytes();
@@ -448,10 +456,7 @@ impl railcc_core::net::NetRecvComm for RdmaRecvComm {
     }
 
     fn wait_fds(&self, out: &mut Vec<WaitFd>) {
-        out.push(WaitFd {
-            fd: self.link.control.as_raw_fd(),
-            write: false,
-        });
+        self.link.wait_fds(out);
     }
 
     fn abort(&mut self, reason: &str) {
@@ -682,10 +687,7 @@ impl railcc_core::net::NetSendComm for RdmaSendComm {
     }
 
     fn wait_fds(&self, out: &mut Vec<WaitFd>) {
-        out.push(WaitFd {
-            fd: self.link.control.as_raw_fd(),
-            write: false,
-        });
+        self.link.wait_fds(out);
     }
 
     fn abort(&mut self, reason: &str) {

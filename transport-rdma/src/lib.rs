@@ -25,7 +25,7 @@ use railcc_core::net::{
     ConnIdent, ConnectHandle, NetListener, NetProps, NetRecvComm, NetSendComm, NetTransport,
 };
 use railcc_core::wire::{read_exact_by, write_all_by};
-use railcc_core::{Error, ErrorKind, Result};
+use railcc_core::{Error, Result};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::Arc;
@@ -141,16 +141,7 @@ impl NetTransport for RdmaTransport {
         if dev != 0 {
             return Err(Error::invalid(format!("rdma: no device {dev}")).transport(NAME));
         }
-        let addr: SocketAddr = std::str::from_utf8(&handle.0)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Protocol,
-                    "rdma: connect handle is not a socket address",
-                )
-                .transport(NAME)
-            })?;
+        let addr = handle.addr(NAME)?;
         let mut s = connect_by(addr, deadline).map_err(|e| e.transport(NAME))?;
         prove_client(&mut s, &self.secret, deadline).map_err(|e| e.transport(NAME))?;
         let qp = Qp::new(&self.ctx, comm::DEPTH)?;
@@ -231,7 +222,7 @@ fn serve(
 
 impl NetListener for RdmaListener {
     fn handle(&self) -> ConnectHandle {
-        ConnectHandle(self.addr.to_string().into_bytes())
+        ConnectHandle::from_addr(self.addr)
     }
 
     fn accept(&mut self, deadline: Instant) -> Result<Option<(ConnIdent, Box<dyn NetRecvComm>)>> {

@@ -22,8 +22,8 @@ use railcc_core::auth::Secret;
 use railcc_core::net::{
     ConnIdent, ConnectHandle, NetListener, NetProps, NetSendComm, NetTransport,
 };
-use railcc_core::{Config, Error, ErrorKind, Result};
-use std::net::{IpAddr, SocketAddr};
+use railcc_core::{Config, Error, Result};
+use std::net::IpAddr;
 use std::time::Instant;
 
 pub const NAME: &str = "tcp";
@@ -118,7 +118,7 @@ impl NetTransport for TcpTransport {
         if dev != 0 {
             return Err(Error::invalid(format!("tcp: no device {dev}")).transport(NAME));
         }
-        let addr = decode_handle(handle)?;
+        let addr = handle.addr(NAME)?;
         Ok(Box::new(TcpSendComm::connect(
             addr,
             me,
@@ -127,21 +127,4 @@ impl NetTransport for TcpTransport {
             deadline,
         )?))
     }
-}
-
-pub(crate) fn encode_handle(addr: SocketAddr) -> ConnectHandle {
-    ConnectHandle(addr.to_string().into_bytes())
-}
-
-pub(crate) fn decode_handle(h: &ConnectHandle) -> Result<SocketAddr> {
-    std::str::from_utf8(&h.0)
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| {
-            Error::new(
-                ErrorKind::Protocol,
-                "tcp: connect handle is not a socket address",
-            )
-            .transport(NAME)
-        })
 }

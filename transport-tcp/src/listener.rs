@@ -4,7 +4,7 @@
 
 use crate::recv::TcpRecvComm;
 use crate::sock::{tune, StreamHello, HELLO_BYTES};
-use crate::{encode_handle, TcpSettings, NAME};
+use crate::{TcpSettings, NAME};
 use railcc_core::auth::{verify_server, Secret};
 use railcc_core::net::{ConnIdent, ConnectHandle, NetListener, NetRecvComm};
 use railcc_core::wire::read_exact_by;
@@ -86,7 +86,7 @@ impl TcpListenerComm {
 
 impl NetListener for TcpListenerComm {
     fn handle(&self) -> ConnectHandle {
-        encode_handle(self.addr)
+        ConnectHandle::from_addr(self.addr)
     }
 
     fn accept(&mut self, deadline: Instant) -> Result<Option<(ConnIdent, Box<dyn NetRecvComm>)>> {
