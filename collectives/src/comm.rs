@@ -290,6 +290,7 @@ impl Communicator {
                 match self.cfg.algo {
                     AlgoChoice::Ring => Algo::Ring,
                     AlgoChoice::Direct => Algo::Direct,
+                    AlgoChoice::RecursiveDoubling => Algo::RecursiveDoubling,
                     AlgoChoice::Auto if bytes <= self.cfg.direct_max_bytes && a.nranks <= 16 => {
                         Algo::Direct
                     }

@@ -80,6 +80,7 @@ pub enum Algo {
     Chain,
     Dissemination,
     PointToPoint,
+    RecursiveDoubling,
 }
 
 impl Algo {
@@ -90,6 +91,7 @@ impl Algo {
             Algo::Chain => "chain",
             Algo::Dissemination => "dissemination",
             Algo::PointToPoint => "p2p",
+            Algo::RecursiveDoubling => "rdouble",
         }
     }
 }
@@ -290,6 +292,9 @@ pub fn build(a: &CollArgs, rank: usize, algo: Algo, o: &PlanOpts) -> Plan {
     let p = a.nranks;
     match a.coll {
         CollKind::AllReduce if algo == Algo::Direct && p > 1 => direct_all_reduce(a, rank, o),
+        CollKind::AllReduce if algo == Algo::RecursiveDoubling => {
+            recursive_doubling_all_reduce(a, rank, o)
+        }
         CollKind::AllReduce => ring_all_reduce(a, rank, o),
         CollKind::AllGather => ring_all_gather(a, rank, o),
         CollKind::ReduceScatter => ring_reduce_scatter(a, rank, o),
@@ -438,6 +443,100 @@ fn ring_all_reduce(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
 
 /// One-shot: everyone sends its whole buffer to everyone, then reduces in rank order, so every
 /// rank computes the same bits. One round of latency: the small-message algorithm.
+/// Recursive doubling: log2(p) rounds, each swapping the whole running result with one partner
+/// (rank ^ 2^k) and reducing, so a small all-reduce costs log2(p) latencies and messages per
+/// rank instead of p - 1. For p not a power of two, the first 2 * (p - 2^m) ranks pair up
+/// first: each even one hands its input to the odd one above it, sits out the rounds, and gets
+/// the result back at the end. Each pair reduces with the lower virtual rank's data first, so
+/// every rank ends with the same bits.
+fn recursive_doubling_all_reduce(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
+    let (p, n) = (a.nranks, a.count);
+    if p == 1 {
+        return single_rank(o, n, Algo::RecursiveDoubling);
+    }
+    let pow = 1usize << (usize::BITS - 1 - p.leading_zeros());
+    let rem = p - pow;
+    let real = |v: usize| if v < rem { 2 * v + 1 } else { v + rem };
+    let mut b = Builder::new(n, 1);
+    let acc = Slice::new(Buf::Recv, 0, n);
+    let (slot_off, _) = b.acquire();
+    let slot = Slice::new(Buf::Scratch, slot_off, n);
+    let mut last: Vec<usize> = copy_if_needed(&mut b, o, acc, Slice::new(Buf::Send, 0, n), vec![])
+        .into_iter()
+        .collect();
+    let mut slot_readers: Vec<usize> = Vec::new();
+    let divide = a.op == ReduceOp::Avg;
+    if r < 2 * rem && r % 2 == 0 {
+        // Sits out: its input goes up, the result comes back.
+        let s = b.push(
+            Op::Send {
+                peer: r + 1,
+                src: acc,
+            },
+            last,
+        );
+        b.push(
+            Op::Recv {
+                peer: r + 1,
+                dst: acc,
+            },
+            vec![s],
+        );
+        return b.finish(Algo::RecursiveDoubling);
+    }
+    let v = if r < 2 * rem {
+        let rv = b.push(
+            Op::Recv {
+                peer: r - 1,
+                dst: slot,
+            },
+            vec![],
+        );
+        let mut deps = vec![rv];
+        deps.extend(&last);
+        // The lower rank's data first.
+        last = vec![b.push(
+            Op::Reduce {
+                dst: acc,
+                a: slot,
+                b: acc,
+            },
+            deps,
+        )];
+        slot_readers = last.clone();
+        r / 2
+    } else {
+        r - rem
+    };
+    let rounds = pow.trailing_zeros();
+    for k in 0..rounds {
+        let vp = v ^ (1 << k);
+        let peer = real(vp);
+        let s = b.push(Op::Send { peer, src: acc }, last.clone());
+        let rv = b.push(
+            Op::Recv { peer, dst: slot },
+            std::mem::take(&mut slot_readers),
+        );
+        let mut deps = vec![s, rv];
+        deps.extend(&last);
+        let (x, y) = if v < vp { (acc, slot) } else { (slot, acc) };
+        let final_round = k + 1 == rounds;
+        let (red, end) = b.reduce_last(acc, x, y, deps, divide && final_round);
+        slot_readers = vec![red];
+        last = vec![end];
+    }
+    if r < 2 * rem {
+        b.push(
+            Op::Send {
+                peer: r - 1,
+                src: acc,
+            },
+            last,
+        );
+    }
+    b.finish(Algo::RecursiveDoubling)
+}
+
 fn direct_all_reduce(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
     let (p, n) = (a.nranks, a.count);
     let mut b = Builder::new(0, 1);

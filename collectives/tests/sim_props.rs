@@ -9,9 +9,10 @@ use railcc_collectives::sim;
 use railcc_core::net::CollKind;
 use railcc_core::{DataType, ReduceOp};
 
-const COLLS: [CollKind; 8] = [
+const COLLS: [CollKind; 9] = [
     CollKind::AllReduce,
-    CollKind::AllReduce, // twice: ring and direct
+    CollKind::AllReduce, // three times: ring, direct and recursive doubling
+    CollKind::AllReduce,
     CollKind::AllGather,
     CollKind::ReduceScatter,
     CollKind::Broadcast,
@@ -19,6 +20,15 @@ const COLLS: [CollKind; 8] = [
     CollKind::AllToAll,
     CollKind::SendRecv,
 ];
+
+/// The all-reduce algorithm for entry `i` of COLLS (ring for every other collective).
+fn algo_of(i: usize) -> Algo {
+    match i {
+        1 => Algo::Direct,
+        2 => Algo::RecursiveDoubling,
+        _ => Algo::Ring,
+    }
+}
 
 fn check(a: CollArgs, algo: Algo, o: PlanOpts, seed: u64) -> Result<(), TestCaseError> {
     let p = a.nranks;
@@ -79,7 +89,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let coll = COLLS[coll_i];
-        let algo = if coll_i == 1 { Algo::Direct } else { Algo::Ring };
+        let algo = algo_of(coll_i);
         let a = CollArgs { coll, nranks, count, dtype: dt, op, root: root_seed % nranks };
         // Keep the simulated step count manageable: at most ~64 chunks per segment.
         let chunk_elems = chunk.max(count / 64).max(1);
@@ -124,11 +134,7 @@ fn every_dtype_op_and_rank_count_small() {
                         {
                             continue;
                         }
-                        let algo = if coll_i == 1 {
-                            Algo::Direct
-                        } else {
-                            Algo::Ring
-                        };
+                        let algo = algo_of(coll_i);
                         let a = CollArgs {
                             coll,
                             nranks: p,

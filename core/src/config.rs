@@ -11,6 +11,7 @@ pub enum AlgoChoice {
     Auto,
     Ring,
     Direct,
+    RecursiveDoubling,
 }
 
 impl std::str::FromStr for AlgoChoice {
@@ -20,8 +21,11 @@ impl std::str::FromStr for AlgoChoice {
             "auto" | "" => Ok(AlgoChoice::Auto),
             "ring" => Ok(AlgoChoice::Ring),
             "direct" | "oneshot" | "one-shot" => Ok(AlgoChoice::Direct),
+            "rdouble" | "recursive_doubling" | "recursive-doubling" => {
+                Ok(AlgoChoice::RecursiveDoubling)
+            }
             _ => Err(format!(
-                "unknown algorithm '{s}' (expected auto, ring, direct)"
+                "unknown algorithm '{s}' (expected auto, ring, direct, rdouble)"
             )),
         }
     }
@@ -33,6 +37,7 @@ impl std::fmt::Display for AlgoChoice {
             AlgoChoice::Auto => "auto",
             AlgoChoice::Ring => "ring",
             AlgoChoice::Direct => "direct",
+            AlgoChoice::RecursiveDoubling => "rdouble",
         })
     }
 }
@@ -96,7 +101,7 @@ config! {
     chunk_bytes: usize = 512 * 1024, "RAILCC_CHUNK_BYTES";
     /// Chunks a rank may have received but not yet consumed, per peer (bounds scratch memory).
     max_inflight_chunks: usize = 8, "RAILCC_MAX_INFLIGHT_CHUNKS";
-    /// Algorithm: auto, ring or direct (one-shot).
+    /// All-reduce algorithm: auto, ring, direct (one-shot) or rdouble (recursive doubling).
     algo: AlgoChoice = AlgoChoice::Auto, "RAILCC_ALGO";
     /// Under auto, all-reduce uses the direct algorithm up to this many bytes per rank.
     direct_max_bytes: usize = 64 * 1024, "RAILCC_DIRECT_MAX_BYTES";
