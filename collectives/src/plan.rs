@@ -466,7 +466,7 @@ fn recursive_doubling_all_reduce(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
         .collect();
     let mut slot_readers: Vec<usize> = Vec::new();
     let divide = a.op == ReduceOp::Avg;
-    if r < 2 * rem && r % 2 == 0 {
+    if r < 2 * rem && r.is_multiple_of(2) {
         // Sits out: its input goes up, the result comes back.
         let s = b.push(
             Op::Send {
