@@ -291,8 +291,14 @@ impl Communicator {
                     AlgoChoice::Ring => Algo::Ring,
                     AlgoChoice::Direct => Algo::Direct,
                     AlgoChoice::RecursiveDoubling => Algo::RecursiveDoubling,
-                    AlgoChoice::Auto if bytes <= self.cfg.direct_max_bytes && a.nranks <= 16 => {
+                    // Small: one round of p - 1 messages while that stays cheap, log2(p)
+                    // rounds of one message beyond 4 ranks (bench/results/README.md, "Small
+                    // all-reduce algorithms"); issue 6's cost model will replace this rule.
+                    AlgoChoice::Auto if bytes <= self.cfg.direct_max_bytes && a.nranks <= 4 => {
                         Algo::Direct
+                    }
+                    AlgoChoice::Auto if bytes <= self.cfg.direct_max_bytes => {
+                        Algo::RecursiveDoubling
                     }
                     AlgoChoice::Auto => Algo::Ring,
                 }

@@ -103,7 +103,8 @@ config! {
     max_inflight_chunks: usize = 8, "RAILCC_MAX_INFLIGHT_CHUNKS";
     /// All-reduce algorithm: auto, ring, direct (one-shot) or rdouble (recursive doubling).
     algo: AlgoChoice = AlgoChoice::Auto, "RAILCC_ALGO";
-    /// Under auto, all-reduce uses the direct algorithm up to this many bytes per rank.
+    /// Under auto, all-reduce up to this many bytes per rank uses a latency algorithm (direct
+    /// up to 4 ranks, recursive doubling beyond), above it the ring.
     direct_max_bytes: usize = 64 * 1024, "RAILCC_DIRECT_MAX_BYTES";
     /// Microseconds a waiting rank busy-polls before it sleeps in poll(2). 0 sleeps at once;
     /// forced to 0 when more ranks share a host than it has cores.
