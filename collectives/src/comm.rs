@@ -291,6 +291,7 @@ impl Communicator {
                     AlgoChoice::Ring => Algo::Ring,
                     AlgoChoice::Direct => Algo::Direct,
                     AlgoChoice::RecursiveDoubling => Algo::RecursiveDoubling,
+                    AlgoChoice::Tree => Algo::Tree,
                     // Small: one round of p - 1 messages while that stays cheap, log2(p)
                     // rounds of one message beyond 4 ranks (bench/results/README.md, "Small
                     // all-reduce algorithms"); issue 6's cost model will replace this rule.

@@ -81,6 +81,7 @@ pub enum Algo {
     Dissemination,
     PointToPoint,
     RecursiveDoubling,
+    Tree,
 }
 
 impl Algo {
@@ -92,6 +93,7 @@ impl Algo {
             Algo::Dissemination => "dissemination",
             Algo::PointToPoint => "p2p",
             Algo::RecursiveDoubling => "rdouble",
+            Algo::Tree => "tree",
         }
     }
 }
@@ -292,6 +294,7 @@ pub fn build(a: &CollArgs, rank: usize, algo: Algo, o: &PlanOpts) -> Plan {
     let p = a.nranks;
     match a.coll {
         CollKind::AllReduce if algo == Algo::Direct && p > 1 => direct_all_reduce(a, rank, o),
+        CollKind::AllReduce if algo == Algo::Tree => tree_all_reduce(a, rank, o),
         CollKind::AllReduce if algo == Algo::RecursiveDoubling => {
             recursive_doubling_all_reduce(a, rank, o)
         }
@@ -443,6 +446,106 @@ fn ring_all_reduce(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
 
 /// One-shot: everyone sends its whole buffer to everyone, then reduces in rank order, so every
 /// rank computes the same bits. One round of latency: the small-message algorithm.
+/// Parent of `r` in the binary tree NCCL builds from bit patterns (rooted at 0): clear the
+/// lowest set bit and set the next one up, or only clear it when that leaves the job. Each
+/// step up raises the lowest set bit, so every rank reaches 0 in at most log2(p) steps.
+fn btree_parent(p: usize, r: usize) -> Option<usize> {
+    if r == 0 {
+        return None;
+    }
+    let bit = 1usize << r.trailing_zeros();
+    let up = (r ^ bit) | (bit << 1);
+    Some(if up >= p { r ^ bit } else { up })
+}
+
+/// Parent and children of `r` in tree `t` (0 or 1) of the double binary tree. Tree 1 is tree 0
+/// mirrored (even p) or shifted by one (odd p), so most ranks that are leaves in one tree are
+/// inner nodes in the other and every rank's links carry about the same load.
+pub fn dtree(p: usize, r: usize, t: usize) -> (Option<usize>, Vec<usize>) {
+    let to_virtual = |x: usize| match (t, p % 2) {
+        (0, _) => x,
+        (_, 0) => p - 1 - x,
+        _ => (x + p - 1) % p,
+    };
+    let to_real = |v: usize| match (t, p % 2) {
+        (0, _) => v,
+        (_, 0) => p - 1 - v,
+        _ => (v + 1) % p,
+    };
+    let parent = |x: usize| btree_parent(p, to_virtual(x)).map(to_real);
+    let children = (0..p).filter(|&q| q != r && parent(q) == Some(r)).collect();
+    (parent(r), children)
+}
+
+/// Double binary tree all-reduce (as NCCL's): each half of the buffer goes up one tree in
+/// chunks (every rank reduces its children's chunks into its own and passes the sum to its
+/// parent) and the root's result comes back down, so latency grows as log2(p) and the two
+/// trees share the links. The root computes every value once, so all ranks get the same bits.
+fn tree_all_reduce(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
+    let (p, n, ch) = (a.nranks, a.count, o.chunk_elems.max(1));
+    if p == 1 {
+        return single_rank(o, n, Algo::Tree);
+    }
+    let mut b = Builder::new(ch, o.window);
+    for t in 0..2 {
+        let (off0, len0) = segment(n, 2, t);
+        let (parent, children) = dtree(p, r, t);
+        for (off, len) in chunks(off0, len0, ch) {
+            let mine = Slice::new(Buf::Recv, off, len);
+            let mut acc = Slice::new(Buf::Send, off, len);
+            let mut acc_step: Option<usize> = None;
+            for &c in &children {
+                let (slot, slot_deps) = b.acquire();
+                let incoming = Slice::new(Buf::Scratch, slot, len);
+                let rv = b.push(
+                    Op::Recv {
+                        peer: c,
+                        dst: incoming,
+                    },
+                    slot_deps,
+                );
+                let deps = std::iter::once(rv).chain(acc_step).collect();
+                let red = b.push(
+                    Op::Reduce {
+                        dst: mine,
+                        a: acc,
+                        b: incoming,
+                    },
+                    deps,
+                );
+                b.release(slot, vec![rv, red]);
+                acc = mine;
+                acc_step = Some(red);
+            }
+            let result = match parent {
+                Some(up) => {
+                    let s = b.push(
+                        Op::Send { peer: up, src: acc },
+                        acc_step.into_iter().collect(),
+                    );
+                    let deps = std::iter::once(s).chain(acc_step).collect();
+                    b.push(
+                        Op::Recv {
+                            peer: up,
+                            dst: mine,
+                        },
+                        deps,
+                    )
+                }
+                None if a.op == ReduceOp::Avg => {
+                    b.push(Op::Divide { buf: mine }, acc_step.into_iter().collect())
+                }
+                // The root of a job of 2 or more always has a child, so acc_step is set.
+                None => acc_step.unwrap_or_default(),
+            };
+            for &c in &children {
+                b.push(Op::Send { peer: c, src: mine }, vec![result]);
+            }
+        }
+    }
+    b.finish(Algo::Tree)
+}
+
 /// Recursive doubling: log2(p) rounds, each swapping the whole running result with one partner
 /// (rank ^ 2^k) and reducing, so a small all-reduce costs log2(p) latencies and messages per
 /// rank instead of p - 1. For p not a power of two, the first 2 * (p - 2^m) ranks pair up
@@ -1043,6 +1146,42 @@ mod tests {
                 "{}",
                 plan.scratch_elems
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tree_tests {
+    use super::dtree;
+
+    #[test]
+    fn both_trees_are_binary_trees_of_log_depth_and_share_the_inner_work() {
+        for p in 1..=70usize {
+            let depth_limit = usize::BITS - p.leading_zeros() + 1;
+            let mut inner_in_both = 0;
+            for t in 0..2 {
+                let roots: Vec<usize> = (0..p).filter(|&r| dtree(p, r, t).0.is_none()).collect();
+                assert_eq!(roots.len(), 1, "p {p} tree {t}: roots {roots:?}");
+                for r in 0..p {
+                    let (_, kids) = dtree(p, r, t);
+                    assert!(kids.len() <= 2, "p {p} tree {t}: rank {r} has {kids:?}");
+                    let (mut x, mut steps) = (r, 0);
+                    while let Some(up) = dtree(p, x, t).0 {
+                        assert!(dtree(p, up, t).1.contains(&x));
+                        x = up;
+                        steps += 1;
+                        assert!(steps <= depth_limit, "p {p} tree {t}: rank {r} too deep");
+                    }
+                    assert_eq!(x, roots[0]);
+                }
+            }
+            for r in 0..p {
+                if !dtree(p, r, 0).1.is_empty() && !dtree(p, r, 1).1.is_empty() {
+                    inner_in_both += 1;
+                }
+            }
+            // Complementary trees: few ranks do inner-node work in both.
+            assert!(inner_in_both <= p / 4 + 2, "p {p}: {inner_in_both} ranks inner in both trees");
         }
     }
 }

@@ -12,6 +12,7 @@ pub enum AlgoChoice {
     Ring,
     Direct,
     RecursiveDoubling,
+    Tree,
 }
 
 impl std::str::FromStr for AlgoChoice {
@@ -24,8 +25,9 @@ impl std::str::FromStr for AlgoChoice {
             "rdouble" | "recursive_doubling" | "recursive-doubling" => {
                 Ok(AlgoChoice::RecursiveDoubling)
             }
+            "tree" | "dtree" => Ok(AlgoChoice::Tree),
             _ => Err(format!(
-                "unknown algorithm '{s}' (expected auto, ring, direct, rdouble)"
+                "unknown algorithm '{s}' (expected auto, ring, direct, rdouble, tree)"
             )),
         }
     }
@@ -38,6 +40,7 @@ impl std::fmt::Display for AlgoChoice {
             AlgoChoice::Ring => "ring",
             AlgoChoice::Direct => "direct",
             AlgoChoice::RecursiveDoubling => "rdouble",
+            AlgoChoice::Tree => "tree",
         })
     }
 }
@@ -101,7 +104,8 @@ config! {
     chunk_bytes: usize = 512 * 1024, "RAILCC_CHUNK_BYTES";
     /// Chunks a rank may have received but not yet consumed, per peer (bounds scratch memory).
     max_inflight_chunks: usize = 8, "RAILCC_MAX_INFLIGHT_CHUNKS";
-    /// All-reduce algorithm: auto, ring, direct (one-shot) or rdouble (recursive doubling).
+    /// All-reduce algorithm: auto, ring, direct (one-shot), rdouble (recursive doubling) or
+    /// tree (double binary tree).
     algo: AlgoChoice = AlgoChoice::Auto, "RAILCC_ALGO";
     /// Under auto, all-reduce up to this many bytes per rank uses a latency algorithm (direct
     /// up to 4 ranks, recursive doubling beyond), above it the ring.
