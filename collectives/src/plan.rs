@@ -1181,7 +1181,10 @@ mod tree_tests {
                 }
             }
             // Complementary trees: few ranks do inner-node work in both.
-            assert!(inner_in_both <= p / 4 + 2, "p {p}: {inner_in_both} ranks inner in both trees");
+            assert!(
+                inner_in_both <= p / 4 + 2,
+                "p {p}: {inner_in_both} ranks inner in both trees"
+            );
         }
     }
 }
