@@ -477,6 +477,9 @@ pub fn dtree(p: usize, r: usize, t: usize) -> (Option<usize>, Vec<usize>) {
     (parent(r), children)
 }
 
+/// Below this many bytes the tree all-reduce uses one tree, not two.
+const TREE_SPLIT_MIN_BYTES: usize = 16 * 1024;
+
 /// Double binary tree all-reduce (as NCCL's): each half of the buffer goes up one tree in
 /// chunks (every rank reduces its children's chunks into its own and passes the sum to its
 /// parent) and the root's result comes back down, so latency grows as log2(p) and the two
@@ -487,8 +490,15 @@ fn tree_all_reduce(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
         return single_rank(o, n, Algo::Tree);
     }
     let mut b = Builder::new(ch, o.window);
-    for t in 0..2 {
-        let (off0, len0) = segment(n, 2, t);
+    // A small buffer goes down one tree: splitting it would only double the messages, and for
+    // small sizes the message count, not the link bandwidth, sets the time.
+    let trees = if n * a.dtype.size() <= TREE_SPLIT_MIN_BYTES {
+        1
+    } else {
+        2
+    };
+    for t in 0..trees {
+        let (off0, len0) = segment(n, trees, t);
         let (parent, children) = dtree(p, r, t);
         for (off, len) in chunks(off0, len0, ch) {
             let mine = Slice::new(Buf::Recv, off, len);

@@ -64,6 +64,16 @@ fn every_collective_8_ranks() {
     every_collective(8, &[]);
 }
 
+#[test]
+fn all_reduce_by_tree_and_recursive_doubling_over_sockets() {
+    // Non-powers of two: 5 ranks fold one pair for recursive doubling; 6 mirror the trees.
+    every_collective(5, &[("RAILCC_ALGO", "rdouble")]);
+    every_collective(
+        6,
+        &[("RAILCC_ALGO", "tree"), ("RAILCC_CHUNK_BYTES", "8192")],
+    );
+}
+
 fn expect_all_fail(outs: &[RankOutcome], needle: &str) {
     for o in outs {
         assert!(
