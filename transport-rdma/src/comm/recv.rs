@@ -1,0 +1,172 @@
+//! The receiving end: offers buffers (clear-to-send) and completes receives on the writer's
+//! immediate.
+
+use super::*;
+
+struct RecvReq {
+    seq: u64,
+    len: usize,
+    tag: MsgTag,
+    _reg: Reg,
+}
+
+pub struct RdmaRecvComm {
+    link: Link,
+    regions: Regions,
+    next_seq: u64,
+    pending: VecDeque<RecvReq>,
+    results: HashMap<u64, Result<usize>>,
+}
+
+impl RdmaRecvComm {
+    pub(crate) fn new(qp: Qp, peer: usize, control: TcpStream) -> Result<RdmaRecvComm> {
+        Ok(RdmaRecvComm {
+            link: Link::new(qp, peer, control)?,
+            regions: Regions::default(),
+            next_seq: 0,
+            pending: VecDeque::new(),
+            results: HashMap::new(),
+        })
+    }
+
+    fn progress(&mut self) -> Result<()> {
+        let comps = self.link.poll()?;
+        for c in &comps {
+            match c.wr_id & KIND {
+                K_CTRL => self.link.ctrl.free_tx.push((c.wr_id & !KIND) as usize),
+                K_RECV => {
+                    let slot = (c.wr_id & !KIND) as usize;
+                    let imm = c.imm.unwrap_or(0);
+                    let Some(req) = self.pending.pop_front() else {
+                        let e = Error::new(
+                            ErrorKind::Protocol,
+                            format!("rank {} wrote a message nobody posted", self.link.peer),
+                        );
+                        return Err(self.link.fail(e));
+                    };
+                    if imm & SEQ_MASK != req.seq as u32 & SEQ_MASK {
+                        let e = Error::new(
+                            ErrorKind::Protocol,
+                            format!(
+                                "rank {} completed message {} where {} was next",
+                                self.link.peer,
+                                imm & SEQ_MASK,
+                                req.seq
+                            ),
+                        );
+                        return Err(self.link.fail(e));
+                    }
+                    let r = if imm & ERR_BIT != 0 {
+                        let (theirs, len) = decode_tag_len(self.link.ctrl.rx(slot));
+                        Err(if theirs == req.tag {
+                            Error::new(
+                                ErrorKind::Mismatch,
+                                format!(
+                                    "{}: rank {} sends {len} bytes where this rank receives {}",
+                                    req.tag.op_seq, self.link.peer, req.len
+                                ),
+                            )
+                        } else {
+                            MsgTag::mismatch(&req.tag, &theirs)
+                        }
+                        .peer(self.link.peer)
+                        .transport(NAME))
+                    } else {
+                        Ok(req.len)
+                    };
+                    self.results.insert(req.seq, r);
+                    if let Err(e) = self.link.ctrl.repost(&self.link.qp, slot) {
+                        return Err(self.link.fail(e));
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.link.done_with(comps);
+        Ok(())
+    }
+}
+
+impl railcc_core::net::NetRecvComm for RdmaRecvComm {
+    fn reg_mr(&mut self, addr: usize, len: usize) -> Result<MemRegion> {
+        self.regions.reg(&self.link.qp, addr, len)
+    }
+
+    fn dereg_mr(&mut self, mr: MemRegion) -> Result<()> {
+        self.regions.dereg(mr)
+    }
+
+    unsafe fn irecv(
+        &mut self,
+        data: *mut u8,
+        len: usize,
+        tag: MsgTag,
+        mr: Option<&MemRegion>,
+    ) -> Result<ReqId> {
+        // A free control slot: they come back as soon as earlier clear-to-sends complete.
+        let start = std::time::Instant::now();
+        while self.link.ctrl.free_tx.is_empty() {
+            self.progress()?;
+            if start.elapsed() > std::time::Duration::from_secs(30) {
+                let e = Error::new(ErrorKind::Timeout, "no control slot came back in 30 s");
+                return Err(self.link.fail(e));
+            }
+        }
+        let reg = Reg::get(&self.link.qp, data as usize, len, mr, &self.regions.map)
+            .map_err(|e| self.link.fail(e))?;
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let slot = self.link.ctrl.free_tx.pop().unwrap_or(0);
+        let (_, rkey) = reg.keys();
+        let a = self.link.ctrl.tx_addr(slot);
+        {
+            let o = slot * SLOT;
+            let b = &mut self.link.ctrl.buf[o..o + SLOT];
+            b[..8].copy_from_slice(&(data as u64).to_le_bytes());
+            b[8..12].copy_from_slice(&rkey.to_le_bytes());
+            encode_tag_len(&mut b[16..], &tag, len as u64);
+        }
+        let lkey = self.link.ctrl.mr.lkey;
+        if let Err(e) = self.link.qp.post_send(
+            K_CTRL | slot as u64,
+            a,
+            16 + TAG_BYTES as u32 + 8,
+            lkey,
+            None,
+            Some(seq as u32 & SEQ_MASK),
+            true,
+        ) {
+            return Err(self.link.fail(e));
+        }
+        self.pending.push_back(RecvReq {
+            seq,
+            len,
+            tag,
+            _reg: reg,
+        });
+        Ok(ReqId(seq))
+    }
+
+    fn test(&mut self, req: ReqId) -> Result<Option<usize>> {
+        if let Some(r) = self.results.remove(&req.0) {
+            return r.map(Some);
+        }
+        self.progress()?;
+        match self.results.remove(&req.0) {
+            Some(r) => r.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn wait_fds(&self, out: &mut Vec<WaitFd>) {
+        self.link.wait_fds(out);
+    }
+
+    fn abort(&mut self, reason: &str) {
+        self.link.abort(reason);
+    }
+
+    fn close(self: Box<Self>) -> Result<()> {
+        Ok(())
+    }
+}
