@@ -126,13 +126,14 @@ pub fn blocks(coll: CollKind, n: usize, count: usize, dt: DataType, max_blocks: 
         .clamp(1, max_blocks.max(1) as u64) as u32
 }
 
+/// The kernels' `Ptrs` argument (kernels.rs): up to MAX_PEERS device addresses.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct Ptrs {
+pub(crate) struct Ptrs {
     p: [u64; MAX_PEERS],
 }
 
-fn ptrs(v: &[u64]) -> Ptrs {
+pub(crate) fn ptrs(v: &[u64]) -> Ptrs {
     let mut p = Ptrs { p: [0; MAX_PEERS] };
     p.p[..v.len()].copy_from_slice(v);
     p
@@ -191,15 +192,41 @@ pub unsafe fn launch(
         &mut timeout as *mut u64 as *mut c_void,
     ];
     // SAFETY: the parameters match the kernel's signature (kernels.rs) and live across the
-    // call (the driver copies them); the caller vouches for the pointers.
+    // call; the caller vouches for the pointers.
+    unsafe {
+        enqueue(
+            f,
+            shape.blocks,
+            THREADS,
+            stream,
+            &mut params,
+            "cuLaunchKernel",
+        )
+    }
+}
+
+/// `cuLaunchKernel` of a 1-D grid with no dynamic shared memory.
+///
+/// # Safety
+/// `params` must match `f`'s signature, and every pointer they carry must be valid for the
+/// kernel until `stream` passes it (the driver copies the parameter values themselves).
+pub(crate) unsafe fn enqueue(
+    f: sys::CUfunction,
+    blocks: u32,
+    threads: u32,
+    stream: sys::CUstream,
+    params: &mut [*mut c_void],
+    what: &str,
+) -> Result<()> {
+    // SAFETY: forwarded from the caller.
     check(
         unsafe {
             sys::cuLaunchKernel(
                 f,
-                shape.blocks,
+                blocks,
                 1,
                 1,
-                THREADS,
+                threads,
                 1,
                 1,
                 0,
@@ -208,7 +235,7 @@ pub unsafe fn launch(
                 std::ptr::null_mut(),
             )
         },
-        "cuLaunchKernel",
+        what,
     )
 }
 

@@ -12,9 +12,9 @@
 //! overwrites lines a peer is still reading. Flags come from the call counter in device memory
 //! (see kernels.rs), so CUDA graphs replay correctly.
 
-use crate::driver::check;
 use crate::gpu::GpuCtx;
 use crate::kernels::{ctype, op_expr, MAX_PEERS, SCRATCH_OFFSET};
+use crate::launch::{enqueue, ptrs, Ptrs};
 use cudarc::driver::sys;
 use railcc_core::{DataType, ReduceOp, Result};
 use std::ffi::c_void;
@@ -110,10 +110,10 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const unsigned ch
     )
 }
 
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct Ptrs {
-    p: [u64; MAX_PEERS],
+/// Whether a call takes this kernel: all-reduces up to `max_bytes` (the config's limit) and
+/// never more than the scratch holds.
+pub fn takes(coll: railcc_core::net::CollKind, nbytes: usize, max_bytes: usize) -> bool {
+    coll == railcc_core::net::CollKind::AllReduce && nbytes <= max_bytes.min(MAX_BYTES)
 }
 
 /// Thread blocks for `nbytes`: one 8-byte line per thread, at most `max_blocks` (all resident,
@@ -147,8 +147,7 @@ pub unsafe fn launch(
     debug_assert!(nbytes <= MAX_BYTES && areas.len() <= MAX_PEERS);
     gpu.bind()?;
     let f = gpu.ll_func(dt, op)?;
-    let mut p = Ptrs { p: [0; MAX_PEERS] };
-    p.p[..areas.len()].copy_from_slice(areas);
+    let mut p = ptrs(areas);
     let (mut i, mut o, mut nb) = (input, output, nbytes as u64);
     let (mut n, mut me_i, mut avg_n) = (areas.len() as i32, me as i32, areas.len() as i32);
     let mut timeout = timeout_ns;
@@ -164,24 +163,16 @@ pub unsafe fn launch(
     ];
     // SAFETY: parameters match the kernel's signature and live across the call; the caller
     // vouches for the pointers.
-    check(
-        unsafe {
-            sys::cuLaunchKernel(
-                f,
-                blocks,
-                1,
-                1,
-                THREADS,
-                1,
-                1,
-                0,
-                stream,
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        },
-        "cuLaunchKernel (low-latency all-reduce)",
-    )
+    unsafe {
+        enqueue(
+            f,
+            blocks,
+            THREADS,
+            stream,
+            &mut params,
+            "cuLaunchKernel (low-latency all-reduce)",
+        )
+    }
 }
 
 #[cfg(test)]

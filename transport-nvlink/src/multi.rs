@@ -134,9 +134,8 @@ impl MultiGpu {
         dt: DataType,
         op: ReduceOp,
     ) -> Result<Launch> {
-        let streams: Vec<_> = self.gpus.iter().map(|g| g.stream).collect();
         // SAFETY: forwarded from the caller.
-        unsafe { self.collective_on(&streams, CollKind::AllReduce, ins, outs, count, dt, op, 0) }
+        unsafe { self.collective(CollKind::AllReduce, ins, outs, count, dt, op, 0) }
     }
 
     /// [`MultiGpu::collective_on`] on our own streams.
@@ -188,7 +187,7 @@ impl MultiGpu {
             )));
         }
         let nbytes = count * dt.size();
-        if coll == CollKind::AllReduce && nbytes <= self.ll_max_bytes.min(crate::ll::MAX_BYTES) {
+        if crate::ll::takes(coll, nbytes, self.ll_max_bytes) {
             let areas: Vec<u64> = self.gpus.iter().map(|g| g.sync.ptr).collect();
             let blocks = crate::ll::blocks(nbytes, self.max_blocks);
             for (g, gpu) in self.gpus.iter().enumerate() {

@@ -272,7 +272,7 @@ impl ProcGpu {
         drop(imports);
         let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
         let nbytes = count * dt.size();
-        if coll == CollKind::AllReduce && nbytes <= self.ll_max_bytes.min(crate::ll::MAX_BYTES) {
+        if crate::ll::takes(coll, nbytes, self.ll_max_bytes) {
             let blocks = crate::ll::blocks(nbytes, self.max_blocks);
             // SAFETY: the peers' areas are mapped by IPC; the caller vouches for its buffers.
             unsafe {
