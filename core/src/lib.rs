@@ -14,6 +14,7 @@ pub mod bootstrap;
 pub mod config;
 pub mod dtype;
 pub mod error;
+pub mod handshake;
 pub mod launch;
 pub mod net;
 pub mod netif;

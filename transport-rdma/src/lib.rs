@@ -21,13 +21,13 @@ use comm::{RdmaRecvComm, RdmaSendComm};
 use device::RdmaPort;
 use railcc_core::auth::{fill_random, prove_client, verify_server, Secret};
 use railcc_core::bootstrap::connect_by;
+use railcc_core::handshake::HandshakeListener;
 use railcc_core::net::{
     ConnIdent, ConnectHandle, NetListener, NetProps, NetRecvComm, NetSendComm, NetTransport,
 };
 use railcc_core::wire::{read_exact_by, write_all_by};
 use railcc_core::{Error, Result};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::net::{IpAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use verbs::{Ctx, Qp, QpInfo, QP_INFO_BYTES};
@@ -111,23 +111,11 @@ impl NetTransport for RdmaTransport {
         if dev != 0 {
             return Err(Error::invalid(format!("rdma: no device {dev}")).transport(NAME));
         }
-        let listener = TcpListener::bind(SocketAddr::new(self.ip, 0))
-            .and_then(|l| l.set_nonblocking(true).map(|_| l))
-            .map_err(|e| {
-                Error::io(format!("rdma: control listener on {}", self.ip), &e).transport(NAME)
-            })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|e| Error::io("rdma: listener address", &e).transport(NAME))?;
-        let (tx, rx) = channel();
         Ok(Box::new(RdmaListener {
-            listener,
-            addr,
+            hs: HandshakeListener::bind(self.ip, NAME)?,
             ctx: self.ctx.clone(),
             secret: self.secret,
             rank: self.rank,
-            tx,
-            rx,
         }))
     }
 
@@ -170,13 +158,10 @@ impl NetTransport for RdmaTransport {
 }
 
 pub struct RdmaListener {
-    listener: TcpListener,
-    addr: SocketAddr,
+    hs: HandshakeListener<(ConnIdent, RdmaRecvComm)>,
     ctx: Arc<Ctx>,
     secret: Secret,
     rank: usize,
-    tx: Sender<(ConnIdent, RdmaRecvComm)>,
-    rx: Receiver<(ConnIdent, RdmaRecvComm)>,
 }
 
 /// The accepting side of a connection: runs on its own short-lived thread, so a stranger who
@@ -222,32 +207,14 @@ fn serve(
 
 impl NetListener for RdmaListener {
     fn handle(&self) -> ConnectHandle {
-        ConnectHandle::from_addr(self.addr)
+        ConnectHandle::from_addr(self.hs.addr())
     }
 
     fn accept(&mut self, deadline: Instant) -> Result<Option<(ConnIdent, Box<dyn NetRecvComm>)>> {
+        let (ctx, secret, rank) = (self.ctx.clone(), self.secret, self.rank);
+        let shake = move |s: TcpStream| serve(s, &ctx, &secret, rank);
         loop {
-            match self.listener.accept() {
-                Ok((stream, from)) => {
-                    let (tx, ctx, secret, rank) =
-                        (self.tx.clone(), self.ctx.clone(), self.secret, self.rank);
-                    let spawned = std::thread::Builder::new()
-                        .name("railcc-rdma-accept".into())
-                        .spawn(move || match serve(stream, &ctx, &secret, rank) {
-                            Ok(c) => {
-                                let _ = tx.send(c);
-                            }
-                            Err(e) => tracing::warn!("rdma: refused connection from {from}: {e}"),
-                        });
-                    if let Err(e) = spawned {
-                        tracing::warn!("rdma: could not spawn a handshake thread: {e}");
-                    }
-                    continue;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => tracing::warn!("rdma: accept failed: {e}"),
-            }
-            if let Ok((who, comm)) = self.rx.try_recv() {
+            if let Some((who, comm)) = self.hs.poll(&shake) {
                 return Ok(Some((who, Box::new(comm))));
             }
             if Instant::now() >= deadline {
