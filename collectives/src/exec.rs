@@ -439,7 +439,7 @@ impl Exec<'_> {
                     .op(format!("{}#{}", self.name, self.seq)));
             }
             if now.duration_since(last_progress) >= self.timeout {
-                return Err(self.stall_error(plan, &ws.state, tname));
+                return Err(self.stall_error(plan, &ws.state, conns, tname));
             }
             if now.duration_since(since) < self.spin {
                 // Let a co-scheduled rank run when there are more ranks than cores.
@@ -460,7 +460,13 @@ impl Exec<'_> {
         Ok(())
     }
 
-    fn stall_error(&self, plan: &Plan, state: &[St], tname: &'static str) -> Error {
+    fn stall_error(
+        &self,
+        plan: &Plan,
+        state: &[St],
+        conns: &Connections,
+        tname: &'static str,
+    ) -> Error {
         let secs = self.timeout.as_secs_f64();
         for (i, s) in plan.steps.iter().enumerate() {
             if state[i] == St::Done {
@@ -469,15 +475,23 @@ impl Exec<'_> {
             let (what, peer) = match &s.op {
                 Op::Recv { peer, dst } => (
                     format!(
-                        "no data from rank {peer} for {secs:.1} s (receive of {} elements)",
-                        dst.len
+                        "no data from rank {peer} for {secs:.1} s (receive of {} elements){}",
+                        dst.len,
+                        conns.recvs[*peer]
+                            .as_ref()
+                            .map(|c| state_note(c.state()))
+                            .unwrap_or_default()
                     ),
                     Some(*peer),
                 ),
                 Op::Send { peer, src } => (
                     format!(
-                        "rank {peer} has not taken our data for {secs:.1} s (send of {} elements)",
-                        src.len
+                        "rank {peer} has not taken our data for {secs:.1} s (send of {} elements){}",
+                        src.len,
+                        conns.sends[*peer]
+                            .as_ref()
+                            .map(|c| state_note(c.state()))
+                            .unwrap_or_default()
                     ),
                     Some(*peer),
                 ),
@@ -491,6 +505,14 @@ impl Exec<'_> {
             None,
             tname,
         )
+    }
+}
+
+fn state_note(s: String) -> String {
+    if s.is_empty() {
+        s
+    } else {
+        format!("; connection: {s}")
     }
 }
 

@@ -128,6 +128,11 @@ config! {
     /// RDMA ports to use, NCCL_IB_HCA style: a comma list of device names, `^` in front to
     /// exclude; empty: every active port. Several ports: local rank i takes the i-th.
     ib_hca: String = String::new(), "RAILCC_IB_HCA";
+    /// RDMA acknowledgement timeout exponent: a queue pair resends after 4.096 µs × 2^this
+    /// (18: about 1.1 s; NCCL_IB_TIMEOUT's meaning). 1 to 31.
+    ib_timeout: u8 = 18, "RAILCC_IB_TIMEOUT";
+    /// RDMA resends before a queue pair gives up (NCCL_IB_RETRY_CNT). 0 to 7.
+    ib_retry_cnt: u8 = 7, "RAILCC_IB_RETRY_CNT";
     /// Largest message a peer may announce, in bytes; a bigger header is a protocol error.
     max_message_bytes: u64 = 1 << 40, "RAILCC_MAX_MESSAGE_BYTES";
 }
@@ -166,6 +171,12 @@ impl Config {
             return Err(Error::invalid(
                 "RAILCC_MAX_INFLIGHT_CHUNKS must be at least 1",
             ));
+        }
+        if !(1..=31).contains(&self.ib_timeout) || self.ib_retry_cnt > 7 {
+            return Err(Error::invalid(format!(
+                "RAILCC_IB_TIMEOUT={} must be 1 to 31 and RAILCC_IB_RETRY_CNT={} 0 to 7",
+                self.ib_timeout, self.ib_retry_cnt
+            )));
         }
         if self.timeout_ms == 0 {
             return Err(Error::invalid("RAILCC_TIMEOUT_MS must be at least 1"));
@@ -223,6 +234,22 @@ mod tests {
             .apply_vars(|k| (k == "RAILCC_NSOCKS_PER_PEER").then(|| "many".to_string()))
             .unwrap_err();
         assert!(e.message.contains("RAILCC_NSOCKS_PER_PEER"), "{e}");
+    }
+
+    #[test]
+    fn ib_timing_out_of_range_is_refused() {
+        for (k, v) in [
+            ("RAILCC_IB_TIMEOUT", "0"),
+            ("RAILCC_IB_TIMEOUT", "32"),
+            ("RAILCC_IB_RETRY_CNT", "8"),
+        ] {
+            let cfg = Config::default()
+                .apply_vars(|n| (n == k).then(|| v.to_string()))
+                .unwrap();
+            let e = cfg.validate().unwrap_err();
+            assert!(e.message.contains(k), "{k}={v}: {e}");
+        }
+        assert!(Config::default().validate().is_ok());
     }
 
     #[test]

@@ -300,6 +300,10 @@ pub trait NetSendComm: Send {
     /// Tells the peer, best effort, why this rank is giving up before it closes, so the peer's
     /// error names the first cause (say, the rank that died) instead of only "rank X left".
     fn abort(&mut self, _reason: &str) {}
+    /// What the connection is waiting for, for a stall error ("" when it has nothing to say).
+    fn state(&self) -> String {
+        String::new()
+    }
     fn close(self: Box<Self>) -> Result<()>;
 }
 
@@ -322,6 +326,10 @@ pub trait NetRecvComm: Send {
     fn wait_fds(&self, out: &mut Vec<WaitFd>);
     /// As [`NetSendComm::abort`].
     fn abort(&mut self, _reason: &str) {}
+    /// What the connection is waiting for, for a stall error ("" when it has nothing to say).
+    fn state(&self) -> String {
+        String::new()
+    }
     fn close(self: Box<Self>) -> Result<()>;
 }
 

@@ -5,7 +5,7 @@
 #  2. killing a rank mid-transfer: every survivor fails naming it, none hangs;
 #  3. the rxe packet counters moved on both devices;
 #  4. sendrecv and broadcast at 1 MB next to ib_write_bw (one way and both ways), this run.
-fail() { echo "RDMA FAIL: $*"; exit 1; }
+fail() { echo "RDMA FAIL: $*"; rdma statistic show; exit 1; }
 export RAILCC_TRANSPORT=rdma RAILCC_IB_HCA=rxe0,rxe1 RAILCC_TIMEOUT_MS=20000
 pkts() { rdma statistic show link $1/1 | sed -E 's/.*rcvd_pkts ([0-9]+).*/\1/'; }
 p0=$(pkts rxe0); p1=$(pkts rxe1)
@@ -70,4 +70,5 @@ echo "1 MB: railcc sendrecv $sr MB/s per rank in each direction ($(awk -v a=$sr 
 echo "RATIO sendrecv both ways / ib_write_bw -b: $(awk -v a=$sr -v b=$bi 'BEGIN{printf "%.2f", 2*a/b}')"
 echo "RATIO sendrecv one direction / ib_write_bw one way: $(awk -v a=$sr -v b=$uni 'BEGIN{printf "%.2f", a/b}')"
 echo "RATIO broadcast (one way) / ib_write_bw one way: $(awk -v a=$bc -v b=$uni 'BEGIN{printf "%.2f", a/b}')"
+rdma statistic show | grep -oE "^link [^ ]+|(completer_retry_err|duplicate_request|out_of_seq_request) [0-9]+" | tr "\n" " "; echo
 echo "RDMA PASS"

@@ -30,6 +30,7 @@ use railcc_core::{Error, Result};
 use std::net::{IpAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+pub use verbs::AckTiming;
 use verbs::{Ctx, Qp, QpInfo, QP_INFO_BYTES};
 
 pub const NAME: &str = "rdma";
@@ -56,8 +57,14 @@ pub struct RdmaTransport {
 
 impl RdmaTransport {
     /// Opens `port`; control sockets listen on `ip` (the bootstrap interface).
-    pub fn open(port: &RdmaPort, ip: IpAddr, secret: Secret, rank: usize) -> Result<RdmaTransport> {
-        let ctx = Ctx::open(&port.device, port.port, port.gid_index)?;
+    pub fn open(
+        port: &RdmaPort,
+        ip: IpAddr,
+        secret: Secret,
+        rank: usize,
+        ack: AckTiming,
+    ) -> Result<RdmaTransport> {
+        let ctx = Ctx::open(&port.device, port.port, port.gid_index, ack)?;
         Ok(RdmaTransport {
             ctx,
             port: port.clone(),

@@ -166,6 +166,20 @@ impl railcc_core::net::NetRecvComm for RdmaRecvComm {
         self.link.abort(reason);
     }
 
+    fn state(&self) -> String {
+        format!(
+            "rdma receive from rank {}: {} receive(s) offered and not written{}, {} control \
+             slot(s) free",
+            self.link.peer,
+            self.pending.len(),
+            self.pending
+                .front()
+                .map(|r| format!(" (oldest: message {}, {} B)", r.seq, r.len))
+                .unwrap_or_default(),
+            self.link.ctrl.free_tx.len()
+        )
+    }
+
     fn close(self: Box<Self>) -> Result<()> {
         Ok(())
     }

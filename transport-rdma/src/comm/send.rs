@@ -226,6 +226,26 @@ impl railcc_core::net::NetSendComm for RdmaSendComm {
         self.link.abort(reason);
     }
 
+    fn state(&self) -> String {
+        format!(
+            "rdma send to rank {}: {} send(s) waiting for a clear-to-send{}, {} clear-to-send(s) \
+             unmatched, {} write(s) unacknowledged{}, {} send-queue entries used",
+            self.link.peer,
+            self.queue.len(),
+            self.queue
+                .front()
+                .map(|s| format!(" (next: message {}, {} B)", s.seq, s.len))
+                .unwrap_or_default(),
+            self.cts.len(),
+            self.inflight.len(),
+            self.inflight
+                .front()
+                .map(|w| format!(" (oldest: message {}, {} B)", w.0, w.2))
+                .unwrap_or_default(),
+            self.sq_used
+        )
+    }
+
     fn close(self: Box<Self>) -> Result<()> {
         Ok(())
     }
