@@ -70,5 +70,5 @@ echo "1 MB: railcc sendrecv $sr MB/s per rank in each direction ($(awk -v a=$sr 
 echo "RATIO sendrecv both ways / ib_write_bw -b: $(awk -v a=$sr -v b=$bi 'BEGIN{printf "%.2f", 2*a/b}')"
 echo "RATIO sendrecv one direction / ib_write_bw one way: $(awk -v a=$sr -v b=$uni 'BEGIN{printf "%.2f", a/b}')"
 echo "RATIO broadcast (one way) / ib_write_bw one way: $(awk -v a=$bc -v b=$uni 'BEGIN{printf "%.2f", a/b}')"
-rdma statistic show | grep -oE "^link [^ ]+|(completer_retry_err|duplicate_request|out_of_seq_request) [0-9]+" | tr "\n" " "; echo
+rdma statistic show  # resends (completer_retry_err) and duplicates show how hard the emulation was
 echo "RDMA PASS"
