@@ -11,7 +11,7 @@ use railcc_core::config::AlgoChoice;
 use railcc_core::launch;
 use railcc_core::net::{CollKind, MsgTag, NetTransport};
 use railcc_core::{netif, Config, DataType, Element, Error, ErrorKind, ReduceOp, Result};
-use railcc_transport_rdma::{AckTiming, RdmaTransport};
+use railcc_transport_rdma::{RdmaTransport, RdmaTuning};
 use railcc_transport_tcp::{TcpSettings, TcpTransport};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -61,15 +61,16 @@ fn choose_transport(
 ) -> Result<(Arc<dyn NetTransport>, String)> {
     let mut rdma = None;
     let mut why = String::from("RAILCC_TRANSPORT=tcp");
-    let ack = AckTiming {
+    let tuning = RdmaTuning {
         timeout: cfg.ib_timeout,
         retry_cnt: cfg.ib_retry_cnt,
+        eager_bytes: cfg.ib_eager_bytes,
     };
     if cfg.transport != "tcp" {
         match railcc_transport_rdma::choose(&cfg.ib_hca, local_rank) {
             None if cfg.ib_hca.is_empty() => why = "no active RDMA port".into(),
             None => why = format!("no active RDMA port matches RAILCC_IB_HCA={}", cfg.ib_hca),
-            Some(p) => match RdmaTransport::open(&p, iface.ip, id.secret, rank, ack) {
+            Some(p) => match RdmaTransport::open(&p, iface.ip, id.secret, rank, tuning) {
                 Ok(t) => rdma = Some(t),
                 Err(e) => why = format!("{}:{} unusable: {e}", p.device, p.port),
             },

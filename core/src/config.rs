@@ -133,6 +133,9 @@ config! {
     ib_timeout: u8 = 18, "RAILCC_IB_TIMEOUT";
     /// RDMA resends before a queue pair gives up (NCCL_IB_RETRY_CNT). 0 to 7.
     ib_retry_cnt: u8 = 7, "RAILCC_IB_RETRY_CNT";
+    /// RDMA messages up to this many bytes are copied through registered staging slots instead
+    /// of registering the caller's buffer per transfer. 0 turns staging off; at most 16384.
+    ib_eager_bytes: usize = 16384, "RAILCC_IB_EAGER_BYTES";
     /// Largest message a peer may announce, in bytes; a bigger header is a protocol error.
     max_message_bytes: u64 = 1 << 40, "RAILCC_MAX_MESSAGE_BYTES";
 }
@@ -176,6 +179,12 @@ impl Config {
             return Err(Error::invalid(format!(
                 "RAILCC_IB_TIMEOUT={} must be 1 to 31 and RAILCC_IB_RETRY_CNT={} 0 to 7",
                 self.ib_timeout, self.ib_retry_cnt
+            )));
+        }
+        if self.ib_eager_bytes > 16384 {
+            return Err(Error::invalid(format!(
+                "RAILCC_IB_EAGER_BYTES={} must be at most 16384",
+                self.ib_eager_bytes
             )));
         }
         if self.timeout_ms == 0 {

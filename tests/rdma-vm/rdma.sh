@@ -70,5 +70,14 @@ echo "1 MB: railcc sendrecv $sr MB/s per rank in each direction ($(awk -v a=$sr 
 echo "RATIO sendrecv both ways / ib_write_bw -b: $(awk -v a=$sr -v b=$bi 'BEGIN{printf "%.2f", 2*a/b}')"
 echo "RATIO sendrecv one direction / ib_write_bw one way: $(awk -v a=$sr -v b=$uni 'BEGIN{printf "%.2f", a/b}')"
 echo "RATIO broadcast (one way) / ib_write_bw one way: $(awk -v a=$bc -v b=$uni 'BEGIN{printf "%.2f", a/b}')"
+# 5. Small messages through the staging slots against registering per transfer, this run.
+lat() { # sendrecv time in us at $1 bytes on 2 ranks, with RAILCC_IB_EAGER_BYTES=$2
+  RAILCC_IB_EAGER_BYTES=$2 railcc bench sendrecv --ranks 2 -b $1 -e $1 -n 200 -w 20 > /tmp/lat.log 2>&1 || { cat /tmp/lat.log; fail "sendrecv $1 B, eager $2"; }
+  grep -E "^ +$1 " /tmp/lat.log | head -1 | awk '{print $6}'
+}
+for b in 8 4096 16384; do
+  st=$(lat $b 16384); rg=$(lat $b 0)
+  echo "sendrecv $b B: staged $st us, registered per transfer $rg us, RATIO $(awk -v a=$rg -v b=$st 'BEGIN{printf "%.2f", a/b}')x faster staged"
+done
 rdma statistic show  # resends (completer_retry_err) and duplicates show how hard the emulation was
 echo "RDMA PASS"

@@ -79,10 +79,59 @@ impl Ctrl {
     }
 }
 
+/// Messages up to `EAGER` bytes go through pre-registered staging slots, copied in and out,
+/// instead of registering the caller's buffer per transfer (a registration is a system call
+/// that pins pages: it costs more than copying a small message).
+pub const EAGER: usize = 16 * 1024;
+const STAGE_SLOTS: usize = 32;
+
+/// Registered staging slots of `EAGER` bytes each (one set per direction per peer).
+struct Staging {
+    buf: Vec<u8>,
+    mr: Mr,
+    free: Vec<usize>,
+    eager: usize,
+}
+
+impl Staging {
+    fn new(qp: &Qp) -> Result<Staging> {
+        let eager = qp.ctx.tuning.eager_bytes.min(EAGER);
+        let buf = vec![0u8; if eager == 0 { 1 } else { STAGE_SLOTS * EAGER }];
+        let mr = qp.ctx.reg(buf.as_ptr() as usize, buf.len())?;
+        Ok(Staging {
+            buf,
+            mr,
+            free: if eager == 0 {
+                Vec::new()
+            } else {
+                (0..STAGE_SLOTS).rev().collect()
+            },
+            eager,
+        })
+    }
+    /// A free slot for a message of `len` bytes, if it is small enough and one is free.
+    fn take(&mut self, len: usize) -> Option<usize> {
+        if len == 0 || len > self.eager {
+            return None;
+        }
+        self.free.pop()
+    }
+    fn addr(&self, slot: usize) -> usize {
+        self.buf.as_ptr() as usize + slot * EAGER
+    }
+    fn slot_mut(&mut self, slot: usize) -> &mut [u8] {
+        &mut self.buf[slot * EAGER..(slot + 1) * EAGER]
+    }
+    fn slot(&self, slot: usize) -> &[u8] {
+        &self.buf[slot * EAGER..(slot + 1) * EAGER]
+    }
+}
+
 /// What both ends share: the queue pair, the control slots, the peer, the control socket.
 struct Link {
     qp: Qp,
     ctrl: Ctrl,
+    stage: Staging,
     peer: usize,
     control: TcpStream,
     broken: Option<Error>,
@@ -94,9 +143,11 @@ impl Link {
     fn new(qp: Qp, peer: usize, control: TcpStream) -> Result<Link> {
         let ctrl = Ctrl::new(&qp)?;
         ctrl.post_all_recvs(&qp)?;
+        let stage = Staging::new(&qp)?;
         Ok(Link {
             qp,
             ctrl,
+            stage,
             peer,
             control,
             broken: None,
@@ -237,8 +288,17 @@ fn decode_tag_len(b: &[u8]) -> (MsgTag, u64) {
 
 /// A registration held by one request: the caller's region, or our own for this request.
 enum Reg {
-    Caller { lkey: u32, rkey: u32 },
+    Caller {
+        lkey: u32,
+        rkey: u32,
+    },
     Own(Mr),
+    /// Staging slot `slot` (lkey, rkey of the staging region).
+    Staged {
+        slot: usize,
+        lkey: u32,
+        rkey: u32,
+    },
     None,
 }
 
@@ -269,6 +329,7 @@ impl Reg {
         match self {
             Reg::Caller { lkey, rkey } => (*lkey, *rkey),
             Reg::Own(m) => (m.lkey, m.rkey),
+            Reg::Staged { lkey, rkey, .. } => (*lkey, *rkey),
             Reg::None => (0, 0),
         }
     }

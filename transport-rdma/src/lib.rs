@@ -30,7 +30,7 @@ use railcc_core::{Error, Result};
 use std::net::{IpAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-pub use verbs::AckTiming;
+pub use verbs::RdmaTuning;
 use verbs::{Ctx, Qp, QpInfo, QP_INFO_BYTES};
 
 pub const NAME: &str = "rdma";
@@ -62,9 +62,9 @@ impl RdmaTransport {
         ip: IpAddr,
         secret: Secret,
         rank: usize,
-        ack: AckTiming,
+        tuning: RdmaTuning,
     ) -> Result<RdmaTransport> {
-        let ctx = Ctx::open(&port.device, port.port, port.gid_index, ack)?;
+        let ctx = Ctx::open(&port.device, port.port, port.gid_index, tuning)?;
         Ok(RdmaTransport {
             ctx,
             port: port.clone(),

@@ -28,15 +28,17 @@ pub struct Ctx {
     pub lid: u16,
     pub mtu: u32,
     pub ethernet: bool,
-    pub ack: AckTiming,
+    pub tuning: RdmaTuning,
 }
 
-/// How long an RC queue pair waits for an acknowledgement before it resends
-/// (4.096 µs × 2^`timeout`), and how many times (NCCL_IB_TIMEOUT / NCCL_IB_RETRY_CNT).
+/// Settings from the config: how long an RC queue pair waits for an acknowledgement before it
+/// resends (4.096 µs × 2^`timeout`) and how many times (NCCL_IB_TIMEOUT / NCCL_IB_RETRY_CNT);
+/// messages up to `eager_bytes` go through registered staging slots.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AckTiming {
+pub struct RdmaTuning {
     pub timeout: u8,
     pub retry_cnt: u8,
+    pub eager_bytes: usize,
 }
 
 // SAFETY: verbs objects may be used from any thread (libibverbs is thread-safe); Ctx is
@@ -46,7 +48,7 @@ unsafe impl Sync for Ctx {}
 
 impl Ctx {
     /// Opens device `name` on `port`, using GID `gid_index` (RoCE) or the LID (InfiniBand).
-    pub fn open(name: &str, port: u8, gid_index: u8, ack: AckTiming) -> Result<Arc<Ctx>> {
+    pub fn open(name: &str, port: u8, gid_index: u8, tuning: RdmaTuning) -> Result<Arc<Ctx>> {
         let mut n = 0;
         // SAFETY: valid out-pointer; the list is freed below after we opened our device.
         let list = unsafe { ibv_get_device_list(&mut n) };
@@ -84,7 +86,7 @@ impl Ctx {
             lid: 0,
             mtu: 0,
             ethernet: false,
-            ack,
+            tuning,
         };
         // SAFETY: `ctx` is open; out-structures are plain data, zero-initialized.
         unsafe {
@@ -346,8 +348,8 @@ impl Qp {
         // A dead peer shows at once on the control socket, so the resend timer need not be
         // short; short ones fire spuriously on a loaded host (and Soft-RoCE's resend path has
         // stalled under that in our VM tests).
-        a.timeout = self.ctx.ack.timeout;
-        a.retry_cnt = self.ctx.ack.retry_cnt;
+        a.timeout = self.ctx.tuning.timeout;
+        a.retry_cnt = self.ctx.tuning.retry_cnt;
         a.rnr_retry = 7; // receiver not ready: retry forever (bounded by our deadlines)
         a.sq_psn = psn & 0xff_ffff;
         a.max_rd_atomic = 1;

@@ -7,7 +7,9 @@ struct RecvReq {
     seq: u64,
     len: usize,
     tag: MsgTag,
-    _reg: Reg,
+    /// The caller's buffer (written directly, or copied into from a staging slot).
+    dst: usize,
+    reg: Reg,
 }
 
 pub struct RdmaRecvComm {
@@ -74,6 +76,21 @@ impl RdmaRecvComm {
                     } else {
                         Ok(req.len)
                     };
+                    if let Reg::Staged { slot: s, .. } = req.reg {
+                        if r.is_ok() {
+                            // SAFETY: `irecv`'s contract keeps the caller's `len` bytes at `dst`
+                            // valid until this receive completes, which is now; the slot holds
+                            // `len <= EAGER` bytes the peer wrote, and the two cannot overlap.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    self.link.stage.slot(s).as_ptr(),
+                                    req.dst as *mut u8,
+                                    req.len,
+                                );
+                            }
+                        }
+                        self.link.stage.free.push(s);
+                    }
                     self.results.insert(req.seq, r);
                     if let Err(e) = self.link.ctrl.repost(&self.link.qp, slot) {
                         return Err(self.link.fail(e));
@@ -112,8 +129,26 @@ impl railcc_core::net::NetRecvComm for RdmaRecvComm {
                 return Err(self.link.fail(e));
             }
         }
-        let reg = Reg::get(&self.link.qp, data as usize, len, mr, &self.regions.map)
-            .map_err(|e| self.link.fail(e))?;
+        let staged = if mr.is_none() {
+            self.link.stage.take(len)
+        } else {
+            None
+        };
+        let (reg, target) = match staged {
+            Some(slot) => (
+                Reg::Staged {
+                    slot,
+                    lkey: self.link.stage.mr.lkey,
+                    rkey: self.link.stage.mr.rkey,
+                },
+                self.link.stage.addr(slot),
+            ),
+            None => (
+                Reg::get(&self.link.qp, data as usize, len, mr, &self.regions.map)
+                    .map_err(|e| self.link.fail(e))?,
+                data as usize,
+            ),
+        };
         let seq = self.next_seq;
         self.next_seq += 1;
         let slot = self.link.ctrl.free_tx.pop().unwrap_or(0);
@@ -122,7 +157,7 @@ impl railcc_core::net::NetRecvComm for RdmaRecvComm {
         {
             let o = slot * SLOT;
             let b = &mut self.link.ctrl.buf[o..o + SLOT];
-            b[..8].copy_from_slice(&(data as u64).to_le_bytes());
+            b[..8].copy_from_slice(&(target as u64).to_le_bytes());
             b[8..12].copy_from_slice(&rkey.to_le_bytes());
             encode_tag_len(&mut b[16..], &tag, len as u64);
         }
@@ -142,7 +177,8 @@ impl railcc_core::net::NetRecvComm for RdmaRecvComm {
             seq,
             len,
             tag,
-            _reg: reg,
+            dst: data as usize,
+            reg,
         });
         Ok(ReqId(seq))
     }

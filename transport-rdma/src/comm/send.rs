@@ -70,8 +70,11 @@ impl RdmaSendComm {
                 }
                 K_WRITE => {
                     let seq = c.wr_id & !KIND;
-                    while let Some((s, n, len, _reg)) = self.inflight.pop_front() {
+                    while let Some((s, n, len, reg)) = self.inflight.pop_front() {
                         self.sq_used -= n;
+                        if let Reg::Staged { slot, .. } = reg {
+                            self.link.stage.free.push(slot);
+                        }
                         self.results.insert(s, Ok(len));
                         if s == seq {
                             break;
@@ -139,14 +142,39 @@ impl RdmaSendComm {
                     .insert(s.seq, Err(e.peer(self.link.peer).transport(NAME)));
                 continue;
             }
-            let reg = Reg::get(
-                &self.link.qp,
-                s.data,
-                s.len,
-                s.mr.as_ref(),
-                &self.regions.map,
-            )
-            .map_err(|e| self.link.fail(e))?;
+            let staged = if s.mr.is_none() {
+                self.link.stage.take(s.len)
+            } else {
+                None
+            };
+            let (reg, src) = match staged {
+                Some(slot) => {
+                    // SAFETY: `isend`'s contract keeps the caller's `len` bytes at `data`
+                    // valid until the send completes; the slot has room for `len <= EAGER`.
+                    let from = unsafe { std::slice::from_raw_parts(s.data as *const u8, s.len) };
+                    self.link.stage.slot_mut(slot)[..s.len].copy_from_slice(from);
+                    let st = &self.link.stage;
+                    (
+                        Reg::Staged {
+                            slot,
+                            lkey: st.mr.lkey,
+                            rkey: st.mr.rkey,
+                        },
+                        st.addr(slot),
+                    )
+                }
+                None => (
+                    Reg::get(
+                        &self.link.qp,
+                        s.data,
+                        s.len,
+                        s.mr.as_ref(),
+                        &self.regions.map,
+                    )
+                    .map_err(|e| self.link.fail(e))?,
+                    s.data,
+                ),
+            };
             let (lkey, _) = reg.keys();
             let mut off = 0;
             loop {
@@ -154,7 +182,7 @@ impl RdmaSendComm {
                 let last = off + n == s.len;
                 let r = self.link.qp.post_send(
                     K_WRITE | s.seq,
-                    s.data + off,
+                    src + off,
                     n as u32,
                     lkey,
                     Some((c.addr + off as u64, c.rkey)),
