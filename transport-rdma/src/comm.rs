@@ -116,6 +116,16 @@ impl Staging {
         }
         self.free.pop()
     }
+    /// A slot for a message the caller did not register (`mr` None), as a registration.
+    fn take_reg(&mut self, len: usize, mr: Option<&MemRegion>) -> Option<(usize, Reg)> {
+        let slot = if mr.is_none() {
+            self.take(len)?
+        } else {
+            return None;
+        };
+        let (lkey, rkey) = (self.mr.lkey, self.mr.rkey);
+        Some((self.addr(slot), Reg::Staged { slot, lkey, rkey }))
+    }
     fn addr(&self, slot: usize) -> usize {
         self.buf.as_ptr() as usize + slot * EAGER
     }

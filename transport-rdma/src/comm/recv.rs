@@ -129,24 +129,12 @@ impl railcc_core::net::NetRecvComm for RdmaRecvComm {
                 return Err(self.link.fail(e));
             }
         }
-        let staged = if mr.is_none() {
-            self.link.stage.take(len)
-        } else {
-            None
-        };
-        let (reg, target) = match staged {
-            Some(slot) => (
-                Reg::Staged {
-                    slot,
-                    lkey: self.link.stage.mr.lkey,
-                    rkey: self.link.stage.mr.rkey,
-                },
-                self.link.stage.addr(slot),
-            ),
+        let (target, reg) = match self.link.stage.take_reg(len, mr) {
+            Some(staged) => staged,
             None => (
+                data as usize,
                 Reg::get(&self.link.qp, data as usize, len, mr, &self.regions.map)
                     .map_err(|e| self.link.fail(e))?,
-                data as usize,
             ),
         };
         let seq = self.next_seq;

@@ -142,28 +142,17 @@ impl RdmaSendComm {
                     .insert(s.seq, Err(e.peer(self.link.peer).transport(NAME)));
                 continue;
             }
-            let staged = if s.mr.is_none() {
-                self.link.stage.take(s.len)
-            } else {
-                None
-            };
-            let (reg, src) = match staged {
-                Some(slot) => {
+            let (src, reg) = match self.link.stage.take_reg(s.len, s.mr.as_ref()) {
+                Some((addr, Reg::Staged { slot, lkey, rkey })) => {
                     // SAFETY: `isend`'s contract keeps the caller's `len` bytes at `data`
                     // valid until the send completes; the slot has room for `len <= EAGER`.
                     let from = unsafe { std::slice::from_raw_parts(s.data as *const u8, s.len) };
                     self.link.stage.slot_mut(slot)[..s.len].copy_from_slice(from);
-                    let st = &self.link.stage;
-                    (
-                        Reg::Staged {
-                            slot,
-                            lkey: st.mr.lkey,
-                            rkey: st.mr.rkey,
-                        },
-                        st.addr(slot),
-                    )
+                    (addr, Reg::Staged { slot, lkey, rkey })
                 }
+                Some(other) => other,
                 None => (
+                    s.data,
                     Reg::get(
                         &self.link.qp,
                         s.data,
@@ -172,7 +161,6 @@ impl RdmaSendComm {
                         &self.regions.map,
                     )
                     .map_err(|e| self.link.fail(e))?,
-                    s.data,
                 ),
             };
             let (lkey, _) = reg.keys();
