@@ -239,6 +239,21 @@ impl Builder {
         (off, Vec::new())
     }
 
+    /// Receives `len` elements from `peer` into a free scratch slot: the slot, its slice and
+    /// the receive step.
+    fn recv_to_scratch(&mut self, peer: usize, len: usize) -> (usize, Slice, usize) {
+        let (slot, users) = self.acquire();
+        let incoming = Slice::new(Buf::Scratch, slot, len);
+        let rv = self.push(
+            Op::Recv {
+                peer,
+                dst: incoming,
+            },
+            users,
+        );
+        (slot, incoming, rv)
+    }
+
     fn release(&mut self, off: usize, users: Vec<usize>) {
         self.free.push_back((off, users));
     }
@@ -398,15 +413,7 @@ fn ring_reduce_scatter(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
                 let Some((off, len)) = nth_chunk(0, c, ch, k) else {
                     continue;
                 };
-                let (slot, slot_deps) = b.acquire();
-                let incoming = Slice::new(Buf::Scratch, slot, len);
-                let rv = b.push(
-                    Op::Recv {
-                        peer: prev,
-                        dst: incoming,
-                    },
-                    slot_deps,
-                );
+                let (slot, incoming, rv) = b.recv_to_scratch(prev, len);
                 let mine = Slice::new(Buf::Send, ri * c + off, len);
                 if s == p - 2 {
                     let dst = Slice::new(Buf::Recv, off, len);
@@ -521,15 +528,7 @@ fn chain_reduce(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
             );
             continue;
         }
-        let (slot, slot_deps) = b.acquire();
-        let incoming = Slice::new(Buf::Scratch, slot, len);
-        let rv = b.push(
-            Op::Recv {
-                peer: prev,
-                dst: incoming,
-            },
-            slot_deps,
-        );
+        let (slot, incoming, rv) = b.recv_to_scratch(prev, len);
         if pos == 0 {
             let dst = Slice::new(Buf::Recv, off, len);
             let (red, _) = b.reduce_last(dst, incoming, mine, vec![rv], a.op == ReduceOp::Avg);

@@ -79,13 +79,13 @@ impl Ctrl {
     }
 }
 
-/// Messages up to `EAGER` bytes go through pre-registered staging slots, copied in and out,
+/// Messages up to `eager_bytes` (at most `EAGER`) go through pre-registered staging slots, copied in and out,
 /// instead of registering the caller's buffer per transfer (a registration is a system call
 /// that pins pages: it costs more than copying a small message).
 pub const EAGER: usize = 16 * 1024;
 const STAGE_SLOTS: usize = 32;
 
-/// Registered staging slots of `EAGER` bytes each (one set per direction per peer).
+/// Registered staging slots of `eager` bytes each (one set per direction per peer).
 struct Staging {
     buf: Vec<u8>,
     mr: Mr,
@@ -96,7 +96,7 @@ struct Staging {
 impl Staging {
     fn new(qp: &Qp) -> Result<Staging> {
         let eager = qp.ctx.tuning.eager_bytes.min(EAGER);
-        let buf = vec![0u8; if eager == 0 { 1 } else { STAGE_SLOTS * EAGER }];
+        let buf = vec![0u8; (STAGE_SLOTS * eager).max(1)];
         let mr = qp.ctx.reg(buf.as_ptr() as usize, buf.len())?;
         Ok(Staging {
             buf,
@@ -127,13 +127,13 @@ impl Staging {
         Some((self.addr(slot), Reg::Staged { slot, lkey, rkey }))
     }
     fn addr(&self, slot: usize) -> usize {
-        self.buf.as_ptr() as usize + slot * EAGER
+        self.buf.as_ptr() as usize + slot * self.eager
     }
     fn slot_mut(&mut self, slot: usize) -> &mut [u8] {
-        &mut self.buf[slot * EAGER..(slot + 1) * EAGER]
+        &mut self.buf[slot * self.eager..(slot + 1) * self.eager]
     }
     fn slot(&self, slot: usize) -> &[u8] {
-        &self.buf[slot * EAGER..(slot + 1) * EAGER]
+        &self.buf[slot * self.eager..(slot + 1) * self.eager]
     }
 }
 

@@ -42,15 +42,7 @@ pub(super) fn ring_all_reduce(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
                     let mine = Slice::new(Buf::Send, off, len);
                     let mut last = if o.in_place {
                         // The output holds our own input: stage the peer's chunk in scratch.
-                        let (slot, slot_deps) = b.acquire();
-                        let incoming = Slice::new(Buf::Scratch, slot, len);
-                        let rv = b.push(
-                            Op::Recv {
-                                peer: prev,
-                                dst: incoming,
-                            },
-                            slot_deps,
-                        );
+                        let (slot, incoming, rv) = b.recv_to_scratch(prev, len);
                         let mut deps = vec![rv];
                         deps.append(&mut readers[ri][c]);
                         let red = b.push(
@@ -175,15 +167,7 @@ pub(super) fn tree_all_reduce(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
             let mut acc = Slice::new(Buf::Send, off, len);
             let mut acc_step: Option<usize> = None;
             for &c in &children {
-                let (slot, slot_deps) = b.acquire();
-                let incoming = Slice::new(Buf::Scratch, slot, len);
-                let rv = b.push(
-                    Op::Recv {
-                        peer: c,
-                        dst: incoming,
-                    },
-                    slot_deps,
-                );
+                let (slot, incoming, rv) = b.recv_to_scratch(c, len);
                 let deps = std::iter::once(rv).chain(acc_step).collect();
                 let red = b.push(
                     Op::Reduce {

@@ -80,7 +80,7 @@ impl RdmaRecvComm {
                         if r.is_ok() {
                             // SAFETY: `irecv`'s contract keeps the caller's `len` bytes at `dst`
                             // valid until this receive completes, which is now; the slot holds
-                            // `len <= EAGER` bytes the peer wrote, and the two cannot overlap.
+                            // `len <= eager` bytes the peer wrote, and the two cannot overlap.
                             unsafe {
                                 std::ptr::copy_nonoverlapping(
                                     self.link.stage.slot(s).as_ptr(),

@@ -145,7 +145,7 @@ impl RdmaSendComm {
             let (src, reg) = match self.link.stage.take_reg(s.len, s.mr.as_ref()) {
                 Some((addr, Reg::Staged { slot, lkey, rkey })) => {
                     // SAFETY: `isend`'s contract keeps the caller's `len` bytes at `data`
-                    // valid until the send completes; the slot has room for `len <= EAGER`.
+                    // valid until the send completes; the slot has room for `len <= eager`.
                     let from = unsafe { std::slice::from_raw_parts(s.data as *const u8, s.len) };
                     self.link.stage.slot_mut(slot)[..s.len].copy_from_slice(from);
                     (addr, Reg::Staged { slot, lkey, rkey })
