@@ -98,6 +98,14 @@ pub struct BenchArgs {
     /// buffers that are not 256-byte aligned (a multiple of the element size).
     #[arg(long, default_value_t = 0)]
     pub offset: usize,
+    /// Host buffers: register them with the communicator once (1, like nccl-tests -R 1), so
+    /// RDMA moves them zero-copy, or not (0: the transport registers per transfer).
+    #[arg(short = 'R', long = "register", default_value_t = 1)]
+    pub register: u8,
+    /// Pin each rank to one CPU by its local rank (core), or leave placement to the kernel
+    /// (none), like mpirun's --bind-to.
+    #[arg(long, default_value = "none", value_parser = ["none", "core"])]
+    pub bind: String,
     /// Write results as JSON to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,

@@ -4,6 +4,7 @@
 //! - `railcc config`: the effective configuration and where each value came from.
 
 mod args;
+mod bind;
 mod gpu;
 mod measure;
 mod report;

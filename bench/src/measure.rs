@@ -6,7 +6,7 @@ use crate::report::{Report, Row, Timing};
 use railcc_collectives::plan::CollArgs;
 use railcc_collectives::reference::{count_wrong, fill_input};
 use railcc_collectives::sim::Mem;
-use railcc_collectives::{Bufs, CollKind, Communicator, DataType, ReduceOp};
+use railcc_collectives::{Bufs, CollKind, Communicator, DataType, ReduceOp, RegionId};
 use std::time::Instant;
 
 const SEED: u64 = 0x5eed;
@@ -136,6 +136,7 @@ fn measure(
     let mut recv = Mem::zeroed(body.len() + GUARD);
     recv.bytes_mut()[..body.len()].copy_from_slice(&body);
     recv.bytes_mut()[body.len()..].fill(GUARD_BYTE);
+    let _regs = Registered::new(comm, b.register != 0, &[send.bytes(), recv.bytes()])?;
     let call = |send: &Mem, recv: &mut Mem| {
         let n = recv.bytes().len() - GUARD;
         let r = &mut recv.bytes_mut()[..n];
@@ -177,4 +178,39 @@ fn measure(
         wrong: (b.check != 0).then_some(sum[1] as u64),
         oob: sum[2] as u64,
     })
+}
+
+/// The bench's buffers registered with the communicator for one measurement.
+struct Registered<'c> {
+    comm: &'c Communicator,
+    ids: Vec<RegionId>,
+}
+
+impl<'c> Registered<'c> {
+    fn new(
+        comm: &'c Communicator,
+        on: bool,
+        bufs: &[&[u8]],
+    ) -> railcc_collectives::Result<Registered<'c>> {
+        let mut r = Registered {
+            comm,
+            ids: Vec::new(),
+        };
+        for b in bufs.iter().filter(|b| on && !b.is_empty()) {
+            // SAFETY: `measure` drops this guard, deregistering, before it frees the buffers
+            // (it is declared after them), and never reallocates them in between.
+            r.ids.push(unsafe { comm.register(b.as_ptr(), b.len()) }?);
+        }
+        Ok(r)
+    }
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        for id in self.ids.drain(..) {
+            if let Err(e) = self.comm.deregister(id) {
+                tracing::warn!("bench: deregister: {e}");
+            }
+        }
+    }
 }

@@ -82,13 +82,18 @@ impl Report {
     pub fn new(comm: &Communicator, a: &BenchArgs, coll: CollKind) -> Report {
         let c = comm.config();
         let title = format!(
-            "# railcc bench {}: {} ranks, transport {}, {} stream(s) per peer, chunk {} B, algo {}",
+            "# railcc bench {}: {} ranks, transport {}, {} stream(s) per peer, chunk {} B, algo {}{}",
             coll.name(),
             comm.nranks(),
             comm.transport(),
             c.nsocks_per_peer,
             c.chunk_bytes,
-            c.algo
+            c.algo,
+            if a.device == "host" && a.register == 0 {
+                ", buffers not registered (-R 0)"
+            } else {
+                ""
+            }
         );
         Report {
             lead: comm.rank() == 0,

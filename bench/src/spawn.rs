@@ -26,6 +26,7 @@ pub fn bench_main(a: BenchArgs) -> Result<(), String> {
         d => return Err(format!("--device {d}: expected host or cuda")),
     }
     if let Some(info) = launched {
+        bind(&a, info.local_rank.unwrap_or(info.rank))?;
         let comm = Communicator::from_launch(cfg, &info, env("RAILCC_UNIQUE_ID").is_none())
             .map_err(|e| e.to_string())?;
         return run_rank(&comm, &a);
@@ -41,12 +42,21 @@ pub fn bench_main(a: BenchArgs) -> Result<(), String> {
             let info = launch::discover(overlay)
                 .map_err(|e| e.to_string())?
                 .ok_or("could not form launch info")?;
+            bind(&a, info.local_rank.unwrap_or(info.rank))?;
             let comm = Communicator::from_launch(cfg, &info, true).map_err(|e| e.to_string())?;
             run_rank(&comm, &a)
         }
         (None, None, None) => spawn_local(&a, &cfg),
         _ => Err("--rank, --nranks and --root-addr go together".into()),
     }
+}
+
+fn bind(a: &BenchArgs, local_rank: usize) -> Result<(), String> {
+    if a.bind == "core" {
+        let cpu = crate::bind::bind_to_core(local_rank)?;
+        tracing::info!("local rank {local_rank} bound to CPU {cpu}");
+    }
+    Ok(())
 }
 
 /// Starts `--ranks` copies of this program on this machine, serving their rendezvous here.

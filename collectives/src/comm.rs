@@ -5,6 +5,7 @@
 use crate::conn::Connections;
 use crate::exec::{Buffers, Compiled, Exec, RawBuf, Workspace};
 use crate::plan::{build, group_plan, Algo, CollArgs, P2pKind, PlanOpts};
+use crate::regions::{RegionId, Regions};
 use parking_lot::Mutex;
 use railcc_core::bootstrap::{unspecified_like, Bootstrap, RootServer, UniqueId};
 use railcc_core::config::AlgoChoice;
@@ -31,6 +32,9 @@ struct State {
     bootstrap: Bootstrap,
     op_seq: u64,
     scratch: Vec<u64>,
+    /// The scratch buffer's registration (re-made when the buffer grows).
+    scratch_region: Option<RegionId>,
+    regions: Regions,
     broken: Option<Error>,
 }
 
@@ -237,6 +241,8 @@ impl Communicator {
                 bootstrap,
                 op_seq: 0,
                 scratch: Vec::new(),
+                scratch_region: None,
+                regions: Regions::default(),
                 broken: None,
             }),
             abort: Arc::new(AtomicBool::new(false)),
@@ -285,6 +291,29 @@ impl Communicator {
             return Some(Error::new(ErrorKind::Aborted, "communicator aborted").rank(self.rank));
         }
         self.state.lock().broken.clone()
+    }
+
+    /// Registers `len` bytes at `ptr` for every transfer into or out of them, like
+    /// `ncclCommRegister`: over RDMA such transfers go zero-copy without pinning pages per
+    /// call. Registration with each peer's connection happens on the first transfer there.
+    ///
+    /// # Safety
+    /// The memory must stay allocated and mapped until [`Communicator::deregister`] returns or
+    /// the communicator is dropped: freed and reused pages would receive data meant for the
+    /// old ones.
+    pub unsafe fn register(&self, ptr: *const u8, len: usize) -> Result<RegionId> {
+        let mut st = self.state.lock();
+        self.check_usable(&st)?;
+        st.regions
+            .add(ptr as usize, len, self.nranks)
+            .map_err(|e| e.rank(self.rank))
+    }
+
+    /// Drops a registration made by [`Communicator::register`].
+    pub fn deregister(&self, id: RegionId) -> Result<()> {
+        let mut st = self.state.lock();
+        let State { conns, regions, .. } = &mut *st;
+        regions.remove(id, conns).map_err(|e| e.rank(self.rank))
     }
 
     /// The algorithm a call would use.
@@ -471,7 +500,13 @@ impl Communicator {
     ) -> Result<()> {
         let scratch_bytes = plan.plan.scratch_elems * dtype.size();
         if st.scratch.len() * 8 < scratch_bytes {
+            if let Some(id) = st.scratch_region.take() {
+                st.regions.remove(id, &mut st.conns)?;
+            }
             st.scratch = vec![0u64; scratch_bytes.div_ceil(8)];
+            // The communicator owns the scratch buffer and drops its region before the buffer.
+            let (addr, len) = (st.scratch.as_ptr() as usize, st.scratch.len() * 8);
+            st.scratch_region = Some(st.regions.add(addr, len, self.nranks)?);
         }
         let scratch = RawBuf {
             ptr: st.scratch.as_mut_ptr() as *mut u8,
@@ -490,7 +525,9 @@ impl Communicator {
             spin: self.spin,
             abort: &self.abort,
         };
-        let State { conns, ws, .. } = st;
+        let State {
+            conns, ws, regions, ..
+        } = st;
         let r = ex.run(
             plan,
             &Buffers {
@@ -500,12 +537,14 @@ impl Communicator {
                 user,
             },
             conns,
+            regions,
             ws,
         );
         if let Err(e) = &r {
             tracing::error!("{e}");
             st.broken = Some(e.clone());
             st.conns.abort_all(&e.to_string());
+            st.regions.forget_connections();
         }
         r
     }

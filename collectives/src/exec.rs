@@ -11,6 +11,7 @@
 use crate::conn::Connections;
 use crate::plan::{Buf, Op, Plan, Slice};
 use crate::reduce::{divide_raw, reduce_raw};
+use crate::regions::{Dir, Regions};
 use railcc_core::net::{MsgTag, ReqId, WaitFd};
 use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
 use std::collections::VecDeque;
@@ -265,6 +266,7 @@ impl Exec<'_> {
         cp: &Compiled,
         bufs: &Buffers,
         conns: &mut Connections,
+        regions: &mut Regions,
         ws: &mut Workspace,
     ) -> Result<()> {
         let tname = conns.transport_name();
@@ -352,13 +354,16 @@ impl Exec<'_> {
                     };
                     let (ptr, len) = bufs.at(src, es, false)?;
                     let tag = self.tag.with_index(ws.send_cur[q] as u64);
+                    let mr = regions
+                        .lookup(conns, q, Dir::Send, ptr as usize, len)
+                        .map_err(|e| self.ctx(e, i, Some(q), tname))?;
                     let c = conns.sends[q].as_mut().ok_or_else(|| {
                         self.ctx(Error::invalid("no send connection"), i, Some(q), tname)
                     })?;
                     // SAFETY: the slice was validated; the caller's borrow of the buffers lasts
                     // until run() returns, and run() does not return before the request completes
                     // (or fails, after which the communicator closes the connection).
-                    let req = unsafe { c.isend(ptr, len, tag, None) }
+                    let req = unsafe { c.isend(ptr, len, tag, mr.as_ref()) }
                         .map_err(|e| self.ctx(e, i, Some(q), tname))?;
                     ws.state[i] = St::Posted;
                     ws.posted_s[q].push_back((i, req));
@@ -374,12 +379,15 @@ impl Exec<'_> {
                     };
                     let (ptr, len) = bufs.at(dst, es, true)?;
                     let tag = self.tag.with_index(ws.recv_cur[q] as u64);
+                    let mr = regions
+                        .lookup(conns, q, Dir::Recv, ptr as usize, len)
+                        .map_err(|e| self.ctx(e, i, Some(q), tname))?;
                     let c = conns.recvs[q].as_mut().ok_or_else(|| {
                         self.ctx(Error::invalid("no receive connection"), i, Some(q), tname)
                     })?;
                     // SAFETY: as for isend; no other step touches this slice until it completes
                     // (the plan's dependencies guarantee it).
-                    let req = unsafe { c.irecv(ptr, len, tag, None) }
+                    let req = unsafe { c.irecv(ptr, len, tag, mr.as_ref()) }
                         .map_err(|e| self.ctx(e, i, Some(q), tname))?;
                     ws.state[i] = St::Posted;
                     ws.posted_r[q].push_back((i, req));

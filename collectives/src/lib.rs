@@ -7,9 +7,11 @@ pub mod exec;
 pub mod plan;
 pub mod reduce;
 pub mod reference;
+pub mod regions;
 pub mod sim;
 
 pub use comm::{Bufs, Communicator, P2p};
 pub use plan::{Algo, CollArgs};
 pub use railcc_core::net::CollKind;
 pub use railcc_core::{Config, DataType, Element, Error, ErrorKind, ReduceOp, Result};
+pub use regions::RegionId;

@@ -4,21 +4,32 @@
 #     (sizes that are not multiples of the rank count, up to 3 MB);
 #  2. killing a rank mid-transfer: every survivor fails naming it, none hangs;
 #  3. the rxe packet counters moved on both devices;
-#  4. sendrecv and broadcast at 1 MB next to ib_write_bw (one way and both ways), this run.
+#  4. sendrecv and broadcast at 1 MB next to ib_write_bw (one way and both ways), this run;
+#  5. small messages through the staging slots against a registration per transfer.
 fail() { echo "RDMA FAIL: $*"; rdma statistic show; exit 1; }
 export RAILCC_TRANSPORT=rdma RAILCC_IB_HCA=rxe0,rxe1 RAILCC_TIMEOUT_MS=20000
 pkts() { rdma statistic show link $1/1 | sed -E 's/.*rcvd_pkts ([0-9]+).*/\1/'; }
 p0=$(pkts rxe0); p1=$(pkts rxe1)
+# 2 ranks with the bench's buffers registered once (-R 1: zero-copy), 3 ranks without (-R 0:
+# staging slots for small messages, a registration per transfer for large ones).
 for n in 2 3; do
+  R=$((n == 2))
   for c in all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall; do
-    railcc bench $c --ranks $n -b 1000 -e 3M -f 7 -n 1 -w 0 -r 1 > /tmp/$c.log 2>&1 || { cat /tmp/$c.log; fail "$c on $n ranks"; }
+    railcc bench $c -R $R --ranks $n -b 1000 -e 3M -f 7 -n 1 -w 0 -r 1 > /tmp/$c.log 2>&1 || { cat /tmp/$c.log; fail "$c on $n ranks"; }
     grep -q "transport rdma rxe" /tmp/$c.log || { cat /tmp/$c.log; fail "$c did not run over RDMA"; }
-    echo "$n ranks $c: $(grep -cE '^ +[0-9]' /tmp/$c.log) sizes, $(grep 'Out of bounds' /tmp/$c.log)"
+    echo "$n ranks $c -R $R: $(grep -cE '^ +[0-9]' /tmp/$c.log) sizes, $(grep 'Out of bounds' /tmp/$c.log)"
   done
 done
 grep -m1 "transport rdma" /tmp/all_reduce.log
 railcc bench all_reduce --ranks 2 -d all -o all -b 1001 -e 100K -f 99 -n 1 -w 0 > /tmp/types.log 2>&1 || { cat /tmp/types.log; fail "every dtype and op"; }
 echo "2 ranks all_reduce, every dtype and op: $(grep -cE '^ +[0-9]' /tmp/types.log) rows, $(grep 'Out of bounds' /tmp/types.log)"
+# Registered buffers and slices of them, then deregistration (railcc-test-rank checks results).
+for r in 0 1 2; do
+  RAILCC_RANK=$r RAILCC_NRANKS=3 RAILCC_ROOT=127.0.0.1:29553 railcc-test-rank registered > /tmp/reg$r.log 2>&1 &
+  eval rg$r=$!
+done
+wait $rg0 && wait $rg1 && wait $rg2 || { cat /tmp/reg*.log; fail "registered buffers"; }
+echo "3 ranks: $(cat /tmp/reg0.log)"
 # Ranks that disagree on the count: both fail naming it (the sender sees the receiver's offer,
 # the receiver gets the sender's tag back).
 for r in 0 1; do
@@ -48,10 +59,12 @@ grep -q "rank 1" /tmp/kill0.log && grep -q "rank 1" /tmp/kill2.log || fail "a su
 q0=$(pkts rxe0); q1=$(pkts rxe1)
 echo "rxe0 rcvd_pkts $p0 -> $q0, rxe1 rcvd_pkts $p1 -> $q1"
 [ "$q0" -gt $((p0 + 1000)) ] && [ "$q1" -gt $((p1 + 1000)) ] || fail "rxe counters did not move"
-# 4. Bandwidth at 1 MB, railcc next to ib_write_bw in this run. The emulated devices are
-#    CPU-bound: two directions at once share the VM's CPUs, so each railcc pattern is set
-#    against the ib_write_bw mode that moves data the same way. Waiting ranks sleep instead of
-#    spinning (RAILCC_SPIN_US=0) so they leave the CPUs to rxe.
+# 4. Bandwidth at 1 MB, railcc next to ib_write_bw in this run, two rounds. The emulated
+#    devices are CPU-bound: two directions at once share the VM's CPUs, so each railcc pattern
+#    is set against the ib_write_bw mode that moves data the same way (2-rank sendrecv is both
+#    ways, 2-rank broadcast one way). Waiting ranks sleep instead of spinning (RAILCC_SPIN_US=0)
+#    to leave the CPUs to rxe, and are pinned one per CPU (--bind core): a rank that wakes on
+#    another CPU sends from another backlog, rxe sees packets out of order and resends.
 ibw() { # ib_write_bw [-b] at 1 MB from rxe1 to rxe0: prints the average MB/s (2^20 bytes)
   ib_write_bw $1 -d rxe0 -x 1 -s 1048576 -n 50 -F > /tmp/srv.log 2>&1 &
   sleep 1
@@ -60,19 +73,22 @@ ibw() { # ib_write_bw [-b] at 1 MB from rxe1 to rxe0: prints the average MB/s (2
   grep -E "^ +1048576" /tmp/cli.log | head -1 | awk '{print $4}'
 }
 rcc() { # railcc bench $1 at 1 MB on 2 ranks: prints MB/s (2^20 bytes) per rank, out of place
-  RAILCC_SPIN_US=0 railcc bench $1 --ranks 2 -b 1M -e 1M -n 30 -w 3 > /tmp/$1-bw.log 2>&1 || { cat /tmp/$1-bw.log; fail "$1 bench"; }
+  RAILCC_SPIN_US=0 railcc bench $1 --ranks 2 --bind core -b 1M -e 1M -n 30 -w 3 > /tmp/$1-bw.log 2>&1 || { cat /tmp/$1-bw.log; fail "$1 bench"; }
   grep -E "^ +1048576" /tmp/$1-bw.log | head -1 | awk '{printf "%.2f", 1e6 / $6}'
 }
-uni=$(ibw ""); bi=$(ibw -b)
-sr=$(rcc sendrecv); bc=$(rcc broadcast)
-echo "1 MB: ib_write_bw one way $uni MB/s, both ways (-b) $bi MB/s"
-echo "1 MB: railcc sendrecv $sr MB/s per rank in each direction ($(awk -v a=$sr 'BEGIN{printf "%.2f", 2*a}') MB/s both ways), broadcast (one way) $bc MB/s"
-echo "RATIO sendrecv both ways / ib_write_bw -b: $(awk -v a=$sr -v b=$bi 'BEGIN{printf "%.2f", 2*a/b}')"
-echo "RATIO sendrecv one direction / ib_write_bw one way: $(awk -v a=$sr -v b=$uni 'BEGIN{printf "%.2f", a/b}')"
-echo "RATIO broadcast (one way) / ib_write_bw one way: $(awk -v a=$bc -v b=$uni 'BEGIN{printf "%.2f", a/b}')"
-# 5. Small messages through the staging slots against registering per transfer, this run.
+retries() { rdma statistic show link rxe0/1 | sed -E 's/.*completer_retry_err ([0-9]+).*/\1/'; }
+for round in 1 2; do
+  uni=$(ibw ""); bi=$(ibw -b)
+  r0=$(retries); sr=$(rcc sendrecv); bc=$(rcc broadcast); r1=$(retries)
+  echo "round $round, 1 MB: ib_write_bw one way $uni MB/s, both ways (-b) $bi MB/s"
+  echo "round $round, 1 MB: railcc sendrecv $sr MB/s per rank in each direction ($(awk -v a=$sr 'BEGIN{printf "%.2f", 2*a}') MB/s both ways), broadcast (one way) $bc MB/s; rxe0 resends during railcc: $((r1 - r0))"
+  echo "round $round RATIO sendrecv both ways / ib_write_bw -b: $(awk -v a=$sr -v b=$bi 'BEGIN{printf "%.2f", 2*a/b}')"
+  echo "round $round RATIO broadcast (one way) / ib_write_bw one way: $(awk -v a=$bc -v b=$uni 'BEGIN{printf "%.2f", a/b}')"
+done
+# 5. Small messages in buffers the caller did not register (-R 0): through the staging slots
+#    against registering per transfer, this run.
 lat() { # sendrecv time in us at $1 bytes on 2 ranks, with RAILCC_IB_EAGER_BYTES=$2
-  RAILCC_IB_EAGER_BYTES=$2 railcc bench sendrecv --ranks 2 -b $1 -e $1 -n 200 -w 20 > /tmp/lat.log 2>&1 || { cat /tmp/lat.log; fail "sendrecv $1 B, eager $2"; }
+  RAILCC_IB_EAGER_BYTES=$2 railcc bench sendrecv -R 0 --ranks 2 -b $1 -e $1 -n 200 -w 20 > /tmp/lat.log 2>&1 || { cat /tmp/lat.log; fail "sendrecv $1 B, eager $2"; }
   grep -E "^ +$1 " /tmp/lat.log | head -1 | awk '{print $6}'
 }
 for b in 8 4096 16384; do

@@ -143,6 +143,19 @@ fn short_buffer_is_an_error() {
 }
 
 #[test]
+fn registered_buffers_3_ranks() {
+    let outs = run_job(
+        EXE,
+        "registered",
+        3,
+        &[0, 1, 2],
+        &[],
+        Duration::from_secs(120),
+    );
+    all_ok(&outs);
+}
+
+#[test]
 fn a_rank_that_never_arrives_is_named() {
     // Rank 2 of 3 is never started: the others time out with its number, quickly.
     let outs = run_job(

@@ -259,8 +259,14 @@ impl Link {
         self.comps = comps;
     }
 
-    /// Sleeping ranks wake when the control socket turns readable (the peer died or gave up).
+    /// Sleeping ranks wake when a completion arrives (the armed completion channel) or the
+    /// control socket turns readable (the peer died or gave up).
     fn wait_fds(&self, out: &mut Vec<WaitFd>) {
+        self.qp.arm();
+        out.push(WaitFd {
+            fd: self.qp.event_fd(),
+            write: false,
+        });
         out.push(WaitFd {
             fd: self.control.as_raw_fd(),
             write: false,

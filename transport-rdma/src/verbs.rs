@@ -215,10 +215,12 @@ impl QpInfo {
     }
 }
 
-/// An RC queue pair with its own completion queue.
+/// An RC queue pair with its own completion queue, and the completion channel whose file
+/// descriptor lets a sleeping rank wake the moment a completion arrives.
 pub struct Qp {
     qp: *mut ibv_qp,
     cq: *mut ibv_cq,
+    channel: *mut ibv_comp_channel,
     pub ctx: Arc<Ctx>,
     pub depth: u32,
 }
@@ -242,15 +244,29 @@ impl Qp {
     pub fn new(ctx: &Arc<Ctx>, depth: u32) -> Result<Qp> {
         // SAFETY: the context and pd are live; init structures are plain data.
         unsafe {
+            let channel = ibv_create_comp_channel(ctx.ctx);
+            if channel.is_null() {
+                return Err(os_err(&format!("{}: ibv_create_comp_channel", ctx.name)));
+            }
+            // Non-blocking, so draining events never sleeps.
+            let fd = (*channel).fd;
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            if fl < 0 || libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) < 0 {
+                let e = os_err(&format!("{}: completion channel O_NONBLOCK", ctx.name));
+                ibv_destroy_comp_channel(channel);
+                return Err(e);
+            }
             let cq = ibv_create_cq(
                 ctx.ctx,
                 (2 * depth) as i32,
                 std::ptr::null_mut(),
-                std::ptr::null_mut(),
+                channel,
                 0,
             );
             if cq.is_null() {
-                return Err(os_err(&format!("{}: ibv_create_cq", ctx.name)));
+                let e = os_err(&format!("{}: ibv_create_cq", ctx.name));
+                ibv_destroy_comp_channel(channel);
+                return Err(e);
             }
             let mut init: ibv_qp_init_attr = std::mem::zeroed();
             init.send_cq = cq;
@@ -262,12 +278,15 @@ impl Qp {
             init.cap.max_recv_sge = 1;
             let qp = ibv_create_qp(ctx.pd, &mut init);
             if qp.is_null() {
+                let e = os_err(&format!("{}: ibv_create_qp", ctx.name));
                 ibv_destroy_cq(cq);
-                return Err(os_err(&format!("{}: ibv_create_qp", ctx.name)));
+                ibv_destroy_comp_channel(channel);
+                return Err(e);
             }
             let q = Qp {
                 qp,
                 cq,
+                channel,
                 ctx: ctx.clone(),
                 depth,
             };
@@ -455,6 +474,30 @@ impl Qp {
         Ok(())
     }
 
+    /// The completion channel's descriptor: readable once a completion arrives after [`Qp::arm`].
+    pub fn event_fd(&self) -> std::os::fd::RawFd {
+        // SAFETY: the channel is live for the QP's lifetime.
+        unsafe { (*self.channel).fd }
+    }
+
+    /// Before sleeping: consumes the events already signalled and asks for one on the next
+    /// completion. A completion that lands between the caller's last poll and this call
+    /// raises no event; the caller's sleep is bounded, so it costs at most one timeout.
+    pub fn arm(&self) {
+        let mut cq: *mut ibv_cq = std::ptr::null_mut();
+        let mut cq_ctx: *mut std::ffi::c_void = std::ptr::null_mut();
+        // SAFETY: the channel and CQ are live; the fd is non-blocking, so ibv_get_cq_event
+        // returns -1 (EAGAIN) instead of sleeping once no event is pending. Each event is
+        // acknowledged at once, as ibv_destroy_cq requires.
+        unsafe {
+            while ibv_get_cq_event(self.channel, &mut cq, &mut cq_ctx) == 0 {
+                ibv_ack_cq_events(cq, 1);
+            }
+            // A failure here only costs the wake-up; the bounded sleep still comes back.
+            ibv_req_notify_cq(self.cq, 0);
+        }
+    }
+
     /// Appends up to 16 completions to `out`.
     pub fn poll(&self, out: &mut Vec<Completion>) -> Result<()> {
         // SAFETY: plain-data array for the driver to fill.
@@ -487,10 +530,17 @@ impl Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        // SAFETY: created in `new`, destroyed once, QP before its CQ.
+        // SAFETY: created in `new`, destroyed once: QP, then CQ (its events were acknowledged
+        // in `arm`; any pending one is consumed first), then the channel.
         unsafe {
             ibv_destroy_qp(self.qp);
+            let mut cq: *mut ibv_cq = std::ptr::null_mut();
+            let mut cq_ctx: *mut std::ffi::c_void = std::ptr::null_mut();
+            while ibv_get_cq_event(self.channel, &mut cq, &mut cq_ctx) == 0 {
+                ibv_ack_cq_events(cq, 1);
+            }
             ibv_destroy_cq(self.cq);
+            ibv_destroy_comp_channel(self.channel);
         }
     }
 }

@@ -63,12 +63,74 @@ fn run(scenario: &str) -> Result<String, String> {
             c.all_reduce(&send, &mut recv, ReduceOp::Sum).map_err(e2s)?;
             Ok("no error".into())
         }
+        "registered" => registered(&c),
         "barrier" => {
             c.barrier().map_err(e2s)?;
             Ok("barrier".into())
         }
         _ => Err(format!("unknown scenario '{scenario}'")),
     }
+}
+
+/// Collectives on buffers registered with the communicator (and on slices of them) give the
+/// reference results; a double deregistration and an empty region are refused by name.
+fn registered(c: &Communicator) -> Result<String, String> {
+    let (r, p) = (c.rank(), c.nranks());
+    let e2s = |e: railcc_collectives::Error| e.to_string();
+    let n = 100_003usize;
+    let send: Vec<f32> = (0..n).map(|i| (i % 97) as f32 + r as f32).collect();
+    let mut recv = vec![0f32; n + 64];
+    // SAFETY: both vectors outlive the registrations, which are removed below before they drop.
+    let ids = unsafe {
+        [
+            c.register(send.as_ptr() as *const u8, n * 4).map_err(e2s)?,
+            c.register(recv.as_ptr() as *const u8, recv.len() * 4)
+                .map_err(e2s)?,
+        ]
+    };
+    let want = |i: usize| p as f32 * (i % 97) as f32 + (p * (p - 1) / 2) as f32;
+    for round in 0..3 {
+        // The whole buffer, then a slice starting inside the registered region.
+        let off = round * 16;
+        c.all_reduce(&send[off..], &mut recv[..n - off], ReduceOp::Sum)
+            .map_err(e2s)?;
+        if let Some(i) = (0..n - off).find(|&i| recv[i] != want(i + off)) {
+            return Err(format!("round {round}: element {i} is {}", recv[i]));
+        }
+    }
+    let mut all = vec![0f32; n * p];
+    c.all_gather(&send, &mut all).map_err(e2s)?;
+    if (all[n * (p - 1)] - (p - 1) as f32).abs() > 0.0 {
+        return Err(format!(
+            "all_gather: rank {}'s block starts with {}",
+            p - 1,
+            all[n * (p - 1)]
+        ));
+    }
+    for id in ids {
+        c.deregister(id).map_err(e2s)?;
+    }
+    let again = c.deregister(ids[0]).err().map(e2s).unwrap_or_default();
+    if !again.contains("not registered") {
+        return Err(format!(
+            "second deregister: expected 'not registered', got '{again}'"
+        ));
+    }
+    // SAFETY: an empty region registers nothing.
+    let empty = unsafe { c.register(send.as_ptr() as *const u8, 0) }
+        .err()
+        .map(e2s)
+        .unwrap_or_default();
+    if !empty.contains("not a valid region") {
+        return Err(format!("empty region: expected a refusal, got '{empty}'"));
+    }
+    // Unregistered buffers still work after the regions are gone.
+    c.all_reduce(&send, &mut recv[..n], ReduceOp::Sum)
+        .map_err(e2s)?;
+    if recv[5] != want(5) {
+        return Err(format!("after deregister: element 5 is {}", recv[5]));
+    }
+    Ok(format!("registered buffers on {p} ranks"))
 }
 
 /// Every collective, dtype and op, in place and out of place, at awkward counts, each checked
