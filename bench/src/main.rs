@@ -1,6 +1,7 @@
 //! `railcc`: the command-line tool.
 //!
 //! - `railcc bench <collective>`: nccl-tests-style sweep over sizes, with checking.
+//! - `railcc topo`: the machine's topology and each rank's rails.
 //! - `railcc config`: the effective configuration and where each value came from.
 
 mod args;
@@ -9,6 +10,7 @@ mod gpu;
 mod measure;
 mod report;
 mod spawn;
+mod topo_cmd;
 
 use clap::Parser;
 use railcc_core::Config;
@@ -23,6 +25,8 @@ use std::process::ExitCode;
 enum Cli {
     /// Benchmark a collective, in the manner of nccl-tests.
     Bench(Box<args::BenchArgs>),
+    /// Print the topology (GPUs, NICs, RDMA devices, paths) and each rank's rails.
+    Topo(topo_cmd::TopoArgs),
     /// Print the effective configuration (defaults overridden by RAILCC_* variables).
     Config,
 }
@@ -38,6 +42,7 @@ fn main() -> ExitCode {
     let r = match Cli::parse() {
         Cli::Bench(a) => spawn::bench_main(*a),
         Cli::Config => print_config(),
+        Cli::Topo(a) => topo_cmd::run(&a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -125,6 +125,8 @@ config! {
     /// Network transport: auto (RDMA when every rank has an active RDMA port, else TCP), tcp,
     /// or rdma (an error when a rank has none).
     transport: String = "auto".to_string(), "RAILCC_TRANSPORT";
+    /// A topology file (JSON, as `railcc topo --json` prints) used instead of discovery.
+    topo_file: String = String::new(), "RAILCC_TOPO_FILE";
     /// RDMA ports to use, NCCL_IB_HCA style: a comma list of device names, `^` in front to
     /// exclude; empty: every active port. Several ports: local rank i takes the i-th.
     ib_hca: String = String::new(), "RAILCC_IB_HCA";

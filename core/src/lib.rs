@@ -8,6 +8,7 @@
 //! - [`launch`]: rank discovery from torchrun, Open MPI, Slurm and PMI variables.
 //! - [`net`]: the network-transport interface (NCCL net-plugin shape).
 //! - [`netif`]: choosing the socket interface.
+//! - [`topo`]: topology discovery, path classes and rail choice.
 
 pub mod auth;
 pub mod bootstrap;
@@ -18,6 +19,7 @@ pub mod handshake;
 pub mod launch;
 pub mod net;
 pub mod netif;
+pub mod topo;
 pub mod wire;
 
 pub use config::Config;

@@ -19,6 +19,7 @@ pub mod kernels;
 pub mod launch;
 pub mod ll;
 pub mod multi;
+pub mod nvml;
 pub mod proc;
 
 pub const NAME: &str = "nvlink";
