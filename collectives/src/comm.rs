@@ -115,16 +115,16 @@ fn choose_transport(
     } else if without.contains(&rank) {
         tracing::debug!("rank {rank}: no RDMA: {why}");
     }
-    let t = TcpTransport::new(
-        iface.name.clone(),
-        iface.ip,
-        id.secret,
-        TcpSettings::from_config(cfg),
-    );
-    Ok((Arc::new(t), format!("tcp over {}", iface.name)))
+    let rails = crate::rails::tcp_rails(cfg, iface).map_err(|e| e.rank(rank))?;
+    let desc = format!("tcp over {}", crate::rails::describe(&rails));
+    let t = TcpTransport::with_rails(rails, id.secret, TcpSettings::from_config(cfg));
+    Ok((Arc::new(t), desc))
 }
 
-fn host_id() -> String {
+fn host_id(cfg: &Config) -> String {
+    if !cfg.hostid.is_empty() {
+        return cfg.hostid.clone();
+    }
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_string())
         .or_else(|_| std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()))
@@ -195,7 +195,7 @@ impl Communicator {
         let iface = netif::choose(&ifaces, &cfg.socket_ifname, Some(id.root.ip())).map_err(ctx)?;
         let mut bootstrap = Bootstrap::init(id, rank, nranks, iface.ip, cfg.timeout())?;
         // Ranks on the same host (same boot id), and this rank's place among them.
-        let host = host_id();
+        let host = host_id(&cfg);
         let hosts = bootstrap.all_gather(host.as_bytes())?;
         let local_rank = hosts[..rank]
             .iter()

@@ -5,6 +5,7 @@ pub mod comm;
 pub mod conn;
 pub mod exec;
 pub mod plan;
+pub mod rails;
 pub mod reduce;
 pub mod reference;
 pub mod regions;

@@ -555,12 +555,34 @@ impl Bootstrap {
 
 /// Connects with retries until `deadline`: the listener may not be up yet.
 pub fn connect_by(addr: SocketAddr, deadline: Instant) -> Result<TcpStream> {
+    connect_from(None, addr, deadline)
+}
+
+/// As [`connect_by`], from local address `local` when given (a rail's interface).
+pub fn connect_from(
+    local: Option<std::net::IpAddr>,
+    addr: SocketAddr,
+    deadline: Instant,
+) -> Result<TcpStream> {
     let mut last: Option<std::io::Error> = None;
+    let attempt = |left: Duration| -> std::io::Result<TcpStream> {
+        let Some(ip) = local else {
+            return TcpStream::connect_timeout(&addr, left);
+        };
+        let s = socket2::Socket::new(
+            socket2::Domain::for_address(addr),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )?;
+        s.bind(&SocketAddr::new(ip, 0).into())?;
+        s.connect_timeout(&addr.into(), left)?;
+        Ok(s.into())
+    };
     while Instant::now() < deadline {
         let left = deadline
             .saturating_duration_since(Instant::now())
             .min(Duration::from_secs(2));
-        match TcpStream::connect_timeout(&addr, left.max(Duration::from_millis(1))) {
+        match attempt(left.max(Duration::from_millis(1))) {
             Ok(s) => {
                 let _ = s.set_nodelay(true);
                 return Ok(s);

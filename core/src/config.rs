@@ -125,6 +125,13 @@ config! {
     /// Network transport: auto (RDMA when every rank has an active RDMA port, else TCP), tcp,
     /// or rdma (an error when a rank has none).
     transport: String = "auto".to_string(), "RAILCC_TRANSPORT";
+    /// Interfaces a TCP connection stripes over: empty (the job's one interface), `auto` (the
+    /// NICs nearest this rank), or `eth0:800,eth1:400` (names, optional bandwidth in Mb/s to
+    /// split by). Rail i of one rank meets rail i of another.
+    rails: String = String::new(), "RAILCC_RAILS";
+    /// Which host this rank is on, for ranks that share a machine (NCCL_HOSTID); empty: the
+    /// kernel's boot id. Network namespaces on one machine set it to act as separate nodes.
+    hostid: String = String::new(), "RAILCC_HOSTID";
     /// A topology file (JSON, as `railcc topo --json` prints) used instead of discovery.
     topo_file: String = String::new(), "RAILCC_TOPO_FILE";
     /// RDMA ports to use, NCCL_IB_HCA style: a comma list of device names, `^` in front to

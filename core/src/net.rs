@@ -36,6 +36,27 @@ impl ConnectHandle {
         ConnectHandle(addr.to_string().into_bytes())
     }
 
+    /// The handle of listeners on several rails, in rail order.
+    pub fn from_addrs(addrs: &[std::net::SocketAddr]) -> ConnectHandle {
+        let s: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+        ConnectHandle(s.join(" ").into_bytes())
+    }
+
+    /// The socket addresses in a handle made by [`ConnectHandle::from_addrs`] (or `from_addr`).
+    pub fn addrs(&self, transport: &'static str) -> Result<Vec<std::net::SocketAddr>> {
+        let v: Option<Vec<std::net::SocketAddr>> = std::str::from_utf8(&self.0)
+            .ok()
+            .map(|s| s.split(' ').map(|a| a.parse().ok()).collect())
+            .and_then(|v: Option<Vec<_>>| v.filter(|v| !v.is_empty()));
+        v.ok_or_else(|| {
+            Error::new(
+                ErrorKind::Protocol,
+                format!("{transport}: connect handle is not a list of socket addresses"),
+            )
+            .transport(transport)
+        })
+    }
+
     /// The socket address in a handle made by [`ConnectHandle::from_addr`].
     pub fn addr(&self, transport: &'static str) -> Result<std::net::SocketAddr> {
         std::str::from_utf8(&self.0)

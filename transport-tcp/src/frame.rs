@@ -1,5 +1,6 @@
 //! The frame header that starts every part of every message on every stream, and the
-//! deterministic split of a message over streams that both ends compute.
+//! deterministic split of a message over streams that both ends compute: in proportion to
+//! each stream's weight (its rail's bandwidth), which the sender declares when it connects.
 
 use railcc_core::net::{MsgTag, TAG_BYTES};
 use railcc_core::{Error, ErrorKind, Result};
@@ -65,7 +66,7 @@ impl Header {
     pub fn check(
         &self,
         stream: usize,
-        nstreams: usize,
+        weights: &[u32],
         expect: &MsgTag,
         posted_len: u64,
         stripe_min: usize,
@@ -94,8 +95,8 @@ impl Header {
                 ),
             ));
         }
-        let nparts = nparts(self.total as usize, nstreams, stripe_min);
-        let (off, len) = split(self.total as usize, nparts, stream);
+        let nparts = nparts(self.total as usize, weights.len(), stripe_min);
+        let (off, len) = split(self.total as usize, &weights[..nparts], stream);
         if self.part as usize != stream
             || self.nparts as usize != nparts
             || self.off != off as u64
@@ -115,12 +116,24 @@ pub fn nparts(total: usize, nstreams: usize, stripe_min: usize) -> usize {
     (total / stripe_min.max(1)).clamp(1, nstreams.max(1))
 }
 
-/// Byte range of part `i` of `nparts`. Parts are equal but the last, which may be shorter;
-/// a part past the end is empty.
-pub fn split(total: usize, nparts: usize, i: usize) -> (usize, usize) {
-    let chunk = total.div_ceil(nparts.max(1));
-    let off = (chunk * i).min(total);
-    (off, chunk.min(total - off))
+/// Byte range of part `i` when `total` bytes are split over parts of these weights (every
+/// weight at least 1): part i starts at total × (weights before i) / (all weights). A part
+/// past the end is empty.
+pub fn split(total: usize, weights: &[u32], i: usize) -> (usize, usize) {
+    let sum: u128 = weights
+        .iter()
+        .map(|&w| w.max(1) as u128)
+        .sum::<u128>()
+        .max(1);
+    let at = |k: usize| {
+        let before: u128 = weights[..k.min(weights.len())]
+            .iter()
+            .map(|&w| w.max(1) as u128)
+            .sum();
+        (total as u128 * before / sum) as usize
+    };
+    let off = at(i);
+    (off, at(i + 1) - off)
 }
 
 #[cfg(test)]
@@ -132,12 +145,12 @@ mod tests {
 
     proptest! {
         #[test]
-        fn split_covers_exactly(total in 0usize..10_000_000, nstreams in 1usize..9, stripe in 1usize..1_000_000) {
-            let n = nparts(total, nstreams, stripe);
-            prop_assert!(n >= 1 && n <= nstreams);
+        fn split_covers_exactly(total in 0usize..10_000_000, weights in proptest::collection::vec(1u32..100_000, 1..9), stripe in 1usize..1_000_000) {
+            let n = nparts(total, weights.len(), stripe);
+            prop_assert!(n >= 1 && n <= weights.len());
             let mut next = 0;
             for i in 0..n {
-                let (off, len) = split(total, n, i);
+                let (off, len) = split(total, &weights[..n], i);
                 prop_assert_eq!(off, next);
                 next = off + len;
             }
@@ -150,9 +163,18 @@ mod tests {
             b.copy_from_slice(&bytes);
             if let Ok(h) = Header::decode(&b) {
                 let tag = MsgTag::new(0, CollKind::AllReduce, DataType::F32, None, None, 0);
-                let _ = h.check(0, 4, &tag, 1024, 4096, 1 << 30);
+                let _ = h.check(0, &[1, 2, 3, 4], &tag, 1024, 4096, 1 << 30);
             }
         }
+    }
+
+    #[test]
+    fn weighted_split_follows_the_weights() {
+        // Rails of 800 and 400 Mb/s: two thirds and one third.
+        assert_eq!(split(1200, &[800, 400], 0), (0, 800));
+        assert_eq!(split(1200, &[800, 400], 1), (800, 400));
+        assert_eq!(split(10, &[1, 1, 1], 2), (6, 4));
+        assert_eq!(split(10, &[1, 1], 5), (10, 0));
     }
 
     #[test]
@@ -169,13 +191,15 @@ mod tests {
         };
         let d = Header::decode(&h.encode()).unwrap();
         assert_eq!(d, h);
-        d.check(0, 2, &tag, 40, 1024, 1 << 20).unwrap();
+        d.check(0, &[1, 1], &tag, 40, 1024, 1 << 20).unwrap();
         assert_eq!(
-            d.check(0, 2, &tag, 80, 1024, 1 << 20).unwrap_err().kind,
+            d.check(0, &[1, 1], &tag, 80, 1024, 1 << 20)
+                .unwrap_err()
+                .kind,
             ErrorKind::Mismatch
         );
         assert_eq!(
-            d.check(0, 2, &tag, 40, 1024, 16).unwrap_err().kind,
+            d.check(0, &[1, 1], &tag, 40, 1024, 16).unwrap_err().kind,
             ErrorKind::Protocol
         );
         let mut bad = h.encode();

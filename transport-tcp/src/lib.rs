@@ -1,7 +1,8 @@
 //! TCP transport: the [`railcc_core::net`] interface over real sockets.
 //!
-//! - A connection is `nsocks_per_peer` TCP streams; a message of at least two stripes is split
-//!   over them in equal parts ([`frame::split`]), a small one goes on stream 0 alone.
+//! - A connection is `nsocks_per_peer` TCP streams per rail (one rail unless `RAILCC_RAILS`
+//!   names several interfaces); a message of at least two stripes is split over them in
+//!   proportion to their rails' bandwidth ([`frame::split`]), a small one goes on stream 0.
 //! - Every part starts with a [`frame::Header`] that the receiver checks against what it
 //!   posted: magic, sequence, tag, length and split. A bad header is an error, never an
 //!   allocation (data goes straight into the caller's buffer) or a panic.
@@ -48,26 +49,47 @@ impl TcpSettings {
     }
 }
 
-/// The TCP transport bound to one local interface address.
+/// One local interface a connection stripes over, and its share (bandwidth, any unit).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TcpRail {
+    pub name: String,
+    pub ip: IpAddr,
+    pub weight: u32,
+}
+
+/// The TCP transport over one or more local interfaces (rails). Rail i of one rank connects
+/// to rail i of another.
 pub struct TcpTransport {
-    ifname: String,
-    ip: IpAddr,
+    rails: Vec<TcpRail>,
     secret: Secret,
     settings: TcpSettings,
 }
 
 impl TcpTransport {
     pub fn new(ifname: String, ip: IpAddr, secret: Secret, settings: TcpSettings) -> TcpTransport {
-        TcpTransport {
-            ifname,
+        let rail = TcpRail {
+            name: ifname,
             ip,
+            weight: 1,
+        };
+        TcpTransport::with_rails(vec![rail], secret, settings)
+    }
+
+    /// Over several rails (at least one).
+    pub fn with_rails(rails: Vec<TcpRail>, secret: Secret, settings: TcpSettings) -> TcpTransport {
+        TcpTransport {
+            rails,
             secret,
             settings,
         }
     }
 
     pub fn local_ip(&self) -> IpAddr {
-        self.ip
+        self.rails[0].ip
+    }
+
+    pub fn rails(&self) -> &[TcpRail] {
+        &self.rails
     }
 }
 
@@ -85,24 +107,28 @@ impl NetTransport for TcpTransport {
     }
 
     fn devices(&self) -> Result<Vec<NetProps>> {
-        let pci = std::fs::canonicalize(format!("/sys/class/net/{}/device", self.ifname))
-            .ok()
-            .map(|p| p.display().to_string());
-        Ok(vec![NetProps {
-            name: format!("{} ({})", self.ifname, self.ip),
-            speed_mbps: link_speed_mbps(&self.ifname),
-            pci_path: pci,
-            gpu_direct: false,
-            max_comms: 65536,
-        }])
+        Ok(self
+            .rails
+            .iter()
+            .map(|r| NetProps {
+                name: format!("{} ({})", r.name, r.ip),
+                speed_mbps: link_speed_mbps(&r.name),
+                pci_path: std::fs::canonicalize(format!("/sys/class/net/{}/device", r.name))
+                    .ok()
+                    .map(|p| p.display().to_string()),
+                gpu_direct: false,
+                max_comms: 65536,
+            })
+            .collect())
     }
 
     fn listen(&self, dev: usize) -> Result<Box<dyn NetListener>> {
         if dev != 0 {
             return Err(Error::invalid(format!("tcp: no device {dev}")).transport(NAME));
         }
+        let ips: Vec<IpAddr> = self.rails.iter().map(|r| r.ip).collect();
         Ok(Box::new(TcpListenerComm::bind(
-            self.ip,
+            &ips,
             self.secret,
             self.settings.clone(),
         )?))
@@ -118,9 +144,10 @@ impl NetTransport for TcpTransport {
         if dev != 0 {
             return Err(Error::invalid(format!("tcp: no device {dev}")).transport(NAME));
         }
-        let addr = handle.addr(NAME)?;
+        let addrs = handle.addrs(NAME)?;
         Ok(Box::new(TcpSendComm::connect(
-            addr,
+            &addrs,
+            &self.rails,
             me,
             &self.secret,
             &self.settings,

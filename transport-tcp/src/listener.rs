@@ -17,17 +17,21 @@ use std::time::{Duration, Instant};
 
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(5);
 
+/// One listener per rail; a connection's streams may arrive on any of them.
 pub struct TcpListenerComm {
-    hs: HandshakeListener<(StreamHello, TcpStream)>,
+    hs: Vec<HandshakeListener<(StreamHello, TcpStream)>>,
     secret: Secret,
     settings: TcpSettings,
-    partial: HashMap<ConnIdent, Vec<Option<Socket>>>,
+    partial: HashMap<ConnIdent, Vec<Option<(Socket, u32)>>>,
 }
 
 impl TcpListenerComm {
-    pub fn bind(ip: IpAddr, secret: Secret, settings: TcpSettings) -> Result<TcpListenerComm> {
+    pub fn bind(ips: &[IpAddr], secret: Secret, settings: TcpSettings) -> Result<TcpListenerComm> {
         Ok(TcpListenerComm {
-            hs: HandshakeListener::bind(ip, NAME)?,
+            hs: ips
+                .iter()
+                .map(|&ip| HandshakeListener::bind(ip, NAME))
+                .collect::<Result<_>>()?,
             secret,
             settings,
             partial: HashMap::new(),
@@ -55,36 +59,39 @@ impl TcpListenerComm {
         }
         let sock = Socket::from(stream);
         tune(&sock, self.settings.socket_buffer_bytes)?;
-        group[hello.stream as usize] = Some(sock);
+        group[hello.stream as usize] = Some((sock, hello.weight));
         if !group.iter().all(Option::is_some) {
             return Ok(None);
         }
-        let socks: Vec<Socket> = self
+        let (socks, weights): (Vec<Socket>, Vec<u32>) = self
             .partial
             .remove(&hello.who)
             .into_iter()
             .flatten()
             .flatten()
-            .collect();
+            .unzip();
         Ok(Some((
             hello.who,
-            Box::new(TcpRecvComm::new(socks, self.settings.clone())),
+            Box::new(TcpRecvComm::new(socks, weights, self.settings.clone())),
         )))
     }
 }
 
 impl NetListener for TcpListenerComm {
     fn handle(&self) -> ConnectHandle {
-        ConnectHandle::from_addr(self.hs.addr())
+        let addrs: Vec<_> = self.hs.iter().map(|h| h.addr()).collect();
+        ConnectHandle::from_addrs(&addrs)
     }
 
     fn accept(&mut self, deadline: Instant) -> Result<Option<(ConnIdent, Box<dyn NetRecvComm>)>> {
         let secret = self.secret;
         let shake = move |s: TcpStream| handshake(s, &secret);
         loop {
-            while let Some((hello, stream)) = self.hs.poll(&shake) {
-                if let Some(c) = self.add_stream(hello, stream)? {
-                    return Ok(Some(c));
+            for i in 0..self.hs.len() {
+                while let Some((hello, stream)) = self.hs[i].poll(&shake) {
+                    if let Some(c) = self.add_stream(hello, stream)? {
+                        return Ok(Some(c));
+                    }
                 }
             }
             if Instant::now() >= deadline {

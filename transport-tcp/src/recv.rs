@@ -41,6 +41,8 @@ struct Stream {
 
 pub struct TcpRecvComm {
     streams: Vec<Stream>,
+    /// Each stream's share of a striped message, as the sender declared it.
+    weights: Vec<u32>,
     settings: TcpSettings,
     posted: VecDeque<Posted>,
     next_seq: u64,
@@ -52,7 +54,7 @@ pub struct TcpRecvComm {
 unsafe impl Send for TcpRecvComm {}
 
 impl TcpRecvComm {
-    pub(crate) fn new(socks: Vec<Socket>, settings: TcpSettings) -> TcpRecvComm {
+    pub(crate) fn new(socks: Vec<Socket>, weights: Vec<u32>, settings: TcpSettings) -> TcpRecvComm {
         let streams = socks
             .into_iter()
             .map(|sock| Stream {
@@ -66,6 +68,7 @@ impl TcpRecvComm {
             .collect();
         TcpRecvComm {
             streams,
+            weights,
             settings,
             posted: VecDeque::new(),
             next_seq: 0,
@@ -190,7 +193,8 @@ impl TcpRecvComm {
                     }
                     return Ok(()); // Not posted yet: keep the header until it is.
                 };
-                h.check(si, nstreams, &p.tag, p.len as u64, stripe, maxm)?;
+                let (tag, len) = (p.tag, p.len as u64);
+                h.check(si, &self.weights, &tag, len, stripe, maxm)?;
                 let st = &mut self.streams[si];
                 st.last_seq = Some(h.seq);
                 st.cur = Some(Cur {

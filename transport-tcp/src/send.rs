@@ -3,9 +3,9 @@
 
 use crate::frame::{nparts, split, Header, HEADER_BYTES};
 use crate::sock::{send_iov, tune, Io, StreamHello};
-use crate::{TcpSettings, NAME};
+use crate::{TcpRail, TcpSettings, NAME};
 use railcc_core::auth::{prove_client, Secret};
-use railcc_core::bootstrap::connect_by;
+use railcc_core::bootstrap::connect_from;
 use railcc_core::net::{ConnIdent, MemRegion, MsgTag, NetSendComm, ReqId, WaitFd};
 use railcc_core::wire::write_all_by;
 use railcc_core::{Error, ErrorKind, Result};
@@ -31,6 +31,8 @@ struct Stream {
 
 pub struct TcpSendComm {
     streams: Vec<Stream>,
+    /// Each stream's share of a striped message (its rail's bandwidth).
+    weights: Vec<u32>,
     settings: TcpSettings,
     next_seq: u64,
     /// Parts still unsent per in-flight sequence number, oldest first.
@@ -43,22 +45,38 @@ pub struct TcpSendComm {
 unsafe impl Send for TcpSendComm {}
 
 impl TcpSendComm {
+    /// Connects `nstreams` streams over each rail: stream s goes from local rail s mod r to the
+    /// peer's rail s mod r (`addrs[i]` is the peer's listener on its rail i, `rails[i]` ours).
     pub fn connect(
-        addr: SocketAddr,
+        addrs: &[SocketAddr],
+        rails: &[TcpRail],
         me: ConnIdent,
         secret: &Secret,
         settings: &TcpSettings,
         deadline: Instant,
     ) -> Result<TcpSendComm> {
-        let n = settings.nstreams.clamp(1, crate::sock::MAX_STREAMS);
+        let r = addrs.len().min(rails.len()).max(1);
+        let n = (settings.nstreams * r).clamp(1, crate::sock::MAX_STREAMS);
         let mut streams = Vec::with_capacity(n);
+        let mut weights = Vec::with_capacity(n);
         for i in 0..n {
-            let mut s = connect_by(addr, deadline).map_err(|e| e.transport(NAME))?;
+            let addr = addrs[i % r.min(addrs.len())];
+            let rail = rails.get(i % r);
+            let local = rail.map(|x| x.ip);
+            let mut s = connect_from(local, addr, deadline).map_err(|e| {
+                e.transport(NAME).op(format!(
+                    "connect stream {i} on rail {}",
+                    rail.map_or("default", |x| x.name.as_str())
+                ))
+            })?;
             prove_client(&mut s, secret, deadline).map_err(|e| e.transport(NAME))?;
+            let weight = rail.map_or(1, |x| x.weight.max(1));
+            weights.push(weight);
             let hello = StreamHello {
                 who: me,
                 stream: i as u16,
                 nstreams: n as u16,
+                weight,
             };
             write_all_by(&mut s, &hello.encode(), deadline, "tcp stream hello")?;
             let sock = Socket::from(s);
@@ -70,6 +88,7 @@ impl TcpSendComm {
         }
         Ok(TcpSendComm {
             streams,
+            weights,
             settings: settings.clone(),
             next_seq: 0,
             pending: VecDeque::new(),
@@ -151,7 +170,7 @@ impl NetSendComm for TcpSendComm {
         self.next_seq += 1;
         let n = nparts(len, self.streams.len(), self.settings.stripe_min_bytes);
         for i in 0..n {
-            let (off, plen) = split(len, n, i);
+            let (off, plen) = split(len, &self.weights[..n], i);
             let h = Header {
                 part: i as u16,
                 nparts: n as u16,

@@ -7,15 +7,17 @@ use socket2::Socket;
 use std::os::fd::AsRawFd;
 
 pub const HELLO_MAGIC: u32 = 0x4843_5452; // "RTCH"
-pub const HELLO_BYTES: usize = 16;
+pub const HELLO_BYTES: usize = 20;
 pub const MAX_STREAMS: usize = 64;
 
-/// Sent on each stream after authentication: who connects, and which stream of how many.
+/// Sent on each stream after authentication: who connects, which stream of how many, and
+/// the stream's weight in the split (its rail's bandwidth).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StreamHello {
     pub who: ConnIdent,
     pub stream: u16,
     pub nstreams: u16,
+    pub weight: u32,
 }
 
 impl StreamHello {
@@ -26,6 +28,7 @@ impl StreamHello {
         b[8..12].copy_from_slice(&self.who.channel.to_le_bytes());
         b[12..14].copy_from_slice(&self.stream.to_le_bytes());
         b[14..16].copy_from_slice(&self.nstreams.to_le_bytes());
+        b[16..20].copy_from_slice(&self.weight.to_le_bytes());
         b
     }
 
@@ -38,8 +41,10 @@ impl StreamHello {
             },
             stream: u16::from_le_bytes([b[12], b[13]]),
             nstreams: u16::from_le_bytes([b[14], b[15]]),
+            weight: u32at(16),
         };
         if u32at(0) != HELLO_MAGIC
+            || h.weight == 0
             || h.nstreams == 0
             || h.nstreams as usize > MAX_STREAMS
             || h.stream >= h.nstreams

@@ -1,0 +1,99 @@
+//! Which interfaces a TCP connection stripes over (`RAILCC_RAILS`), and with what weights.
+//!
+//! - empty: the one interface chosen for the job (`RAILCC_SOCKET_IFNAME`, or the route to the
+//!   bootstrap root);
+//! - `auto`: the NICs the topology puts nearest this rank ([`railcc_core::topo`]);
+//! - `eth0:800,eth1:400`: these interfaces, weighted by the bandwidth given in Mb/s, else by
+//!   the link speed the kernel reports, else equally.
+//!
+//! Rail i of one rank connects to rail i of another, so nodes list their rails in the same
+//! order (`auto` sorts by name).
+
+use railcc_core::netif::{self, Iface};
+use railcc_core::topo::Topology;
+use railcc_core::{Config, Error, Result};
+use railcc_transport_tcp::TcpRail;
+
+/// Weight of a rail whose bandwidth nobody declared and the kernel does not report.
+const UNKNOWN_MBPS: u32 = 1000;
+
+pub fn tcp_rails(cfg: &Config, iface: &Iface) -> Result<Vec<TcpRail>> {
+    let spec = cfg.rails.trim();
+    if spec.is_empty() {
+        return Ok(vec![TcpRail {
+            name: iface.name.clone(),
+            ip: iface.ip,
+            weight: 1,
+        }]);
+    }
+    let wanted: Vec<(String, Option<u32>)> = if spec == "auto" {
+        let topo = Topology::load(&cfg.topo_file, Vec::new(), Vec::new())?;
+        topo.rails(None, None, &[])
+            .into_iter()
+            .map(|r| (r.name, None))
+            .collect()
+    } else {
+        spec.split(',')
+            .map(|item| {
+                let (name, mbps) = match item.split_once(':') {
+                    Some((n, w)) => (n, Some(w)),
+                    None => (item, None),
+                };
+                let mbps = mbps
+                    .map(|w| {
+                        w.parse::<u32>().ok().filter(|v| *v > 0).ok_or_else(|| {
+                            Error::invalid(format!(
+                                "RAILCC_RAILS: '{item}': the bandwidth after ':' must be a positive number of Mb/s"
+                            ))
+                        })
+                    })
+                    .transpose()?;
+                Ok((name.trim().to_string(), mbps))
+            })
+            .collect::<Result<_>>()?
+    };
+    if wanted.is_empty() {
+        return Err(Error::invalid(format!(
+            "RAILCC_RAILS={spec}: no interface to use"
+        )));
+    }
+    let all = netif::list()?;
+    wanted
+        .into_iter()
+        .map(|(name, mbps)| {
+            // The address of the bootstrap's family, so rails of all ranks can reach each other.
+            let ip = all
+                .iter()
+                .find(|i| i.name == name && i.ip.is_ipv4() == iface.ip.is_ipv4())
+                .map(|i| i.ip)
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "RAILCC_RAILS: interface '{name}' is not up with an {} address",
+                        if iface.ip.is_ipv4() { "IPv4" } else { "IPv6" }
+                    ))
+                })?;
+            let detected = std::fs::read_to_string(format!("/sys/class/net/{name}/speed"))
+                .ok()
+                .and_then(|s| s.trim().parse::<i64>().ok())
+                .filter(|s| *s > 0)
+                .map(|s| s.min(u32::MAX as i64) as u32);
+            Ok(TcpRail {
+                weight: mbps.or(detected).unwrap_or(UNKNOWN_MBPS),
+                name,
+                ip,
+            })
+        })
+        .collect()
+}
+
+/// `v0(800 Mb/s) v1(400 Mb/s)`, for logs and the bench header.
+pub fn describe(rails: &[TcpRail]) -> String {
+    if rails.len() == 1 {
+        return rails[0].name.clone();
+    }
+    rails
+        .iter()
+        .map(|r| format!("{}({} Mb/s)", r.name, r.weight))
+        .collect::<Vec<_>>()
+        .join(" ")
+}

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Two "nodes" in network namespaces this script creates, joined by two veth rails shaped with
+# tbf (rail 0 800 Mbit/s, rail 1 400 Mbit/s, both ends). As root; everything it creates is
+# removed on exit, whatever the outcome. Traffic stays inside the namespaces.
+#  1. shaping holds: each rail alone carries about its rate, no more;
+#  2. striping: 2-node sendrecv and all_reduce over both rails, split by rail bandwidth, reach
+#     >= 90% of the sum of the rates; an even split (capped at twice the slow rail) is shown
+#     beside it.
+# Usage: tests/netns/rails.sh path/to/railcc
+set -uo pipefail
+RAILCC=$(readlink -f "${1:-target/release/railcc}")
+A=rcA$$ B=rcB$$
+R0=800 R1=400   # Mbit/s
+fail() { echo "NETNS FAIL: $*"; exit 1; }
+cleanup() { ip netns del "$A" 2>/dev/null; ip netns del "$B" 2>/dev/null; true; }
+trap cleanup EXIT
+[ "$(id -u)" = 0 ] || fail "needs root (network namespaces)"
+ip netns add "$A" && ip netns add "$B" || fail "cannot create network namespaces"
+ip -n "$A" link set lo up; ip -n "$B" link set lo up
+ip link add r0a netns "$A" type veth peer name r0b netns "$B" || fail "veth"
+ip link add r1a netns "$A" type veth peer name r1b netns "$B" || fail "veth"
+ip -n "$A" addr add 10.201.0.1/24 dev r0a; ip -n "$B" addr add 10.201.0.2/24 dev r0b
+ip -n "$A" addr add 10.202.0.1/24 dev r1a; ip -n "$B" addr add 10.202.0.2/24 dev r1b
+# Jumbo frames, as data-center rails use: tbf counts headers, and at 1500 bytes they are 3.5%.
+for d in r0a r1a; do ip -n "$A" link set $d mtu 9000 up; done
+for d in r0b r1b; do ip -n "$B" link set $d mtu 9000 up; done
+shape() { # ns dev rate: tbf on the egress; the burst holds a 64 KB GSO packet
+  ip netns exec "$1" tc qdisc add dev "$2" root tbf rate "$3mbit" burst 1mb latency 200ms || fail "tbf on $2"
+}
+shape "$A" r0a $R0; shape "$B" r0b $R0; shape "$A" r1a $R1; shape "$B" r1b $R1
+ip netns exec "$A" tc qdisc show dev r0a | grep -q "tbf" || fail "tbf not in place"
+
+port=29700
+# run COLL RAILS_A RAILS_B: 2 ranks, one per node; prints MB/s per direction (1e6 bytes/s).
+run() {
+  port=$((port + 1))
+  local log=/tmp/rails-$$-$1
+  for r in 0 1; do
+    if [ $r = 0 ]; then ns=$A rails=$2; else ns=$B rails=$3; fi
+    ip netns exec $ns env RAILCC_RAILS="$rails" RAILCC_HOSTID=node$r RAILCC_TIMEOUT_MS=30000 \
+      "$RAILCC" bench $1 --rank $r --nranks 2 --root-addr 10.201.0.1:$port \
+      -b 64M -e 64M -n 4 -w 1 > $log.$r 2>&1 &
+  done
+  wait %1; local s0=$?; wait %2; local s1=$?
+  [ $s0 = 0 ] && [ $s1 = 0 ] || { cat $log.0 $log.1; fail "$1 over '$2'"; }
+  grep -q "Out of bounds values : 0 OK" $log.0 || { cat $log.0; fail "$1 over '$2': results wrong"; }
+  awk '/^ +[0-9]/ { if ($1 > 0) { printf "%.1f", $1 / $6; exit } }' $log.0
+}
+pct() { awk -v a=$1 -v b=$2 'BEGIN{printf "%.0f", 100 * a / b}'; }
+sum=$(( (R0 + R1) / 8 ))  # MB/s
+r0=$(run sendrecv r0a r0b); r1=$(run sendrecv r1a r1b)
+echo "shaping: rail 0 alone $r0 MB/s (tbf $((R0 / 8))), rail 1 alone $r1 MB/s (tbf $((R1 / 8)))"
+awk -v a=$r0 -v b=$((R0 / 8)) 'BEGIN{exit !(a <= 1.05 * b && a >= 0.8 * b)}' || fail "rail 0 is not shaped to $R0 Mbit/s"
+awk -v a=$r1 -v b=$((R1 / 8)) 'BEGIN{exit !(a <= 1.05 * b && a >= 0.8 * b)}' || fail "rail 1 is not shaped to $R1 Mbit/s"
+even=$(run sendrecv r0a,r1a r0b,r1b)
+echo "even split over both rails: sendrecv $even MB/s ($(pct $even $sum)% of $sum; capped at $((2 * R1 / 8)))"
+for c in sendrecv all_reduce; do
+  w=$(run $c r0a:$R0,r1a:$R1 r0b:$R0,r1b:$R1)
+  echo "weighted split over both rails: $c $w MB/s per direction, $(pct $w $sum)% of the rails' $sum MB/s"
+  awk -v a=$w -v b=$sum 'BEGIN{exit !(a >= 0.9 * b)}' || fail "$c striped over both rails is below 90% of $sum MB/s"
+done
+echo "NETNS RAILS PASS"
