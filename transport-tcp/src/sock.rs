@@ -163,7 +163,7 @@ mod tests {
             let mut b = [0u8; HELLO_BYTES];
             b.copy_from_slice(&bytes);
             if let Ok(h) = StreamHello::decode(&b) {
-                prop_assert!(h.stream < h.nstreams && h.nstreams as usize <= MAX_STREAMS);
+                prop_assert!(h.stream < h.nstreams && h.nstreams as usize <= MAX_STREAMS && h.weight > 0);
             }
         }
     }
@@ -177,7 +177,13 @@ mod tests {
             },
             stream: 2,
             nstreams: 4,
+            weight: 800,
         };
         assert_eq!(StreamHello::decode(&h.encode()).unwrap(), h);
+        let zero = StreamHello { weight: 0, ..h };
+        assert!(
+            StreamHello::decode(&zero.encode()).is_err(),
+            "a zero weight is refused"
+        );
     }
 }
