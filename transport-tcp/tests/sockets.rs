@@ -193,6 +193,7 @@ fn hostile_header_is_a_protocol_error_without_allocation() {
         hello.extend_from_slice(&0u32.to_le_bytes());
         hello.extend_from_slice(&0u16.to_le_bytes());
         hello.extend_from_slice(&1u16.to_le_bytes());
+        hello.extend_from_slice(&1u32.to_le_bytes()); // weight
         s.write_all(&hello).unwrap();
         let hdr = railcc_transport_tcp::frame::Header {
             part: 0,
