@@ -102,6 +102,16 @@ pub struct BenchArgs {
     /// RDMA moves them zero-copy, or not (0: the transport registers per transfer).
     #[arg(short = 'R', long = "register", default_value_t = 1)]
     pub register: u8,
+    /// Run the sweep once per configuration and print them side by side: transports (tcp,
+    /// rdma), nvlink (GPUs), each optionally with rails (`tcp:eth0+eth1`, `tcp:r0=800+r1=400`).
+    #[arg(long)]
+    pub compare: Option<String>,
+    /// With --compare: draw busbw against size, one line per configuration, into this SVG.
+    #[arg(long)]
+    pub plot: Option<std::path::PathBuf>,
+    /// Interfaces to stripe TCP over (RAILCC_RAILS): `eth0,eth1` or `eth0:800,eth1:400`.
+    #[arg(long)]
+    pub rails: Option<String>,
     /// Pin each rank to one CPU by its local rank (core), or leave placement to the kernel
     /// (none), like mpirun's --bind-to.
     #[arg(long, default_value = "none", value_parser = ["none", "core"])]

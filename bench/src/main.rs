@@ -6,8 +6,10 @@
 
 mod args;
 mod bind;
+mod compare;
 mod gpu;
 mod measure;
+mod plot;
 mod report;
 mod spawn;
 mod topo_cmd;

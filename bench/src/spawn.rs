@@ -10,6 +10,16 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 pub fn bench_main(a: BenchArgs) -> Result<(), String> {
+    if let Some(list) = &a.compare {
+        return crate::compare::run(&a, list);
+    }
+    if a.plot.is_some() {
+        return Err("--plot goes with --compare".into());
+    }
+    if let Some(r) = &a.rails {
+        // Read by Config::from_env here and inherited by the ranks this process starts.
+        std::env::set_var("RAILCC_RAILS", r);
+    }
     if let Some(t) = &a.transport {
         // Read by Config::from_env here and inherited by the ranks this process starts.
         std::env::set_var("RAILCC_TRANSPORT", t);

@@ -5,8 +5,10 @@
 #  1. shaping holds: each rail alone carries about its rate, no more;
 #  2. striping: 2-node sendrecv and all_reduce over both rails, split by rail bandwidth, reach
 #     >= 90% of the sum of the rates; an even split (capped at twice the slow rail) is shown
-#     beside it.
-# Usage: tests/netns/rails.sh path/to/railcc
+#     beside it;
+#  3. railcc bench --compare over rail 0, rail 1, both even and both weighted (PLOT=file.svg
+#     draws it).
+# Usage: [PLOT=out.svg] tests/netns/rails.sh path/to/railcc
 set -uo pipefail
 RAILCC=$(readlink -f "${1:-target/release/railcc}")
 A=rcA$$ B=rcB$$
@@ -59,4 +61,16 @@ for c in sendrecv all_reduce; do
   echo "weighted split over both rails: $c $w MB/s per direction, $(pct $w $sum)% of the rails' $sum MB/s"
   awk -v a=$w -v b=$sum 'BEGIN{exit !(a >= 0.9 * b)}' || fail "$c striped over both rails is below 90% of $sum MB/s"
 done
+# 3. The transport comparison over these rails: each rail alone, both split evenly, both split
+#    by bandwidth; one table, and an SVG where $PLOT names one (bench/results keeps one).
+port=$((port + 10))
+for r in 0 1; do
+  if [ $r = 0 ]; then ns=$A s=a; else ns=$B s=b; fi
+  ip netns exec $ns env RAILCC_HOSTID=node$r RAILCC_TIMEOUT_MS=30000 "$RAILCC" bench sendrecv \
+    --rank $r --nranks 2 --root-addr 10.201.0.1:$port -b 1M -e 64M -f 4 -n 3 -w 1 \
+    --compare tcp:r0$s,tcp:r1$s,tcp:r0$s+r1$s,tcp:r0$s=$R0+r1$s=$R1 ${PLOT:+--plot "$PLOT"} \
+    > /tmp/rails-$$-cmp.$r 2>&1 &
+done
+wait %1 && wait %2 || { cat /tmp/rails-$$-cmp.0 /tmp/rails-$$-cmp.1; fail "--compare over the rails"; }
+grep -E "^#|^ " /tmp/rails-$$-cmp.0
 echo "NETNS RAILS PASS"
