@@ -84,8 +84,11 @@ fn child_args(port_shift: u16) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
-/// Out-of-place (time in µs, #wrong) per size from a bench table.
-fn parse_rows(text: &str) -> BTreeMap<u64, (f64, u64)> {
+/// Out-of-place (time in µs, #wrong) per size.
+type Rows = BTreeMap<u64, (f64, u64)>;
+
+/// The rows of a bench table.
+fn parse_rows(text: &str) -> Rows {
     text.lines()
         .filter(|l| l.starts_with(' '))
         .filter_map(|l| {
@@ -103,7 +106,7 @@ pub fn run(a: &BenchArgs, list: &str) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
     let lead = a.rank.unwrap_or(0) == 0;
     let coll = a.collective.kind();
-    let mut results: Vec<(String, Result<BTreeMap<u64, (f64, u64)>, String>)> = Vec::new();
+    let mut results: Vec<(String, Result<Rows, String>)> = Vec::new();
     let mut nranks = a.nranks.unwrap_or(a.ranks);
     for (i, c) in configs.iter().enumerate() {
         let mut cmd = Command::new(&exe);
