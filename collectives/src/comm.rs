@@ -4,7 +4,7 @@
 
 use crate::conn::Connections;
 use crate::exec::{Buffers, Compiled, Exec, RawBuf, Workspace};
-use crate::plan::{build, group_plan, Algo, CollArgs, P2pKind, PlanOpts};
+use crate::plan::{build_ordered, group_plan, host_order, Algo, CollArgs, P2pKind, PlanOpts};
 use crate::regions::{RegionId, Regions};
 use parking_lot::Mutex;
 use railcc_core::bootstrap::{unspecified_like, Bootstrap, RootServer, UniqueId};
@@ -49,6 +49,8 @@ pub struct Communicator {
     abort: Arc<AtomicBool>,
     spin: Duration,
     local_ranks: usize,
+    /// Rings visit ranks in this order: each host's ranks together ([`host_order`]).
+    ring_order: Vec<usize>,
     _root: Option<RootServer>,
 }
 
@@ -248,6 +250,7 @@ impl Communicator {
             abort: Arc::new(AtomicBool::new(false)),
             spin,
             local_ranks,
+            ring_order: host_order(&hosts),
             _root: root,
         })
     }
@@ -462,7 +465,7 @@ impl Communicator {
                     st.plans.clear();
                 }
                 let p = Arc::new(Compiled::new(
-                    build(&a, self.rank, algo, &opts),
+                    build_ordered(&a, self.rank, algo, &opts, &self.ring_order),
                     self.nranks,
                 ));
                 st.plans.insert(key, p.clone());

@@ -325,10 +325,12 @@ pub fn build(a: &CollArgs, rank: usize, algo: Algo, o: &PlanOpts) -> Plan {
 }
 
 mod allreduce;
+mod order;
 pub use allreduce::dtree;
 use allreduce::{
     direct_all_reduce, recursive_doubling_all_reduce, ring_all_reduce, tree_all_reduce,
 };
+pub use order::{build_ordered, host_order};
 
 fn copy_if_needed(
     b: &mut Builder,

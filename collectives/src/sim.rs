@@ -5,7 +5,7 @@
 //! from it is still pending therefore produces wrong data here, and the reference catches it.
 //! Ranks are swept in a seeded order so property tests explore different interleavings.
 
-use crate::plan::{build, Algo, Buf, CollArgs, Op, Plan, PlanOpts, Slice};
+use crate::plan::{Algo, Buf, CollArgs, Op, Plan, PlanOpts, Slice};
 use crate::reduce::{divide_raw, reduce_raw};
 use std::collections::{HashMap, VecDeque};
 
@@ -80,9 +80,25 @@ pub fn run(
     prior: &[Vec<u8>],
     seed: u64,
 ) -> Result<Vec<Vec<u8>>, String> {
+    let identity: Vec<usize> = (0..a.nranks).collect();
+    run_ordered(a, algo, o, inputs, prior, seed, &identity)
+}
+
+/// As [`run`], with rings through ranks in `order` ([`crate::plan::build_ordered`]).
+pub fn run_ordered(
+    a: &CollArgs,
+    algo: Algo,
+    o: &PlanOpts,
+    inputs: &[Vec<u8>],
+    prior: &[Vec<u8>],
+    seed: u64,
+    order: &[usize],
+) -> Result<Vec<Vec<u8>>, String> {
     let p = a.nranks;
     let es = a.dtype.size();
-    let plans: Vec<Plan> = (0..p).map(|r| build(a, r, algo, o)).collect();
+    let plans: Vec<Plan> = (0..p)
+        .map(|r| crate::plan::build_ordered(a, r, algo, o, order))
+        .collect();
     let mut mems: Vec<RankMem> = (0..p)
         .map(|r| {
             let scratch = Mem::zeroed(plans[r].scratch_elems * es);

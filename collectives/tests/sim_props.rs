@@ -33,6 +33,19 @@ fn algo_of(i: usize) -> Algo {
 }
 
 fn check(a: CollArgs, algo: Algo, o: PlanOpts, seed: u64) -> Result<(), TestCaseError> {
+    let identity: Vec<usize> = (0..a.nranks).collect();
+    check_ordered(a, algo, o, seed, &identity)
+}
+
+/// As `check`, with rings through the ranks in `order` (hosts grouped, as a job with several
+/// ranks per host runs them).
+fn check_ordered(
+    a: CollArgs,
+    algo: Algo,
+    o: PlanOpts,
+    seed: u64,
+    order: &[usize],
+) -> Result<(), TestCaseError> {
     let p = a.nranks;
     let inputs: Vec<Vec<u8>> = (0..p).map(|r| fill_input(&a, r, seed)).collect();
     // Receive buffers start as a recognisable pattern so unwritten output shows up.
@@ -48,8 +61,8 @@ fn check(a: CollArgs, algo: Algo, o: PlanOpts, seed: u64) -> Result<(), TestCase
     } else {
         prior
     };
-    let out = sim::run(&a, algo, &o, &inputs, &prior, seed)
-        .map_err(|e| TestCaseError::fail(format!("{a:?} {algo:?} {o:?}: {e}")))?;
+    let out = sim::run_ordered(&a, algo, &o, &inputs, &prior, seed, order)
+        .map_err(|e| TestCaseError::fail(format!("{a:?} {algo:?} {o:?} order {order:?}: {e}")))?;
     for r in 0..p {
         let want = expected(&a, &inputs, r, &prior[r]);
         if out[r] != want {
@@ -57,7 +70,7 @@ fn check(a: CollArgs, algo: Algo, o: PlanOpts, seed: u64) -> Result<(), TestCase
             let first = (0..want.len() / es)
                 .find(|i| out[r][i * es..(i + 1) * es] != want[i * es..(i + 1) * es]);
             return Err(TestCaseError::fail(format!(
-                "{a:?} {algo:?} {o:?}: rank {r} differs first at element {first:?}"
+                "{a:?} {algo:?} {o:?} order {order:?}: rank {r} differs first at element {first:?}"
             )));
         }
     }
@@ -99,6 +112,28 @@ proptest! {
         let chunk_elems = chunk.max(count / 64).max(1);
         let o = PlanOpts { chunk_elems, window, in_place };
         check(a, algo, o, seed)?;
+    }
+
+    #[test]
+    fn plans_in_host_order_match_reference(
+        coll_i in 0usize..COLLS.len(),
+        nranks in 2usize..=17,
+        count in count_strategy(),
+        dt in prop::sample::select(DataType::ALL.to_vec()),
+        op in prop::sample::select(ReduceOp::ALL.to_vec()),
+        root_seed in 0usize..1000,
+        in_place in any::<bool>(),
+        nhosts in 2usize..5,
+        seed in any::<u64>(),
+    ) {
+        // Ranks dealt round-robin to hosts (the worst case for a rank-order ring).
+        let hosts: Vec<usize> = (0..nranks).map(|r| r % nhosts).collect();
+        let order = railcc_collectives::plan::host_order(&hosts);
+        let coll = COLLS[coll_i];
+        let count = count.min(20_000);
+        let a = CollArgs { coll, nranks, count, dtype: dt, op, root: root_seed % nranks };
+        let o = PlanOpts { chunk_elems: (count / 16).max(1), window: 2, in_place };
+        check_ordered(a, algo_of(coll_i), o, seed, &order)?;
     }
 }
 

@@ -7,7 +7,9 @@
 #     >= 90% of the sum of the rates; an even split (capped at twice the slow rail) is shown
 #     beside it;
 #  3. railcc bench --compare over rail 0, rail 1, both even and both weighted (PLOT=file.svg
-#     draws it).
+#     draws it);
+#  4. (run before 3) hierarchy: 4 ranks, 2 per node, results checked, and the rails carry only
+#     the ring's one crossing edge per direction (byte counters).
 # Usage: [PLOT=out.svg] tests/netns/rails.sh path/to/railcc
 set -uo pipefail
 RAILCC=$(readlink -f "${1:-target/release/railcc}")
@@ -31,6 +33,11 @@ shape() { # ns dev rate: tbf on the egress; the burst holds a 64 KB GSO packet
 }
 shape "$A" r0a $R0; shape "$B" r0b $R0; shape "$A" r1a $R1; shape "$B" r1b $R1
 ip netns exec "$A" tc qdisc show dev r0a | grep -q "tbf" || fail "tbf not in place"
+
+# railcc topo inside node A: both rails found, neither on PCI (veth), both in the rail plan.
+ip netns exec "$A" "$RAILCC" topo > /tmp/rails-$$-topo 2>&1 || { cat /tmp/rails-$$-topo; fail "railcc topo"; }
+grep -v "^#" /tmp/rails-$$-topo | grep -v "^$"
+grep -q "rail 0 = r0a (NODE), rail 1 = r1a (NODE)" /tmp/rails-$$-topo || fail "railcc topo: rails of node A not r0a, r1a"
 
 port=29700
 # run COLL RAILS_A RAILS_B: 2 ranks, one per node; prints MB/s per direction (1e6 bytes/s).
@@ -61,6 +68,29 @@ for c in sendrecv all_reduce; do
   echo "weighted split over both rails: $c $w MB/s per direction, $(pct $w $sum)% of the rails' $sum MB/s"
   awk -v a=$w -v b=$sum 'BEGIN{exit !(a >= 0.9 * b)}' || fail "$c striped over both rails is below 90% of $sum MB/s"
 done
+# 4. Hierarchy: 4 ranks, 2 per node, dealt round-robin (ranks 0 and 2 on node A, 1 and 3 on
+#    B). The ring visits each node's ranks together, so 2 of its 4 edges cross the rails
+#    instead of all 4, and same-node pairs use local addresses, never a rail. Checked with
+#    the rails' byte counters: A's rails carry what the one crossing edge A->B sends.
+txa() { local t=0; for d in r0a r1a; do t=$((t + $(ip netns exec "$A" cat /sys/class/net/$d/statistics/tx_bytes))); done; echo $t; }
+port=$((port + 1)); S=16777216; N=4; W=1
+before=$(txa)
+for r in 0 1 2 3; do
+  if [ $((r % 2)) = 0 ]; then ns=$A s=a; else ns=$B s=b; fi
+  ip netns exec $ns env RAILCC_RAILS=r0$s:$R0,r1$s:$R1 RAILCC_HOSTID=node$s RAILCC_TIMEOUT_MS=30000 \
+    RAILCC_ALGO=ring "$RAILCC" bench all_reduce --rank $r --nranks 4 --root-addr 10.201.0.1:$port \
+    -b $S -e $S -n $N -w $W > /tmp/rails-$$-h.$r 2>&1 &
+done
+wait %1 && wait %2 && wait %3 && wait %4 || { cat /tmp/rails-$$-h.*; fail "4 ranks on 2 nodes"; }
+grep -q "Out of bounds values : 0 OK" /tmp/rails-$$-h.0 && grep -qE "^ +$S .* 0 +[0-9.]+ +[0-9.]+ +[0-9.]+ +0 " /tmp/rails-$$-h.0 \
+  || { cat /tmp/rails-$$-h.0; fail "4 ranks on 2 nodes: results wrong"; }
+after=$(txa)
+# Calls of S bytes: out of place and in place, each a checked call, W warm-ups and N timed.
+calls=$((2 * (1 + W + N)))
+edge=$((calls * S * 3 / 2))   # a ring edge carries 2(p-1)/p = 1.5 S per call
+sent=$((after - before))
+echo "hierarchy: 4 ranks on 2 nodes, all_reduce ${S} B x $calls: node A's rails sent $sent B; one crossing edge carries $edge B, a ring in rank order would cross twice ($((2 * edge)) B)"
+awk -v s=$sent -v e=$edge 'BEGIN{exit !(s >= 0.95 * e && s <= 1.15 * e)}' || fail "rail traffic $sent B is not one ring edge's $edge B"
 # 3. The transport comparison over these rails: each rail alone, both split evenly, both split
 #    by bandwidth; one table, and an SVG where $PLOT names one (bench/results keeps one).
 port=$((port + 10))
