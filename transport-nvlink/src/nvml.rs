@@ -1,12 +1,20 @@
 //! NVLink counts between GPUs from NVML (`libnvidia-ml.so.1`, loaded at run time like the
-//! driver): for each GPU, each active link's remote PCI address. CUDA's P2P attributes say
-//! whether peers reach each other, not over how many links, and `railcc topo` prints `NV18`.
+//! driver). CUDA's P2P attributes say whether peers reach each other, not over how many
+//! links, and `railcc topo` prints `NV18` as `nvidia-smi topo -m` does:
+//! - a link whose far end is a GPU counts for that pair (its remote PCI address names it);
+//! - links to an NVSwitch (HGX boards) reach every GPU the switch reaches: a pair that NVML
+//!   says is NVLink-capable gets the smaller of the two GPUs' switch-link counts.
 
 use railcc_core::{Error, ErrorKind, Result};
 use std::ffi::{c_char, c_int, c_uint, c_void, CString};
 
 /// NVML_NVLINK_MAX_LINKS in nvml.h.
 const MAX_LINKS: c_uint = 18;
+/// NVML_NVLINK_DEVICE_TYPE_SWITCH.
+const REMOTE_SWITCH: c_int = 2;
+/// NVML_P2P_CAPS_INDEX_NVLINK, and NVML_P2P_STATUS_OK.
+const P2P_NVLINK: c_int = 2;
+const P2P_OK: c_int = 0;
 
 /// nvmlPciInfo_t (nvml.h): only `busId` is read.
 #[repr(C)]
@@ -54,6 +62,14 @@ pub fn nvlink_counts(bus_ids: &[String]) -> Result<Vec<Vec<u32>>> {
         let remote: libloading::Symbol<unsafe extern "C" fn(Dev, c_uint, *mut PciInfo) -> c_int> =
             lib.get(b"nvmlDeviceGetNvLinkRemotePciInfo_v2\0")
                 .map_err(|e| nvml_err(&e.to_string()))?;
+        let remote_type: libloading::Symbol<
+            unsafe extern "C" fn(Dev, c_uint, *mut c_int) -> c_int,
+        > = lib
+            .get(b"nvmlDeviceGetNvLinkRemoteDeviceType\0")
+            .map_err(|e| nvml_err(&e.to_string()))?;
+        let p2p: libloading::Symbol<unsafe extern "C" fn(Dev, Dev, c_int, *mut c_int) -> c_int> =
+            lib.get(b"nvmlDeviceGetP2PStatus\0")
+                .map_err(|e| nvml_err(&e.to_string()))?;
         let shutdown: libloading::Symbol<unsafe extern "C" fn() -> c_int> = lib
             .get(b"nvmlShutdown\0")
             .map_err(|e| nvml_err(&e.to_string()))?;
@@ -64,6 +80,8 @@ pub fn nvlink_counts(bus_ids: &[String]) -> Result<Vec<Vec<u32>>> {
         let keys: Vec<Option<(u32, u32, u32, u32)>> =
             bus_ids.iter().map(|b| parse_bus_id(b)).collect();
         let mut m = vec![vec![0u32; bus_ids.len()]; bus_ids.len()];
+        let mut devs: Vec<Dev> = vec![std::ptr::null_mut(); bus_ids.len()];
+        let mut to_switch = vec![0u32; bus_ids.len()];
         for (i, b) in bus_ids.iter().enumerate() {
             let Ok(c) = CString::new(b.as_str()) else {
                 continue;
@@ -72,10 +90,16 @@ pub fn nvlink_counts(bus_ids: &[String]) -> Result<Vec<Vec<u32>>> {
             if by_bus(c.as_ptr(), &mut dev) != 0 {
                 continue;
             }
+            devs[i] = dev;
             for link in 0..MAX_LINKS {
                 let mut on: c_int = 0;
                 // Links past the GPU's count return an error: skip them.
                 if state(dev, link, &mut on) != 0 || on == 0 {
+                    continue;
+                }
+                let mut kind: c_int = -1;
+                if remote_type(dev, link, &mut kind) == 0 && kind == REMOTE_SWITCH {
+                    to_switch[i] += 1;
                     continue;
                 }
                 let mut info: PciInfo = std::mem::zeroed();
@@ -86,6 +110,17 @@ pub fn nvlink_counts(bus_ids: &[String]) -> Result<Vec<Vec<u32>>> {
                 let key = parse_bus_id(&id);
                 if let Some(j) = keys.iter().position(|k| k.is_some() && *k == key) {
                     m[i][j] += 1;
+                }
+            }
+        }
+        for i in 0..devs.len() {
+            for j in 0..devs.len() {
+                if i == j || m[i][j] > 0 || devs[i].is_null() || devs[j].is_null() {
+                    continue;
+                }
+                let mut st: c_int = -1;
+                if p2p(devs[i], devs[j], P2P_NVLINK, &mut st) == 0 && st == P2P_OK {
+                    m[i][j] = to_switch[i].min(to_switch[j]);
                 }
             }
         }
