@@ -129,6 +129,11 @@ config! {
     /// NICs nearest this rank), or `eth0:800,eth1:400` (names, optional bandwidth in Mb/s to
     /// split by). Rail i of one rank meets rail i of another.
     rails: String = String::new(), "RAILCC_RAILS";
+    /// Over several rails: 1 carries a transfer on over the remaining rails when one is lost
+    /// (its interface goes down or its sockets fail), 0 fails the call instead.
+    rail_failover: u8 = 1, "RAILCC_RAIL_FAILOVER";
+    /// Over several rails: a rail whose sockets leave data unacknowledged this long is lost.
+    rail_timeout_ms: u64 = 3000, "RAILCC_RAIL_TIMEOUT_MS";
     /// Which host this rank is on, for ranks that share a machine (NCCL_HOSTID); empty: the
     /// kernel's boot id. Network namespaces on one machine set it to act as separate nodes.
     hostid: String = String::new(), "RAILCC_HOSTID";

@@ -10,9 +10,12 @@
 #     draws it);
 #  4. (run before 3) hierarchy: 4 ranks, 2 per node, results checked, and the rails carry only
 #     the ring's one crossing edge per direction (byte counters).
-# Usage: [PLOT=out.svg] tests/netns/rails.sh path/to/railcc
+#  5. (run before 3) rail loss partway through checked all-reduces: finished on the other
+#     rail; with failover off, an error naming the rail.
+# Usage: [PLOT=out.svg] tests/netns/rails.sh path/to/railcc path/to/railcc-test-rank
 set -uo pipefail
 RAILCC=$(readlink -f "${1:-target/release/railcc}")
+TESTRANK=$(readlink -f "${2:-target/release/railcc-test-rank}")
 A=rcA$$ B=rcB$$
 R0=800 R1=400   # Mbit/s
 fail() { echo "NETNS FAIL: $*"; exit 1; }
@@ -91,6 +94,35 @@ edge=$((calls * S * 3 / 2))   # a ring edge carries 2(p-1)/p = 1.5 S per call
 sent=$((after - before))
 echo "hierarchy: 4 ranks on 2 nodes, all_reduce ${S} B x $calls: node A's rails sent $sent B; one crossing edge carries $edge B, a ring in rank order would cross twice ($((2 * edge)) B)"
 awk -v s=$sent -v e=$edge 'BEGIN{exit !(s >= 0.95 * e && s <= 1.15 * e)}' || fail "rail traffic $sent B is not one ring edge's $edge B"
+# 5. Rail loss: 2 ranks run checked all-reduces over both rails; rail 1 goes down partway.
+#    Each sender cuts the lost rail's streams where the peer's acknowledgements reached and
+#    sends the rest over rail 0: every result stays right and the run finishes. With
+#    RAILCC_RAIL_FAILOVER=0 the same loss is an error naming the rail, never a hang.
+loss() { # failover(1|0) -> exit statuses of both ranks
+  port=$((port + 1))
+  for r in 0 1; do
+    if [ $r = 0 ]; then ns=$A s=a; else ns=$B s=b; fi
+    ip netns exec $ns env RAILCC_RANK=$r RAILCC_NRANKS=2 RAILCC_ROOT=10.201.0.1:$port \
+      RAILCC_RAILS=r0$s:$R0,r1$s:$R1 RAILCC_HOSTID=node$r RAILCC_TIMEOUT_MS=20000 \
+      RAILCC_RAIL_FAILOVER=$1 RAILCC_TEST_ITERS=40 "$TESTRANK" repeat > /tmp/rails-$$-loss$1.$r 2>&1 &
+  done
+  sleep 2
+  t0=$(date +%s%N)
+  ip -n "$A" link set r1a down
+  wait %1; local s0=$?; wait %2; local s1=$?
+  t1=$(date +%s%N)
+  ip -n "$A" link set r1a up
+  echo "$s0 $s1 $(( (t1 - t0) / 1000000 ))"
+}
+read s0 s1 ms <<< "$(loss 1)"
+cat /tmp/rails-$$-loss1.0 /tmp/rails-$$-loss1.1 | grep -E "^ok|^error|lost" | sed 's/^/  /'
+[ "$s0" = 0 ] && [ "$s1" = 0 ] || fail "rail loss with failover: ranks exited $s0 $s1"
+echo "rail loss: rail 1 down partway, both ranks finished their checked all-reduces ${ms} ms after it"
+read s0 s1 ms <<< "$(loss 0)"
+cat /tmp/rails-$$-loss0.0 /tmp/rails-$$-loss0.1 | grep -E "^ok|^error" | cut -c1-220 | sed 's/^/  /'
+[ "$s0" != 0 ] && [ "$s1" != 0 ] || fail "rail loss without failover: ranks exited $s0 $s1"
+grep -q "rail r1. lost" /tmp/rails-$$-loss0.0 /tmp/rails-$$-loss0.1 || fail "rail loss without failover: no error names the rail"
+echo "rail loss with RAILCC_RAIL_FAILOVER=0: both ranks failed ${ms} ms after it, naming the rail"
 # 3. The transport comparison over these rails: each rail alone, both split evenly, both split
 #    by bandwidth; one table, and an SVG where $PLOT names one (bench/results keeps one).
 port=$((port + 10))

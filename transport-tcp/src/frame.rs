@@ -6,9 +6,22 @@ use railcc_core::net::{MsgTag, TAG_BYTES};
 use railcc_core::{Error, ErrorKind, Result};
 
 pub const MAGIC: u32 = 0x3146_4352; // "RCF1"
-pub const HEADER_BYTES: usize = 72;
+pub const HEADER_BYTES: usize = 80;
 
-/// Header of one part: `magic | part u16 | nparts u16 | seq u64 | tag 32 | total u64 | off u64 | len u64`.
+/// What a frame carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A part of a message, where the split puts it.
+    Data,
+    /// The undelivered rest of a part cut off by a lost rail, on a surviving stream.
+    Repair,
+    /// Stream `part` is lost: read it up to byte `total` of the stream and no further; from
+    /// message `seq` on, messages are split over the streams still alive (epoch `epoch`).
+    RailDown,
+}
+
+/// Header of one part: `magic | part u16 | nparts u16 | seq u64 | tag 32 | total u64 | off u64
+/// | len u64 | epoch u32 | kind u32`. `epoch` counts the rails lost before the part was split.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Header {
     pub part: u16,
@@ -18,6 +31,8 @@ pub struct Header {
     pub total: u64,
     pub off: u64,
     pub len: u64,
+    pub epoch: u32,
+    pub kind: Kind,
 }
 
 impl Header {
@@ -31,6 +46,13 @@ impl Header {
         b[48..56].copy_from_slice(&self.total.to_le_bytes());
         b[56..64].copy_from_slice(&self.off.to_le_bytes());
         b[64..72].copy_from_slice(&self.len.to_le_bytes());
+        b[72..76].copy_from_slice(&self.epoch.to_le_bytes());
+        let kind: u32 = match self.kind {
+            Kind::Data => 0,
+            Kind::Repair => 1,
+            Kind::RailDown => 2,
+        };
+        b[76..80].copy_from_slice(&kind.to_le_bytes());
         b
     }
 
@@ -51,7 +73,21 @@ impl Header {
         }
         let mut tag = [0u8; TAG_BYTES];
         tag.copy_from_slice(&b[16..48]);
+        let u32at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let kind = match u32at(76) {
+            0 => Kind::Data,
+            1 => Kind::Repair,
+            2 => Kind::RailDown,
+            k => {
+                return Err(Error::new(
+                    ErrorKind::Protocol,
+                    format!("unknown frame kind {k}"),
+                ))
+            }
+        };
         Ok(Header {
+            epoch: u32at(72),
+            kind,
             part: u16::from_le_bytes([b[4], b[5]]),
             nparts: u16::from_le_bytes([b[6], b[7]]),
             seq: u64at(8),
@@ -188,6 +224,8 @@ mod tests {
             total: 40,
             off: 0,
             len: 40,
+            epoch: 0,
+            kind: Kind::Data,
         };
         let d = Header::decode(&h.encode()).unwrap();
         assert_eq!(d, h);
@@ -205,5 +243,14 @@ mod tests {
         let mut bad = h.encode();
         bad[0] = 0;
         assert_eq!(Header::decode(&bad).unwrap_err().kind, ErrorKind::Protocol);
+        let mut bad = h.encode();
+        bad[76] = 9;
+        assert_eq!(Header::decode(&bad).unwrap_err().kind, ErrorKind::Protocol);
+        let r = Header {
+            kind: Kind::RailDown,
+            epoch: 1,
+            ..h
+        };
+        assert_eq!(Header::decode(&r.encode()).unwrap(), r);
     }
 }

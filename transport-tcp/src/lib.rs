@@ -36,6 +36,10 @@ pub struct TcpSettings {
     pub stripe_min_bytes: usize,
     pub socket_buffer_bytes: usize,
     pub max_message_bytes: u64,
+    /// Over several rails, carry on over the others when one is lost (else fail the call).
+    pub rail_failover: bool,
+    /// A rail whose socket leaves data unacknowledged this long is lost (TCP_USER_TIMEOUT).
+    pub rail_timeout: std::time::Duration,
 }
 
 impl TcpSettings {
@@ -45,6 +49,8 @@ impl TcpSettings {
             stripe_min_bytes: c.stripe_min_bytes.max(1),
             socket_buffer_bytes: c.socket_buffer_bytes,
             max_message_bytes: c.max_message_bytes,
+            rail_failover: c.rail_failover != 0,
+            rail_timeout: std::time::Duration::from_millis(c.rail_timeout_ms.max(1)),
         }
     }
 }
@@ -93,6 +99,13 @@ impl TcpTransport {
     }
 }
 
+/// An interface's operstate (`up`, `down`, `lowerlayerdown`, ...); "" when unreadable.
+pub(crate) fn link_state(ifname: &str) -> String {
+    std::fs::read_to_string(format!("/sys/class/net/{ifname}/operstate"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
 fn link_speed_mbps(ifname: &str) -> u64 {
     std::fs::read_to_string(format!("/sys/class/net/{ifname}/speed"))
         .ok()
@@ -126,9 +139,8 @@ impl NetTransport for TcpTransport {
         if dev != 0 {
             return Err(Error::invalid(format!("tcp: no device {dev}")).transport(NAME));
         }
-        let ips: Vec<IpAddr> = self.rails.iter().map(|r| r.ip).collect();
         Ok(Box::new(TcpListenerComm::bind(
-            &ips,
+            &self.rails,
             self.secret,
             self.settings.clone(),
         )?))

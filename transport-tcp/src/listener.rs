@@ -3,8 +3,8 @@
 //! stream of a connection has arrived.
 
 use crate::recv::TcpRecvComm;
-use crate::sock::{tune, StreamHello, HELLO_BYTES};
-use crate::{TcpSettings, NAME};
+use crate::sock::{tune, StreamHello, HELLO_BYTES, HELLO_FAILOVER};
+use crate::{TcpRail, TcpSettings, NAME};
 use railcc_core::auth::{verify_server, Secret};
 use railcc_core::handshake::HandshakeListener;
 use railcc_core::net::{ConnIdent, ConnectHandle, NetListener, NetRecvComm};
@@ -12,26 +12,36 @@ use railcc_core::wire::read_exact_by;
 use railcc_core::{Error, Result};
 use socket2::Socket;
 use std::collections::HashMap;
-use std::net::{IpAddr, TcpStream};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(5);
 
+/// A stream that arrived: its socket, its hello, and the rail (listener) it came in on.
+type Arrived = (Socket, StreamHello, usize);
+
 /// One listener per rail; a connection's streams may arrive on any of them.
 pub struct TcpListenerComm {
     hs: Vec<HandshakeListener<(StreamHello, TcpStream)>>,
+    /// The rail each listener serves, by index.
+    rails: Vec<String>,
     secret: Secret,
     settings: TcpSettings,
-    partial: HashMap<ConnIdent, Vec<Option<(Socket, u32)>>>,
+    partial: HashMap<ConnIdent, Vec<Option<Arrived>>>,
 }
 
 impl TcpListenerComm {
-    pub fn bind(ips: &[IpAddr], secret: Secret, settings: TcpSettings) -> Result<TcpListenerComm> {
+    pub fn bind(
+        rails: &[TcpRail],
+        secret: Secret,
+        settings: TcpSettings,
+    ) -> Result<TcpListenerComm> {
         Ok(TcpListenerComm {
-            hs: ips
+            hs: rails
                 .iter()
-                .map(|&ip| HandshakeListener::bind(ip, NAME))
+                .map(|r| HandshakeListener::bind(r.ip, NAME))
                 .collect::<Result<_>>()?,
+            rails: rails.iter().map(|r| r.name.clone()).collect(),
             secret,
             settings,
             partial: HashMap::new(),
@@ -44,6 +54,7 @@ impl TcpListenerComm {
         &mut self,
         hello: StreamHello,
         stream: TcpStream,
+        rail: usize,
     ) -> Result<Option<(ConnIdent, Box<dyn NetRecvComm>)>> {
         let n = hello.nstreams as usize;
         let group = self
@@ -59,20 +70,30 @@ impl TcpListenerComm {
         }
         let sock = Socket::from(stream);
         tune(&sock, self.settings.socket_buffer_bytes)?;
-        group[hello.stream as usize] = Some((sock, hello.weight));
+        group[hello.stream as usize] = Some((sock, hello, rail));
         if !group.iter().all(Option::is_some) {
             return Ok(None);
         }
-        let (socks, weights): (Vec<Socket>, Vec<u32>) = self
+        let group: Vec<Arrived> = self
             .partial
             .remove(&hello.who)
             .into_iter()
             .flatten()
             .flatten()
-            .unzip();
+            .collect();
+        let weights = group.iter().map(|g| g.1.weight).collect();
+        let failover = group.iter().any(|g| g.1.flags & HELLO_FAILOVER != 0);
+        let rails = group.iter().map(|g| self.rails[g.2].clone()).collect();
+        let socks = group.into_iter().map(|g| g.0).collect();
         Ok(Some((
             hello.who,
-            Box::new(TcpRecvComm::new(socks, weights, self.settings.clone())),
+            Box::new(TcpRecvComm::new(
+                socks,
+                weights,
+                rails,
+                failover,
+                self.settings.clone(),
+            )),
         )))
     }
 }
@@ -89,7 +110,7 @@ impl NetListener for TcpListenerComm {
         loop {
             for i in 0..self.hs.len() {
                 while let Some((hello, stream)) = self.hs[i].poll(&shake) {
-                    if let Some(c) = self.add_stream(hello, stream)? {
+                    if let Some(c) = self.add_stream(hello, stream, i)? {
                         return Ok(Some(c));
                     }
                 }

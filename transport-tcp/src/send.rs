@@ -1,8 +1,15 @@
 //! The sending side of a connection: a queue of parts per stream, drained by non-blocking
 //! gathered writes whenever `test` is called.
+//!
+//! Over several rails a message also survives losing a rail: a send completes only when the
+//! peer's kernel has acknowledged every byte of it (the socket's unacknowledged count,
+//! `SIOCOUTQ`), so when a rail goes down (its interface is down, or its socket fails) the
+//! sender knows exactly how far each of that rail's streams got. It tells the receiver where to
+//! stop reading them (a `RailDown` frame) and sends the rest of every cut part again on a
+//! surviving stream (`Repair` frames); later messages are split over the survivors.
 
-use crate::frame::{nparts, split, Header, HEADER_BYTES};
-use crate::sock::{send_iov, tune, Io, StreamHello};
+use crate::frame::{nparts, split, Header, Kind, HEADER_BYTES};
+use crate::sock::{send_iov, tune, unacked_bytes, Io, StreamHello, HELLO_FAILOVER};
 use crate::{TcpRail, TcpSettings, NAME};
 use railcc_core::auth::{prove_client, Secret};
 use railcc_core::bootstrap::connect_from;
@@ -13,30 +20,60 @@ use socket2::Socket;
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How often a sender with work outstanding looks at its rails' link state.
+const LINK_CHECK: Duration = Duration::from_millis(50);
 
 struct Part {
     seq: u64,
     header: [u8; HEADER_BYTES],
     sent_header: usize,
     data: *const u8,
+    /// Offset of this part in its message, and its length.
+    off: usize,
     len: usize,
     sent: usize,
+    /// Stream position of the header's first byte, once writing began.
+    start: u64,
+    tag: MsgTag,
+    total: usize,
+    /// Counts toward its message's completion (control frames do not).
+    counts: bool,
+}
+
+impl Part {
+    fn end(&self) -> u64 {
+        self.start + (HEADER_BYTES + self.len) as u64
+    }
 }
 
 struct Stream {
     sock: Socket,
+    rail: usize,
+    alive: bool,
+    weight: u32,
+    /// Parts not yet fully written, in order.
     queue: VecDeque<Part>,
+    /// Parts written but not yet acknowledged (failover mode only).
+    sent: VecDeque<Part>,
+    written: u64,
+    acked: u64,
 }
 
 pub struct TcpSendComm {
     streams: Vec<Stream>,
-    /// Each stream's share of a striped message (its rail's bandwidth).
-    weights: Vec<u32>,
+    rails: Vec<TcpRail>,
     settings: TcpSettings,
     next_seq: u64,
-    /// Parts still unsent per in-flight sequence number, oldest first.
+    /// Parts still outstanding per in-flight sequence number, oldest first.
     pending: VecDeque<(u64, usize, usize)>,
+    /// Several rails: their links are watched.
+    multi: bool,
+    /// Several rails and failover on: completion waits for acknowledgements.
+    failover: bool,
+    epoch: u32,
+    last_link_check: Instant,
     broken: Option<Error>,
 }
 
@@ -57,8 +94,9 @@ impl TcpSendComm {
     ) -> Result<TcpSendComm> {
         let r = addrs.len().min(rails.len()).max(1);
         let n = (settings.nstreams * r).clamp(1, crate::sock::MAX_STREAMS);
+        let multi = r > 1;
+        let failover = multi && settings.rail_failover;
         let mut streams = Vec::with_capacity(n);
-        let mut weights = Vec::with_capacity(n);
         for i in 0..n {
             let addr = addrs[i % r.min(addrs.len())];
             let rail = rails.get(i % r);
@@ -71,79 +109,287 @@ impl TcpSendComm {
             })?;
             prove_client(&mut s, secret, deadline).map_err(|e| e.transport(NAME))?;
             let weight = rail.map_or(1, |x| x.weight.max(1));
-            weights.push(weight);
             let hello = StreamHello {
                 who: me,
                 stream: i as u16,
                 nstreams: n as u16,
                 weight,
+                flags: if failover { HELLO_FAILOVER } else { 0 },
             };
             write_all_by(&mut s, &hello.encode(), deadline, "tcp stream hello")?;
             let sock = Socket::from(s);
             tune(&sock, settings.socket_buffer_bytes)?;
+            if failover {
+                // A path that stops acknowledging fails the socket instead of stalling it.
+                let _ = sock.set_tcp_user_timeout(Some(settings.rail_timeout));
+            }
             streams.push(Stream {
                 sock,
+                rail: i % r,
+                alive: true,
+                weight,
                 queue: VecDeque::new(),
+                sent: VecDeque::new(),
+                written: 0,
+                acked: 0,
             });
         }
         Ok(TcpSendComm {
             streams,
-            weights,
+            rails: rails[..r.min(rails.len())].to_vec(),
             settings: settings.clone(),
             next_seq: 0,
             pending: VecDeque::new(),
+            multi,
+            failover,
+            epoch: 0,
+            last_link_check: Instant::now(),
             broken: None,
         })
+    }
+
+    fn live(&self) -> Vec<usize> {
+        (0..self.streams.len())
+            .filter(|&i| self.streams[i].alive)
+            .collect()
+    }
+
+    fn part_done(&mut self, seq: u64) {
+        if let Some(e) = self.pending.iter_mut().find(|e| e.0 == seq) {
+            e.1 -= 1;
+        }
     }
 
     fn progress(&mut self) -> Result<()> {
         if let Some(e) = &self.broken {
             return Err(e.clone());
         }
-        for (si, st) in self.streams.iter_mut().enumerate() {
-            while let Some(p) = st.queue.front_mut() {
-                let hdr_left = HEADER_BYTES - p.sent_header;
-                let parts = [
-                    (p.header[p.sent_header..].as_ptr(), hdr_left),
-                    // SAFETY: `sent <= len` and the isend contract keeps data..data+len valid.
-                    (unsafe { p.data.add(p.sent) }, p.len - p.sent),
-                ];
-                let r = match send_iov(&st.sock, &parts) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        let e = match e.kind {
-                            ErrorKind::Io | ErrorKind::PeerClosed => Error::new(
-                                ErrorKind::PeerClosed,
-                                format!("stream {si}: {}", e.message),
-                            ),
-                            _ => e,
-                        }
-                        .transport(NAME);
-                        self.broken = Some(e.clone());
-                        return Err(e);
+        if self.multi && self.last_link_check.elapsed() >= LINK_CHECK {
+            self.last_link_check = Instant::now();
+            for r in 0..self.rails.len() {
+                let state = crate::link_state(&self.rails[r].name);
+                let up = matches!(state.as_str(), "up" | "unknown" | "");
+                if !up && self.streams.iter().any(|s| s.rail == r && s.alive) {
+                    self.lose_rail(r, &format!("interface {} is {state}", self.rails[r].name))?;
+                }
+            }
+        }
+        let mut lost: Vec<(usize, String)> = Vec::new();
+        for si in 0..self.streams.len() {
+            if !self.streams[si].alive {
+                continue;
+            }
+            match self.drive(si) {
+                Ok(done) => {
+                    for seq in done {
+                        self.part_done(seq);
                     }
-                };
-                match r {
-                    Io::WouldBlock => break,
-                    Io::Done(mut n) => {
-                        let h = n.min(hdr_left);
-                        p.sent_header += h;
-                        n -= h;
-                        p.sent += n;
-                        if p.sent_header == HEADER_BYTES && p.sent == p.len {
-                            let seq = p.seq;
-                            st.queue.pop_front();
-                            if let Some(e) = self.pending.iter_mut().find(|e| e.0 == seq) {
-                                e.1 -= 1;
-                            }
-                        } else {
-                            break;
+                }
+                Err(e) if self.failover => lost.push((self.streams[si].rail, e.message)),
+                Err(e) => {
+                    let e = match e.kind {
+                        ErrorKind::Io | ErrorKind::PeerClosed => {
+                            Error::new(ErrorKind::PeerClosed, format!("stream {si}: {}", e.message))
                         }
+                        _ => e,
+                    }
+                    .transport(NAME);
+                    self.broken = Some(e.clone());
+                    return Err(e);
+                }
+            }
+        }
+        for (r, why) in lost {
+            if self.streams.iter().any(|s| s.rail == r && s.alive) {
+                self.lose_rail(r, &why)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes what stream `si` can take; returns the messages whose parts completed on it.
+    fn drive(&mut self, si: usize) -> Result<Vec<u64>> {
+        let failover = self.failover;
+        let st = &mut self.streams[si];
+        let mut done = Vec::new();
+        while let Some(p) = st.queue.front_mut() {
+            if p.sent_header == 0 && p.sent == 0 {
+                p.start = st.written;
+            }
+            let hdr_left = HEADER_BYTES - p.sent_header;
+            let parts = [
+                (p.header[p.sent_header..].as_ptr(), hdr_left),
+                // SAFETY: `sent <= len` and the isend contract keeps data..data+len valid.
+                (unsafe { p.data.add(p.off + p.sent) }, p.len - p.sent),
+            ];
+            match send_iov(&st.sock, &parts)? {
+                Io::WouldBlock => break,
+                Io::Done(mut n) => {
+                    st.written += n as u64;
+                    let h = n.min(hdr_left);
+                    p.sent_header += h;
+                    n -= h;
+                    p.sent += n;
+                    if p.sent_header == HEADER_BYTES && p.sent == p.len {
+                        if let Some(p) = st.queue.pop_front() {
+                            if failover {
+                                st.sent.push_back(p);
+                            } else if p.counts {
+                                done.push(p.seq);
+                            }
+                        }
+                    } else {
+                        break;
                     }
                 }
             }
         }
+        if failover && !st.sent.is_empty() {
+            let unacked = unacked_bytes(&st.sock)?;
+            st.acked = st.acked.max(st.written.saturating_sub(unacked));
+            while st.sent.front().is_some_and(|p| p.end() <= st.acked) {
+                if let Some(p) = st.sent.pop_front() {
+                    if p.counts {
+                        done.push(p.seq);
+                    }
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Rail `r` is gone: cut its streams where the peer's acknowledgements reached, send the
+    /// rest on the first surviving stream, and split later messages over the survivors.
+    fn lose_rail(&mut self, r: usize, why: &str) -> Result<()> {
+        let name = self.rails[r].name.clone();
+        if !self.failover {
+            let e = Error::new(
+                ErrorKind::PeerClosed,
+                format!("rail {name} lost ({why}); RAILCC_RAIL_FAILOVER=0 makes that an error"),
+            )
+            .transport(NAME);
+            self.broken = Some(e.clone());
+            return Err(e);
+        }
+        let dead: Vec<usize> = (0..self.streams.len())
+            .filter(|&i| self.streams[i].rail == r && self.streams[i].alive)
+            .collect();
+        for &d in &dead {
+            self.streams[d].alive = false;
+        }
+        let live = self.live();
+        let Some(&ctl) = live.first() else {
+            let e = Error::new(
+                ErrorKind::PeerClosed,
+                format!("every rail to the peer is lost (last: {name}: {why})"),
+            )
+            .transport(NAME);
+            self.broken = Some(e.clone());
+            return Err(e);
+        };
+        tracing::warn!(
+            "tcp: rail {name} lost ({why}); carrying on over {} stream(s)",
+            live.len()
+        );
+        // Order on the control stream: control frames of earlier losses that were cut too,
+        // then this loss's RailDown frames, then the repairs.
+        let (mut old_ctl, mut downs, mut repairs, mut finished) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for &d in &dead {
+            let st = &mut self.streams[d];
+            if let Ok(u) = unacked_bytes(&st.sock) {
+                st.acked = st.acked.max(st.written.saturating_sub(u));
+            }
+            let cut = st.acked;
+            // One epoch per lost stream, all switching at the same message.
+            self.epoch += 1;
+            downs.push(control(Header {
+                part: d as u16,
+                nparts: 0,
+                seq: self.next_seq,
+                tag: MsgTag::decode(&[0; railcc_core::net::TAG_BYTES]),
+                total: cut,
+                off: 0,
+                len: 0,
+                epoch: self.epoch,
+                kind: Kind::RailDown,
+            }));
+            let cut_parts: Vec<Part> = st.sent.drain(..).chain(st.queue.drain(..)).collect();
+            for p in cut_parts {
+                let begun = p.sent_header > 0 || p.sent > 0;
+                if begun && p.end() <= cut {
+                    // Acknowledged in full after all.
+                    if p.counts {
+                        finished.push(p.seq);
+                    }
+                    continue;
+                }
+                if !p.counts {
+                    old_ctl.push(Part {
+                        sent_header: 0,
+                        sent: 0,
+                        start: 0,
+                        ..p
+                    });
+                    continue;
+                }
+                let body = p.start + HEADER_BYTES as u64;
+                let delivered = if begun && cut > body {
+                    ((cut - body) as usize).min(p.len)
+                } else {
+                    0
+                };
+                let (off, len) = (p.off + delivered, p.len - delivered);
+                let h = Header {
+                    part: 0,
+                    nparts: 0,
+                    seq: p.seq,
+                    tag: p.tag,
+                    total: p.total as u64,
+                    off: off as u64,
+                    len: len as u64,
+                    epoch: self.epoch,
+                    kind: Kind::Repair,
+                };
+                repairs.push(Part {
+                    header: h.encode(),
+                    sent_header: 0,
+                    off,
+                    len,
+                    sent: 0,
+                    start: 0,
+                    ..p
+                });
+            }
+        }
+        for seq in finished {
+            self.part_done(seq);
+        }
+        let frames: Vec<Part> = old_ctl.into_iter().chain(downs).chain(repairs).collect();
+        // After whatever the control stream is in the middle of writing, before anything else.
+        let q = &mut self.streams[ctl].queue;
+        let at = usize::from(q.front().is_some_and(|p| p.sent_header > 0 || p.sent > 0));
+        for (i, f) in frames.into_iter().enumerate() {
+            q.insert(at + i, f);
+        }
         Ok(())
+    }
+}
+
+/// A frame with no payload that does not count toward any message.
+fn control(h: Header) -> Part {
+    Part {
+        seq: h.seq,
+        header: h.encode(),
+        sent_header: 0,
+        data: std::ptr::NonNull::<u8>::dangling().as_ptr(),
+        off: 0,
+        len: 0,
+        sent: 0,
+        start: 0,
+        tag: h.tag,
+        total: 0,
+        counts: false,
     }
 }
 
@@ -168,9 +414,11 @@ impl NetSendComm for TcpSendComm {
         }
         let seq = self.next_seq;
         self.next_seq += 1;
-        let n = nparts(len, self.streams.len(), self.settings.stripe_min_bytes);
-        for i in 0..n {
-            let (off, plen) = split(len, &self.weights[..n], i);
+        let live = self.live();
+        let weights: Vec<u32> = live.iter().map(|&i| self.streams[i].weight).collect();
+        let n = nparts(len, live.len(), self.settings.stripe_min_bytes);
+        for (i, &si) in live.iter().enumerate().take(n) {
+            let (off, plen) = split(len, &weights[..n], i);
             let h = Header {
                 part: i as u16,
                 nparts: n as u16,
@@ -179,14 +427,21 @@ impl NetSendComm for TcpSendComm {
                 total: len as u64,
                 off: off as u64,
                 len: plen as u64,
+                epoch: self.epoch,
+                kind: Kind::Data,
             };
-            self.streams[i].queue.push_back(Part {
+            self.streams[si].queue.push_back(Part {
                 seq,
                 header: h.encode(),
                 sent_header: 0,
-                data: data.add(off),
+                data,
+                off,
                 len: plen,
                 sent: 0,
+                start: 0,
+                tag,
+                total: len,
+                counts: true,
             });
         }
         self.pending.push_back((seq, n, len));
@@ -211,7 +466,7 @@ impl NetSendComm for TcpSendComm {
     }
 
     fn wait_fds(&self, out: &mut Vec<WaitFd>) {
-        for s in &self.streams {
+        for s in self.streams.iter().filter(|s| s.alive) {
             if !s.queue.is_empty() {
                 out.push(WaitFd {
                     fd: s.sock.as_raw_fd(),
@@ -219,6 +474,27 @@ impl NetSendComm for TcpSendComm {
                 });
             }
         }
+    }
+
+    fn state(&self) -> String {
+        let dead: Vec<&str> = (0..self.rails.len())
+            .filter(|&r| !self.streams.iter().any(|s| s.rail == r && s.alive))
+            .map(|r| self.rails[r].name.as_str())
+            .collect();
+        let waiting: usize = self
+            .streams
+            .iter()
+            .map(|s| s.queue.len() + s.sent.len())
+            .sum();
+        format!(
+            "{} part(s) unsent or unacknowledged{}",
+            waiting,
+            if dead.is_empty() {
+                String::new()
+            } else {
+                format!("; rails lost: {}", dead.join(", "))
+            }
+        )
     }
 
     fn close(self: Box<Self>) -> Result<()> {

@@ -7,7 +7,9 @@ use socket2::Socket;
 use std::os::fd::AsRawFd;
 
 pub const HELLO_MAGIC: u32 = 0x4843_5452; // "RTCH"
-pub const HELLO_BYTES: usize = 20;
+pub const HELLO_BYTES: usize = 24;
+/// `StreamHello::flags`: the sender carries on over other rails when one is lost.
+pub const HELLO_FAILOVER: u32 = 1;
 pub const MAX_STREAMS: usize = 64;
 
 /// Sent on each stream after authentication: who connects, which stream of how many, and
@@ -18,6 +20,7 @@ pub struct StreamHello {
     pub stream: u16,
     pub nstreams: u16,
     pub weight: u32,
+    pub flags: u32,
 }
 
 impl StreamHello {
@@ -29,6 +32,7 @@ impl StreamHello {
         b[12..14].copy_from_slice(&self.stream.to_le_bytes());
         b[14..16].copy_from_slice(&self.nstreams.to_le_bytes());
         b[16..20].copy_from_slice(&self.weight.to_le_bytes());
+        b[20..24].copy_from_slice(&self.flags.to_le_bytes());
         b
     }
 
@@ -42,9 +46,11 @@ impl StreamHello {
             stream: u16::from_le_bytes([b[12], b[13]]),
             nstreams: u16::from_le_bytes([b[14], b[15]]),
             weight: u32at(16),
+            flags: u32at(20),
         };
         if u32at(0) != HELLO_MAGIC
             || h.weight == 0
+            || h.flags & !HELLO_FAILOVER != 0
             || h.nstreams == 0
             || h.nstreams as usize > MAX_STREAMS
             || h.stream >= h.nstreams
@@ -115,6 +121,19 @@ pub fn send_iov(s: &Socket, parts: &[(*const u8, usize)]) -> Result<Io> {
     classify(r, "tcp send")
 }
 
+/// Bytes written to `s` that the peer has not acknowledged yet (SIOCOUTQ).
+pub fn unacked_bytes(s: &Socket) -> Result<u64> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: TIOCOUTQ (= SIOCOUTQ) writes one int through a valid pointer.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+    if r < 0 {
+        return Err(
+            Error::io("tcp: SIOCOUTQ", &std::io::Error::last_os_error()).transport(crate::NAME)
+        );
+    }
+    Ok(n.max(0) as u64)
+}
+
 /// Non-blocking receive into raw memory. `Done(0)` means the peer closed the stream.
 ///
 /// # Safety
@@ -178,6 +197,7 @@ mod tests {
             stream: 2,
             nstreams: 4,
             weight: 800,
+            flags: HELLO_FAILOVER,
         };
         assert_eq!(StreamHello::decode(&h.encode()).unwrap(), h);
         let zero = StreamHello { weight: 0, ..h };

@@ -14,6 +14,8 @@ fn settings(nstreams: usize) -> TcpSettings {
         stripe_min_bytes: 4096,
         socket_buffer_bytes: 1 << 20,
         max_message_bytes: 1 << 30,
+        rail_failover: true,
+        rail_timeout: Duration::from_secs(3),
     }
 }
 
@@ -67,6 +69,12 @@ fn pair(nstreams: usize) -> (Box<dyn NetSendComm>, Box<dyn NetRecvComm>) {
         }
     };
     assert_eq!(who.rank, 5);
+    // Keep serving the listener until the stranger's handshake ran (its thread may connect
+    // after rank 5 did; a real job's accept loop never stops).
+    let until = Instant::now() + Duration::from_secs(10);
+    while !s1.is_finished() && Instant::now() < until {
+        let _ = listener.accept(Instant::now() + Duration::from_millis(20));
+    }
     assert_eq!(s1.join().unwrap(), ErrorKind::Unauthorized);
     (h.join().unwrap(), recv)
 }
@@ -194,6 +202,7 @@ fn hostile_header_is_a_protocol_error_without_allocation() {
         hello.extend_from_slice(&0u16.to_le_bytes());
         hello.extend_from_slice(&1u16.to_le_bytes());
         hello.extend_from_slice(&1u32.to_le_bytes()); // weight
+        hello.extend_from_slice(&0u32.to_le_bytes()); // flags
         s.write_all(&hello).unwrap();
         let hdr = railcc_transport_tcp::frame::Header {
             part: 0,
@@ -203,6 +212,8 @@ fn hostile_header_is_a_protocol_error_without_allocation() {
             total: 1 << 62,
             off: 0,
             len: 1 << 62,
+            epoch: 0,
+            kind: railcc_transport_tcp::frame::Kind::Data,
         };
         s.write_all(&hdr.encode()).unwrap();
         std::thread::sleep(Duration::from_millis(500));

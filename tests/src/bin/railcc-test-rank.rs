@@ -64,12 +64,63 @@ fn run(scenario: &str) -> Result<String, String> {
             Ok("no error".into())
         }
         "registered" => registered(&c),
+        "repeat" => repeat(&c),
         "barrier" => {
             c.barrier().map_err(e2s)?;
             Ok("barrier".into())
         }
         _ => Err(format!("unknown scenario '{scenario}'")),
     }
+}
+
+/// All-reduce of `RAILCC_TEST_BYTES` (default 16 MB) `RAILCC_TEST_ITERS` times (default 20),
+/// every result checked: for failures injected while it runs (a rail set down).
+fn repeat(c: &Communicator) -> Result<String, String> {
+    let var = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(d)
+    };
+    let (n, iters) = (
+        var("RAILCC_TEST_BYTES", 16 << 20) / 4,
+        var("RAILCC_TEST_ITERS", 20),
+    );
+    let (r, p) = (c.rank(), c.nranks());
+    let send: Vec<u32> = (0..n as u32)
+        .map(|i| i.wrapping_mul(2654435761) ^ r as u32)
+        .collect();
+    let mut recv = vec![0u32; n];
+    let t0 = std::time::Instant::now();
+    for it in 0..iters {
+        recv.fill(0);
+        c.all_reduce(&send, &mut recv, ReduceOp::Sum)
+            .map_err(|e| format!("iteration {it}: {e}"))?;
+        let want = |i: usize| -> u32 {
+            (0..p as u32).fold(0u32, |a, q| {
+                a.wrapping_add((i as u32).wrapping_mul(2654435761) ^ q)
+            })
+        };
+        if let Some(i) = (0..n)
+            .step_by(997)
+            .chain([n - 1])
+            .find(|&i| recv[i] != want(i))
+        {
+            return Err(format!(
+                "iteration {it}: element {i} is {} not {}",
+                recv[i],
+                want(i)
+            ));
+        }
+        if (0..n).any(|i| recv[i] != want(i)) {
+            return Err(format!("iteration {it}: wrong result"));
+        }
+    }
+    Ok(format!(
+        "{iters} all-reduces of {} B checked in {:.1} s",
+        n * 4,
+        t0.elapsed().as_secs_f64()
+    ))
 }
 
 /// Collectives on buffers registered with the communicator (and on slices of them) give the
