@@ -112,6 +112,10 @@ pub struct BenchArgs {
     /// Interfaces to stripe TCP over (RAILCC_RAILS): `eth0,eth1` or `eth0:800,eth1:400`.
     #[arg(long)]
     pub rails: Option<String>,
+    /// With --device cuda --per-process: move GPU data over the network transport (staged
+    /// through pinned host memory), as ranks on different machines do, instead of CUDA IPC.
+    #[arg(long = "gpu-net")]
+    pub gpu_net: bool,
     /// Pin each rank to one CPU by its local rank (core), or leave placement to the kernel
     /// (none), like mpirun's --bind-to.
     #[arg(long, default_value = "none", value_parser = ["none", "core"])]

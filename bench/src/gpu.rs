@@ -11,6 +11,7 @@
 
 use crate::args::BenchArgs;
 use crate::report::bus_factor;
+use railcc_collectives::gpu_net::GpuOverNet;
 use railcc_collectives::plan::CollArgs;
 use railcc_collectives::reference::{count_wrong, fill_input};
 use railcc_collectives::{CollKind, Communicator, DataType, ReduceOp};
@@ -263,25 +264,7 @@ impl Runner for PerProcess<'_> {
         s.secs = time_calls(a, &pg.gpu, &launch, &[(&pg.gpu, stream)])?;
         pg.gpu.synchronize().map_err(err)?;
         // Rank 0 reports the slowest rank's time and everyone's errors.
-        let mine = [
-            s.secs.to_le_bytes(),
-            s.wrong.to_le_bytes(),
-            s.oob.to_le_bytes(),
-        ]
-        .concat();
-        let all = self.comm.oob_all_gather(&mine).map_err(err)?;
-        let field = |b: &[u8], i: usize| {
-            b.get(i * 8..i * 8 + 8)
-                .and_then(|x| <[u8; 8]>::try_from(x).ok())
-                .unwrap_or_default()
-        };
-        s.secs = all
-            .iter()
-            .map(|b| f64::from_le_bytes(field(b, 0)))
-            .fold(0.0, f64::max);
-        s.wrong = all.iter().map(|b| u64::from_le_bytes(field(b, 1))).sum();
-        s.oob = all.iter().map(|b| u64::from_le_bytes(field(b, 2))).sum();
-        Ok(s)
+        agree(self.comm, s)
     }
 }
 
@@ -311,6 +294,76 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
     sweep(&Single(mg), a)
 }
 
+/// Every rank's sample made one: the slowest rank's time, everyone's errors.
+fn agree(comm: &Communicator, mut s: Sample) -> Result<Sample, String> {
+    let mine = [
+        s.secs.to_le_bytes(),
+        s.wrong.to_le_bytes(),
+        s.oob.to_le_bytes(),
+    ]
+    .concat();
+    let all = comm.oob_all_gather(&mine).map_err(err)?;
+    let field = |b: &[u8], i: usize| {
+        b.get(i * 8..i * 8 + 8)
+            .and_then(|x| <[u8; 8]>::try_from(x).ok())
+            .unwrap_or_default()
+    };
+    s.secs = all
+        .iter()
+        .map(|b| f64::from_le_bytes(field(b, 0)))
+        .fold(0.0, f64::max);
+    s.wrong = all.iter().map(|b| u64::from_le_bytes(field(b, 1))).sum();
+    s.oob = all.iter().map(|b| u64::from_le_bytes(field(b, 2))).sum();
+    Ok(s)
+}
+
+/// A rank whose GPU data crosses the network transport through pinned host memory.
+struct NetStaged<'a> {
+    gpu: GpuCtx,
+    net: std::cell::RefCell<GpuOverNet<'a>>,
+    comm: &'a Communicator,
+}
+
+impl Runner for NetStaged<'_> {
+    fn ranks(&self) -> usize {
+        self.comm.nranks()
+    }
+    fn prints(&self) -> bool {
+        self.comm.rank() == 0
+    }
+    fn one(&self, args: &CollArgs, a: &BenchArgs, in_place: bool) -> Result<Sample, String> {
+        if a.graph_launches > 0 {
+            return Err(
+                "--gpu-net runs host collectives between copies: no CUDA graph (-G)".into(),
+            );
+        }
+        let (gpu, me) = (&self.gpu, self.comm.rank());
+        let p = place(gpu, args, me, in_place, a.offset)?;
+        let launch = || -> Result<u32, String> {
+            // SAFETY: the buffers are live allocations of the implied size (`place`), kept
+            // until this function returns; the call is synchronous.
+            unsafe {
+                self.net
+                    .borrow_mut()
+                    .collective(gpu, *args, p.send_ptr, p.recv_ptr, gpu.stream)
+            }
+            .map_err(err)?;
+            Ok(0)
+        };
+        let mut s = Sample {
+            blocks: launch()?,
+            ..Sample::default()
+        };
+        if a.check != 0 {
+            (s.wrong, s.oob) = check(gpu, &p, args, me)?;
+        }
+        self.comm.barrier().map_err(err)?;
+        // The timer events go on the GPU's stream, which every copy of a call also uses.
+        s.secs = time_calls(a, gpu, &launch, &[])?;
+        agree(self.comm, s)
+    }
+}
+
 /// One rank of a job with one process per GPU.
 pub fn run_rank(comm: &Communicator, a: &BenchArgs) -> Result<(), String> {
     let gpus = railcc_transport_nvlink::driver::devices().map_err(err)?;
@@ -326,6 +379,26 @@ pub fn run_rank(comm: &Communicator, a: &BenchArgs) -> Result<(), String> {
     let ordinal = local % gpus.len();
     let cfg = comm.config();
     let cache = railcc_transport_nvlink::compile::cache_dir(&cfg.cache_dir);
+    if a.gpu_net {
+        let gpu = GpuCtx::new(ordinal, cache.as_deref()).map_err(err)?;
+        let net = GpuOverNet::new(comm, ordinal);
+        if comm.rank() == 0 {
+            println!(
+                "# railcc bench {} --device cuda --per-process --gpu-net: {} ranks, one GPU each, data over {}: {}",
+                a.collective.kind().name(),
+                comm.nranks(),
+                comm.transport(),
+                net.path()
+            );
+            describe_gpus(&gpus)?;
+        }
+        let r = NetStaged {
+            gpu,
+            net: std::cell::RefCell::new(net),
+            comm,
+        };
+        return sweep(&r, a);
+    }
     let mut ex = |b: &[u8]| comm.oob_all_gather(b);
     let mut pg = ProcGpu::new(
         ordinal,

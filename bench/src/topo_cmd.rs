@@ -154,6 +154,10 @@ pub fn run(a: &TopoArgs) -> Result<(), String> {
             g.pci_bus_id,
             numa(&g.place)
         );
+        if cfg.topo_file.is_empty() {
+            let path = railcc_transport_nvlink::staging::gpu_net_path(g.ordinal);
+            println!("  GPU{} data to the network: {path}", g.ordinal);
+        }
     }
     for n in &t.nics {
         println!(

@@ -4,6 +4,7 @@
 pub mod comm;
 pub mod conn;
 pub mod exec;
+pub mod gpu_net;
 pub mod plan;
 pub mod rails;
 pub mod reduce;

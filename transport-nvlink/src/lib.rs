@@ -21,5 +21,6 @@ pub mod ll;
 pub mod multi;
 pub mod nvml;
 pub mod proc;
+pub mod staging;
 
 pub const NAME: &str = "nvlink";

@@ -1,0 +1,120 @@
+//! GPU buffers over the communicator's network transport (TCP or RDMA), for ranks whose peers
+//! CUDA IPC cannot reach (other machines). Each call waits for the caller's stream, copies the
+//! input into pinned host memory, runs the host collective, and copies the result back: it
+//! returns when the result is on the GPU (synchronous, unlike the NVLink path's stream-ordered
+//! kernels). The pinned buffers are registered with the communicator once, so RDMA moves
+//! them without a registration per call. GPUDirect RDMA is not done: see
+//! [`railcc_transport_nvlink::staging::gpu_net_path`].
+
+use crate::comm::{Bufs, Communicator};
+use crate::plan::CollArgs;
+use crate::regions::RegionId;
+use railcc_core::net::CollKind;
+use railcc_core::{Error, Result};
+use railcc_transport_nvlink::gpu::{GpuCtx, Stream};
+use railcc_transport_nvlink::staging::{download_sync, gpu_net_path, upload_sync, PinnedBuf};
+
+/// One pinned buffer and its registration.
+struct Staged {
+    buf: PinnedBuf,
+    region: RegionId,
+}
+
+pub struct GpuOverNet<'c> {
+    comm: &'c Communicator,
+    send: Option<Staged>,
+    recv: Option<Staged>,
+    path: String,
+}
+
+impl<'c> GpuOverNet<'c> {
+    /// For ranks on GPU `ordinal`.
+    pub fn new(comm: &'c Communicator, ordinal: usize) -> GpuOverNet<'c> {
+        let path = gpu_net_path(ordinal);
+        tracing::info!("rank {}: GPU {ordinal} data {path}", comm.rank());
+        GpuOverNet {
+            comm,
+            send: None,
+            recv: None,
+            path,
+        }
+    }
+
+    /// How GPU data reaches the network here (for logs and bench headers).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    fn ensure(
+        comm: &Communicator,
+        gpu: &GpuCtx,
+        slot: &mut Option<Staged>,
+        bytes: usize,
+    ) -> Result<()> {
+        if slot.as_ref().is_some_and(|s| s.buf.len() >= bytes) {
+            return Ok(());
+        }
+        if let Some(old) = slot.take() {
+            comm.deregister(old.region)?;
+        }
+        // Grow by doubling so a sweep of sizes reallocates a few times, not every call.
+        let want = bytes.max(1).next_power_of_two();
+        let buf = PinnedBuf::new(gpu, want)?;
+        // SAFETY: the pinned buffer lives in `slot` until after its region is deregistered
+        // (above, or in Drop).
+        let region = unsafe { comm.register(buf.as_slice().as_ptr(), buf.len()) }?;
+        *slot = Some(Staged { buf, region });
+        Ok(())
+    }
+
+    /// Runs collective `a` on device buffers `send` and `recv` (device addresses in `gpu`'s
+    /// context), after the work already on `stream`.
+    ///
+    /// # Safety
+    /// `send` and `recv` must be valid device memory of the sizes `a` implies
+    /// (`send_elems`, `recv_elems`), laid out as for the host API (in place: `send` inside
+    /// `recv` where NCCL puts it).
+    pub unsafe fn collective(
+        &mut self,
+        gpu: &GpuCtx,
+        a: CollArgs,
+        send: u64,
+        recv: u64,
+        stream: Stream,
+    ) -> Result<()> {
+        let es = a.dtype.size();
+        let (sb, rb) = (a.send_elems() * es, a.recv_elems() * es);
+        let comm = self.comm;
+        Self::ensure(comm, gpu, &mut self.send, sb)?;
+        Self::ensure(comm, gpu, &mut self.recv, rb)?;
+        let (Some(s), Some(r)) = (self.send.as_mut(), self.recv.as_mut()) else {
+            return Err(Error::invalid("gpu over net: staging buffers missing"));
+        };
+        if sb > 0 {
+            download_sync(gpu, stream, &mut s.buf, send, sb)?;
+        }
+        comm.collective(
+            a,
+            Bufs::OutOfPlace {
+                send: &s.buf.as_slice()[..sb],
+                recv: &mut r.buf.as_mut_slice()[..rb],
+            },
+        )?;
+        // A reduce leaves the receive buffers of ranks other than the root as they were.
+        let writes = !(a.coll == CollKind::Reduce && comm.rank() != a.root);
+        if writes && rb > 0 {
+            upload_sync(gpu, stream, recv, &r.buf, rb)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for GpuOverNet<'_> {
+    fn drop(&mut self) {
+        for s in [self.send.take(), self.recv.take()].into_iter().flatten() {
+            if let Err(e) = self.comm.deregister(s.region) {
+                tracing::warn!("gpu over net: deregister: {e}");
+            }
+        }
+    }
+}
