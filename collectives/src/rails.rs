@@ -28,7 +28,7 @@ pub fn tcp_rails(cfg: &Config, iface: &Iface) -> Result<Vec<TcpRail>> {
     }
     let wanted: Vec<(String, Option<u32>)> = if spec == "auto" {
         let topo = Topology::load(&cfg.topo_file, Vec::new(), Vec::new())?;
-        topo.rails(None, None, &[])
+        topo.rails(None, my_numa_node(&topo), &[])
             .into_iter()
             .map(|r| (r.name, None))
             .collect()
@@ -86,6 +86,32 @@ pub fn tcp_rails(cfg: &Config, iface: &Iface) -> Result<Vec<TcpRail>> {
         .collect()
 }
 
+/// The NUMA node of the CPU this thread runs on (bind ranks to keep it stable).
+fn my_numa_node(topo: &Topology) -> Option<i32> {
+    // SAFETY: sched_getcpu has no arguments and only returns a number.
+    let cpu = unsafe { libc::sched_getcpu() };
+    if cpu < 0 {
+        return None;
+    }
+    let cpu = cpu as u32;
+    topo.numa
+        .iter()
+        .find(|n| in_cpulist(&n.cpus, cpu))
+        .map(|n| n.id)
+}
+
+/// Whether `cpu` is in a sysfs CPU list such as `0-15,32-47`.
+fn in_cpulist(list: &str, cpu: u32) -> bool {
+    list.split(',').any(|r| {
+        let mut ends = r.trim().splitn(2, '-').map(|x| x.parse::<u32>().ok());
+        match (ends.next().flatten(), ends.next()) {
+            (Some(a), None) => a == cpu,
+            (Some(a), Some(Some(b))) => (a..=b).contains(&cpu),
+            _ => false,
+        }
+    })
+}
+
 /// `v0(800 Mb/s) v1(400 Mb/s)`, for logs and the bench header.
 pub fn describe(rails: &[TcpRail]) -> String {
     if rails.len() == 1 {
@@ -96,4 +122,15 @@ pub fn describe(rails: &[TcpRail]) -> String {
         .map(|r| format!("{}({} Mb/s)", r.name, r.weight))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cpu_lists_parse_as_sysfs_writes_them() {
+        assert!(super::in_cpulist("0-15,32-47", 40));
+        assert!(super::in_cpulist("3", 3));
+        assert!(!super::in_cpulist("0-15,32-47", 20));
+        assert!(!super::in_cpulist("", 0));
+    }
 }
