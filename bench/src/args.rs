@@ -106,6 +106,10 @@ pub struct BenchArgs {
     /// rdma), nvlink (GPUs), each optionally with rails (`tcp:eth0+eth1`, `tcp:r0=800+r1=400`).
     #[arg(long)]
     pub compare: Option<String>,
+    /// With --compare: run the whole list this many times, interleaved, and report each
+    /// configuration's median time per size (for noisy, shared machines).
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
     /// With --compare: draw busbw against size, one line per configuration, into this SVG.
     #[arg(long)]
     pub plot: Option<std::path::PathBuf>,

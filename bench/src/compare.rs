@@ -7,6 +7,11 @@
 //! weights), which become `RAILCC_RAILS` for that run. Under a manual launch
 //! (`--rank --nranks --root-addr host:port`) every rank runs the same list and configuration
 //! i meets at port + i.
+//!
+//! An item may instead be an all-reduce algorithm (`ring`, `tree`, `rdouble`, `direct`,
+//! `auto`), run with `RAILCC_ALGO` set to it over the bench's own transport: with `auto`
+//! and at least one forced algorithm, the table adds the algorithm auto chose and its time
+//! over the best forced one's (issue 6: the selector must pick the faster algorithm).
 
 use crate::args::BenchArgs;
 use crate::report::bus_factor;
@@ -18,7 +23,10 @@ struct Config {
     transport: Option<String>,
     device_cuda: bool,
     rails: Option<String>,
+    algo: Option<String>,
 }
+
+const ALGOS: [&str; 5] = ["ring", "tree", "rdouble", "direct", "auto"];
 
 fn parse(list: &str) -> Result<Vec<Config>, String> {
     list.split(',')
@@ -28,12 +36,21 @@ fn parse(list: &str) -> Result<Vec<Config>, String> {
                 Some((k, r)) => (k, Some(r.replace('+', ",").replace('=', ":"))),
                 None => (item, None),
             };
+            if ALGOS.contains(&kind) && rails.is_none() {
+                return Ok(Config {
+                    label: item.to_string(),
+                    transport: None,
+                    device_cuda: false,
+                    rails: None,
+                    algo: Some(kind.to_string()),
+                });
+            }
             let (transport, device_cuda) = match kind {
                 "tcp" | "rdma" => (Some(kind.to_string()), false),
                 "nvlink" | "cuda" => (None, true),
                 _ => {
                     return Err(format!(
-                        "--compare: '{item}': expected tcp, rdma or nvlink, optionally :rail+rail"
+                        "--compare: '{item}': expected tcp, rdma or nvlink (optionally :rail+rail), or an algorithm: ring, tree, rdouble, direct, auto"
                     ))
                 }
             };
@@ -45,6 +62,7 @@ fn parse(list: &str) -> Result<Vec<Config>, String> {
                 transport,
                 device_cuda,
                 rails,
+                algo: None,
             })
         })
         .collect()
@@ -101,54 +119,119 @@ fn parse_rows(text: &str) -> Rows {
         .collect()
 }
 
+/// The algorithm column of each row (the last field, when it is a word).
+fn parse_algos(text: &str) -> BTreeMap<u64, String> {
+    text.lines()
+        .filter(|l| l.starts_with(' '))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let size = f.first()?.parse::<u64>().ok()?;
+            let last = f.last()?;
+            last.chars()
+                .all(|c| c.is_ascii_alphabetic())
+                .then(|| (size, last.to_string()))
+        })
+        .collect()
+}
+
+/// One child bench for configuration `c` (index `i`): its stdout and its rows, or why it
+/// failed.
+fn run_one(
+    a: &BenchArgs,
+    exe: &std::path::Path,
+    c: &Config,
+    i: usize,
+) -> Result<(String, Result<Rows, String>), String> {
+    let mut cmd = Command::new(exe);
+    cmd.args(child_args(i as u16)?);
+    if let Some(t) = c.transport.as_ref().or(a.transport.as_ref()) {
+        cmd.args(["--transport", t]);
+    }
+    if c.device_cuda {
+        cmd.args(["--device", "cuda"]);
+    }
+    match &c.algo {
+        Some(x) => cmd.env("RAILCC_ALGO", x),
+        None => &mut cmd,
+    };
+    match c.rails.as_ref().or(a.rails.as_ref()) {
+        Some(r) => cmd.env("RAILCC_RAILS", r),
+        None => cmd.env_remove("RAILCC_RAILS"),
+    };
+    let out = cmd
+        .output()
+        .map_err(|e| format!("--compare {}: cannot run: {e}", c.label))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let r = if out.status.success() {
+        Ok(parse_rows(&text))
+    } else {
+        // The first rank's own error says why; the spawner's summary only that it failed.
+        let err = String::from_utf8_lossy(&out.stderr);
+        let why = err
+            .lines()
+            .find(|l| l.starts_with("railcc: railcc"))
+            .or_else(|| err.lines().last())
+            .unwrap_or("failed");
+        Err(why.to_string())
+    };
+    Ok((text, r))
+}
+
+/// Per size, the median time over rounds and the most wrong elements any round saw; the
+/// first failure if any round failed.
+fn median_rows(runs: Vec<Result<Rows, String>>) -> Result<Rows, String> {
+    let mut by_size: BTreeMap<u64, (Vec<f64>, u64)> = BTreeMap::new();
+    for r in runs {
+        for (size, (us, wrong)) in r? {
+            let e = by_size.entry(size).or_default();
+            e.0.push(us);
+            e.1 = e.1.max(wrong);
+        }
+    }
+    Ok(by_size
+        .into_iter()
+        .map(|(size, (mut t, wrong))| {
+            t.sort_by(f64::total_cmp);
+            (size, (t[t.len() / 2], wrong))
+        })
+        .collect())
+}
+
 pub fn run(a: &BenchArgs, list: &str) -> Result<(), String> {
     let configs = parse(list)?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
     let lead = a.rank.unwrap_or(0) == 0;
     let coll = a.collective.kind();
     let mut results: Vec<(String, Result<Rows, String>)> = Vec::new();
+    let mut auto_choice = BTreeMap::new();
     let mut nranks = a.nranks.unwrap_or(a.ranks);
-    for (i, c) in configs.iter().enumerate() {
-        let mut cmd = Command::new(&exe);
-        cmd.args(child_args(i as u16)?);
-        if let Some(t) = &c.transport {
-            cmd.args(["--transport", t]);
-        }
-        if c.device_cuda {
-            cmd.args(["--device", "cuda"]);
-        }
-        match c.rails.as_ref().or(a.rails.as_ref()) {
-            Some(r) => cmd.env("RAILCC_RAILS", r),
-            None => cmd.env_remove("RAILCC_RAILS"),
-        };
-        let out = cmd
-            .output()
-            .map_err(|e| format!("--compare {}: cannot run: {e}", c.label))?;
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        if lead {
-            // Each run's own header says what it used (transport, device, rails).
-            for l in text.lines().filter(|l| l.starts_with("# railcc bench")) {
-                println!("{l}");
+    let rounds = a.rounds.max(1);
+    let mut per_round: Vec<Vec<Result<Rows, String>>> = vec![Vec::new(); configs.len()];
+    for round in 0..rounds {
+        for (i, c) in configs.iter().enumerate() {
+            let (text, r) = run_one(a, &exe, c, i)?;
+            if lead && round == 0 {
+                // Each run's own header says what it used (transport, device, rails).
+                for l in text.lines().filter(|l| l.starts_with("# railcc bench")) {
+                    println!("{l}");
+                }
+                // The GPU sweep drives every local GPU: its rank count is the GPUs it lists.
+                let gpus = text.lines().filter(|l| l.starts_with("#  GPU ")).count();
+                if c.device_cuda && gpus > 0 && a.gpus.is_none() {
+                    nranks = gpus;
+                }
             }
-            // The GPU sweep drives every local GPU: its rank count is the GPUs it lists.
-            let gpus = text.lines().filter(|l| l.starts_with("#  GPU ")).count();
-            if c.device_cuda && gpus > 0 && a.gpus.is_none() {
-                nranks = gpus;
+            if c.algo.as_deref() == Some("auto") && round == 0 {
+                auto_choice = parse_algos(&text);
             }
+            per_round[i].push(r);
         }
-        let r = if out.status.success() {
-            Ok(parse_rows(&text))
-        } else {
-            // The first rank's own error says why; the spawner's summary only that it failed.
-            let err = String::from_utf8_lossy(&out.stderr);
-            let why = err
-                .lines()
-                .find(|l| l.starts_with("railcc: railcc"))
-                .or_else(|| err.lines().last())
-                .unwrap_or("failed");
-            Err(why.to_string())
-        };
-        results.push((c.label.clone(), r));
+    }
+    for (c, runs) in configs.iter().zip(per_round) {
+        results.push((c.label.clone(), median_rows(runs)));
+    }
+    if rounds > 1 && lead {
+        println!("# {rounds} rounds of the list, interleaved; each cell is the median round");
     }
     if !lead {
         return Ok(());
@@ -167,11 +250,24 @@ pub fn run(a: &BenchArgs, list: &str) -> Result<(), String> {
         "# {} compared: out-of-place busbw in GB/s (time in us)",
         coll.name()
     );
+    // auto against the best forced algorithm, when both were run.
+    let auto_at = configs
+        .iter()
+        .position(|c| c.algo.as_deref() == Some("auto"));
+    let forced: Vec<usize> = (0..configs.len())
+        .filter(|&i| configs[i].algo.as_deref().is_some_and(|x| x != "auto"))
+        .collect();
+    let judge = auto_at.is_some() && !forced.is_empty();
     print!("# {:>12}", "size (B)");
     for (label, _) in &results {
         print!(" {:>24}", label);
     }
+    if judge {
+        print!(" {:>8} {:>10} {:>11}", "chose", "auto/best", "chosen/best");
+    }
     println!();
+    let mut worst: f64 = 0.0;
+    let mut worst_chosen: f64 = 0.0;
     for &s in &sizes {
         print!("  {:>12}", s);
         for (_, r) in &results {
@@ -183,7 +279,44 @@ pub fn run(a: &BenchArgs, list: &str) -> Result<(), String> {
             };
             print!(" {:>24}", cell);
         }
+        if let Some(ai) = auto_at.filter(|_| judge) {
+            let time = |i: usize| {
+                results[i]
+                    .1
+                    .as_ref()
+                    .ok()
+                    .and_then(|m| m.get(&s))
+                    .map(|v| v.0)
+            };
+            let best = forced
+                .iter()
+                .filter_map(|&i| time(i))
+                .fold(f64::INFINITY, f64::min);
+            let chose = auto_choice.get(&s).map_or("-", |x| x.as_str());
+            // The chosen algorithm's own forced run against the best: the selector's quality
+            // without the noise of one more run.
+            let chosen = configs
+                .iter()
+                .position(|c| c.algo.as_deref() == Some(chose))
+                .and_then(time);
+            let ratio = |t: Option<f64>| match t {
+                Some(t) if best.is_finite() => format!("{:.2}", t / best),
+                _ => "-".into(),
+            };
+            if let Some(t) = chosen.filter(|_| best.is_finite()) {
+                worst_chosen = worst_chosen.max(t / best);
+            }
+            if let Some(t) = time(ai).filter(|_| best.is_finite()) {
+                worst = worst.max(t / best);
+            }
+            print!(" {chose:>8} {:>10} {:>11}", ratio(time(ai)), ratio(chosen));
+        }
         println!();
+    }
+    if judge {
+        println!(
+            "# worst size: auto's time over the best forced algorithm's {worst:.2}; the chosen algorithm's forced time over the best {worst_chosen:.2}"
+        );
     }
     let mut failed = Vec::new();
     for (label, r) in &results {

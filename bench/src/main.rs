@@ -2,6 +2,7 @@
 //!
 //! - `railcc bench <collective>`: nccl-tests-style sweep over sizes, with checking.
 //! - `railcc topo`: the machine's topology and each rank's rails.
+//! - `railcc sim all_reduce`: the cost model's predictions at any scale, or against a run.
 //! - `railcc config`: the effective configuration and where each value came from.
 
 mod args;
@@ -11,6 +12,8 @@ mod gpu;
 mod measure;
 mod plot;
 mod report;
+mod sim_cmd;
+mod sim_validate;
 mod spawn;
 mod topo_cmd;
 
@@ -27,6 +30,8 @@ use std::process::ExitCode;
 enum Cli {
     /// Benchmark a collective, in the manner of nccl-tests.
     Bench(Box<args::BenchArgs>),
+    /// Predict every all-reduce algorithm's time at cluster scale (the cost model).
+    Sim(sim_cmd::SimArgs),
     /// Print the topology (GPUs, NICs, RDMA devices, paths) and each rank's rails.
     Topo(topo_cmd::TopoArgs),
     /// Print the effective configuration (defaults overridden by RAILCC_* variables).
@@ -45,6 +50,7 @@ fn main() -> ExitCode {
         Cli::Bench(a) => spawn::bench_main(*a),
         Cli::Config => print_config(),
         Cli::Topo(a) => topo_cmd::run(&a),
+        Cli::Sim(a) => sim_cmd::run(&a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -3,6 +3,7 @@
 //! (so peers learn of it at once) and every later call returns the same error.
 
 use crate::conn::Connections;
+use crate::cost::{HostEffects, Link, Machine};
 use crate::exec::{Buffers, Compiled, Exec, RawBuf, Workspace};
 use crate::plan::{build_ordered, group_plan, host_order, Algo, CollArgs, P2pKind, PlanOpts};
 use crate::regions::{RegionId, Regions};
@@ -51,6 +52,10 @@ pub struct Communicator {
     local_ranks: usize,
     /// Rings visit ranks in this order: each host's ranks together ([`host_order`]).
     ring_order: Vec<usize>,
+    /// Hosts in the job, for the cost model.
+    nodes: usize,
+    /// The cost model's choice per size bucket.
+    algo_cache: Mutex<HashMap<u32, Algo>>,
     _root: Option<RootServer>,
 }
 
@@ -218,7 +223,7 @@ impl Communicator {
             .iter()
             .filter(|h| h.as_slice() == host.as_bytes())
             .count();
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let cores = host_cores();
         let spin = if local_ranks > cores {
             Duration::ZERO
         } else {
@@ -251,6 +256,13 @@ impl Communicator {
             spin,
             local_ranks,
             ring_order: host_order(&hosts),
+            nodes: {
+                let mut distinct: Vec<&Vec<u8>> = hosts.iter().collect();
+                distinct.sort();
+                distinct.dedup();
+                distinct.len()
+            },
+            algo_cache: Mutex::new(HashMap::new()),
             _root: root,
         })
     }
@@ -319,6 +331,40 @@ impl Communicator {
         regions.remove(id, conns).map_err(|e| e.rank(self.rank))
     }
 
+    /// The cost model's all-reduce algorithm for `bytes` per rank, cached per power-of-two
+    /// size bucket ([`crate::cost`]; links from `RAILCC_LOCAL_*` and `RAILCC_NET_*`).
+    fn model_choice(&self, bytes: usize) -> Algo {
+        let bucket = usize::BITS - bytes.leading_zeros();
+        if let Some(&a) = self.algo_cache.lock().get(&bucket) {
+            return a;
+        }
+        let link = |lat_us: u64, mbps: u64| Link {
+            bytes_per_s: mbps.max(1) as f64 * 1e6,
+            latency_s: lat_us as f64 * 1e-6,
+        };
+        let m = Machine {
+            nodes: self.nodes,
+            per_node: self.nranks.div_ceil(self.nodes.max(1)),
+            intra: link(self.cfg.local_lat_us, self.cfg.local_mbytes_per_s),
+            inter: link(self.cfg.net_lat_us, self.cfg.net_mbytes_per_s),
+            chunk_bytes: self.cfg.chunk_bytes as f64,
+            reduce_bytes_per_s: self.cfg.reduce_mbytes_per_s as f64 * 1e6,
+            host: Some(HostEffects::fitted(
+                self.local_ranks as f64 / host_cores().max(1) as f64,
+            )),
+        };
+        // The bucket's smallest size stands for it: it is the size itself when sizes are
+        // powers of two, as they usually are.
+        let at = if bucket == 0 {
+            0.0
+        } else {
+            (1u64 << (bucket - 1)) as f64
+        };
+        let a = m.rank_all_reduce(at).first().map_or(Algo::Ring, |x| x.0);
+        self.algo_cache.lock().insert(bucket, a);
+        a
+    }
+
     /// The algorithm a call would use.
     pub fn algo_for(&self, a: &CollArgs) -> Algo {
         match a.coll {
@@ -329,16 +375,7 @@ impl Communicator {
                     AlgoChoice::Direct => Algo::Direct,
                     AlgoChoice::RecursiveDoubling => Algo::RecursiveDoubling,
                     AlgoChoice::Tree => Algo::Tree,
-                    // Small: one round of p - 1 messages while that stays cheap, log2(p)
-                    // rounds of one message beyond 4 ranks (bench/results/README.md, "Small
-                    // all-reduce algorithms"); issue 6's cost model will replace this rule.
-                    AlgoChoice::Auto if bytes <= self.cfg.direct_max_bytes && a.nranks <= 4 => {
-                        Algo::Direct
-                    }
-                    AlgoChoice::Auto if bytes <= self.cfg.direct_max_bytes => {
-                        Algo::RecursiveDoubling
-                    }
-                    AlgoChoice::Auto => Algo::Ring,
+                    AlgoChoice::Auto => self.model_choice(bytes),
                 }
             }
             CollKind::Broadcast | CollKind::Reduce => Algo::Chain,
@@ -803,3 +840,8 @@ const _: () = {
     const fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Communicator>();
 };
+
+/// Cores this process may run on (1 when unknown).
+fn host_cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}

@@ -3,6 +3,7 @@
 
 pub mod comm;
 pub mod conn;
+pub mod cost;
 pub mod exec;
 pub mod gpu_net;
 pub mod plan;

@@ -107,9 +107,16 @@ config! {
     /// All-reduce algorithm: auto, ring, direct (one-shot), rdouble (recursive doubling) or
     /// tree (double binary tree).
     algo: AlgoChoice = AlgoChoice::Auto, "RAILCC_ALGO";
-    /// Under auto, all-reduce up to this many bytes per rank uses a latency algorithm (direct
-    /// up to 4 ranks, recursive doubling beyond), above it the ring.
-    direct_max_bytes: usize = 64 * 1024, "RAILCC_DIRECT_MAX_BYTES";
+    /// The cost model's links (issue 6), per rank: between ranks of one host, and between
+    /// hosts. Latency in microseconds, bandwidth in MB/s, for one rank with a core to itself
+    /// (ranks sharing cores are scaled: collectives::cost). Defaults: fitted on loopback TCP
+    /// (bench/results/README.md, "Cost model"), and 10 GbE.
+    local_lat_us: u64 = 10, "RAILCC_LOCAL_LAT_US";
+    local_mbytes_per_s: u64 = 3600, "RAILCC_LOCAL_MBYTES_PER_S";
+    net_lat_us: u64 = 25, "RAILCC_NET_LAT_US";
+    net_mbytes_per_s: u64 = 1200, "RAILCC_NET_MBYTES_PER_S";
+    /// The cost model's host reduction rate per rank, MB/s.
+    reduce_mbytes_per_s: u64 = 7500, "RAILCC_REDUCE_MBYTES_PER_S";
     /// Microseconds a waiting rank busy-polls before it sleeps in poll(2). 0 sleeps at once;
     /// forced to 0 when more ranks share a host than it has cores.
     spin_us: u64 = 200, "RAILCC_SPIN_US";
