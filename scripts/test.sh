@@ -23,5 +23,8 @@ bash tests/netns/rails.sh target/release/railcc target/release/railcc-test-rank 
 cat target/netns-rails.log
 
 cargo test --workspace --all-targets
+# railcc's libnccl from C: exported symbols, the header, clean errors without a driver.
+cargo build -q -p railcc-nccl
+bash nccl-compat/tests/c_api.sh target/debug
 # GPU tests report themselves ("SKIP ... no CUDA driver" on machines without one): show it.
 cargo test -q -p railcc-transport-nvlink --lib -- --nocapture --test-threads 1 2>&1 | grep -E "SKIP|CUDA driver present|test result"

@@ -4,9 +4,10 @@
 # bench/compare/gpu-*.sh script on the device (kind nvidia-h200-x2), carrying .device.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cargo build --release -p railcc-bench
-mkdir -p .device/bin
+cargo build --release -p railcc-bench -p railcc-nccl
+mkdir -p .device/bin .device/lib
 cp target/release/railcc .device/bin/
+cp target/release/libnccl.so .device/lib/libnccl.so.2
 rm -rf .device/nccl-tests
 cp -r ../shared/third_party/nccl-tests .device/
 cp ../shared/baselines/gpu/nccl_baseline.sh .device/

@@ -107,13 +107,16 @@ config! {
     /// All-reduce algorithm: auto, ring, direct (one-shot), rdouble (recursive doubling) or
     /// tree (double binary tree).
     algo: AlgoChoice = AlgoChoice::Auto, "RAILCC_ALGO";
-    /// The cost model's links (issue 6), per rank: between ranks of one host, and between
-    /// hosts. Latency in microseconds, bandwidth in MB/s, for one rank with a core to itself
-    /// (ranks sharing cores are scaled: collectives::cost). Defaults: fitted on loopback TCP
-    /// (bench/results/README.md, "Cost model"), and 10 GbE.
+    // The cost model's links (issue 6), per rank, for one rank with a core to itself (ranks
+    // sharing cores are scaled: collectives::cost). Defaults: fitted on loopback TCP
+    // (bench/results/README.md, "Cost model"), and 10 GbE between hosts.
+    /// The cost model's latency between ranks of one host, microseconds.
     local_lat_us: u64 = 10, "RAILCC_LOCAL_LAT_US";
+    /// The cost model's bandwidth per rank between ranks of one host, MB/s.
     local_mbytes_per_s: u64 = 3600, "RAILCC_LOCAL_MBYTES_PER_S";
+    /// The cost model's latency between hosts, microseconds.
     net_lat_us: u64 = 25, "RAILCC_NET_LAT_US";
+    /// The cost model's bandwidth per rank between hosts, MB/s.
     net_mbytes_per_s: u64 = 1200, "RAILCC_NET_MBYTES_PER_S";
     /// The cost model's host reduction rate per rank, MB/s.
     reduce_mbytes_per_s: u64 = 7500, "RAILCC_REDUCE_MBYTES_PER_S";

@@ -1,0 +1,363 @@
+//! The ranks of one communicator, all in this process (threads, or one thread with groups), and
+//! the rendezvous that turns their separate NCCL calls into one railcc launch.
+//!
+//! NCCL's API hands each rank's call over separately; railcc's multi-GPU kernels
+//! ([`MultiGpu::collective_on`]) need every rank's buffers and streams at once. So the n-th
+//! collective call of every rank lands in slot n; the call that completes a slot checks that
+//! the ranks agree and launches for all of them, and the others wait for its result (bounded
+//! by the deadline). Send and receive pair up the same way per (sender, receiver, n-th
+//! message) and become a copy between the two streams, ordered by events.
+
+use crate::gpus::Gpus;
+use parking_lot::{Condvar, Mutex};
+use railcc_core::net::CollKind;
+use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+/// One rank's collective call.
+#[derive(Debug, Clone, Copy)]
+pub struct Call {
+    pub coll: CollKind,
+    pub send: u64,
+    pub recv: u64,
+    pub count: usize,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub root: usize,
+    pub stream: usize,
+}
+
+/// One side of a point-to-point transfer.
+#[derive(Debug, Clone, Copy)]
+pub struct Half {
+    pub ptr: u64,
+    pub bytes: usize,
+    pub stream: usize,
+}
+
+#[derive(Default)]
+struct Slot {
+    calls: Vec<Option<Call>>,
+    result: Option<std::result::Result<(), Error>>,
+    collected: usize,
+}
+
+#[derive(Default)]
+struct Pair {
+    send: Option<Half>,
+    recv: Option<Half>,
+    result: Option<std::result::Result<(), Error>>,
+    collected: usize,
+}
+
+/// Where a submitted call waits for its launch.
+#[derive(Debug, Clone, Copy)]
+pub enum Ticket {
+    Coll(u64),
+    P2p(usize, usize, u64),
+}
+
+pub struct Clique {
+    pub nranks: usize,
+    /// Each rank's CUDA device, as ranks join.
+    devices: Mutex<Vec<Option<i32>>>,
+    joined: Condvar,
+    gpus: OnceLock<std::result::Result<Gpus, Error>>,
+    slots: Mutex<HashMap<u64, Slot>>,
+    pairs: Mutex<HashMap<(usize, usize, u64), Pair>>,
+    done: Condvar,
+    pub timeout: Duration,
+}
+
+fn registry() -> &'static Mutex<HashMap<[u8; 16], Arc<Clique>>> {
+    static R: OnceLock<Mutex<HashMap<[u8; 16], Arc<Clique>>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn invalid(msg: String) -> Error {
+    Error::new(ErrorKind::InvalidArgument, msg)
+}
+
+impl Clique {
+    /// The communicator named `key`, created by its first rank.
+    pub fn get(key: [u8; 16], nranks: usize, timeout: Duration) -> Result<Arc<Clique>> {
+        let mut r = registry().lock();
+        let c = r.entry(key).or_insert_with(|| {
+            Arc::new(Clique {
+                nranks,
+                devices: Mutex::new(vec![None; nranks]),
+                joined: Condvar::new(),
+                gpus: OnceLock::new(),
+                slots: Mutex::new(HashMap::new()),
+                pairs: Mutex::new(HashMap::new()),
+                done: Condvar::new(),
+                timeout,
+            })
+        });
+        if c.nranks != nranks {
+            return Err(invalid(format!(
+                "ncclCommInitRank: nranks {nranks}, but another rank of this id said {}",
+                c.nranks
+            )));
+        }
+        Ok(c.clone())
+    }
+
+    /// Forgets the id (after every rank joined: a later init with it starts a new clique).
+    pub fn unregister(key: &[u8; 16]) {
+        registry().lock().remove(key);
+    }
+
+    pub fn join(&self, rank: usize, device: i32) -> Result<()> {
+        let mut d = self.devices.lock();
+        match d.get_mut(rank) {
+            None => Err(invalid(format!(
+                "ncclCommInitRank: rank {rank} out of range for {} ranks",
+                self.nranks
+            ))),
+            Some(Some(_)) => Err(invalid(format!(
+                "ncclCommInitRank: rank {rank} joined twice"
+            ))),
+            Some(slot) => {
+                *slot = Some(device);
+                self.joined.notify_all();
+                Ok(())
+            }
+        }
+    }
+
+    /// Waits until every rank joined, then opens the GPUs once (the first waiter does).
+    pub fn ready(&self) -> Result<&Gpus> {
+        let deadline = Instant::now() + self.timeout;
+        let devices: Vec<i32> = {
+            let mut d = self.devices.lock();
+            while d.iter().any(Option::is_none) {
+                if self.joined.wait_until(&mut d, deadline).timed_out() {
+                    let missing: Vec<usize> =
+                        (0..self.nranks).filter(|&r| d[r].is_none()).collect();
+                    return Err(Error::new(
+                        ErrorKind::Timeout,
+                        format!(
+                            "ncclCommInitRank: ranks {missing:?} never joined in this process within {:?} (railcc's libnccl runs every rank of a communicator in one process)",
+                            self.timeout
+                        ),
+                    ));
+                }
+            }
+            d.iter().flatten().copied().collect()
+        };
+        match self.gpus.get_or_init(|| Gpus::open(&devices)) {
+            Ok(g) => Ok(g),
+            Err(e) => Err(e.clone()),
+        }
+    }
+
+    fn gpus(&self) -> Result<&Gpus> {
+        match self.gpus.get() {
+            Some(Ok(g)) => Ok(g),
+            Some(Err(e)) => Err(e.clone()),
+            None => Err(Error::new(
+                ErrorKind::Aborted,
+                "communicator not initialized",
+            )),
+        }
+    }
+
+    /// Rank `rank`'s `seq`-th collective call. The call that completes the slot launches.
+    pub fn submit(&self, rank: usize, seq: u64, call: Call) -> Ticket {
+        let mut slots = self.slots.lock();
+        let slot = slots.entry(seq).or_default();
+        if slot.calls.is_empty() {
+            slot.calls = vec![None; self.nranks];
+        }
+        slot.calls[rank] = Some(call);
+        if slot.calls.iter().all(Option::is_some) {
+            let calls: Vec<Call> = slot.calls.iter().flatten().copied().collect();
+            slot.result = Some(self.launch(&calls));
+            self.done.notify_all();
+        }
+        Ticket::Coll(seq)
+    }
+
+    /// One side of the `seq`-th message from `src` to `dst`; the side that completes the pair
+    /// enqueues the copy.
+    pub fn submit_p2p(&self, src: usize, dst: usize, seq: u64, send: bool, h: Half) -> Ticket {
+        let mut pairs = self.pairs.lock();
+        let p = pairs.entry((src, dst, seq)).or_default();
+        if send {
+            p.send = Some(h);
+        } else {
+            p.recv = Some(h);
+        }
+        if let (Some(s), Some(r)) = (p.send, p.recv) {
+            p.result = Some(if s.bytes != r.bytes {
+                Err(Error::new(
+                    ErrorKind::Mismatch,
+                    format!(
+                        "send from rank {src} has {} bytes, the receive on rank {dst} expects {}",
+                        s.bytes, r.bytes
+                    ),
+                ))
+            } else {
+                self.gpus().and_then(|g| g.copy(src, s, dst, r))
+            });
+            self.done.notify_all();
+        }
+        Ticket::P2p(src, dst, seq)
+    }
+
+    /// Waits for a submitted call's launch and returns its result (each participant collects it
+    /// once; the last one frees the slot).
+    pub fn wait(&self, t: Ticket) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        match t {
+            Ticket::Coll(seq) => {
+                let mut slots = self.slots.lock();
+                loop {
+                    let slot = slots.entry(seq).or_default();
+                    if let Some(r) = slot.result.clone() {
+                        slot.collected += 1;
+                        if slot.collected == self.nranks {
+                            slots.remove(&seq);
+                        }
+                        return r;
+                    }
+                    if self.done.wait_until(&mut slots, deadline).timed_out() {
+                        let missing = slots.get(&seq).map_or(Vec::new(), |s| {
+                            (0..self.nranks)
+                                .filter(|&r| s.calls.get(r).is_none_or(Option::is_none))
+                                .collect()
+                        });
+                        return Err(Error::new(
+                            ErrorKind::Timeout,
+                            format!(
+                                "collective call {seq}: ranks {missing:?} did not make it within {:?} (several ranks driven from one thread need ncclGroupStart/End)",
+                                self.timeout
+                            ),
+                        ));
+                    }
+                }
+            }
+            Ticket::P2p(src, dst, seq) => {
+                let mut pairs = self.pairs.lock();
+                loop {
+                    let p = pairs.entry((src, dst, seq)).or_default();
+                    if let Some(r) = p.result.clone() {
+                        p.collected += 1;
+                        if p.collected == 2 {
+                            pairs.remove(&(src, dst, seq));
+                        }
+                        return r;
+                    }
+                    if self.done.wait_until(&mut pairs, deadline).timed_out() {
+                        return Err(Error::new(
+                            ErrorKind::Timeout,
+                            format!(
+                                "message {seq} from rank {src} to rank {dst}: the other side was not posted within {:?}",
+                                self.timeout
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    fn launch(&self, calls: &[Call]) -> Result<()> {
+        let c0 = calls[0];
+        for (r, c) in calls.iter().enumerate() {
+            if c.coll != c0.coll
+                || c.count != c0.count
+                || c.dtype != c0.dtype
+                || c.op != c0.op
+                || c.root != c0.root
+            {
+                return Err(Error::new(
+                    ErrorKind::Mismatch,
+                    format!(
+                        "rank 0 called {} of {} x {:?} (op {:?}, root {}), rank {r} called {} of {} x {:?} (op {:?}, root {})",
+                        c0.coll.name(), c0.count, c0.dtype, c0.op, c0.root,
+                        c.coll.name(), c.count, c.dtype, c.op, c.root
+                    ),
+                ));
+            }
+        }
+        self.gpus()?.collective(calls)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(count: usize) -> Call {
+        Call {
+            coll: CollKind::AllReduce,
+            send: 0x1000,
+            recv: 0x2000,
+            count,
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+            root: 0,
+            stream: 0,
+        }
+    }
+
+    #[test]
+    fn ranks_that_disagree_all_get_the_mismatch() {
+        let c = Clique::get([1; 16], 2, Duration::from_secs(5)).unwrap();
+        let t0 = c.submit(0, 0, call(10));
+        let t1 = c.submit(1, 0, call(11));
+        for t in [t0, t1] {
+            let e = c.wait(t).unwrap_err();
+            assert_eq!(e.kind, ErrorKind::Mismatch);
+            assert!(
+                e.to_string().contains("rank 1 called all_reduce of 11"),
+                "{e}"
+            );
+        }
+        Clique::unregister(&[1; 16]);
+    }
+
+    #[test]
+    fn a_rank_that_never_calls_is_named_after_the_deadline() {
+        let c = Clique::get([2; 16], 3, Duration::from_millis(100)).unwrap();
+        let t = c.submit(0, 0, call(4));
+        let _ = c.submit(2, 0, call(4));
+        let e = c.wait(t).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Timeout);
+        assert!(e.to_string().contains("ranks [1]"), "{e}");
+        Clique::unregister(&[2; 16]);
+    }
+
+    #[test]
+    fn joining_checks_ranks_and_counts() {
+        let c = Clique::get([3; 16], 2, Duration::from_millis(50)).unwrap();
+        assert!(Clique::get([3; 16], 3, Duration::from_millis(50)).is_err());
+        c.join(0, 0).unwrap();
+        assert!(c.join(0, 1).is_err());
+        assert!(c.join(2, 0).is_err());
+        // Rank 1 never joins: ready names it.
+        let e = c.ready().err().unwrap();
+        assert!(e.to_string().contains("ranks [1] never joined"), "{e}");
+        Clique::unregister(&[3; 16]);
+    }
+
+    #[test]
+    fn sends_and_receives_of_different_sizes_are_refused_on_both_sides() {
+        let c = Clique::get([4; 16], 2, Duration::from_secs(5)).unwrap();
+        let h = |bytes| Half {
+            ptr: 0x1000,
+            bytes,
+            stream: 0,
+        };
+        let s = c.submit_p2p(0, 1, 0, true, h(8));
+        let r = c.submit_p2p(0, 1, 0, false, h(16));
+        for t in [s, r] {
+            assert_eq!(c.wait(t).unwrap_err().kind, ErrorKind::Mismatch);
+        }
+        Clique::unregister(&[4; 16]);
+    }
+}

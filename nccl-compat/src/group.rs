@@ -1,0 +1,49 @@
+//! ncclGroupStart/End: calls made between them are held per thread and submitted together at
+//! the outermost End, so one thread can drive every rank of a communicator without deadlock.
+
+use crate::clique::{Call, Half};
+use crate::Comm;
+use std::cell::RefCell;
+
+pub enum Pending {
+    /// A communicator that joined its clique and still has to wait for the others.
+    Init(*const Comm),
+    Coll(*const Comm, Call),
+    /// (communicator, peer, is_send, buffer)
+    P2p(*const Comm, usize, bool, Half),
+}
+
+#[derive(Default)]
+struct State {
+    depth: usize,
+    pending: Vec<Pending>,
+}
+
+thread_local! {
+    static STATE: RefCell<State> = RefCell::new(State::default());
+}
+
+pub fn start() {
+    STATE.with(|s| s.borrow_mut().depth += 1);
+}
+
+/// Some(pending calls) when this End closes the outermost group; None when still nested, or
+/// Err when there was no Start.
+pub fn end() -> Result<Option<Vec<Pending>>, ()> {
+    STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.depth == 0 {
+            return Err(());
+        }
+        s.depth -= 1;
+        Ok((s.depth == 0).then(|| std::mem::take(&mut s.pending)))
+    })
+}
+
+pub fn in_group() -> bool {
+    STATE.with(|s| s.borrow().depth > 0)
+}
+
+pub fn defer(p: Pending) {
+    STATE.with(|s| s.borrow_mut().pending.push(p));
+}

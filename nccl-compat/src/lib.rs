@@ -1,0 +1,951 @@
+//! railcc behind NCCL's C API: `libnccl.so.2` for programs built against NCCL (nccl-tests,
+//! PyTorch's ProcessGroupNCCL). Every rank of a communicator runs in this process, one GPU
+//! each (ncclCommInitAll, or ncclCommInitRank from one thread in a group or from several
+//! threads); collectives run on railcc's multi-GPU kernels (transport-nvlink), send/recv as
+//! stream-ordered copies. What we do not implement returns ncclInvalidUsage with
+//! ncclGetLastError saying why; nothing returns a false success.
+//!
+//! - `abi`: NCCL's numbering, the unique id and the config head;
+//! - `clique`: the rendezvous of the ranks' separate calls into one launch;
+//! - `gpus`: the launches and copies;
+//! - `group`: ncclGroupStart/End.
+
+pub mod abi;
+mod clique;
+mod gpus;
+mod group;
+
+use abi::*;
+use clique::{Call, Clique, Half, Ticket};
+use cudarc::driver::sys;
+use parking_lot::Mutex;
+use railcc_core::net::CollKind;
+use railcc_core::{Error, ErrorKind};
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// An ncclComm_t.
+pub struct Comm {
+    clique: Arc<Clique>,
+    /// The id's key, dropped from the registry once every rank joined.
+    key: [u8; 16],
+    rank: usize,
+    nranks: usize,
+    device: i32,
+    /// Collective calls made so far (the rendezvous slot of the next one).
+    seq: AtomicU64,
+    /// Messages so far per (peer, is_send).
+    p2p_seq: Mutex<HashMap<(usize, bool), u64>>,
+    /// A failure that leaves the ranks out of step (a timeout): every later call returns it.
+    broken: Mutex<Option<Error>>,
+}
+
+static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
+thread_local! {
+    static LAST_ERROR_C: std::cell::RefCell<CString> = std::cell::RefCell::new(CString::default());
+}
+
+/// Records `e` for ncclGetLastError (and stderr under NCCL_DEBUG) and returns its code.
+fn fail(e: &Error) -> NcclResult {
+    let msg = e.to_string();
+    if std::env::var_os("NCCL_DEBUG").is_some() {
+        eprintln!("NCCL WARN {msg}");
+    }
+    let code = result_of(e.kind, &msg);
+    *LAST_ERROR.lock() = msg;
+    code
+}
+
+fn usage(msg: impl Into<String>) -> NcclResult {
+    let msg = Error::new(ErrorKind::Unsupported, msg.into()).to_string();
+    if std::env::var_os("NCCL_DEBUG").is_some() {
+        eprintln!("NCCL WARN {msg}");
+    }
+    *LAST_ERROR.lock() = msg;
+    INVALID_USAGE
+}
+
+fn invalid(msg: impl Into<String>) -> NcclResult {
+    fail(&Error::new(ErrorKind::InvalidArgument, msg.into()))
+}
+
+/// railcc's configuration from the RAILCC_* variables (`railcc config` lists them).
+pub(crate) fn config() -> Result<railcc_core::Config, Error> {
+    railcc_core::Config::default().apply_vars(|k| std::env::var(k).ok())
+}
+
+/// The deadline of every wait (RAILCC_TIMEOUT_MS).
+fn timeout() -> Duration {
+    config().map_or(Duration::from_secs(60), |c| c.timeout())
+}
+
+/// The CUDA device current on this thread (cudaSetDevice makes its primary context current),
+/// or 0 as cudaGetDevice says when none is; an error without a driver.
+fn current_device() -> Result<i32, Error> {
+    railcc_transport_nvlink::driver::available()?;
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the driver is initialized.
+    unsafe { sys::cuCtxGetCurrent(&mut ctx) };
+    if ctx.is_null() {
+        return Ok(0);
+    }
+    let mut d: sys::CUdevice = 0;
+    // SAFETY: a context is current; valid out-pointer.
+    let r = unsafe { sys::cuCtxGetDevice(&mut d) };
+    railcc_transport_nvlink::driver::check(r, "cuCtxGetDevice")?;
+    Ok(d)
+}
+
+// ---------------------------------------------------------------- version, errors, ids
+
+/// # Safety
+/// `version` must be NULL or point to an int.
+#[no_mangle]
+pub unsafe extern "C" fn ncclGetVersion(version: *mut c_int) -> NcclResult {
+    // SAFETY: the caller passes NULL or a valid pointer.
+    match unsafe { version.as_mut() } {
+        Some(v) => {
+            *v = VERSION_CODE;
+            SUCCESS
+        }
+        None => invalid("ncclGetVersion: version is NULL"),
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGetErrorString(result: NcclResult) -> *const c_char {
+    error_string(result).as_ptr()
+}
+
+/// The last error's details. The string stays valid until this thread calls it again.
+#[no_mangle]
+pub extern "C" fn ncclGetLastError(_comm: *mut Comm) -> *const c_char {
+    let msg = LAST_ERROR.lock().clone();
+    LAST_ERROR_C.with(|c| {
+        *c.borrow_mut() = CString::new(msg.replace('\0', " ")).unwrap_or_default();
+        c.borrow().as_ptr()
+    })
+}
+
+/// # Safety
+/// `id` must be NULL or point to 128 writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn ncclGetUniqueId(id: *mut UniqueId) -> NcclResult {
+    let mut key = [0u8; 16];
+    if let Err(e) = getrandom::getrandom(&mut key) {
+        return fail(&Error::new(
+            ErrorKind::Io,
+            format!("ncclGetUniqueId: no randomness: {e}"),
+        ));
+    }
+    // SAFETY: the caller passes NULL or a valid pointer.
+    match unsafe { id.as_mut() } {
+        Some(id) => {
+            *id = UniqueId::new(IdFields {
+                pid: std::process::id(),
+                key,
+            });
+            SUCCESS
+        }
+        None => invalid("ncclGetUniqueId: uniqueId is NULL"),
+    }
+}
+
+// ---------------------------------------------------------------- communicators
+
+fn init_rank(
+    out: *mut *mut Comm,
+    nranks: c_int,
+    id: UniqueId,
+    rank: c_int,
+    _max_ctas: Option<usize>,
+) -> NcclResult {
+    if out.is_null() {
+        return invalid("ncclCommInitRank: comm is NULL");
+    }
+    let Some(f) = id.fields() else {
+        return invalid("ncclCommInitRank: this ncclUniqueId was not made by ncclGetUniqueId");
+    };
+    if nranks < 1 || rank < 0 || rank >= nranks {
+        return invalid(format!(
+            "ncclCommInitRank: rank {rank} of {nranks} ranks is out of range"
+        ));
+    }
+    if f.pid != std::process::id() {
+        return usage(format!(
+            "ncclCommInitRank: the id comes from process {}; railcc's libnccl runs every rank of a communicator in one process (threads, groups or ncclCommInitAll), not across processes yet",
+            f.pid
+        ));
+    }
+    let device = match current_device() {
+        Ok(d) => d,
+        Err(e) => return fail(&e),
+    };
+    let clique = match Clique::get(f.key, nranks as usize, timeout()) {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    if let Err(e) = clique.join(rank as usize, device) {
+        return fail(&e);
+    }
+    let comm = Box::into_raw(Box::new(Comm {
+        clique,
+        key: f.key,
+        rank: rank as usize,
+        nranks: nranks as usize,
+        device,
+        seq: AtomicU64::new(0),
+        p2p_seq: Mutex::new(HashMap::new()),
+        broken: Mutex::new(None),
+    }));
+    // config.maxCTAs is not applied: blocks per GPU are one setting for the whole clique
+    // (RAILCC_GPU_BLOCKS), since every rank's kernel waits for the others'.
+    // SAFETY: checked non-NULL; NCCL hands the handle back even before init completes.
+    unsafe { *out = comm };
+    if group::in_group() {
+        group::defer(group::Pending::Init(comm));
+        return SUCCESS;
+    }
+    finish_init(comm)
+}
+
+/// Waits for every rank of `comm` to join and the GPUs to open.
+fn finish_init(comm: *const Comm) -> NcclResult {
+    // SAFETY: `comm` came from Box::into_raw in init_rank and is not yet destroyed (the user
+    // destroys it only after init returns).
+    let c = unsafe { &*comm };
+    match c.clique.ready() {
+        Ok(_) => {
+            Clique::unregister(&c.key);
+            SUCCESS
+        }
+        Err(e) => {
+            *c.broken.lock() = Some(e.clone());
+            fail(&e)
+        }
+    }
+}
+
+/// # Safety
+/// `comm` must be NULL or point to a writable ncclComm_t.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRank(
+    comm: *mut *mut Comm,
+    nranks: c_int,
+    id: UniqueId,
+    rank: c_int,
+) -> NcclResult {
+    init_rank(comm, nranks, id, rank, None)
+}
+
+/// # Safety
+/// `comm` must be NULL or point to a writable ncclComm_t; `config` NULL or an ncclConfig_t
+/// made with NCCL_CONFIG_INITIALIZER.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRankConfig(
+    comm: *mut *mut Comm,
+    nranks: c_int,
+    id: UniqueId,
+    rank: c_int,
+    config: *const ConfigHead,
+) -> NcclResult {
+    // SAFETY: the caller passes NULL or a valid config; only its head is read, after its size
+    // says the head is there.
+    let max_ctas = match unsafe { config.as_ref() } {
+        None => None,
+        Some(c) if c.magic != CONFIG_MAGIC => {
+            return invalid(
+                "ncclCommInitRankConfig: config was not made with NCCL_CONFIG_INITIALIZER",
+            );
+        }
+        Some(c) if c.size >= std::mem::size_of::<ConfigHead>() && c.max_ctas > 0 => {
+            Some(c.max_ctas as usize)
+        }
+        Some(_) => None,
+    };
+    // Non-blocking configs (blocking = 0) are served blocking: calls return ncclSuccess once
+    // done, which such callers accept as well as ncclInProgress.
+    init_rank(comm, nranks, id, rank, max_ctas)
+}
+
+/// # Safety
+/// `comms` must hold `ndev` writable handles; `devlist` NULL or `ndev` ints.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitAll(
+    comms: *mut *mut Comm,
+    ndev: c_int,
+    devlist: *const c_int,
+) -> NcclResult {
+    if comms.is_null() || ndev < 1 {
+        return invalid(format!("ncclCommInitAll: comms NULL or ndev {ndev} < 1"));
+    }
+    let mut key = [0u8; 16];
+    if let Err(e) = getrandom::getrandom(&mut key) {
+        return fail(&Error::new(
+            ErrorKind::Io,
+            format!("ncclCommInitAll: no randomness: {e}"),
+        ));
+    }
+    if let Err(e) = railcc_transport_nvlink::driver::available() {
+        return fail(&e);
+    }
+    let clique = match Clique::get(key, ndev as usize, timeout()) {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    for r in 0..ndev as usize {
+        // SAFETY: devlist is NULL or holds ndev ints (the caller's contract).
+        let dev = if devlist.is_null() {
+            r as i32
+        } else {
+            unsafe { *devlist.add(r) }
+        };
+        if let Err(e) = clique.join(r, dev) {
+            return fail(&e);
+        }
+    }
+    if let Err(e) = clique.ready() {
+        Clique::unregister(&key);
+        return fail(&e);
+    }
+    Clique::unregister(&key);
+    for r in 0..ndev as usize {
+        let c = Box::into_raw(Box::new(Comm {
+            clique: clique.clone(),
+            key,
+            rank: r,
+            nranks: ndev as usize,
+            device: if devlist.is_null() {
+                r as i32
+            } else {
+                // SAFETY: as above.
+                unsafe { *devlist.add(r) }
+            },
+            seq: AtomicU64::new(0),
+            p2p_seq: Mutex::new(HashMap::new()),
+            broken: Mutex::new(None),
+        }));
+        // SAFETY: comms holds ndev handles.
+        unsafe { *comms.add(r) = c };
+    }
+    SUCCESS
+}
+
+/// # Safety
+/// `comm` must be NULL or a live communicator, not used again after this.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommDestroy(comm: *mut Comm) -> NcclResult {
+    if comm.is_null() {
+        return invalid("ncclCommDestroy: comm is NULL");
+    }
+    // SAFETY: made by Box::into_raw; the caller gives it up.
+    drop(unsafe { Box::from_raw(comm) });
+    SUCCESS
+}
+
+/// # Safety
+/// As for ncclCommDestroy.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommAbort(comm: *mut Comm) -> NcclResult {
+    // SAFETY: forwarded.
+    unsafe { ncclCommDestroy(comm) }
+}
+
+/// Nothing is held back between calls, so there is nothing to flush.
+#[no_mangle]
+pub extern "C" fn ncclCommFinalize(comm: *mut Comm) -> NcclResult {
+    if comm.is_null() {
+        return invalid("ncclCommFinalize: comm is NULL");
+    }
+    SUCCESS
+}
+
+fn with_comm<T>(
+    comm: *const Comm,
+    what: &str,
+    f: impl FnOnce(&Comm) -> T,
+) -> Result<T, NcclResult> {
+    // SAFETY: NCCL's contract: a handle from an init call, not yet destroyed (or NULL).
+    match unsafe { comm.as_ref() } {
+        Some(c) => Ok(f(c)),
+        None => Err(invalid(format!("{what}: comm is NULL"))),
+    }
+}
+
+/// # Safety
+/// `comm` a live communicator or NULL; `out` NULL or a writable int.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommGetAsyncError(
+    comm: *mut Comm,
+    out: *mut NcclResult,
+) -> NcclResult {
+    let r = match with_comm(comm, "ncclCommGetAsyncError", |c| c.broken.lock().clone()) {
+        Ok(b) => b.map_or(SUCCESS, |e| result_of(e.kind, &e.to_string())),
+        Err(code) => return code,
+    };
+    // SAFETY: NULL or writable.
+    match unsafe { out.as_mut() } {
+        Some(o) => {
+            *o = r;
+            SUCCESS
+        }
+        None => invalid("ncclCommGetAsyncError: asyncError is NULL"),
+    }
+}
+
+macro_rules! comm_getter {
+    ($name:ident, $field:expr) => {
+        /// # Safety
+        /// `comm` a live communicator or NULL; `out` NULL or a writable int.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(comm: *const Comm, out: *mut c_int) -> NcclResult {
+            let v = match with_comm(comm, stringify!($name), $field) {
+                Ok(v) => v,
+                Err(code) => return code,
+            };
+            // SAFETY: NULL or writable.
+            match unsafe { out.as_mut() } {
+                Some(o) => {
+                    *o = v;
+                    SUCCESS
+                }
+                None => invalid(concat!(stringify!($name), ": output is NULL")),
+            }
+        }
+    };
+}
+comm_getter!(ncclCommCount, |c: &Comm| c.nranks as c_int);
+comm_getter!(ncclCommCuDevice, |c: &Comm| c.device);
+comm_getter!(ncclCommUserRank, |c: &Comm| c.rank as c_int);
+
+/// NCCL_SPLIT_NOCOLOR leaves the rank out (newcomm NULL); real splits are not implemented.
+///
+/// # Safety
+/// `newcomm` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommSplit(
+    comm: *mut Comm,
+    color: c_int,
+    _key: c_int,
+    newcomm: *mut *mut Comm,
+    _config: *const ConfigHead,
+) -> NcclResult {
+    if comm.is_null() || newcomm.is_null() {
+        return invalid("ncclCommSplit: comm or newcomm is NULL");
+    }
+    if color == -1 {
+        // SAFETY: checked non-NULL.
+        unsafe { *newcomm = std::ptr::null_mut() };
+        return SUCCESS;
+    }
+    usage("ncclCommSplit: splitting a communicator is not implemented in railcc's libnccl")
+}
+
+// ---------------------------------------------------------------- memory
+
+/// Device memory on the current device (cuMemAlloc; NCCL uses cuMem* for the same purpose).
+///
+/// # Safety
+/// `ptr` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> NcclResult {
+    if ptr.is_null() {
+        return invalid("ncclMemAlloc: ptr is NULL");
+    }
+    if let Err(e) = current_device() {
+        return fail(&e);
+    }
+    let mut p: sys::CUdeviceptr = 0;
+    // SAFETY: valid out-pointer; the current context (cudaSetDevice's primary context) owns it.
+    let r = unsafe { sys::cuMemAlloc_v2(&mut p, size.max(1)) };
+    if let Err(e) = railcc_transport_nvlink::driver::check(r, "cuMemAlloc") {
+        return fail(&e);
+    }
+    // SAFETY: checked non-NULL.
+    unsafe { *ptr = p as *mut c_void };
+    SUCCESS
+}
+
+/// # Safety
+/// `ptr` from ncclMemAlloc.
+#[no_mangle]
+pub unsafe extern "C" fn ncclMemFree(ptr: *mut c_void) -> NcclResult {
+    if ptr.is_null() {
+        return SUCCESS;
+    }
+    // SAFETY: the caller passes memory from ncclMemAlloc.
+    let r = unsafe { sys::cuMemFree_v2(ptr as sys::CUdeviceptr) };
+    match railcc_transport_nvlink::driver::check(r, "cuMemFree") {
+        Ok(()) => SUCCESS,
+        Err(e) => fail(&e),
+    }
+}
+
+/// Registration is a hint: railcc's GPU kernels reach peers' buffers without it. The handle is
+/// the buffer's address.
+///
+/// # Safety
+/// `handle` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommRegister(
+    comm: *const Comm,
+    buff: *mut c_void,
+    _size: usize,
+    handle: *mut *mut c_void,
+) -> NcclResult {
+    if comm.is_null() || handle.is_null() {
+        return invalid("ncclCommRegister: comm or handle is NULL");
+    }
+    // SAFETY: checked non-NULL.
+    unsafe { *handle = buff };
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn ncclCommDeregister(comm: *const Comm, _handle: *mut c_void) -> NcclResult {
+    if comm.is_null() {
+        return invalid("ncclCommDeregister: comm is NULL");
+    }
+    SUCCESS
+}
+
+/// Premultiplied sums are not implemented (we report NCCL 2.10, before them).
+#[no_mangle]
+pub extern "C" fn ncclRedOpCreatePreMulSum(
+    _op: *mut c_int,
+    _scalar: *mut c_void,
+    _dtype: c_int,
+    _residence: c_int,
+    _comm: *mut Comm,
+) -> NcclResult {
+    usage("ncclRedOpCreatePreMulSum: premultiplied sums are not implemented in railcc's libnccl")
+}
+
+#[no_mangle]
+pub extern "C" fn ncclRedOpDestroy(op: c_int, _comm: *mut Comm) -> NcclResult {
+    if red_op(op).is_some() {
+        return invalid(format!("ncclRedOpDestroy: op {op} is a built-in operation"));
+    }
+    usage("ncclRedOpDestroy: no user-defined ops exist in railcc's libnccl")
+}
+
+// ---------------------------------------------------------------- groups
+
+#[no_mangle]
+pub extern "C" fn ncclGroupStart() -> NcclResult {
+    group::start();
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGroupEnd() -> NcclResult {
+    let pending = match group::end() {
+        Ok(Some(p)) => p,
+        Ok(None) => return SUCCESS,
+        Err(()) => return usage("ncclGroupEnd without ncclGroupStart"),
+    };
+    let mut first = SUCCESS;
+    let mut note = |r: NcclResult| {
+        if first == SUCCESS {
+            first = r;
+        }
+    };
+    let mut tickets: Vec<(*const Comm, Ticket)> = Vec::new();
+    for p in pending {
+        match p {
+            group::Pending::Init(c) => note(finish_init(c)),
+            group::Pending::Coll(c, call) => match submit(c, call) {
+                Ok(t) => tickets.push((c, t)),
+                Err(r) => note(r),
+            },
+            group::Pending::P2p(c, peer, send, h) => match submit_p2p(c, peer, send, h) {
+                Ok(t) => tickets.push((c, t)),
+                Err(r) => note(r),
+            },
+        }
+    }
+    for (c, t) in tickets {
+        note(wait(c, t));
+    }
+    first
+}
+
+// ---------------------------------------------------------------- calls
+
+fn submit(comm: *const Comm, call: Call) -> Result<Ticket, NcclResult> {
+    with_comm(comm, call.coll.name(), |c| {
+        if let Some(e) = c.broken.lock().clone() {
+            return Err(fail(&e));
+        }
+        let seq = c.seq.fetch_add(1, Ordering::Relaxed);
+        Ok(c.clique.submit(c.rank, seq, call))
+    })?
+}
+
+fn submit_p2p(comm: *const Comm, peer: usize, send: bool, h: Half) -> Result<Ticket, NcclResult> {
+    with_comm(comm, if send { "ncclSend" } else { "ncclRecv" }, |c| {
+        if let Some(e) = c.broken.lock().clone() {
+            return Err(fail(&e));
+        }
+        let seq = {
+            let mut m = c.p2p_seq.lock();
+            let s = m.entry((peer, send)).or_insert(0);
+            *s += 1;
+            *s - 1
+        };
+        let (src, dst) = if send { (c.rank, peer) } else { (peer, c.rank) };
+        Ok(c.clique.submit_p2p(src, dst, seq, send, h))
+    })?
+}
+
+fn wait(comm: *const Comm, t: Ticket) -> NcclResult {
+    // SAFETY: a live handle (it was submitted in this call).
+    let c = unsafe { &*comm };
+    match c.clique.wait(t) {
+        Ok(()) => SUCCESS,
+        Err(e) => {
+            if e.kind == ErrorKind::Timeout {
+                // The ranks are out of step now: every later call fails the same way.
+                *c.broken.lock() = Some(e.clone());
+            }
+            fail(&e)
+        }
+    }
+}
+
+/// Checks a call's arguments and runs it now, or holds it for ncclGroupEnd.
+#[allow(clippy::too_many_arguments)]
+fn collective(
+    name: &str,
+    coll: CollKind,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    op: c_int,
+    root: c_int,
+    comm: *const Comm,
+    stream: *mut c_void,
+) -> NcclResult {
+    let Some(dt) = abi::dtype(dtype) else {
+        return invalid(format!(
+            "{name}: datatype {dtype} is not one railcc supports (int8..bfloat16; no fp8)"
+        ));
+    };
+    let Some(op) = red_op(op) else {
+        return usage(format!("{name}: reduction op {op} is not sum, prod, max, min or avg (premultiplied sums are not implemented)"));
+    };
+    let nranks = match with_comm(comm, name, |c| c.nranks) {
+        Ok(n) => n,
+        Err(code) => return code,
+    };
+    if root < 0 || root as usize >= nranks {
+        return invalid(format!(
+            "{name}: root {root} out of range for {nranks} ranks"
+        ));
+    }
+    // Broadcast reads the send buffer on the root only, reduce writes the receive buffer on
+    // the root only (NCCL lets the others pass NULL); the kernels never touch those.
+    if count > 0
+        && ((send.is_null() && coll != CollKind::Broadcast)
+            || (recv.is_null() && coll != CollKind::Reduce))
+    {
+        return invalid(format!("{name}: NULL buffer with count {count}"));
+    }
+    let call = Call {
+        coll,
+        send: send as u64,
+        recv: recv as u64,
+        count,
+        dtype: dt,
+        op,
+        root: root as usize,
+        stream: stream as usize,
+    };
+    if group::in_group() {
+        group::defer(group::Pending::Coll(comm, call));
+        return SUCCESS;
+    }
+    match submit(comm, call) {
+        Ok(t) => wait(comm, t),
+        Err(code) => code,
+    }
+}
+
+const NO_OP: c_int = 0;
+
+#[no_mangle]
+pub extern "C" fn ncclAllReduce(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    op: c_int,
+    comm: *const Comm,
+    stream: *mut c_void,
+) -> NcclResult {
+    collective(
+        "ncclAllReduce",
+        CollKind::AllReduce,
+        send,
+        recv,
+        count,
+        dtype,
+        op,
+        0,
+        comm,
+        stream,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn ncclBroadcast(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    root: c_int,
+    comm: *const Comm,
+    stream: *mut c_void,
+) -> NcclResult {
+    collective(
+        "ncclBroadcast",
+        CollKind::Broadcast,
+        send,
+        recv,
+        count,
+        dtype,
+        NO_OP,
+        root,
+        comm,
+        stream,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn ncclBcast(
+    buff: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    root: c_int,
+    comm: *const Comm,
+    stream: *mut c_void,
+) -> NcclResult {
+    collective(
+        "ncclBcast",
+        CollKind::Broadcast,
+        buff,
+        buff,
+        count,
+        dtype,
+        NO_OP,
+        root,
+        comm,
+        stream,
+    )
+}
+
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub extern "C" fn ncclReduce(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    op: c_int,
+    root: c_int,
+    comm: *const Comm,
+    stream: *mut c_void,
+) -> NcclResult {
+    collective(
+        "ncclReduce",
+        CollKind::Reduce,
+        send,
+        recv,
+        count,
+        dtype,
+        op,
+        root,
+        comm,
+        stream,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn ncclAllGather(
+    send: *const c_void,
+    recv: *mut c_void,
+    sendcount: usize,
+    dtype: c_int,
+    comm: *const Comm,
+    stream: *mut c_void,
+) -> NcclResult {
+    collective(
+        "ncclAllGather",
+        CollKind::AllGather,
+        send,
+        recv,
+        sendcount,
+        dtype,
+        NO_OP,
+        0,
+        comm,
+        stream,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn ncclReduceScatter(
+    send: *const c_void,
+    recv: *mut c_void,
+    recvcount: usize,
+    dtype: c_int,
+    op: c_int,
+    comm: *const Comm,
+    stream: *mut c_void,
+) -> NcclResult {
+    collective(
+        "ncclReduceScatter",
+        CollKind::ReduceScatter,
+        send,
+        recv,
+        recvcount,
+        dtype,
+        op,
+        0,
+        comm,
+        stream,
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn p2p(
+    name: &str,
+    buf: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    peer: c_int,
+    comm: *const Comm,
+    stream: *mut c_void,
+    send: bool,
+) -> NcclResult {
+    let Some(dt) = abi::dtype(dtype) else {
+        return invalid(format!(
+            "{name}: datatype {dtype} is not one railcc supports"
+        ));
+    };
+    let nranks = match with_comm(comm, name, |c| c.nranks) {
+        Ok(n) => n,
+        Err(code) => return code,
+    };
+    if peer < 0 || peer as usize >= nranks {
+        return invalid(format!(
+            "{name}: peer {peer} out of range for {nranks} ranks"
+        ));
+    }
+    if buf.is_null() && count > 0 {
+        return invalid(format!("{name}: NULL buffer with count {count}"));
+    }
+    let h = Half {
+        ptr: buf as u64,
+        bytes: count * dt.size(),
+        stream: stream as usize,
+    };
+    if group::in_group() {
+        group::defer(group::Pending::P2p(comm, peer as usize, send, h));
+        return SUCCESS;
+    }
+    match submit_p2p(comm, peer as usize, send, h) {
+        Ok(t) => wait(comm, t),
+        Err(code) => code,
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn ncclSend(
+    send: *const c_void,
+    count: usize,
+    dtype: c_int,
+    peer: c_int,
+    comm: *const Comm,
+    stream: *mut c_void,
+) -> NcclResult {
+    p2p(
+        "ncclSend",
+        send as *mut c_void,
+        count,
+        dtype,
+        peer,
+        comm,
+        stream,
+        true,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn ncclRecv(
+    recv: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    peer: c_int,
+    comm: *const Comm,
+    stream: *mut c_void,
+) -> NcclResult {
+    p2p("ncclRecv", recv, count, dtype, peer, comm, stream, false)
+}
+
+/// All-to-all as NCCL's own fallback does it: a group of a send and a receive per peer.
+#[no_mangle]
+pub extern "C" fn ncclAlltoAll(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    comm: *const Comm,
+    stream: *mut c_void,
+) -> NcclResult {
+    let Some(dt) = abi::dtype(dtype) else {
+        return invalid(format!(
+            "ncclAlltoAll: datatype {dtype} is not one railcc supports"
+        ));
+    };
+    let nranks = match with_comm(comm, "ncclAlltoAll", |c| c.nranks) {
+        Ok(n) => n,
+        Err(code) => return code,
+    };
+    let block = count * dt.size();
+    group::start();
+    let mut first = SUCCESS;
+    for r in 0..nranks {
+        let s = ncclSend(
+            (send as *const u8).wrapping_add(r * block) as *const c_void,
+            count,
+            dtype,
+            r as c_int,
+            comm,
+            stream,
+        );
+        let v = ncclRecv(
+            (recv as *mut u8).wrapping_add(r * block) as *mut c_void,
+            count,
+            dtype,
+            r as c_int,
+            comm,
+            stream,
+        );
+        for x in [s, v] {
+            if first == SUCCESS {
+                first = x;
+            }
+        }
+    }
+    let e = ncclGroupEnd();
+    if first == SUCCESS {
+        e
+    } else {
+        first
+    }
+}
