@@ -64,44 +64,12 @@ pub fn result_of(kind: ErrorKind, message: &str) -> NcclResult {
     }
 }
 
-/// ncclUniqueId: 128 bytes, passed by value.
+/// ncclUniqueId: 128 bytes, passed by value; railcc's bootstrap id (root address and secret)
+/// fills it (`railcc_core::bootstrap::UniqueId::to_bytes`).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct UniqueId {
     pub internal: [u8; 128],
-}
-
-const ID_MAGIC: &[u8; 8] = b"RAILCCID";
-
-/// What our ids hold: a magic, the creating process and a random key naming the communicator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct IdFields {
-    pub pid: u32,
-    pub key: [u8; 16],
-}
-
-impl UniqueId {
-    pub fn new(f: IdFields) -> UniqueId {
-        let mut internal = [0u8; 128];
-        internal[..8].copy_from_slice(ID_MAGIC);
-        internal[8..12].copy_from_slice(&f.pid.to_le_bytes());
-        internal[12..28].copy_from_slice(&f.key);
-        UniqueId { internal }
-    }
-
-    pub fn fields(&self) -> Option<IdFields> {
-        if &self.internal[..8] != ID_MAGIC {
-            return None;
-        }
-        let mut pid = [0u8; 4];
-        pid.copy_from_slice(&self.internal[8..12]);
-        let mut key = [0u8; 16];
-        key.copy_from_slice(&self.internal[12..28]);
-        Some(IdFields {
-            pid: u32::from_le_bytes(pid),
-            key,
-        })
-    }
 }
 
 /// The head of ncclConfig_t (every NCCL 2.14+ layout starts so): size, magic, version, then
@@ -137,15 +105,5 @@ mod tests {
         assert_eq!(red_op(4), Some(ReduceOp::Avg));
         assert_eq!(red_op(5), None); // ncclNumOps / premulsum handles
         assert_eq!(std::mem::size_of::<UniqueId>(), 128);
-    }
-
-    #[test]
-    fn ids_round_trip_and_strangers_are_refused() {
-        let f = IdFields {
-            pid: 42,
-            key: [7; 16],
-        };
-        assert_eq!(UniqueId::new(f).fields(), Some(f));
-        assert_eq!(UniqueId { internal: [0; 128] }.fields(), None);
     }
 }

@@ -6,8 +6,8 @@ use crate::Comm;
 use std::cell::RefCell;
 
 pub enum Pending {
-    /// A communicator that joined its clique and still has to wait for the others.
-    Init(*const Comm),
+    /// A communicator whose init (the bootstrap) runs at the outermost End.
+    Init(*const Comm, railcc_core::bootstrap::UniqueId),
     Coll(*const Comm, Call),
     /// (communicator, peer, is_send, buffer)
     P2p(*const Comm, usize, bool, Half),

@@ -14,24 +14,33 @@ pub mod abi;
 mod clique;
 mod gpus;
 mod group;
+mod proc_backend;
+
+/// Where a communicator's ranks live.
+enum Backend {
+    /// All in this process: the clique's rendezvous and the multi-GPU kernels.
+    Local(Arc<Clique>),
+    /// One per process (torchrun style): railcc's per-process GPU path (CUDA IPC).
+    Proc(Box<ProcRank>),
+}
 
 use abi::*;
 use clique::{Call, Clique, Half, Ticket};
 use cudarc::driver::sys;
 use parking_lot::Mutex;
+use proc_backend::ProcRank;
 use railcc_core::net::CollKind;
 use railcc_core::{Error, ErrorKind};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// An ncclComm_t.
 pub struct Comm {
-    clique: Arc<Clique>,
-    /// The id's key, dropped from the registry once every rank joined.
-    key: [u8; 16],
+    /// Set once init completes (at once, or at ncclGroupEnd).
+    backend: OnceLock<Backend>,
     rank: usize,
     nranks: usize,
     device: i32,
@@ -130,27 +139,25 @@ pub extern "C" fn ncclGetLastError(_comm: *mut Comm) -> *const c_char {
     })
 }
 
+/// Starts the bootstrap root (on loopback: a communicator's ranks share this host) and
+/// returns its address and secret as the id, as NCCL's does.
+///
 /// # Safety
 /// `id` must be NULL or point to 128 writable bytes.
 #[no_mangle]
 pub unsafe extern "C" fn ncclGetUniqueId(id: *mut UniqueId) -> NcclResult {
-    let mut key = [0u8; 16];
-    if let Err(e) = getrandom::getrandom(&mut key) {
-        return fail(&Error::new(
-            ErrorKind::Io,
-            format!("ncclGetUniqueId: no randomness: {e}"),
-        ));
-    }
     // SAFETY: the caller passes NULL or a valid pointer.
-    match unsafe { id.as_mut() } {
-        Some(id) => {
-            *id = UniqueId::new(IdFields {
-                pid: std::process::id(),
-                key,
-            });
+    let Some(id) = (unsafe { id.as_mut() }) else {
+        return invalid("ncclGetUniqueId: uniqueId is NULL");
+    };
+    match proc_backend::serve_root(timeout()) {
+        Ok(boot) => {
+            *id = UniqueId {
+                internal: boot.to_bytes(),
+            };
             SUCCESS
         }
-        None => invalid("ncclGetUniqueId: uniqueId is NULL"),
+        Err(e) => fail(&e),
     }
 }
 
@@ -166,63 +173,72 @@ fn init_rank(
     if out.is_null() {
         return invalid("ncclCommInitRank: comm is NULL");
     }
-    let Some(f) = id.fields() else {
-        return invalid("ncclCommInitRank: this ncclUniqueId was not made by ncclGetUniqueId");
+    let boot_id = match railcc_core::bootstrap::UniqueId::from_bytes(&id.internal) {
+        Ok(b) => b,
+        Err(_) => {
+            return invalid("ncclCommInitRank: this ncclUniqueId was not made by ncclGetUniqueId")
+        }
     };
     if nranks < 1 || rank < 0 || rank >= nranks {
         return invalid(format!(
             "ncclCommInitRank: rank {rank} of {nranks} ranks is out of range"
         ));
     }
-    if f.pid != std::process::id() {
-        return usage(format!(
-            "ncclCommInitRank: the id comes from process {}; railcc's libnccl runs every rank of a communicator in one process (threads, groups or ncclCommInitAll), not across processes yet",
-            f.pid
-        ));
-    }
     let device = match current_device() {
         Ok(d) => d,
         Err(e) => return fail(&e),
     };
-    let clique = match Clique::get(f.key, nranks as usize, timeout()) {
-        Ok(c) => c,
-        Err(e) => return fail(&e),
-    };
-    if let Err(e) = clique.join(rank as usize, device) {
-        return fail(&e);
-    }
-    let comm = Box::into_raw(Box::new(Comm {
-        clique,
-        key: f.key,
-        rank: rank as usize,
-        nranks: nranks as usize,
-        device,
-        seq: AtomicU64::new(0),
-        p2p_seq: Mutex::new(HashMap::new()),
-        broken: Mutex::new(None),
-    }));
-    // config.maxCTAs is not applied: blocks per GPU are one setting for the whole clique
-    // (RAILCC_GPU_BLOCKS), since every rank's kernel waits for the others'.
+    // config.maxCTAs is not applied: blocks per GPU are one setting for the whole
+    // communicator (RAILCC_GPU_MAX_BLOCKS), since every rank's kernel waits for the others'.
+    let comm = Box::into_raw(Box::new(Comm::new(rank as usize, nranks as usize, device)));
     // SAFETY: checked non-NULL; NCCL hands the handle back even before init completes.
     unsafe { *out = comm };
     if group::in_group() {
-        group::defer(group::Pending::Init(comm));
+        group::defer(group::Pending::Init(comm, boot_id));
         return SUCCESS;
     }
-    finish_init(comm)
+    finish_init(comm, &boot_id)
 }
 
-/// Waits for every rank of `comm` to join and the GPUs to open.
-fn finish_init(comm: *const Comm) -> NcclResult {
-    // SAFETY: `comm` came from Box::into_raw in init_rank and is not yet destroyed (the user
-    // destroys it only after init returns).
+impl Comm {
+    fn new(rank: usize, nranks: usize, device: i32) -> Comm {
+        Comm {
+            backend: OnceLock::new(),
+            rank,
+            nranks,
+            device,
+            seq: AtomicU64::new(0),
+            p2p_seq: Mutex::new(HashMap::new()),
+            broken: Mutex::new(None),
+        }
+    }
+}
+
+/// Joins the ranks over railcc's bootstrap (TCP, as NCCL's), learns where they live, and
+/// opens the GPU path that fits: the clique when every rank is in this process, the
+/// per-process path when each has its own.
+fn finish_init(comm: *const Comm, id: &railcc_core::bootstrap::UniqueId) -> NcclResult {
+    // SAFETY: `comm` came from Box::into_raw in init_rank and is not destroyed before init
+    // returns (NCCL's contract).
     let c = unsafe { &*comm };
-    match c.clique.ready() {
-        Ok(_) => {
-            Clique::unregister(&c.key);
+    let r = proc_backend::connect(id, c.rank, c.nranks, c.device, timeout());
+    match r {
+        Ok(b) => {
+            if std::env::var("NCCL_DEBUG").is_ok_and(|v| v.eq_ignore_ascii_case("INFO")) {
+                let path = match &b {
+                    Backend::Local(_) => "every rank in this process, multi-GPU kernels",
+                    Backend::Proc(_) => "one rank per process, peers by CUDA IPC",
+                };
+                eprintln!(
+                    "NCCL INFO railcc libnccl {VERSION_STRING}: rank {} of {} on CUDA device {}: {path}",
+                    c.rank, c.nranks, c.device
+                );
+            }
+            let _ = c.backend.set(b);
             SUCCESS
         }
         Err(e) => {
+            let e = e.rank(c.rank).op("ncclCommInitRank");
             *c.broken.lock() = Some(e.clone());
             fail(&e)
         }
@@ -313,21 +329,15 @@ pub unsafe extern "C" fn ncclCommInitAll(
     }
     Clique::unregister(&key);
     for r in 0..ndev as usize {
-        let c = Box::into_raw(Box::new(Comm {
-            clique: clique.clone(),
-            key,
-            rank: r,
-            nranks: ndev as usize,
-            device: if devlist.is_null() {
-                r as i32
-            } else {
-                // SAFETY: as above.
-                unsafe { *devlist.add(r) }
-            },
-            seq: AtomicU64::new(0),
-            p2p_seq: Mutex::new(HashMap::new()),
-            broken: Mutex::new(None),
-        }));
+        let device = if devlist.is_null() {
+            r as i32
+        } else {
+            // SAFETY: as above.
+            unsafe { *devlist.add(r) }
+        };
+        let comm = Comm::new(r, ndev as usize, device);
+        let _ = comm.backend.set(Backend::Local(clique.clone()));
+        let c = Box::into_raw(Box::new(comm));
         // SAFETY: comms holds ndev handles.
         unsafe { *comms.add(r) = c };
     }
@@ -553,10 +563,33 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
             first = r;
         }
     };
+    // Inits first, all at once: each blocks in the bootstrap until every rank arrives, and
+    // this thread may hold several ranks.
+    let inits: Vec<(usize, railcc_core::bootstrap::UniqueId)> = pending
+        .iter()
+        .filter_map(|p| match p {
+            group::Pending::Init(c, id) => Some((*c as usize, *id)),
+            _ => None,
+        })
+        .collect();
+    let results: Vec<NcclResult> = std::thread::scope(|s| {
+        let hs: Vec<_> = inits
+            .iter()
+            // The handle crosses as an address: it stays valid (NCCL's contract) and only
+            // finish_init reads it.
+            .map(|(c, id)| s.spawn(move || finish_init(*c as *const Comm, id)))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or(INTERNAL_ERROR))
+            .collect()
+    });
+    for r in results {
+        note(r);
+    }
     let mut tickets: Vec<(*const Comm, Ticket)> = Vec::new();
     for p in pending {
         match p {
-            group::Pending::Init(c) => note(finish_init(c)),
+            group::Pending::Init(..) => {}
             group::Pending::Coll(c, call) => match submit(c, call) {
                 Ok(t) => tickets.push((c, t)),
                 Err(r) => note(r),
@@ -580,8 +613,17 @@ fn submit(comm: *const Comm, call: Call) -> Result<Ticket, NcclResult> {
         if let Some(e) = c.broken.lock().clone() {
             return Err(fail(&e));
         }
-        let seq = c.seq.fetch_add(1, Ordering::Relaxed);
-        Ok(c.clique.submit(c.rank, seq, call))
+        match c.backend.get() {
+            Some(Backend::Local(clique)) => {
+                let seq = c.seq.fetch_add(1, Ordering::Relaxed);
+                Ok(clique.submit(c.rank, seq, call))
+            }
+            Some(Backend::Proc(p)) => Ok(Ticket::Done(p.collective(&call))),
+            None => Err(usage(format!(
+                "{}: communicator not initialized",
+                call.coll.name()
+            ))),
+        }
     })?
 }
 
@@ -597,14 +639,26 @@ fn submit_p2p(comm: *const Comm, peer: usize, send: bool, h: Half) -> Result<Tic
             *s - 1
         };
         let (src, dst) = if send { (c.rank, peer) } else { (peer, c.rank) };
-        Ok(c.clique.submit_p2p(src, dst, seq, send, h))
+        match c.backend.get() {
+            Some(Backend::Local(clique)) => Ok(clique.submit_p2p(src, dst, seq, send, h)),
+            Some(Backend::Proc(p)) => Ok(Ticket::Done(p.p2p(src, h))),
+            None => Err(usage("send/recv: communicator not initialized")),
+        }
     })?
 }
 
 fn wait(comm: *const Comm, t: Ticket) -> NcclResult {
     // SAFETY: a live handle (it was submitted in this call).
     let c = unsafe { &*comm };
-    match c.clique.wait(t) {
+    let r = match (t, c.backend.get()) {
+        (Ticket::Done(r), _) => r,
+        (t, Some(Backend::Local(clique))) => clique.wait(t),
+        (_, _) => Err(Error::new(
+            ErrorKind::Aborted,
+            "communicator not initialized",
+        )),
+    };
+    match r {
         Ok(()) => SUCCESS,
         Err(e) => {
             if e.kind == ErrorKind::Timeout {
@@ -949,3 +1003,49 @@ pub extern "C" fn ncclAlltoAll(
         first
     }
 }
+
+// ---------------------------------------------------------------- newer entry points
+
+/// NCCL 2.23's init from several ids (for scale); one id is all railcc's bootstrap needs.
+///
+/// # Safety
+/// `comm` NULL or writable; `ids` NULL or `n_ids` ids; `config` as for ncclCommInitRankConfig.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRankScalable(
+    comm: *mut *mut Comm,
+    nranks: c_int,
+    rank: c_int,
+    n_ids: c_int,
+    ids: *const UniqueId,
+    config: *const ConfigHead,
+) -> NcclResult {
+    if ids.is_null() || n_ids < 1 {
+        return invalid("ncclCommInitRankScalable: no ids");
+    }
+    // SAFETY: ids holds n_ids >= 1 ids (the caller's contract); config is forwarded.
+    unsafe { ncclCommInitRankConfig(comm, nranks, *ids, rank, config) }
+}
+
+macro_rules! not_implemented {
+    ($name:ident, $why:literal, $($arg:ident: $ty:ty),*) => {
+        /// Not implemented in railcc's libnccl: ncclInvalidUsage, with the reason in
+        /// ncclGetLastError. Exported because programs built against newer NCCL import it.
+        #[no_mangle]
+        pub extern "C" fn $name($($arg: $ty),*) -> NcclResult {
+            $(let _ = $arg;)*
+            usage(concat!(stringify!($name), ": ", $why))
+        }
+    };
+}
+not_implemented!(ncclCommShrink, "shrinking a communicator is not implemented",
+    comm: *mut Comm, exclude: *mut c_int, n: c_int, newcomm: *mut *mut Comm, config: *const ConfigHead, flags: c_int);
+not_implemented!(ncclCommWindowRegister, "symmetric windows are not implemented (NCCL 2.27 API; railcc reports 2.10)",
+    comm: *mut Comm, buff: *mut c_void, size: usize, win: *mut *mut c_void, flags: c_int);
+not_implemented!(ncclCommWindowDeregister, "symmetric windows are not implemented",
+    comm: *mut Comm, win: *mut c_void);
+not_implemented!(ncclDevCommCreate, "the device API is not implemented",
+    comm: *mut Comm, reqs: *const c_void, out: *mut c_void);
+not_implemented!(ncclDevCommDestroy, "the device API is not implemented",
+    comm: *mut Comm, dev_comm: *const c_void);
+not_implemented!(ncclGroupSimulateEnd, "group simulation is not implemented",
+    sim_info: *mut c_void);

@@ -1,0 +1,177 @@
+//! Communicator init over railcc's bootstrap, and the per-process GPU path.
+//!
+//! Every init joins the job through railcc's TCP bootstrap (the id holds the root's address
+//! and secret, so a stranger at the port is refused), then the ranks swap (process id,
+//! device). All in this process: they meet in a clique and use the multi-GPU kernels. One per
+//! process: each opens railcc's per-process GPU path (peers' buffers through CUDA IPC; the
+//! bootstrap carries the handles).
+
+use crate::clique::{Call, Clique, Half};
+use crate::Backend;
+use railcc_collectives::Communicator;
+use railcc_core::net::CollKind;
+use railcc_core::{Error, ErrorKind, Result};
+use railcc_transport_nvlink::proc::ProcGpu;
+use std::time::Duration;
+
+/// Roots served by this process, kept until it exits (each stops once its job has met).
+static ROOTS: parking_lot::Mutex<Vec<railcc_core::bootstrap::RootServer>> =
+    parking_lot::Mutex::new(Vec::new());
+
+/// A bootstrap root on loopback (railcc's libnccl runs a communicator on one host).
+pub fn serve_root(timeout: Duration) -> Result<railcc_core::bootstrap::UniqueId> {
+    let bind = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let root = railcc_core::bootstrap::RootServer::start(bind, timeout)?;
+    let id = root.id;
+    ROOTS.lock().push(root);
+    Ok(id)
+}
+
+/// Joins the job `id` names and opens the GPU path that fits where the ranks live.
+pub(crate) fn connect(
+    id: &railcc_core::bootstrap::UniqueId,
+    rank: usize,
+    nranks: usize,
+    device: i32,
+    timeout: Duration,
+) -> Result<Backend> {
+    let cfg = crate::config()?;
+    let boot = Communicator::init(cfg.clone(), id, rank, nranks)?;
+    let mine: Vec<u8> = [std::process::id().to_le_bytes(), device.to_le_bytes()].concat();
+    let all = boot.oob_all_gather(&mine)?;
+    let pids: Vec<u32> = all
+        .iter()
+        .map(|b| {
+            b.get(..4)
+                .and_then(|x| x.try_into().ok())
+                .map_or(0, u32::from_le_bytes)
+        })
+        .collect();
+    let me = std::process::id();
+    if pids.iter().all(|&p| p == me) {
+        let clique = Clique::get(id.secret.0, nranks, timeout)?;
+        clique.join(rank, device)?;
+        let ready = clique.ready().map(|_| ());
+        // Every rank of the clique has joined once ready returns: forget the id.
+        Clique::unregister(&id.secret.0);
+        ready?;
+        return Ok(Backend::Local(clique));
+    }
+    let mut sorted = pids.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    if sorted.len() != nranks {
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            "ranks share some processes but not all (railcc's libnccl runs either every rank in one process or one rank per process)",
+        ));
+    }
+    let cache = std::env::var_os("RAILCC_CACHE_DIR").map(std::path::PathBuf::from);
+    let mut ex = |b: &[u8]| boot.oob_all_gather(b);
+    let mut gpu = ProcGpu::new(
+        device.max(0) as usize,
+        rank,
+        nranks,
+        cache.as_deref(),
+        timeout,
+        cfg.gpu_max_blocks,
+        &mut ex,
+    )?;
+    gpu.ll_max_bytes = cfg.gpu_ll_max_bytes;
+    Ok(Backend::Proc(Box::new(ProcRank {
+        gpu,
+        _boot: boot,
+        rank,
+        nranks,
+    })))
+}
+
+/// This process's rank of a one-rank-per-process communicator.
+pub struct ProcRank {
+    gpu: ProcGpu,
+    /// The bootstrap's connections stay open for the communicator's life.
+    _boot: Communicator,
+    rank: usize,
+    nranks: usize,
+}
+
+// SAFETY: ProcGpu holds driver handles that any thread may use (CUDA's driver API is thread
+// safe) and serializes its calls with its own locks and counters.
+unsafe impl Send for ProcRank {}
+// SAFETY: as above.
+unsafe impl Sync for ProcRank {}
+
+impl ProcRank {
+    pub fn collective(&self, c: &Call) -> Result<()> {
+        if c.count == 0 {
+            return Ok(());
+        }
+        // SAFETY: NCCL's contract: device buffers of this rank's GPU (cudaMalloc/cuMemAlloc,
+        // so CUDA IPC can export them), sized for the call, live until the stream passes it.
+        unsafe {
+            self.gpu.collective(
+                c.stream as cudarc::driver::sys::CUstream,
+                c.coll,
+                c.send,
+                c.recv,
+                c.count,
+                c.dtype,
+                c.op,
+                c.root,
+            )
+        }
+        .map(|_| ())
+    }
+
+    /// A send or receive between the two ranks of a 2-rank communicator: a broadcast rooted at
+    /// the sender, in place on both sides (the receiver's buffer gets the sender's bytes).
+    pub fn p2p(&self, src: usize, h: Half) -> Result<()> {
+        if self.nranks != 2 {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "send/recv across processes works between the 2 ranks of a 2-rank communicator; this one has {}",
+                    self.nranks
+                ),
+            ));
+        }
+        let _ = self.rank;
+        self.collective(&Call {
+            coll: CollKind::Broadcast,
+            send: h.ptr,
+            recv: h.ptr,
+            count: h.bytes,
+            dtype: railcc_core::DataType::U8,
+            op: railcc_core::ReduceOp::Sum,
+            root: src,
+            stream: h.stream,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two ranks of one process meet over the bootstrap and find each other; without a CUDA
+    /// driver the GPUs then fail to open, on both ranks, with the reason (no hang).
+    #[test]
+    fn ranks_meet_over_the_bootstrap_and_fail_cleanly_without_gpus() {
+        if railcc_transport_nvlink::driver::available().is_ok() {
+            println!("CUDA driver present: this test is for machines without one");
+            return;
+        }
+        let id = serve_root(Duration::from_secs(20)).unwrap();
+        let errs: Vec<Error> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|r| s.spawn(move || connect(&id, r, 2, r as i32, Duration::from_secs(20))))
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().unwrap().err().expect("no GPUs here"))
+                .collect()
+        });
+        for e in errs {
+            assert!(e.to_string().contains("CUDA driver"), "{e}");
+        }
+    }
+}
