@@ -411,6 +411,24 @@ impl Communicator {
         let (send_need, recv_need) = (need(a.send_elems())?, need(a.recv_elems())?);
         let root_only_recv = a.coll == CollKind::Reduce && self.rank != a.root;
         let root_only_send = a.coll == CollKind::Broadcast && self.rank != a.root;
+        // The host kernels read elements in place: each buffer must be aligned for its type.
+        let misaligned = |what: &str, p: *const u8, bytes: usize| {
+            (bytes > 0 && !(p as usize).is_multiple_of(es)).then(|| {
+                Error::invalid(format!(
+                    "{name}: {what} buffer at {p:p} is not aligned for {} ({es} bytes)",
+                    a.dtype
+                ))
+                .rank(self.rank)
+            })
+        };
+        let unaligned = match &bufs {
+            Bufs::OutOfPlace { send, recv } => misaligned("send", send.as_ptr(), send.len())
+                .or_else(|| misaligned("receive", recv.as_ptr(), recv.len())),
+            Bufs::InPlace(buf) => misaligned("in-place", buf.as_ptr(), buf.len()),
+        };
+        if let Some(e) = unaligned {
+            return Err(e);
+        }
         let (send, recv, in_place) = match bufs {
             Bufs::OutOfPlace { send, recv } => {
                 if !root_only_send && send.len() < send_need {

@@ -125,7 +125,7 @@ impl Connections {
             if Instant::now() >= deadline {
                 return Err(Error::new(
                     ErrorKind::Timeout,
-                    format!("rank {peer} never connected to this rank"),
+                    format!("rank {peer} never connected to this rank (it is stuck, dead, or in a different call: check that every rank makes the same calls with the same root)"),
                 )
                 .peer(peer)
                 .op("accept"));

@@ -66,6 +66,23 @@ pub fn run_job_with_id(
     limit: Duration,
     id: &str,
 ) -> Vec<RankOutcome> {
+    run_job_killing(exe, scenario, nranks, ranks, env, limit, id, None).0
+}
+
+/// As [`run_job_with_id`]; with `kill = Some((rank, after))`, that rank's process gets SIGKILL
+/// `after` the start. Returns the outcomes and when the kill happened (from the start).
+#[allow(clippy::too_many_arguments)]
+pub fn run_job_killing(
+    exe: &str,
+    scenario: &str,
+    nranks: usize,
+    ranks: &[usize],
+    env: &[(&str, &str)],
+    limit: Duration,
+    id: &str,
+    kill: Option<(usize, Duration)>,
+) -> (Vec<RankOutcome>, Option<Duration>) {
+    let mut killed_at = None;
     let start = Instant::now();
     let mut kids: Vec<(usize, Child, JoinHandle<String>, JoinHandle<String>)> = ranks
         .iter()
@@ -87,6 +104,14 @@ pub fn run_job_with_id(
         .collect();
     let mut status: Vec<Option<(bool, Duration)>> = vec![None; kids.len()];
     while status.iter().any(Option::is_none) {
+        if let Some((victim, after)) = kill {
+            if killed_at.is_none() && start.elapsed() >= after {
+                if let Some((_, k, _, _)) = kids.iter_mut().find(|k| k.0 == victim) {
+                    let _ = k.kill(); // SIGKILL
+                }
+                killed_at = Some(start.elapsed());
+            }
+        }
         for (i, (_, kid, _, _)) in kids.iter_mut().enumerate() {
             if status[i].is_none() {
                 if let Some(s) = kid.try_wait().expect("wait") {
@@ -110,7 +135,8 @@ pub fn run_job_with_id(
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    kids.into_iter()
+    let outs = kids
+        .into_iter()
         .zip(status)
         .map(|((rank, _, o, e), s)| {
             let (success, elapsed) = s.unwrap_or((false, Duration::ZERO));
@@ -122,5 +148,6 @@ pub fn run_job_with_id(
                 elapsed,
             }
         })
-        .collect()
+        .collect();
+    (outs, killed_at)
 }

@@ -18,6 +18,40 @@ pub enum Kind {
     /// Stream `part` is lost: read it up to byte `total` of the stream and no further; from
     /// message `seq` on, messages are split over the streams still alive (epoch `epoch`).
     RailDown,
+    /// The sender failed and closes: bytes [`ABORT_TEXT`] of the header say why (the first
+    /// failure of the job, passed on unchanged by every rank it brings down).
+    Abort,
+}
+
+/// Where an abort frame carries its text (in place of tag, total, offset and length).
+pub const ABORT_TEXT: std::ops::Range<usize> = 16..72;
+
+/// Marks, in an error's text, the first failure an abort frame reported.
+pub const FIRST_FAILURE: &str = "first failure: ";
+
+/// An abort frame saying `reason` (cut to fit, at a character boundary). When `reason` holds
+/// a first failure reported by an earlier abort frame, that is what is passed on.
+pub fn abort_frame(reason: &str) -> [u8; HEADER_BYTES] {
+    let text = match reason.split_once(FIRST_FAILURE) {
+        Some((_, first)) => first,
+        None => reason.strip_prefix("railcc ").unwrap_or(reason),
+    };
+    let mut end = text.len().min(ABORT_TEXT.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut b = [0u8; HEADER_BYTES];
+    b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+    b[ABORT_TEXT.start..ABORT_TEXT.start + end].copy_from_slice(&text.as_bytes()[..end]);
+    b[76..80].copy_from_slice(&3u32.to_le_bytes());
+    b
+}
+
+/// The text of an abort frame (bytes that are not UTF-8 are replaced).
+pub fn abort_text(b: &[u8; HEADER_BYTES]) -> String {
+    let t = &b[ABORT_TEXT];
+    let end = t.iter().position(|&c| c == 0).unwrap_or(t.len());
+    String::from_utf8_lossy(&t[..end]).into_owned()
 }
 
 /// Header of one part: `magic | part u16 | nparts u16 | seq u64 | tag 32 | total u64 | off u64
@@ -51,6 +85,7 @@ impl Header {
             Kind::Data => 0,
             Kind::Repair => 1,
             Kind::RailDown => 2,
+            Kind::Abort => 3,
         };
         b[76..80].copy_from_slice(&kind.to_le_bytes());
         b
@@ -78,6 +113,7 @@ impl Header {
             0 => Kind::Data,
             1 => Kind::Repair,
             2 => Kind::RailDown,
+            3 => Kind::Abort,
             k => {
                 return Err(Error::new(
                     ErrorKind::Protocol,
@@ -252,5 +288,24 @@ mod tests {
             ..h
         };
         assert_eq!(Header::decode(&r.encode()).unwrap(), r);
+    }
+
+    #[test]
+    fn abort_frames_carry_the_first_failure() {
+        let f = abort_frame(
+            "railcc peer closed (rank 3, peer 2, op all_reduce step 2, transport tcp): gone",
+        );
+        assert_eq!(Header::decode(&f).unwrap().kind, Kind::Abort);
+        let t = abort_text(&f);
+        assert_eq!(t.len(), ABORT_TEXT.len());
+        assert!(t.starts_with("peer closed (rank 3, peer 2,"), "{t}");
+        // A rank brought down by that frame passes on the first failure, not its own.
+        let again = abort_frame(&format!(
+            "railcc peer closed (rank 4, peer 3): {FIRST_FAILURE}{t}"
+        ));
+        assert_eq!(abort_text(&again), t);
+        // Cut at a character boundary.
+        let wide = abort_frame(&"é".repeat(40));
+        assert_eq!(abort_text(&wide), "é".repeat(28));
     }
 }

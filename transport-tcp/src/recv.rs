@@ -308,6 +308,17 @@ impl TcpRecvComm {
             .map_err(|e| Error::new(e.kind, format!("stream {si}: {}", e.message)))?;
         let early = st.early;
         match h.kind {
+            Kind::Abort => {
+                let text = crate::frame::abort_text(&self.streams[si].header);
+                return Err(Error::new(
+                    ErrorKind::PeerClosed,
+                    format!(
+                        "stream {si}: the peer failed and closed; {}{text}",
+                        crate::frame::FIRST_FAILURE
+                    ),
+                )
+                .transport(NAME));
+            }
             Kind::RailDown => self.rail_down(si, &h)?,
             Kind::Repair => {
                 if h.epoch as usize >= self.epochs.len() {
@@ -409,6 +420,7 @@ impl TcpRecvComm {
                 let w: Vec<u32> = live.iter().map(|&s| self.weights[s]).collect();
                 h.check(li, &w, &tag, len, stripe, maxm)?;
             }
+            Kind::Abort => return Err(proto(format!("stream {si}: abort frame as a part"))),
             _ => {
                 if h.tag != tag {
                     return Err(MsgTag::mismatch(&tag, &h.tag));
@@ -696,6 +708,15 @@ impl NetRecvComm for TcpRecvComm {
                 String::new()
             }
         )
+    }
+
+    /// Leaves an abort frame on the way back to the sender: its next write fails, and then it
+    /// reads why (`sock::abort_left_by_peer`).
+    fn abort(&mut self, reason: &str) {
+        let frame = crate::frame::abort_frame(reason);
+        for st in &self.streams {
+            crate::sock::write_within(&st.sock, &frame, std::time::Duration::from_millis(20));
+        }
     }
 
     fn close(self: Box<Self>) -> Result<()> {

@@ -222,7 +222,22 @@ impl TcpSendComm {
                 // SAFETY: `sent <= len` and the isend contract keeps data..data+len valid.
                 (unsafe { p.data.add(p.off + p.sent) }, p.len - p.sent),
             ];
-            match send_iov(&st.sock, &parts)? {
+            let sent =
+                send_iov(&st.sock, &parts).map_err(|e| {
+                    match crate::sock::abort_left_by_peer(&st.sock) {
+                        Some(text) => Error::new(
+                            ErrorKind::PeerClosed,
+                            format!(
+                                "{}; the peer failed and closed; {}{text}",
+                                e.message,
+                                crate::frame::FIRST_FAILURE
+                            ),
+                        )
+                        .transport(NAME),
+                        None => e,
+                    }
+                })?;
+            match sent {
                 Io::WouldBlock => break,
                 Io::Done(mut n) => {
                     st.written += n as u64;
@@ -495,6 +510,22 @@ impl NetSendComm for TcpSendComm {
                 format!("; rails lost: {}", dead.join(", "))
             }
         )
+    }
+
+    /// Tells the peer why we fail, where a stream is between frames: one abort frame, written
+    /// within a few milliseconds or not at all (a full or broken socket is skipped).
+    fn abort(&mut self, reason: &str) {
+        let frame = crate::frame::abort_frame(reason);
+        for st in self.streams.iter().filter(|s| s.alive) {
+            if st
+                .queue
+                .front()
+                .is_some_and(|p| p.sent_header > 0 || p.sent > 0)
+            {
+                continue; // mid-frame: the peer will see the close instead
+            }
+            crate::sock::write_within(&st.sock, &frame, Duration::from_millis(20));
+        }
     }
 
     fn close(self: Box<Self>) -> Result<()> {

@@ -171,6 +171,46 @@ pub unsafe fn recv_iov(s: &Socket, a: (*mut u8, usize), b: (*mut u8, usize)) -> 
     classify(r, "tcp recv")
 }
 
+/// After a send failed: the abort frame the peer left on the socket's way back, if any (a
+/// receiver that fails writes one there, so that its sender learns the first failure).
+pub fn abort_left_by_peer(s: &Socket) -> Option<String> {
+    let mut b = [0u8; crate::frame::HEADER_BYTES];
+    let mut got = 0;
+    while got < b.len() {
+        // SAFETY: the pointer and length describe the unfilled tail of `b`.
+        let n = unsafe {
+            libc::recv(
+                std::os::fd::AsRawFd::as_raw_fd(s),
+                b[got..].as_mut_ptr().cast(),
+                b.len() - got,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if n <= 0 {
+            return None;
+        }
+        got += n as usize;
+    }
+    let kind = u32::from_le_bytes([b[76], b[77], b[78], b[79]]);
+    let magic = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    (magic == crate::frame::MAGIC && kind == 3).then(|| crate::frame::abort_text(&b))
+}
+
+/// Writes `frame` within `budget`, or gives up (a full or broken socket).
+pub fn write_within(s: &Socket, frame: &[u8], budget: std::time::Duration) {
+    let until = std::time::Instant::now() + budget;
+    let mut at = 0;
+    while at < frame.len() && std::time::Instant::now() < until {
+        // SAFETY: the range lies inside `frame`, which outlives the call.
+        let part = [(unsafe { frame.as_ptr().add(at) }, frame.len() - at)];
+        match send_iov(s, &part) {
+            Ok(Io::Done(n)) => at += n,
+            Ok(Io::WouldBlock) => std::thread::sleep(std::time::Duration::from_micros(200)),
+            Err(_) => break,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -63,6 +63,64 @@ fn run(scenario: &str) -> Result<String, String> {
             c.all_reduce(&send, &mut recv, ReduceOp::Sum).map_err(e2s)?;
             Ok("no error".into())
         }
+        "mismatch-op" => {
+            let op = if r == 0 { ReduceOp::Sum } else { ReduceOp::Max };
+            let mut b = vec![1f32; 64];
+            c.all_reduce_in_place(&mut b, op).map_err(e2s)?;
+            Ok("no error".into())
+        }
+        "mismatch-root" => {
+            let mut b = vec![0u8; 256];
+            c.broadcast_in_place(&mut b, usize::from(r == 0))
+                .map_err(e2s)?;
+            Ok("no error".into())
+        }
+        "mismatch-collective" => {
+            // Same bytes on the wire per rank, different collectives.
+            if r == 0 {
+                let mut b = vec![1f32; 64 * p];
+                c.all_reduce_in_place(&mut b, ReduceOp::Sum).map_err(e2s)?;
+            } else {
+                let send = vec![1f32; 64];
+                let mut recv = vec![0f32; 64 * p];
+                c.all_gather(&send, &mut recv).map_err(e2s)?;
+            }
+            Ok("no error".into())
+        }
+        "misaligned" => {
+            let bytes = vec![0u8; 4 * 65];
+            let mut out = vec![0u8; 4 * 65];
+            let a = CollArgs {
+                coll: CollKind::AllReduce,
+                nranks: p,
+                count: 64,
+                dtype: DataType::F32,
+                op: ReduceOp::Sum,
+                root: 0,
+            };
+            // One byte into an allocation that malloc aligns to 16: misaligned for f32.
+            let off = 1 + (4 - bytes.as_ptr() as usize % 4) % 4;
+            c.collective(
+                a,
+                Bufs::OutOfPlace {
+                    send: &bytes[off..off + 256],
+                    recv: &mut out[..256],
+                },
+            )
+            .map_err(e2s)?;
+            Ok("no error".into())
+        }
+        "send-to-self" => {
+            let b = vec![1u32; 16];
+            c.send(&b, r).map_err(e2s)?;
+            Ok("no error".into())
+        }
+        "peer-out-of-range" => {
+            let mut b = vec![1u32; 16];
+            c.recv(&mut b, p + 3).map_err(e2s)?;
+            Ok("no error".into())
+        }
+        "abort-while-blocked" => abort_while_blocked(&c),
         "registered" => registered(&c),
         "repeat" => repeat(&c),
         "barrier" => {
@@ -71,6 +129,51 @@ fn run(scenario: &str) -> Result<String, String> {
         }
         _ => Err(format!("unknown scenario '{scenario}'")),
     }
+}
+
+/// Rank 0 blocks receiving from rank 1, which never sends; another thread aborts after 300
+/// ms. The receive must return within a second of the abort, and later calls must fail.
+fn abort_while_blocked(c: &Communicator) -> Result<String, String> {
+    if c.rank() != 0 {
+        std::thread::sleep(std::time::Duration::from_secs(3));
+        return Ok("idle".into());
+    }
+    let mut b = vec![0u32; 1024];
+    let aborted_at = std::sync::Mutex::new(None);
+    let r = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            *aborted_at.lock().map_err(|e| e.to_string())? = Some(std::time::Instant::now());
+            c.abort();
+            Ok::<(), String>(())
+        });
+        c.recv(&mut b, 1)
+    });
+    let returned = std::time::Instant::now();
+    let at = aborted_at
+        .lock()
+        .map_err(|e| e.to_string())?
+        .ok_or("the abort thread never ran")?;
+    let e = match r {
+        Ok(()) => return Err("the receive succeeded after an abort".into()),
+        Err(e) => e,
+    };
+    let took = returned.duration_since(at);
+    if took > std::time::Duration::from_secs(1) {
+        return Err(format!(
+            "the receive returned {took:?} after the abort: {e}"
+        ));
+    }
+    let later = c.barrier().err().map(|e| e.to_string()).unwrap_or_default();
+    if !later.contains("aborted") {
+        return Err(format!(
+            "a call after abort did not fail naming it: '{later}'"
+        ));
+    }
+    let async_err = c.async_error().map(|e| e.to_string()).unwrap_or_default();
+    Ok(format!(
+        "receive returned {took:?} after the abort with '{e}'; later call: '{later}'; async error: '{async_err}'"
+    ))
 }
 
 /// All-reduce of `RAILCC_TEST_BYTES` (default 16 MB) `RAILCC_TEST_ITERS` times (default 20),

@@ -1,0 +1,137 @@
+//! Issue 8: each kind of bad call gets its own clear error on every rank it concerns, with
+//! no hang (every job has a time limit) and no panic.
+
+use railcc_tests::{run_job, RankOutcome};
+use std::time::Duration;
+
+const EXE: &str = env!("CARGO_BIN_EXE_railcc-test-rank");
+
+fn job(scenario: &str, n: usize) -> Vec<RankOutcome> {
+    let outs = run_job(
+        EXE,
+        scenario,
+        n,
+        &(0..n).collect::<Vec<_>>(),
+        &[("RAILCC_TIMEOUT_MS", "5000")],
+        Duration::from_secs(30),
+    );
+    for o in &outs {
+        println!("{scenario} rank {}: {}", o.rank, o.stdout.trim());
+        assert!(
+            !o.stderr.contains("panicked"),
+            "{scenario}: rank {} panicked: {}",
+            o.rank,
+            o.stderr
+        );
+    }
+    outs
+}
+
+/// Every rank fails; each names the disagreement (`needle`) or that a peer failed because of
+/// it; and the rank that saw it first names it.
+fn all_fail(outs: &[RankOutcome], needle: &str) {
+    for o in outs {
+        assert!(!o.success, "rank {} succeeded: {}", o.rank, o.stdout);
+        assert!(
+            o.stdout.starts_with("error: railcc"),
+            "rank {}: {}",
+            o.rank,
+            o.stdout
+        );
+        assert!(
+            o.elapsed < Duration::from_secs(5),
+            "rank {} took {:?} (it should not wait for the deadline)",
+            o.rank,
+            o.elapsed
+        );
+    }
+    assert!(
+        outs.iter().any(|o| o.stdout.contains(needle)),
+        "no rank said '{needle}'"
+    );
+}
+
+#[test]
+fn ops_that_differ_are_an_error_on_every_rank() {
+    all_fail(
+        &job("mismatch-op", 3),
+        "reduction differs: peer used max, this rank sum",
+    );
+}
+
+/// Each rank takes the other for the root, so both wait to receive and nothing is sent that
+/// could carry the disagreement: both fail at the deadline (5 s here), saying what to check.
+#[test]
+fn roots_that_differ_fail_at_the_deadline_with_the_hint() {
+    let outs = job("mismatch-root", 2);
+    for o in &outs {
+        assert!(!o.success, "rank {}: {}", o.rank, o.stdout);
+        assert!(
+            o.stdout.contains("same root"),
+            "rank {}: {}",
+            o.rank,
+            o.stdout
+        );
+        assert!(
+            o.elapsed < Duration::from_secs(10),
+            "rank {}: {:?}",
+            o.rank,
+            o.elapsed
+        );
+    }
+}
+
+#[test]
+fn collectives_that_differ_are_an_error_on_every_rank() {
+    all_fail(
+        &job("mismatch-collective", 2),
+        "peer called all_gather where this rank called all_reduce",
+    );
+}
+
+#[test]
+fn misaligned_buffers_are_refused_before_anything_moves() {
+    let outs = job("misaligned", 2);
+    for o in &outs {
+        assert!(
+            o.stdout.contains("not aligned for float"),
+            "rank {}: {}",
+            o.rank,
+            o.stdout
+        );
+    }
+}
+
+#[test]
+fn a_send_to_self_without_its_receive_is_an_error() {
+    let outs = job("send-to-self", 2);
+    for o in &outs {
+        assert!(
+            !o.success && o.stdout.contains("self"),
+            "rank {}: {}",
+            o.rank,
+            o.stdout
+        );
+    }
+}
+
+#[test]
+fn a_peer_out_of_range_is_an_error() {
+    let outs = job("peer-out-of-range", 2);
+    for o in &outs {
+        assert!(
+            !o.success && o.stdout.contains("peer 5 out of range for 2 ranks"),
+            "rank {}: {}",
+            o.rank,
+            o.stdout
+        );
+    }
+}
+
+#[test]
+fn abort_from_another_thread_unblocks_a_receive_within_a_second() {
+    let outs = job("abort-while-blocked", 2);
+    let r0 = &outs[0];
+    assert!(r0.success, "{}", r0.stdout);
+    assert!(r0.stdout.contains("after the abort"), "{}", r0.stdout);
+}

@@ -1,0 +1,110 @@
+//! Issue 8: a rank killed (SIGKILL) at a random moment of a run of all-reduces, over 2 to 8
+//! ranks on loopback TCP: every survivor fails, naming the dead rank, within the deadline; no
+//! hang, no panic. `RAILCC_KILL_TRIALS` sets the count (default 100); the slowest detection
+//! is printed.
+
+use railcc_core::bootstrap::RootServer;
+use railcc_tests::run_job_killing;
+use std::time::Duration;
+
+const EXE: &str = env!("CARGO_BIN_EXE_railcc-test-rank");
+
+/// A small reproducible generator (the trials are deterministic: trial t draws the same).
+fn lcg(state: &mut u64) -> u64 {
+    *state = state
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    *state >> 33
+}
+
+#[test]
+fn killed_ranks_are_named_by_every_survivor() {
+    let trials: usize = std::env::var("RAILCC_KILL_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let deadline_ms = 10_000u64;
+    let mut slowest = Duration::ZERO;
+    let mut slowest_at = String::new();
+    let mut not_named = Vec::new();
+    for t in 0..trials {
+        let mut st = 0x5eed ^ t as u64;
+        let n = 2 + (lcg(&mut st) % 7) as usize; // 2..=8 ranks
+        let victim = (lcg(&mut st) % n as u64) as usize;
+        let bytes = [4096u64, 65536, 1 << 20, 4 << 20][(lcg(&mut st) % 4) as usize];
+        let after = Duration::from_millis(150 + lcg(&mut st) % 600);
+        let algo = ["auto", "ring", "tree", "rdouble"][(lcg(&mut st) % 4) as usize];
+        let root = RootServer::start(
+            "127.0.0.1:0".parse().expect("address"),
+            Duration::from_millis(deadline_ms),
+        )
+        .expect("root");
+        let env = [
+            ("RAILCC_TIMEOUT_MS", deadline_ms.to_string()),
+            ("RAILCC_TEST_BYTES", bytes.to_string()),
+            ("RAILCC_TEST_ITERS", "1000000".to_string()),
+            ("RAILCC_ALGO", algo.to_string()),
+        ];
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (outs, killed) = run_job_killing(
+            EXE,
+            "repeat",
+            n,
+            &(0..n).collect::<Vec<_>>(),
+            &env,
+            Duration::from_millis(deadline_ms * 3),
+            &root.id.to_string(),
+            Some((victim, after)),
+        );
+        let killed = killed.expect("the victim was killed");
+        for o in outs.iter().filter(|o| o.rank != victim) {
+            let what = format!(
+                "trial {t}: {n} ranks, {algo}, {bytes} B, rank {victim} killed at {killed:?}; rank {}",
+                o.rank
+            );
+            assert!(
+                !o.stderr.contains("panicked"),
+                "{what} panicked: {}",
+                o.stderr
+            );
+            assert!(
+                !o.success,
+                "{what} succeeded after its peer died: {}",
+                o.stdout
+            );
+            assert!(
+                o.stdout.starts_with("error: "),
+                "{what}: no error line: {}",
+                o.stdout
+            );
+            let detect = o.elapsed.saturating_sub(killed);
+            assert!(
+                detect < Duration::from_millis(deadline_ms + 2000),
+                "{what}: took {detect:?}"
+            );
+            if detect > slowest {
+                slowest = detect;
+                slowest_at = what.clone();
+            }
+            // Its own error names the dead peer ("(rank r, peer v, ...)"), or passes on the
+            // first failure another rank reported in its abort frame.
+            if !o.stdout.contains(&format!("peer {victim},")) {
+                not_named.push(format!("{what}: {}", o.stdout.trim()));
+            }
+        }
+    }
+    println!(
+        "kill trials: {trials}, hangs 0, panics 0, slowest detection {slowest:?} ({slowest_at})"
+    );
+    assert!(
+        not_named.is_empty(),
+        "{} survivors did not name the dead rank, e.g.:\n{}",
+        not_named.len(),
+        not_named
+            .iter()
+            .take(5)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
