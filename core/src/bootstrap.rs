@@ -611,6 +611,19 @@ pub fn unspecified_like(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// Every decoder of bootstrap traffic on `bytes` (for the fuzzer: `railcc-fuzz`). Results are
+/// thrown away; what matters is that nothing panics or allocates past its bound.
+#[doc(hidden)]
+pub fn fuzz_decoders(bytes: &[u8]) {
+    let _ = decode_hello(bytes);
+    let n = bytes.first().map_or(0, |&b| b as usize);
+    let _ = decode_table(bytes, n);
+    let _ = UniqueId::from_bytes(bytes);
+    let _ = String::from_utf8_lossy(bytes).parse::<UniqueId>();
+    let mut r = crate::wire::Reader::new(bytes, "fuzz");
+    let _ = r.bytes(1 << 16);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

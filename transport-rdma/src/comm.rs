@@ -294,6 +294,15 @@ fn encode_tag_len(b: &mut [u8], tag: &MsgTag, len: u64) {
     b[TAG_BYTES..TAG_BYTES + 8].copy_from_slice(&len.to_le_bytes());
 }
 
+/// decode_tag_len on any bytes (padded), for the fuzzer.
+#[doc(hidden)]
+pub fn fuzz_tag_len(bytes: &[u8]) {
+    let mut b = [0u8; TAG_BYTES + 8];
+    let n = bytes.len().min(b.len());
+    b[..n].copy_from_slice(&bytes[..n]);
+    let _ = decode_tag_len(&b);
+}
+
 fn decode_tag_len(b: &[u8]) -> (MsgTag, u64) {
     let mut t = [0u8; TAG_BYTES];
     t.copy_from_slice(&b[..TAG_BYTES]);

@@ -17,6 +17,17 @@ pub mod comm;
 pub mod device;
 pub mod verbs;
 
+/// Every decoder of RDMA connection data on `bytes` (for the fuzzer: `railcc-fuzz`): the
+/// queue-pair info of the hello, and the tag and length of a message.
+#[doc(hidden)]
+pub fn fuzz_decoders(bytes: &[u8]) {
+    let mut qp = [0u8; verbs::QP_INFO_BYTES];
+    let n = bytes.len().min(qp.len());
+    qp[..n].copy_from_slice(&bytes[..n]);
+    let _ = verbs::QpInfo::decode(&qp);
+    comm::fuzz_tag_len(bytes);
+}
+
 use comm::{RdmaRecvComm, RdmaSendComm};
 use device::RdmaPort;
 use railcc_core::auth::{fill_random, prove_client, verify_server, Secret};

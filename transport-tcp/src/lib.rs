@@ -15,6 +15,35 @@ mod recv;
 mod send;
 mod sock;
 
+/// Every decoder of TCP transport traffic on `bytes` (for the fuzzer: `railcc-fuzz`): the
+/// stream hello, the frame header, its check against a posted receive, the abort text.
+#[doc(hidden)]
+pub fn fuzz_decoders(bytes: &[u8]) {
+    use railcc_core::net::{MsgTag, TAG_BYTES};
+    let mut hello = [0u8; sock::HELLO_BYTES];
+    let n = bytes.len().min(hello.len());
+    hello[..n].copy_from_slice(&bytes[..n]);
+    let _ = sock::StreamHello::decode(&hello);
+    let mut h = [0u8; frame::HEADER_BYTES];
+    let n = bytes.len().min(h.len());
+    h[..n].copy_from_slice(&bytes[..n]);
+    let _ = frame::abort_text(&h);
+    if let Ok(hdr) = frame::Header::decode(&h) {
+        let mut t = [0u8; TAG_BYTES];
+        t.copy_from_slice(&h[16..48]);
+        let posted = MsgTag::decode(&t);
+        let weights: Vec<u32> = bytes
+            .iter()
+            .skip(80)
+            .take(8)
+            .map(|&w| u32::from(w) + 1)
+            .collect();
+        let weights = if weights.is_empty() { vec![1] } else { weights };
+        let stream = usize::from(hdr.part) % weights.len();
+        let _ = hdr.check(stream, &weights, &posted, hdr.total, 4096, 1 << 40);
+    }
+}
+
 pub use listener::TcpListenerComm;
 pub use recv::TcpRecvComm;
 pub use send::TcpSendComm;

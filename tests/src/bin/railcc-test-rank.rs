@@ -121,6 +121,7 @@ fn run(scenario: &str) -> Result<String, String> {
             Ok("no error".into())
         }
         "abort-while-blocked" => abort_while_blocked(&c),
+        "soak" => soak(&c),
         "registered" => registered(&c),
         "repeat" => repeat(&c),
         "barrier" => {
@@ -129,6 +130,53 @@ fn run(scenario: &str) -> Result<String, String> {
         }
         _ => Err(format!("unknown scenario '{scenario}'")),
     }
+}
+
+/// Resident memory of this process in kB (VmRSS).
+fn rss_kb() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Every collective, dtype and op, checked, over and over for `RAILCC_SOAK_SECS` (default
+/// 1800); RSS after the first pass (caches warm) and at the end. Rank 0 decides when to stop
+/// and tells the others through a broadcast, so every rank makes the same calls.
+fn soak(c: &Communicator) -> Result<String, String> {
+    let secs: u64 = std::env::var("RAILCC_SOAK_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1800);
+    let t0 = std::time::Instant::now();
+    let (mut passes, mut rss_start) = (0u64, 0u64);
+    let mut samples = Vec::new();
+    loop {
+        all_collectives(c).map_err(|e| format!("pass {passes}: {e}"))?;
+        passes += 1;
+        if passes == 1 {
+            rss_start = rss_kb();
+        }
+        if passes % 50 == 0 {
+            samples.push(rss_kb());
+        }
+        let mut go = [u8::from(t0.elapsed().as_secs() < secs)];
+        c.broadcast_in_place(&mut go, 0)
+            .map_err(|e| e.to_string())?;
+        if go[0] == 0 {
+            break;
+        }
+    }
+    let end = rss_kb();
+    Ok(format!(
+        "soak: {passes} passes of every collective/dtype/op in {:.0} s, 0 errors; RSS after pass 1 {rss_start} kB, at the end {end} kB ({:+.1}%); every 50 passes: {samples:?}",
+        t0.elapsed().as_secs_f64(),
+        (end as f64 - rss_start as f64) / rss_start.max(1) as f64 * 100.0
+    ))
 }
 
 /// Rank 0 blocks receiving from rank 1, which never sends; another thread aborts after 300
