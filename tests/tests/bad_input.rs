@@ -103,6 +103,14 @@ fn misaligned_buffers_are_refused_before_anything_moves() {
 }
 
 #[test]
+fn a_count_that_overflows_is_an_error() {
+    let outs = job("count-overflow", 2);
+    for o in &outs {
+        assert!(!o.success && o.stdout.contains("overflows"), "rank {}: {}", o.rank, o.stdout);
+    }
+}
+
+#[test]
 fn a_send_to_self_without_its_receive_is_an_error() {
     let outs = job("send-to-self", 2);
     for o in &outs {

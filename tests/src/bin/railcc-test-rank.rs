@@ -110,6 +110,26 @@ fn run(scenario: &str) -> Result<String, String> {
             .map_err(e2s)?;
             Ok("no error".into())
         }
+        "count-overflow" => {
+            let a = CollArgs {
+                coll: CollKind::AllGather,
+                nranks: p,
+                count: usize::MAX / 3,
+                dtype: DataType::F64,
+                op: ReduceOp::Sum,
+                root: 0,
+            };
+            let (send, mut recv) = (vec![0u8; 64], vec![0u8; 64]);
+            c.collective(
+                a,
+                Bufs::OutOfPlace {
+                    send: &send,
+                    recv: &mut recv,
+                },
+            )
+            .map_err(e2s)?;
+            Ok("no error".into())
+        }
         "send-to-self" => {
             let b = vec![1u32; 16];
             c.send(&b, r).map_err(e2s)?;
