@@ -587,6 +587,7 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
         note(r);
     }
     let mut tickets: Vec<(*const Comm, Ticket)> = Vec::new();
+    let mut p2ps = Vec::new();
     for p in pending {
         match p {
             group::Pending::Init(..) => {}
@@ -594,11 +595,64 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
                 Ok(t) => tickets.push((c, t)),
                 Err(r) => note(r),
             },
-            group::Pending::P2p(c, peer, send, h) => match submit_p2p(c, peer, send, h) {
-                Ok(t) => tickets.push((c, t)),
-                Err(r) => note(r),
-            },
+            group::Pending::P2p(c, peer, send, h) => p2ps.push((c, peer, send, h)),
         }
+    }
+    // Sends and receives after the collectives. On the per-process path each runs as a
+    // broadcast rooted at the sender, so every rank must take them in the same order: by
+    // sending rank (program order kept among one sender's messages); a rank's messages to
+    // itself are copies.
+    p2ps.sort_by_key(|&(c, peer, send, _)| {
+        // SAFETY: handles in a group are live (NCCL's contract).
+        let me = unsafe { (*c).rank };
+        if send {
+            me
+        } else {
+            peer
+        }
+    });
+    let mut self_sends: HashMap<usize, std::collections::VecDeque<Half>> = HashMap::new();
+    let mut self_recvs: Vec<(*const Comm, Half)> = Vec::new();
+    for (c, peer, send, h) in p2ps {
+        // SAFETY: as above.
+        let (me, proc_path) = unsafe {
+            (
+                (*c).rank,
+                matches!((*c).backend.get(), Some(Backend::Proc(_))),
+            )
+        };
+        if proc_path && peer == me {
+            if send {
+                self_sends.entry(c as usize).or_default().push_back(h);
+            } else {
+                self_recvs.push((c, h));
+            }
+            continue;
+        }
+        match submit_p2p(c, peer, send, h) {
+            Ok(t) => tickets.push((c, t)),
+            Err(r) => note(r),
+        }
+    }
+    for (c, r) in self_recvs {
+        let s = self_sends
+            .get_mut(&(c as usize))
+            .and_then(|q| q.pop_front());
+        // SAFETY: handles in a group are live (NCCL's contract).
+        let backend = unsafe { (*c).backend.get() };
+        let res = match (s, backend) {
+            (Some(s), Some(Backend::Proc(p))) => p.self_copy(s, r),
+            _ => Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "a receive from this rank itself without its send in the same group",
+            )),
+        };
+        tickets.push((c, Ticket::Done(res)));
+    }
+    if self_sends.values().any(|q| !q.is_empty()) {
+        note(invalid(
+            "a send to this rank itself without its receive in the same group",
+        ));
     }
     for (c, t) in tickets {
         note(wait(c, t));

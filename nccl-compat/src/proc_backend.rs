@@ -123,6 +123,55 @@ impl ProcRank {
         .map(|_| ())
     }
 
+    /// A rank's message to itself: a copy on the receive's stream, after the send's stream
+    /// reaches the send (events when the streams differ).
+    pub fn self_copy(&self, s: Half, r: Half) -> Result<()> {
+        use cudarc::driver::sys;
+        use railcc_transport_nvlink::driver::check;
+        if s.bytes != r.bytes {
+            return Err(Error::new(
+                ErrorKind::Mismatch,
+                format!(
+                    "send to itself of {} bytes, receive from itself of {}",
+                    s.bytes, r.bytes
+                ),
+            ));
+        }
+        if s.bytes == 0 {
+            return Ok(());
+        }
+        self.gpu.gpu.bind()?;
+        let (ss, rs) = (s.stream as sys::CUstream, r.stream as sys::CUstream);
+        // SAFETY: the context of this rank's GPU is current; both buffers are the caller's
+        // device memory of `bytes` (NCCL's contract); the events live until destroyed here,
+        // which the driver allows while they are pending.
+        unsafe {
+            if ss != rs {
+                let mut ev: sys::CUevent = std::ptr::null_mut();
+                let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+                check(sys::cuEventCreate(&mut ev, flags), "cuEventCreate")?;
+                let r1 = check(sys::cuEventRecord(ev, ss), "cuEventRecord")
+                    .and_then(|_| check(sys::cuStreamWaitEvent(rs, ev, 0), "cuStreamWaitEvent"));
+                sys::cuEventDestroy_v2(ev);
+                r1?;
+            }
+            check(
+                sys::cuMemcpyAsync(r.ptr, s.ptr, s.bytes, rs),
+                "cuMemcpyAsync",
+            )?;
+            if ss != rs {
+                let mut ev: sys::CUevent = std::ptr::null_mut();
+                let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+                check(sys::cuEventCreate(&mut ev, flags), "cuEventCreate")?;
+                let r2 = check(sys::cuEventRecord(ev, rs), "cuEventRecord")
+                    .and_then(|_| check(sys::cuStreamWaitEvent(ss, ev, 0), "cuStreamWaitEvent"));
+                sys::cuEventDestroy_v2(ev);
+                r2?;
+            }
+        }
+        Ok(())
+    }
+
     /// A send or receive between the two ranks of a 2-rank communicator: a broadcast rooted at
     /// the sender, in place on both sides (the receiver's buffer gets the sender's bytes).
     pub fn p2p(&self, src: usize, h: Half) -> Result<()> {

@@ -106,7 +106,12 @@ fn misaligned_buffers_are_refused_before_anything_moves() {
 fn a_count_that_overflows_is_an_error() {
     let outs = job("count-overflow", 2);
     for o in &outs {
-        assert!(!o.success && o.stdout.contains("overflows"), "rank {}: {}", o.rank, o.stdout);
+        assert!(
+            !o.success && o.stdout.contains("overflows"),
+            "rank {}: {}",
+            o.rank,
+            o.stdout
+        );
     }
 }
 
