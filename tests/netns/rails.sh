@@ -12,6 +12,7 @@
 #     the ring's one crossing edge per direction (byte counters).
 #  5. (run before 3) rail loss partway through checked all-reduces: finished on the other
 #     rail; with failover off, an error naming the rail.
+#  6. (run before 3) a rank killed partway: every survivor on both nodes names it.
 # Usage: [PLOT=out.svg] tests/netns/rails.sh path/to/railcc path/to/railcc-test-rank
 set -uo pipefail
 RAILCC=$(readlink -f "${1:-target/release/railcc}")
@@ -123,6 +124,28 @@ cat /tmp/rails-$$-loss0.0 /tmp/rails-$$-loss0.1 | grep -E "^ok|^error" | cut -c1
 [ "$s0" != 0 ] && [ "$s1" != 0 ] || fail "rail loss without failover: ranks exited $s0 $s1"
 grep -q "rail r1. lost" /tmp/rails-$$-loss0.0 /tmp/rails-$$-loss0.1 || fail "rail loss without failover: no error names the rail"
 echo "rail loss with RAILCC_RAIL_FAILOVER=0: both ranks failed ${ms} ms after it, naming the rail"
+# 6. A dead peer across the namespaces: 4 ranks, 2 per node, run checked all-reduces; rank 3
+#    (node B) is killed with SIGKILL partway. Every survivor, on either node, fails naming it
+#    within the deadline (issue 8).
+port=$((port + 1)); pids=()
+for r in 0 1 2 3; do
+  if [ $((r % 2)) = 0 ]; then ns=$A s=a; else ns=$B s=b; fi
+  ip netns exec $ns env RAILCC_RANK=$r RAILCC_NRANKS=4 RAILCC_ROOT=10.201.0.1:$port \
+    RAILCC_RAILS=r0$s:$R0,r1$s:$R1 RAILCC_HOSTID=node$s RAILCC_TIMEOUT_MS=10000 \
+    RAILCC_TEST_BYTES=1048576 RAILCC_TEST_ITERS=1000000 "$TESTRANK" repeat > /tmp/rails-$$-kill.$r 2>&1 &
+  pids+=($!)
+done
+sleep 2
+t0=$(date +%s%N)
+kill -9 "${pids[3]}"
+for r in 0 1 2; do wait "${pids[$r]}" && fail "rank $r finished although rank 3 died"; done
+t1=$(date +%s%N)
+wait "${pids[3]}" 2>/dev/null || true
+for r in 0 1 2; do
+  sed 's/^/  /' /tmp/rails-$$-kill.$r | cut -c1-200
+  grep -qE "peer 3[,:]" /tmp/rails-$$-kill.$r || fail "rank $r's error does not name rank 3"
+done
+echo "dead peer: rank 3 killed on node B; ranks 0-2 on both nodes failed naming it, $(( (t1 - t0) / 1000000 )) ms after the kill"
 # 3. The transport comparison over these rails: each rail alone, both split evenly, both split
 #    by bandwidth; one table, and an SVG where $PLOT names one (bench/results keeps one).
 port=$((port + 10))

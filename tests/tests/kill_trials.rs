@@ -87,8 +87,11 @@ fn killed_ranks_are_named_by_every_survivor() {
                 slowest_at = what.clone();
             }
             // Its own error names the dead peer ("(rank r, peer v, ...)"), or passes on the
-            // first failure another rank reported in its abort frame.
-            if !o.stdout.contains(&format!("peer {victim},")) {
+            // first failure another rank reported in its abort frame ("rank r, peer v: ...").
+            let named = [",", ":"]
+                .iter()
+                .any(|end| o.stdout.contains(&format!("peer {victim}{end}")));
+            if !named {
                 not_named.push(format!("{what}: {}", o.stdout.trim()));
             }
         }

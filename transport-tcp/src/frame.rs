@@ -32,9 +32,13 @@ pub const FIRST_FAILURE: &str = "first failure: ";
 /// An abort frame saying `reason` (cut to fit, at a character boundary). When `reason` holds
 /// a first failure reported by an earlier abort frame, that is what is passed on.
 pub fn abort_frame(reason: &str) -> [u8; HEADER_BYTES] {
+    let compact;
     let text = match reason.split_once(FIRST_FAILURE) {
         Some((_, first)) => first,
-        None => reason.strip_prefix("railcc ").unwrap_or(reason),
+        None => {
+            compact = compact_reason(reason);
+            &compact
+        }
     };
     let mut end = text.len().min(ABORT_TEXT.len());
     while !text.is_char_boundary(end) {
@@ -45,6 +49,29 @@ pub fn abort_frame(reason: &str) -> [u8; HEADER_BYTES] {
     b[ABORT_TEXT.start..ABORT_TEXT.start + end].copy_from_slice(&text.as_bytes()[..end]);
     b[76..80].copy_from_slice(&3u32.to_le_bytes());
     b
+}
+
+/// "railcc peer closed (rank 1, peer 0, op all_reduce step 33, transport tcp): rail r1b
+/// lost ..." -> "rank 1, peer 0: rail r1b lost ...": who and why first, to fit the frame.
+fn compact_reason(reason: &str) -> String {
+    let who = reason
+        .split_once('(')
+        .and_then(|(_, rest)| rest.split_once(')'))
+        .map(|(ctx, _)| {
+            ctx.split(", ")
+                .filter(|f| f.starts_with("rank ") || f.starts_with("peer "))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
+    let why = reason
+        .split_once("): ")
+        .map_or(reason.strip_prefix("railcc ").unwrap_or(reason), |(_, m)| m);
+    if who.is_empty() {
+        why.to_string()
+    } else {
+        format!("{who}: {why}")
+    }
 }
 
 /// The text of an abort frame (bytes that are not UTF-8 are replaced).
@@ -297,8 +324,7 @@ mod tests {
         );
         assert_eq!(Header::decode(&f).unwrap().kind, Kind::Abort);
         let t = abort_text(&f);
-        assert_eq!(t.len(), ABORT_TEXT.len());
-        assert!(t.starts_with("peer closed (rank 3, peer 2,"), "{t}");
+        assert_eq!(t, "rank 3, peer 2: gone");
         // A rank brought down by that frame passes on the first failure, not its own.
         let again = abort_frame(&format!(
             "railcc peer closed (rank 4, peer 3): {FIRST_FAILURE}{t}"
