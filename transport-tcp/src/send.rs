@@ -222,21 +222,8 @@ impl TcpSendComm {
                 // SAFETY: `sent <= len` and the isend contract keeps data..data+len valid.
                 (unsafe { p.data.add(p.off + p.sent) }, p.len - p.sent),
             ];
-            let sent =
-                send_iov(&st.sock, &parts).map_err(|e| {
-                    match crate::sock::abort_left_by_peer(&st.sock) {
-                        Some(text) => Error::new(
-                            ErrorKind::PeerClosed,
-                            format!(
-                                "{}; the peer failed and closed; {}{text}",
-                                e.message,
-                                crate::frame::FIRST_FAILURE
-                            ),
-                        )
-                        .transport(NAME),
-                        None => e,
-                    }
-                })?;
+            let sent = send_iov(&st.sock, &parts)
+                .map_err(|e| crate::sock::with_peer_abort(e, &st.sock))?;
             match sent {
                 Io::WouldBlock => break,
                 Io::Done(mut n) => {
@@ -260,6 +247,12 @@ impl TcpSendComm {
             }
         }
         if failover && !st.sent.is_empty() {
+            // A peer that died after taking our bytes into its kernel answers with a reset;
+            // nothing is written any more to surface it, so ask the socket.
+            if let Ok(Some(e)) = st.sock.take_error() {
+                let e = Error::io("tcp: waiting for acknowledgements", &e).transport(NAME);
+                return Err(crate::sock::with_peer_abort(e, &st.sock));
+            }
             let unacked = unacked_bytes(&st.sock)?;
             st.acked = st.acked.max(st.written.saturating_sub(unacked));
             while st.sent.front().is_some_and(|p| p.end() <= st.acked) {

@@ -196,6 +196,22 @@ pub fn abort_left_by_peer(s: &Socket) -> Option<String> {
     (magic == crate::frame::MAGIC && kind == 3).then(|| crate::frame::abort_text(&b))
 }
 
+/// A failed send's error, with the first failure the peer left in an abort frame, if any.
+pub fn with_peer_abort(e: Error, s: &Socket) -> Error {
+    match abort_left_by_peer(s) {
+        Some(text) => Error::new(
+            railcc_core::ErrorKind::PeerClosed,
+            format!(
+                "{}; the peer failed and closed; {}{text}",
+                e.message,
+                crate::frame::FIRST_FAILURE
+            ),
+        )
+        .transport(crate::NAME),
+        None => e,
+    }
+}
+
 /// Writes `frame` within `budget`, or gives up (a full or broken socket).
 pub fn write_within(s: &Socket, frame: &[u8], budget: std::time::Duration) {
     let until = std::time::Instant::now() + budget;
