@@ -339,6 +339,15 @@ impl Runner for NetStaged<'_> {
         }
         let (gpu, me) = (&self.gpu, self.comm.rank());
         let p = place(gpu, args, me, in_place, a.offset)?;
+        // GPUDirect (RAILCC_GPU_DIRECT=1 over RDMA): register the allocations, as a user would
+        // with ncclCommRegister; the first call on each connection registers them with the NIC.
+        let mut registered = Vec::new();
+        for b in std::iter::once(&p.send).chain(p.recv.as_ref()) {
+            // SAFETY: `b` is a live allocation of this GPU, deregistered below before `p` drops.
+            if unsafe { self.net.borrow_mut().register_device(gpu, b.ptr, b.bytes) }.map_err(err)? {
+                registered.push(b.ptr);
+            }
+        }
         let launch = || -> Result<u32, String> {
             // SAFETY: the buffers are live allocations of the implied size (`place`), kept
             // until this function returns; the call is synchronous.
@@ -360,6 +369,9 @@ impl Runner for NetStaged<'_> {
         self.comm.barrier().map_err(err)?;
         // The timer events go on the GPU's stream, which every copy of a call also uses.
         s.secs = time_calls(a, gpu, &launch, &[])?;
+        for ptr in registered {
+            self.net.borrow_mut().deregister_device(ptr).map_err(err)?;
+        }
         agree(self.comm, s)
     }
 }

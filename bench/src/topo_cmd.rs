@@ -155,7 +155,8 @@ pub fn run(a: &TopoArgs) -> Result<(), String> {
             numa(&g.place)
         );
         if cfg.topo_file.is_empty() {
-            let path = railcc_transport_nvlink::staging::gpu_net_path(g.ordinal);
+            let path =
+                railcc_transport_nvlink::staging::gpu_net_path(g.ordinal, cfg.gpu_direct == 1);
             println!("  GPU{} data to the network: {path}", g.ordinal);
         }
     }

@@ -22,6 +22,8 @@ struct Region {
     id: u64,
     addr: usize,
     len: usize,
+    /// GPU memory exported as a dma-buf: (descriptor, offset of `addr` in it).
+    dmabuf: Option<(i32, u64)>,
     /// The transport's registration per peer, per direction, once made.
     sends: Vec<Option<MemRegion>>,
     recvs: Vec<Option<MemRegion>>,
@@ -41,6 +43,36 @@ pub enum Dir {
 
 impl Regions {
     pub fn add(&mut self, addr: usize, len: usize, nranks: usize) -> Result<RegionId> {
+        self.add_with(addr, len, nranks, None)
+    }
+
+    /// A region of GPU memory exported as dma-buf `fd` (`addr` at `offset` in it): every
+    /// connection registers it for GPUDirect RDMA, or the transfer fails naming why.
+    pub fn add_dmabuf(
+        &mut self,
+        addr: usize,
+        len: usize,
+        nranks: usize,
+        fd: i32,
+        offset: u64,
+    ) -> Result<RegionId> {
+        self.add_with(addr, len, nranks, Some((fd, offset)))
+    }
+
+    /// Whether `len` bytes at `addr` lie inside one GPU (dma-buf) region.
+    pub fn covered_by_device(&self, addr: usize, len: usize) -> bool {
+        self.list
+            .iter()
+            .any(|r| r.dmabuf.is_some() && addr >= r.addr && addr + len <= r.addr + r.len)
+    }
+
+    fn add_with(
+        &mut self,
+        addr: usize,
+        len: usize,
+        nranks: usize,
+        dmabuf: Option<(i32, u64)>,
+    ) -> Result<RegionId> {
         if len == 0 || addr.checked_add(len).is_none() {
             return Err(Error::invalid(format!(
                 "register: {len} bytes at {addr:#x} is not a valid region"
@@ -51,6 +83,7 @@ impl Regions {
             id: self.next,
             addr,
             len,
+            dmabuf,
             sends: vec![None; nranks],
             recvs: vec![None; nranks],
         });
@@ -107,9 +140,16 @@ impl Regions {
             Dir::Recv => &mut r.recvs[peer],
         };
         if slot.is_none() {
-            let m = match dir {
-                Dir::Send => conns.sends[peer].as_mut().map(|c| c.reg_mr(r.addr, r.len)),
-                Dir::Recv => conns.recvs[peer].as_mut().map(|c| c.reg_mr(r.addr, r.len)),
+            let (a, n) = (r.addr, r.len);
+            let m = match (dir, r.dmabuf) {
+                (Dir::Send, None) => conns.sends[peer].as_mut().map(|c| c.reg_mr(a, n)),
+                (Dir::Recv, None) => conns.recvs[peer].as_mut().map(|c| c.reg_mr(a, n)),
+                (Dir::Send, Some((fd, o))) => conns.sends[peer]
+                    .as_mut()
+                    .map(|c| c.reg_mr_dmabuf(a, n, fd, o)),
+                (Dir::Recv, Some((fd, o))) => conns.recvs[peer]
+                    .as_mut()
+                    .map(|c| c.reg_mr_dmabuf(a, n, fd, o)),
             };
             match m {
                 Some(m) => *slot = Some(m.map_err(|e| e.peer(peer).op("register"))?),

@@ -160,6 +160,13 @@ config! {
     /// RDMA messages up to this many bytes are copied through registered staging slots instead
     /// of registering the caller's buffer per transfer. 0 turns staging off; at most 16384.
     ib_eager_bytes: usize = 16384, "RAILCC_IB_EAGER_BYTES";
+    /// GPU buffers over RDMA: 1 lets send/recv of GPU buffers registered with the communicator
+    /// go NIC to GPU through dma-buf (GPUDirect RDMA; untested: no machine here has a GPU and
+    /// an RDMA NIC together); 0 stages every GPU transfer through pinned host memory.
+    gpu_direct: u8 = 0, "RAILCC_GPU_DIRECT";
+    /// RDMA queue pairs per connection (NCCL_IB_QPS_PER_CONNECTION): messages of 64 KB and
+    /// more are split across them. The connecting (sending) side's value is used. 1 to 16.
+    ib_qps_per_conn: u8 = 1, "RAILCC_IB_QPS_PER_CONN";
     /// Largest message a peer may announce, in bytes; a bigger header is a protocol error.
     max_message_bytes: u64 = 1 << 40, "RAILCC_MAX_MESSAGE_BYTES";
 }
@@ -203,6 +210,18 @@ impl Config {
             return Err(Error::invalid(format!(
                 "RAILCC_IB_TIMEOUT={} must be 1 to 31 and RAILCC_IB_RETRY_CNT={} 0 to 7",
                 self.ib_timeout, self.ib_retry_cnt
+            )));
+        }
+        if self.gpu_direct > 1 {
+            return Err(Error::invalid(format!(
+                "RAILCC_GPU_DIRECT={} must be 0 or 1",
+                self.gpu_direct
+            )));
+        }
+        if !(1..=16).contains(&self.ib_qps_per_conn) {
+            return Err(Error::invalid(format!(
+                "RAILCC_IB_QPS_PER_CONN={} must be 1 to 16",
+                self.ib_qps_per_conn
             )));
         }
         if self.ib_eager_bytes > 16384 {

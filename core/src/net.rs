@@ -302,6 +302,21 @@ pub trait NetListener: Send {
 pub trait NetSendComm: Send {
     fn reg_mr(&mut self, addr: usize, len: usize) -> Result<MemRegion>;
     fn dereg_mr(&mut self, mr: MemRegion) -> Result<()>;
+    /// Registers GPU memory for GPUDirect RDMA: `len` bytes at device address `addr`, exported
+    /// as the dma-buf `fd` with `addr` at `offset` in it (NCCL's regMrDmaBuf). Transports that
+    /// cannot move device memory refuse; so must every caller that cannot handle it.
+    fn reg_mr_dmabuf(
+        &mut self,
+        _addr: usize,
+        _len: usize,
+        _fd: i32,
+        _offset: u64,
+    ) -> Result<MemRegion> {
+        Err(crate::Error::new(
+            crate::ErrorKind::Unsupported,
+            "this transport cannot register GPU memory (GPUDirect RDMA needs the RDMA transport)",
+        ))
+    }
     /// Starts sending `len` bytes at `data`.
     ///
     /// # Safety
@@ -331,6 +346,21 @@ pub trait NetSendComm: Send {
 pub trait NetRecvComm: Send {
     fn reg_mr(&mut self, addr: usize, len: usize) -> Result<MemRegion>;
     fn dereg_mr(&mut self, mr: MemRegion) -> Result<()>;
+    /// Registers GPU memory for GPUDirect RDMA: `len` bytes at device address `addr`, exported
+    /// as the dma-buf `fd` with `addr` at `offset` in it (NCCL's regMrDmaBuf). Transports that
+    /// cannot move device memory refuse; so must every caller that cannot handle it.
+    fn reg_mr_dmabuf(
+        &mut self,
+        _addr: usize,
+        _len: usize,
+        _fd: i32,
+        _offset: u64,
+    ) -> Result<MemRegion> {
+        Err(crate::Error::new(
+            crate::ErrorKind::Unsupported,
+            "this transport cannot register GPU memory (GPUDirect RDMA needs the RDMA transport)",
+        ))
+    }
     /// Posts a receive of exactly `len` bytes into `data`; the message must carry `tag`.
     ///
     /// # Safety

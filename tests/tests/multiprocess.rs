@@ -156,6 +156,22 @@ fn registered_buffers_3_ranks() {
 }
 
 #[test]
+fn gpu_memory_registration_is_refused_over_tcp() {
+    // GPUDirect needs RDMA; over TCP the host would read device memory, so the communicator
+    // refuses the registration (the RDMA side of this runs in the Soft-RoCE VM test).
+    let outs = run_job(
+        EXE,
+        "dmabuf-refused",
+        2,
+        &[0, 1],
+        &[],
+        Duration::from_secs(60),
+    );
+    all_ok(&outs);
+    assert!(outs.iter().all(|o| o.stdout.contains("only over RDMA")));
+}
+
+#[test]
 fn a_rank_that_never_arrives_is_named() {
     // Rank 2 of 3 is never started: the others time out with its number, quickly.
     let outs = run_job(

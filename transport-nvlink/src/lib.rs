@@ -12,6 +12,7 @@
 //!   CUDA IPC handles.
 
 pub mod compile;
+pub mod dmabuf;
 pub mod driver;
 pub mod gpu;
 pub mod ipc;

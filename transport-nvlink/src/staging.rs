@@ -1,8 +1,8 @@
-//! GPU buffers over a network transport. GPUDirect RDMA (the NIC reading GPU memory through
-//! dma-buf or nvidia-peermem) is what NCCL uses where the platform allows; railcc does not do
-//! it yet, so GPU data crosses the network through pinned (page-locked) host memory: copied
-//! out of the GPU, moved by the host transport, copied back. [`gpu_net_path`] says which path
-//! this machine could take and which one railcc takes.
+//! GPU buffers over a network transport through pinned (page-locked) host memory: copied out
+//! of the GPU, moved by the host transport, copied back. GPUDirect RDMA (the NIC reading GPU
+//! memory through dma-buf, [`crate::dmabuf`]) is taken only for send/recv of registered
+//! buffers with `RAILCC_GPU_DIRECT=1`. [`gpu_net_path`] says which path this machine could
+//! take and which one railcc takes.
 
 use crate::driver::{self, check};
 use crate::gpu::GpuCtx;
@@ -115,8 +115,8 @@ pub unsafe fn upload_sync(
 }
 
 /// How GPU `ordinal`'s memory could reach an RDMA NIC here, and the path railcc takes
-/// (always staging through host memory for now), for logs and `railcc topo`.
-pub fn gpu_net_path(ordinal: usize) -> String {
+/// (`direct`: RAILCC_GPU_DIRECT=1), for logs and `railcc topo`.
+pub fn gpu_net_path(ordinal: usize, direct: bool) -> String {
     let peermem = std::path::Path::new("/sys/module/nvidia_peermem").exists();
     let dmabuf = driver::device(ordinal)
         .and_then(|d| {
@@ -141,5 +141,25 @@ pub fn gpu_net_path(ordinal: usize) -> String {
         (false, true) => "nvidia-peermem loaded",
         (false, false) => "no GPUDirect RDMA (no dma-buf, no nvidia-peermem)",
     };
-    format!("staged through pinned host memory ({could}; railcc has no GPUDirect path yet)")
+    match (direct, dmabuf) {
+        (true, true) => format!(
+            "GPUDirect RDMA through dma-buf for send/recv of registered buffers over RDMA \
+             (untested here), otherwise staged through pinned host memory ({could})"
+        ),
+        (true, false) => format!(
+            "staged through pinned host memory: RAILCC_GPU_DIRECT=1 but no dma-buf ({could})"
+        ),
+        (false, _) => format!(
+            "staged through pinned host memory ({could}; RAILCC_GPU_DIRECT=1 takes dma-buf for send/recv)"
+        ),
+    }
+}
+
+/// Waits until the work on `stream` is done (before the NIC touches its buffers).
+///
+/// # Safety
+/// `stream` must be a live stream of `gpu`'s context.
+pub unsafe fn wait_stream(gpu: &GpuCtx, stream: sys::CUstream) -> Result<()> {
+    gpu.bind()?;
+    check(sys::cuStreamSynchronize(stream), "cuStreamSynchronize")
 }

@@ -3,7 +3,10 @@
 //! the sender matches its `isend`s to the clear-to-sends in order, checks length and tag, and
 //! RDMA-WRITEs the data straight into the receiver's buffer, the last write carrying the
 //! message's sequence number as an immediate, which completes the receive. Flow control is the
-//! receiver's posted buffers (credits): nothing is written that was not offered. A mismatch is
+//! receiver's posted buffers (credits): nothing is written that was not offered. With several
+//! queue pairs per connection (`RAILCC_IB_QPS_PER_CONN`), a message of `SPLIT_MIN` bytes or more
+//! is cut into one piece per queue pair, each written with the immediate; the receive completes
+//! when every piece has arrived. Control messages use the first queue pair. A mismatch is
 //! reported to the receiver with a SEND carrying the sender's tag, so both ranks fail with the
 //! same named cause. A TCP control socket stays open beside the QP: a peer that dies closes it,
 //! which names the dead rank at once instead of after the retry timeout.
@@ -30,7 +33,28 @@ const ERR_BIT: u32 = 0x8000_0000;
 const K_CTRL: u64 = 1 << 56;
 const K_RECV: u64 = 2 << 56;
 const K_WRITE: u64 = 3 << 56;
+/// A receive on a data queue pair (the second and later): it only takes an immediate.
+const K_DATA: u64 = 4 << 56;
 const KIND: u64 = 0xff << 56;
+/// Which queue pair of the connection a work request went to (bits 48..56 of its id).
+const QP_SHIFT: u32 = 48;
+const QP_BITS: u64 = 0xff << QP_SHIFT;
+const LOW_BITS: u64 = (1 << QP_SHIFT) - 1;
+/// Messages this large or larger are split across the connection's queue pairs.
+pub const SPLIT_MIN: usize = 64 * 1024;
+/// Most queue pairs one connection may have (the handshake refuses more).
+pub const MAX_QPS: usize = 16;
+
+/// How a message of `len` bytes is cut over `nqps` queue pairs: the piece size and the number of
+/// pieces (piece i goes to queue pair i). Both ends compute it, so the receiver knows how many
+/// immediates complete a message.
+pub fn split(len: usize, nqps: usize) -> (usize, usize) {
+    if nqps <= 1 || len < SPLIT_MIN {
+        return (len.max(1), 1);
+    }
+    let chunk = len.div_ceil(nqps).next_multiple_of(4096);
+    (chunk, len.div_ceil(chunk))
+}
 
 /// Registered control slots: `DEPTH` to send from, `DEPTH` to receive into.
 struct Ctrl {
@@ -137,9 +161,12 @@ impl Staging {
     }
 }
 
-/// What both ends share: the queue pair, the control slots, the peer, the control socket.
+/// What both ends share: the queue pairs, the control slots, the peer, the control socket.
 struct Link {
+    /// The first queue pair: control messages and a message's first piece.
     qp: Qp,
+    /// The other queue pairs (none by default): later pieces of large messages.
+    data: Vec<Qp>,
     ctrl: Ctrl,
     stage: Staging,
     peer: usize,
@@ -150,12 +177,24 @@ struct Link {
 }
 
 impl Link {
-    fn new(qp: Qp, peer: usize, control: TcpStream) -> Result<Link> {
+    /// `qps`: at least one; the first carries control messages.
+    fn new(mut qps: Vec<Qp>, peer: usize, control: TcpStream) -> Result<Link> {
+        if qps.is_empty() {
+            return Err(Error::invalid("rdma: a connection needs a queue pair").transport(NAME));
+        }
+        let data = qps.split_off(1);
+        let qp = qps.remove(0);
         let ctrl = Ctrl::new(&qp)?;
         ctrl.post_all_recvs(&qp)?;
+        for (i, q) in data.iter().enumerate() {
+            for _ in 0..DEPTH {
+                q.post_recv(Link::data_recv_id(i + 1), 0, 0, 0)?;
+            }
+        }
         let stage = Staging::new(&qp)?;
         Ok(Link {
             qp,
+            data,
             ctrl,
             stage,
             peer,
@@ -164,6 +203,34 @@ impl Link {
             polls: 0,
             comps: Vec::with_capacity(16),
         })
+    }
+
+    fn nqps(&self) -> usize {
+        1 + self.data.len()
+    }
+
+    fn qp_at(&self, i: usize) -> &Qp {
+        if i == 0 {
+            &self.qp
+        } else {
+            &self.data[i - 1]
+        }
+    }
+
+    fn data_recv_id(i: usize) -> u64 {
+        K_DATA | (i as u64) << QP_SHIFT
+    }
+
+    /// A data queue pair's receive was used: post another.
+    fn repost_data(&mut self, wr_id: u64) -> Result<()> {
+        let i = ((wr_id & QP_BITS) >> QP_SHIFT) as usize;
+        match self.data.get(i.wrapping_sub(1)) {
+            Some(q) => q.post_recv(wr_id, 0, 0, 0).map_err(|e| self.fail(e)),
+            None => Err(self.fail(Error::new(
+                ErrorKind::Protocol,
+                format!("rdma: completion for queue pair {i}, which does not exist"),
+            ))),
+        }
     }
 
     fn fail(&mut self, e: Error) -> Error {
@@ -179,21 +246,26 @@ impl Link {
         }
         self.comps.clear();
         let mut comps = std::mem::take(&mut self.comps);
-        if let Err(e) = self.qp.poll(&mut comps) {
+        let polled = std::iter::once(&self.qp)
+            .chain(&self.data)
+            .try_for_each(|q| q.poll(&mut comps));
+        if let Err(e) = polled {
             return Err(self.fail(e));
         }
         for c in &comps {
             if !c.ok {
                 let what = match c.wr_id & KIND {
                     K_CTRL => "control message",
-                    K_RECV => "receive",
+                    K_RECV | K_DATA => "receive",
                     _ => "RDMA write",
                 };
                 let e = Error::new(
                     ErrorKind::PeerClosed,
                     format!(
-                        "{what} (work request {:#x}) to rank {} on {} failed: {}",
-                        c.wr_id & !KIND,
+                        "{what} (work request {:#x}, queue pair {} of {}) to rank {} on {} failed: {}",
+                        c.wr_id & LOW_BITS,
+                        (c.wr_id & QP_BITS) >> QP_SHIFT,
+                        self.nqps(),
                         self.peer,
                         self.qp.ctx.name,
                         c.status
@@ -262,11 +334,13 @@ impl Link {
     /// Sleeping ranks wake when a completion arrives (the armed completion channel) or the
     /// control socket turns readable (the peer died or gave up).
     fn wait_fds(&self, out: &mut Vec<WaitFd>) {
-        self.qp.arm();
-        out.push(WaitFd {
-            fd: self.qp.event_fd(),
-            write: false,
-        });
+        for q in std::iter::once(&self.qp).chain(&self.data) {
+            q.arm();
+            out.push(WaitFd {
+                fd: q.event_fd(),
+                write: false,
+            });
+        }
         out.push(WaitFd {
             fd: self.control.as_raw_fd(),
             write: false,
@@ -378,6 +452,33 @@ impl Regions {
             len,
         })
     }
+    /// GPU memory: through dma-buf, or, where that fails and nvidia-peermem is loaded, as
+    /// an ordinary registration of the device address (peermem resolves it).
+    fn reg_device(
+        &mut self,
+        qp: &Qp,
+        addr: usize,
+        len: usize,
+        fd: i32,
+        offset: u64,
+    ) -> Result<MemRegion> {
+        let mr = match qp.ctx.reg_dmabuf(fd, offset, len, addr) {
+            Ok(mr) => mr,
+            Err(e) if std::path::Path::new("/sys/module/nvidia_peermem").exists() => {
+                tracing::info!("{e}; registering through nvidia-peermem instead");
+                qp.ctx.reg(addr, len)?
+            }
+            Err(e) => return Err(e),
+        };
+        self.next += 1;
+        self.map.insert(self.next, mr);
+        Ok(MemRegion {
+            id: self.next,
+            addr,
+            len,
+        })
+    }
+
     fn dereg(&mut self, m: MemRegion) -> Result<()> {
         self.map.remove(&m.id).map(drop).ok_or_else(|| {
             Error::invalid(format!(

@@ -25,6 +25,10 @@ pub fn fuzz_decoders(bytes: &[u8]) {
     let n = bytes.len().min(qp.len());
     qp[..n].copy_from_slice(&bytes[..n]);
     let _ = verbs::QpInfo::decode(&qp);
+    let mut head = [0u8; HELLO_HEAD];
+    let n = bytes.len().min(head.len());
+    head[..n].copy_from_slice(&bytes[..n]);
+    let _ = decode_hello_head(&head, "fuzz");
     comm::fuzz_tag_len(bytes);
 }
 
@@ -37,7 +41,7 @@ use railcc_core::net::{
     ConnIdent, ConnectHandle, NetListener, NetProps, NetRecvComm, NetSendComm, NetTransport,
 };
 use railcc_core::wire::{read_exact_by, write_all_by};
-use railcc_core::{Error, Result};
+use railcc_core::{Error, ErrorKind, Result};
 use std::net::{IpAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,7 +50,77 @@ use verbs::{Ctx, Qp, QpInfo, QP_INFO_BYTES};
 
 pub const NAME: &str = "rdma";
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
-const HELLO_BYTES: usize = 8 + QP_INFO_BYTES;
+/// A hello (and its reply) starts with rank, channel (0 in the reply) and the number of queue
+/// pairs; each queue pair's data follows.
+const HELLO_HEAD: usize = 12;
+
+fn encode_hello(rank: u32, channel: u32, infos: &[QpInfo]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(HELLO_HEAD + infos.len() * QP_INFO_BYTES);
+    b.extend_from_slice(&rank.to_le_bytes());
+    b.extend_from_slice(&channel.to_le_bytes());
+    b.extend_from_slice(&(infos.len() as u32).to_le_bytes());
+    infos.iter().for_each(|i| b.extend_from_slice(&i.encode()));
+    b
+}
+
+/// (rank, channel, queue pairs) from a hello's head; the count must be 1 to `MAX_QPS`.
+fn decode_hello_head(b: &[u8; HELLO_HEAD], what: &str) -> Result<(u32, u32, usize)> {
+    let at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    let n = at(8) as usize;
+    if n == 0 || n > comm::MAX_QPS {
+        return Err(Error::new(
+            ErrorKind::Protocol,
+            format!(
+                "rdma {what}: {n} queue pairs (1 to {} allowed)",
+                comm::MAX_QPS
+            ),
+        )
+        .transport(NAME));
+    }
+    Ok((at(0), at(4), n))
+}
+
+fn read_hello(s: &mut TcpStream, deadline: Instant, what: &str) -> Result<(u32, u32, Vec<QpInfo>)> {
+    let mut head = [0u8; HELLO_HEAD];
+    read_exact_by(s, &mut head, deadline, what)?;
+    let (rank, channel, n) = decode_hello_head(&head, what)?;
+    let mut infos = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut b = [0u8; QP_INFO_BYTES];
+        read_exact_by(s, &mut b, deadline, what)?;
+        infos.push(QpInfo::decode(&b)?);
+    }
+    Ok((rank, channel, infos))
+}
+
+/// `n` new queue pairs, each with its starting PSN.
+fn new_qps(ctx: &Arc<Ctx>, n: usize) -> Result<Vec<(Qp, u32)>> {
+    (0..n)
+        .map(|_| Ok((Qp::new(ctx, comm::DEPTH)?, psn())))
+        .collect()
+}
+
+/// Connects ours to theirs, pair by pair, and hands back the queue pairs.
+fn connect_all(mine: Vec<(Qp, u32)>, theirs: &[QpInfo], peer: usize) -> Result<Vec<Qp>> {
+    if mine.len() != theirs.len() {
+        return Err(Error::new(
+            ErrorKind::Protocol,
+            format!(
+                "rdma: rank {peer} answered with {} queue pairs where {} were asked for",
+                theirs.len(),
+                mine.len()
+            ),
+        )
+        .transport(NAME));
+    }
+    mine.into_iter()
+        .zip(theirs)
+        .map(|((qp, psn), info)| {
+            qp.connect(info, psn).map_err(|e| e.peer(peer))?;
+            Ok(qp)
+        })
+        .collect()
+}
 
 /// The port this rank should use: the active ports matching `hca`, the `local_rank`-th of them
 /// (round robin), or `None` when there is none.
@@ -89,7 +163,7 @@ impl RdmaTransport {
     pub fn describe(&self) -> String {
         let p = &self.port;
         format!(
-            "{}:{} {} GID[{}] {}{} {} Gb/s",
+            "{}:{} {} GID[{}] {}{} {} Gb/s, {} QP(s) per connection",
             p.device,
             p.port,
             p.link_layer,
@@ -99,7 +173,8 @@ impl RdmaTransport {
                 .as_deref()
                 .map(|n| format!(" ({n})"))
                 .unwrap_or_default(),
-            p.rate_gbps
+            p.rate_gbps,
+            self.ctx.tuning.qps_per_conn
         )
     }
 }
@@ -150,26 +225,17 @@ impl NetTransport for RdmaTransport {
         let addr = handle.addr(NAME)?;
         let mut s = connect_by(addr, deadline).map_err(|e| e.transport(NAME))?;
         prove_client(&mut s, &self.secret, deadline).map_err(|e| e.transport(NAME))?;
-        let qp = Qp::new(&self.ctx, comm::DEPTH)?;
-        let my_psn = psn();
-        let mut hello = [0u8; HELLO_BYTES];
-        hello[0..4].copy_from_slice(&me.rank.to_le_bytes());
-        hello[4..8].copy_from_slice(&me.channel.to_le_bytes());
-        hello[8..].copy_from_slice(&qp.info(my_psn).encode());
+        let mine = new_qps(&self.ctx, self.ctx.tuning.qps_per_conn.max(1) as usize)?;
+        let infos: Vec<QpInfo> = mine.iter().map(|(q, p)| q.info(*p)).collect();
+        let hello = encode_hello(me.rank, me.channel, &infos);
         write_all_by(&mut s, &hello, deadline, "rdma hello")?;
-        let mut reply = [0u8; HELLO_BYTES];
-        read_exact_by(&mut s, &mut reply, deadline, "rdma hello reply")?;
-        let peer = u32::from_le_bytes([reply[0], reply[1], reply[2], reply[3]]) as usize;
-        let info = QpInfo::decode(
-            reply[8..]
-                .try_into()
-                .map_err(|_| Error::invalid("rdma reply"))?,
-        )?;
-        qp.connect(&info, my_psn).map_err(|e| e.peer(peer))?;
+        let (peer, _, theirs) = read_hello(&mut s, deadline, "rdma hello reply")?;
+        let peer = peer as usize;
+        let qps = connect_all(mine, &theirs, peer)?;
         let control = s
             .try_clone()
             .map_err(|e| Error::io("rdma: control socket", &e))?;
-        let comm = RdmaSendComm::new(qp, peer, control)?; // posts our receives
+        let comm = RdmaSendComm::new(qps, peer, control)?; // posts our receives
         write_all_by(&mut s, &[1], deadline, "rdma ready")?;
         Ok(Box::new(comm))
     }
@@ -194,29 +260,20 @@ fn serve(
         .map_err(|e| Error::io("rdma", &e))?;
     let deadline = Instant::now() + HANDSHAKE_LIMIT;
     verify_server(&mut s, secret, deadline)?;
-    let mut hello = [0u8; HELLO_BYTES];
-    read_exact_by(&mut s, &mut hello, deadline, "rdma hello")?;
+    let (rank_in, channel, theirs) = read_hello(&mut s, deadline, "rdma hello")?;
     let who = ConnIdent {
-        rank: u32::from_le_bytes([hello[0], hello[1], hello[2], hello[3]]),
-        channel: u32::from_le_bytes([hello[4], hello[5], hello[6], hello[7]]),
+        rank: rank_in,
+        channel,
     };
-    let info = QpInfo::decode(
-        hello[8..]
-            .try_into()
-            .map_err(|_| Error::invalid("rdma hello"))?,
-    )?;
-    let qp = Qp::new(ctx, comm::DEPTH)?;
-    let my_psn = psn();
-    let mine = qp.info(my_psn);
-    qp.connect(&info, my_psn)
-        .map_err(|e| e.peer(who.rank as usize))?;
+    // The connecting side chose how many queue pairs; we make as many.
+    let mine = new_qps(ctx, theirs.len())?;
+    let infos: Vec<QpInfo> = mine.iter().map(|(q, p)| q.info(*p)).collect();
+    let qps = connect_all(mine, &theirs, who.rank as usize)?;
     let control = s
         .try_clone()
         .map_err(|e| Error::io("rdma: control socket", &e))?;
-    let comm = RdmaRecvComm::new(qp, who.rank as usize, control)?; // posts our receives
-    let mut reply = [0u8; HELLO_BYTES];
-    reply[0..4].copy_from_slice(&(rank as u32).to_le_bytes());
-    reply[8..].copy_from_slice(&mine.encode());
+    let comm = RdmaRecvComm::new(qps, who.rank as usize, control)?; // posts our receives
+    let reply = encode_hello(rank as u32, 0, &infos);
     write_all_by(&mut s, &reply, deadline, "rdma hello reply")?;
     let mut ready = [0u8; 1];
     read_exact_by(&mut s, &mut ready, deadline, "rdma ready")?;
@@ -245,6 +302,45 @@ impl NetListener for RdmaListener {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_head_round_trips_and_bounds_the_queue_pair_count() {
+        let info = QpInfo {
+            qpn: 5,
+            psn: 7,
+            lid: 0,
+            gid: [1; 16],
+            mtu: 3,
+        };
+        let b = encode_hello(3, 9, &[info, info]);
+        assert_eq!(b.len(), HELLO_HEAD + 2 * QP_INFO_BYTES);
+        let head: [u8; HELLO_HEAD] = b[..HELLO_HEAD].try_into().unwrap();
+        assert_eq!(decode_hello_head(&head, "t").unwrap(), (3, 9, 2));
+        for n in [0u32, comm::MAX_QPS as u32 + 1, u32::MAX] {
+            let mut h = head;
+            h[8..12].copy_from_slice(&n.to_le_bytes());
+            let e = decode_hello_head(&h, "t").unwrap_err().to_string();
+            assert!(e.contains("queue pairs"), "{e}");
+        }
+    }
+
+    #[test]
+    fn messages_split_into_whole_pages_one_per_queue_pair() {
+        use comm::{split, SPLIT_MIN};
+        assert_eq!(split(0, 4), (1, 1));
+        assert_eq!(split(SPLIT_MIN - 1, 4), (SPLIT_MIN - 1, 1));
+        assert_eq!(split(1 << 20, 1), (1 << 20, 1));
+        assert_eq!(split(1 << 20, 4), (1 << 18, 4));
+        for len in [SPLIT_MIN, SPLIT_MIN + 1, 1_000_003, 3 << 20] {
+            for n in 2..=comm::MAX_QPS {
+                let (chunk, k) = split(len, n);
+                assert!(k >= 1 && k <= n, "{len} {n}");
+                assert_eq!(chunk % 4096, 0);
+                assert!(chunk * k >= len && chunk * (k - 1) < len, "{len} {n}");
+            }
+        }
+    }
     #[test]
     fn no_device_means_none() {
         // On machines without RDMA (CI) there is nothing to choose; with a filter that

@@ -33,12 +33,14 @@ pub struct Ctx {
 
 /// Settings from the config: how long an RC queue pair waits for an acknowledgement before it
 /// resends (4.096 µs × 2^`timeout`) and how many times (NCCL_IB_TIMEOUT / NCCL_IB_RETRY_CNT);
-/// messages up to `eager_bytes` go through registered staging slots.
+/// messages up to `eager_bytes` go through registered staging slots; a connection this side
+/// opens has `qps_per_conn` queue pairs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RdmaTuning {
     pub timeout: u8,
     pub retry_cnt: u8,
     pub eager_bytes: usize,
+    pub qps_per_conn: u8,
 }
 
 // SAFETY: verbs objects may be used from any thread (libibverbs is thread-safe); Ctx is
@@ -128,6 +130,45 @@ impl Ctx {
         Ok(Mr {
             mr,
             addr,
+            len,
+            lkey,
+            rkey,
+            _ctx: self.clone(),
+        })
+    }
+}
+
+impl Ctx {
+    /// Registers GPU memory exported as dma-buf `fd` (`len` bytes from `offset` in it), so
+    /// the NIC reads and writes it directly (GPUDirect RDMA). `iova` is the address work
+    /// requests use for its first byte: the device address, so remote writes name it as they
+    /// would a host buffer.
+    pub fn reg_dmabuf(
+        self: &Arc<Self>,
+        fd: i32,
+        offset: u64,
+        len: usize,
+        iova: usize,
+    ) -> Result<Mr> {
+        let access = (ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+            | ibv_access_flags::IBV_ACCESS_REMOTE_WRITE)
+            .0 as i32;
+        // SAFETY: the pd is live; the kernel checks the fd and range and takes its own
+        // reference on the dma-buf, so the registration outlives neither the memory's owner
+        // (who drops the Mr before freeing) nor anything we hold.
+        let mr = unsafe { ibv_reg_dmabuf_mr(self.pd, offset, len.max(1), iova as u64, fd, access) };
+        if mr.is_null() {
+            return Err(os_err(&format!(
+                "{}: ibv_reg_dmabuf_mr of {len} bytes of GPU memory (GPUDirect RDMA through \
+                 dma-buf unsupported by this device or kernel?)",
+                self.name
+            )));
+        }
+        // SAFETY: `mr` is a live registration.
+        let (lkey, rkey) = unsafe { ((*mr).lkey, (*mr).rkey) };
+        Ok(Mr {
+            mr,
+            addr: iova,
             len,
             lkey,
             rkey,

@@ -143,6 +143,7 @@ fn run(scenario: &str) -> Result<String, String> {
         "abort-while-blocked" => abort_while_blocked(&c),
         "soak" => soak(&c),
         "registered" => registered(&c),
+        "dmabuf-refused" => dmabuf_refused(&c),
         "repeat" => repeat(&c),
         "barrier" => {
             c.barrier().map_err(e2s)?;
@@ -296,6 +297,47 @@ fn repeat(c: &Communicator) -> Result<String, String> {
 
 /// Collectives on buffers registered with the communicator (and on slices of them) give the
 /// reference results; a double deregistration and an empty region are refused by name.
+/// GPUDirect registration with a descriptor that is not a dma-buf (this executable): over
+/// TCP the communicator refuses it at once; over RDMA the NIC's registration fails at the
+/// first transfer and every rank's send/recv returns an error that says so (no hang, no read).
+fn dmabuf_refused(c: &Communicator) -> Result<String, String> {
+    let n = 1 << 16;
+    let send = vec![1u8; n];
+    let mut recv = vec![0u8; n];
+    let exe = std::fs::File::open("/proc/self/exe").map_err(|e| e.to_string())?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&exe);
+    let rdma = c.transport().starts_with("rdma");
+    // SAFETY: both vectors outlive the registrations (the communicator drops them at the end).
+    let reg = |p: *const u8| unsafe { c.register_dmabuf(p as u64, n, fd, 0) };
+    let (a, b) = (reg(send.as_ptr()), reg(recv.as_mut_ptr()));
+    if !rdma {
+        return match a {
+            Err(e) if e.to_string().contains("only over RDMA") => Ok(format!("refused: {e}")),
+            other => Err(format!(
+                "over {} expected a refusal, got {other:?}",
+                c.transport()
+            )),
+        };
+    }
+    a.and(b).map_err(|e| e.to_string())?;
+    let args = CollArgs {
+        coll: CollKind::SendRecv,
+        nranks: c.nranks(),
+        count: n,
+        dtype: DataType::U8,
+        op: ReduceOp::Sum,
+        root: 0,
+    };
+    // SAFETY: host vectors stand in for device memory: the transport never reads them because
+    // the registration fails first.
+    match unsafe { c.collective_device(args, send.as_ptr() as u64, recv.as_mut_ptr() as u64) } {
+        Err(e) if e.to_string().contains("dmabuf") => Ok(format!("failed cleanly: {e}")),
+        other => Err(format!(
+            "expected a dma-buf registration error, got {other:?}"
+        )),
+    }
+}
+
 fn registered(c: &Communicator) -> Result<String, String> {
     let (r, p) = (c.rank(), c.nranks());
     let e2s = |e: railcc_collectives::Error| e.to_string();

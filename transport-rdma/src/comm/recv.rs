@@ -10,6 +10,8 @@ struct RecvReq {
     /// The caller's buffer (written directly, or copied into from a staging slot).
     dst: usize,
     reg: Reg,
+    /// Pieces not yet written (see `split`).
+    left: usize,
 }
 
 pub struct RdmaRecvComm {
@@ -21,9 +23,9 @@ pub struct RdmaRecvComm {
 }
 
 impl RdmaRecvComm {
-    pub(crate) fn new(qp: Qp, peer: usize, control: TcpStream) -> Result<RdmaRecvComm> {
+    pub(crate) fn new(qps: Vec<Qp>, peer: usize, control: TcpStream) -> Result<RdmaRecvComm> {
         Ok(RdmaRecvComm {
-            link: Link::new(qp, peer, control)?,
+            link: Link::new(qps, peer, control)?,
             regions: Regions::default(),
             next_seq: 0,
             pending: VecDeque::new(),
@@ -39,68 +41,101 @@ impl RdmaRecvComm {
                 K_RECV => {
                     let slot = (c.wr_id & !KIND) as usize;
                     let imm = c.imm.unwrap_or(0);
-                    let Some(req) = self.pending.pop_front() else {
-                        let e = Error::new(
-                            ErrorKind::Protocol,
-                            format!("rank {} wrote a message nobody posted", self.link.peer),
-                        );
-                        return Err(self.link.fail(e));
-                    };
-                    if imm & SEQ_MASK != req.seq as u32 & SEQ_MASK {
-                        let e = Error::new(
-                            ErrorKind::Protocol,
-                            format!(
-                                "rank {} completed message {} where {} was next",
-                                self.link.peer,
-                                imm & SEQ_MASK,
-                                req.seq
-                            ),
-                        );
-                        return Err(self.link.fail(e));
-                    }
                     let r = if imm & ERR_BIT != 0 {
-                        let (theirs, len) = decode_tag_len(self.link.ctrl.rx(slot));
-                        Err(if theirs == req.tag {
-                            Error::new(
-                                ErrorKind::Mismatch,
-                                format!(
-                                    "{}: rank {} sends {len} bytes where this rank receives {}",
-                                    req.tag.op_seq, self.link.peer, req.len
-                                ),
-                            )
-                        } else {
-                            MsgTag::mismatch(&req.tag, &theirs)
-                        }
-                        .peer(self.link.peer)
-                        .transport(NAME))
+                        let mismatch = decode_tag_len(self.link.ctrl.rx(slot));
+                        self.sender_refused(imm, mismatch)
                     } else {
-                        Ok(req.len)
+                        self.piece_arrived(imm)
                     };
-                    if let Reg::Staged { slot: s, .. } = req.reg {
-                        if r.is_ok() {
-                            // SAFETY: `irecv`'s contract keeps the caller's `len` bytes at `dst`
-                            // valid until this receive completes, which is now; the slot holds
-                            // `len <= eager` bytes the peer wrote, and the two cannot overlap.
-                            unsafe {
-                                std::ptr::copy_nonoverlapping(
-                                    self.link.stage.slot(s).as_ptr(),
-                                    req.dst as *mut u8,
-                                    req.len,
-                                );
-                            }
-                        }
-                        self.link.stage.free.push(s);
-                    }
-                    self.results.insert(req.seq, r);
                     if let Err(e) = self.link.ctrl.repost(&self.link.qp, slot) {
                         return Err(self.link.fail(e));
                     }
+                    r?;
+                }
+                K_DATA => {
+                    self.link.repost_data(c.wr_id)?;
+                    self.piece_arrived(c.imm.unwrap_or(0))?;
                 }
                 _ => {}
             }
         }
         self.link.done_with(comps);
         Ok(())
+    }
+
+    /// The offered receive for message `imm` (its low 31 bits), or a protocol error.
+    fn offered(&mut self, imm: u32) -> Result<usize> {
+        let seq = imm & SEQ_MASK;
+        match self
+            .pending
+            .iter()
+            .position(|r| r.seq as u32 & SEQ_MASK == seq)
+        {
+            Some(i) => Ok(i),
+            None => {
+                let e = Error::new(
+                    ErrorKind::Protocol,
+                    format!(
+                        "rank {} wrote message {seq}, which this rank has not offered",
+                        self.link.peer
+                    ),
+                );
+                Err(self.link.fail(e))
+            }
+        }
+    }
+
+    /// One piece of a message was written; the last one completes the receive.
+    fn piece_arrived(&mut self, imm: u32) -> Result<()> {
+        let i = self.offered(imm)?;
+        self.pending[i].left -= 1;
+        if self.pending[i].left == 0 {
+            if let Some(req) = self.pending.remove(i) {
+                let len = req.len;
+                self.finish(req, Ok(len));
+            }
+        }
+        Ok(())
+    }
+
+    /// The sender found our receive does not match its send: fail it with the same cause.
+    fn sender_refused(&mut self, imm: u32, (theirs, len): (MsgTag, u64)) -> Result<()> {
+        let i = self.offered(imm)?;
+        if let Some(req) = self.pending.remove(i) {
+            let e = if theirs == req.tag {
+                Error::new(
+                    ErrorKind::Mismatch,
+                    format!(
+                        "{}: rank {} sends {len} bytes where this rank receives {}",
+                        req.tag.op_seq, self.link.peer, req.len
+                    ),
+                )
+            } else {
+                MsgTag::mismatch(&req.tag, &theirs)
+            };
+            let e = e.peer(self.link.peer).transport(NAME);
+            self.finish(req, Err(e));
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, req: RecvReq, r: Result<usize>) {
+        if let Reg::Staged { slot: s, .. } = req.reg {
+            if r.is_ok() {
+                // SAFETY: `irecv`'s contract keeps the caller's `len` bytes at `dst` valid
+                // until this receive completes, which is now; the slot holds `len <= eager`
+                // bytes the peer wrote, and the two cannot overlap.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.link.stage.slot(s).as_ptr(),
+                        req.dst as *mut u8,
+                        req.len,
+                    );
+                }
+            }
+            self.link.stage.free.push(s);
+        }
+        self.results.insert(req.seq, r);
     }
 }
 
@@ -111,6 +146,18 @@ impl railcc_core::net::NetRecvComm for RdmaRecvComm {
 
     fn dereg_mr(&mut self, mr: MemRegion) -> Result<()> {
         self.regions.dereg(mr)
+    }
+
+    fn reg_mr_dmabuf(
+        &mut self,
+        addr: usize,
+        len: usize,
+        fd: i32,
+        offset: u64,
+    ) -> Result<MemRegion> {
+        self.regions
+            .reg_device(&self.link.qp, addr, len, fd, offset)
+            .map_err(|e| e.peer(self.link.peer))
     }
 
     unsafe fn irecv(
@@ -167,6 +214,7 @@ impl railcc_core::net::NetRecvComm for RdmaRecvComm {
             tag,
             dst: data as usize,
             reg,
+            left: split(len, self.link.nqps()).1,
         });
         Ok(ReqId(seq))
     }
@@ -193,14 +241,18 @@ impl railcc_core::net::NetRecvComm for RdmaRecvComm {
     fn state(&self) -> String {
         format!(
             "rdma receive from rank {}: {} receive(s) offered and not written{}, {} control \
-             slot(s) free",
+             slot(s) free, {} queue pair(s)",
             self.link.peer,
             self.pending.len(),
             self.pending
                 .front()
-                .map(|r| format!(" (oldest: message {}, {} B)", r.seq, r.len))
+                .map(|r| format!(
+                    " (oldest: message {}, {} B, {} piece(s) left)",
+                    r.seq, r.len, r.left
+                ))
                 .unwrap_or_default(),
-            self.link.ctrl.free_tx.len()
+            self.link.ctrl.free_tx.len(),
+            self.link.nqps()
         )
     }
 

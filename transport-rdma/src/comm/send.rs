@@ -18,30 +18,71 @@ struct Cts {
     tag: MsgTag,
 }
 
+/// A message being written: its pieces not yet acknowledged.
+struct InFlight {
+    seq: u64,
+    len: usize,
+    /// Piece size (see `split`).
+    chunk: usize,
+    left: usize,
+    reg: Reg,
+}
+
+/// Send-queue entries piece `i` of a `len`-byte message cut in `chunk`s takes: one write per
+/// `MAX_WRITE` bytes (at least one, for an empty message).
+fn piece_wrs(len: usize, chunk: usize, i: usize) -> u32 {
+    let (a, b) = (i * chunk, ((i + 1) * chunk).min(len));
+    b.saturating_sub(a).div_ceil(MAX_WRITE).max(1) as u32
+}
+
 pub struct RdmaSendComm {
     link: Link,
     regions: Regions,
     next_seq: u64,
     queue: VecDeque<SendReq>,
     cts: VecDeque<Cts>,
-    /// Writes in flight: (seq, send-queue entries they hold, bytes, registration).
-    inflight: VecDeque<(u64, u32, usize, Reg)>,
-    sq_used: u32,
+    inflight: VecDeque<InFlight>,
+    /// Send-queue entries in use, per queue pair.
+    sq_used: Vec<u32>,
     results: HashMap<u64, Result<usize>>,
 }
 
 impl RdmaSendComm {
-    pub(crate) fn new(qp: Qp, peer: usize, control: TcpStream) -> Result<RdmaSendComm> {
+    pub(crate) fn new(qps: Vec<Qp>, peer: usize, control: TcpStream) -> Result<RdmaSendComm> {
+        let link = Link::new(qps, peer, control)?;
         Ok(RdmaSendComm {
-            link: Link::new(qp, peer, control)?,
+            sq_used: vec![0; link.nqps()],
+            link,
             regions: Regions::default(),
             next_seq: 0,
             queue: VecDeque::new(),
             cts: VecDeque::new(),
             inflight: VecDeque::new(),
-            sq_used: 0,
             results: HashMap::new(),
         })
+    }
+
+    /// Piece `q` of message `seq` (low bits, as in the work request id) was acknowledged.
+    fn piece_done(&mut self, q: usize, seq: u64) -> Result<()> {
+        let Some(i) = self.inflight.iter().position(|w| w.seq & LOW_BITS == seq) else {
+            let e = Error::new(
+                ErrorKind::Protocol,
+                format!("rdma: completion for message {seq}, which is not being written"),
+            );
+            return Err(self.link.fail(e));
+        };
+        let w = &mut self.inflight[i];
+        self.sq_used[q] -= piece_wrs(w.len, w.chunk, q);
+        w.left -= 1;
+        if w.left == 0 {
+            if let Some(w) = self.inflight.remove(i) {
+                if let Reg::Staged { slot, .. } = w.reg {
+                    self.link.stage.free.push(slot);
+                }
+                self.results.insert(w.seq, Ok(w.len));
+            }
+        }
+        Ok(())
     }
 
     fn progress(&mut self) -> Result<()> {
@@ -50,7 +91,7 @@ impl RdmaSendComm {
             match c.wr_id & KIND {
                 K_CTRL => {
                     self.link.ctrl.free_tx.push((c.wr_id & !KIND) as usize);
-                    self.sq_used -= 1;
+                    self.sq_used[0] -= 1;
                 }
                 K_RECV => {
                     let slot = (c.wr_id & !KIND) as usize;
@@ -69,17 +110,8 @@ impl RdmaSendComm {
                     }
                 }
                 K_WRITE => {
-                    let seq = c.wr_id & !KIND;
-                    while let Some((s, n, len, reg)) = self.inflight.pop_front() {
-                        self.sq_used -= n;
-                        if let Reg::Staged { slot, .. } = reg {
-                            self.link.stage.free.push(slot);
-                        }
-                        self.results.insert(s, Ok(len));
-                        if s == seq {
-                            break;
-                        }
-                    }
+                    let q = ((c.wr_id & QP_BITS) >> QP_SHIFT) as usize;
+                    self.piece_done(q.min(self.sq_used.len() - 1), c.wr_id & LOW_BITS)?;
                 }
                 _ => {}
             }
@@ -90,9 +122,11 @@ impl RdmaSendComm {
 
     /// Pairs queued sends with clear-to-sends, in order, and writes.
     fn start_writes(&mut self) -> Result<()> {
+        let nqps = self.link.nqps();
         while let (Some(s), Some(c)) = (self.queue.front(), self.cts.front()) {
-            let need = s.len.div_ceil(MAX_WRITE).max(1) as u32;
-            if self.sq_used + need > DEPTH || self.link.ctrl.free_tx.is_empty() {
+            let (chunk, pieces) = split(s.len, nqps);
+            let full = (0..pieces).any(|q| self.sq_used[q] + piece_wrs(s.len, chunk, q) > DEPTH);
+            if full || self.sq_used[0] >= DEPTH || self.link.ctrl.free_tx.is_empty() {
                 break;
             }
             if c.seq != s.seq as u32 & SEQ_MASK {
@@ -115,7 +149,7 @@ impl RdmaSendComm {
                 let o = slot * SLOT;
                 encode_tag_len(&mut self.link.ctrl.buf[o..o + SLOT], &s.tag, s.len as u64);
                 let (a, lkey) = (self.link.ctrl.tx_addr(slot), self.link.ctrl.mr.lkey);
-                self.sq_used += 1;
+                self.sq_used[0] += 1;
                 if let Err(e) = self.link.qp.post_send(
                     K_CTRL | slot as u64,
                     a,
@@ -164,29 +198,39 @@ impl RdmaSendComm {
                 ),
             };
             let (lkey, _) = reg.keys();
-            let mut off = 0;
-            loop {
-                let n = (s.len - off).min(MAX_WRITE);
-                let last = off + n == s.len;
-                let r = self.link.qp.post_send(
-                    K_WRITE | s.seq,
-                    src + off,
-                    n as u32,
-                    lkey,
-                    Some((c.addr + off as u64, c.rkey)),
-                    last.then_some(s.seq as u32 & SEQ_MASK),
-                    last,
-                );
-                if let Err(e) = r {
-                    return Err(self.link.fail(e));
+            for q in 0..pieces {
+                // Piece q: one write per MAX_WRITE bytes, the last signaled with the immediate.
+                let end = ((q + 1) * chunk).min(s.len);
+                let mut off = q * chunk;
+                loop {
+                    let n = (end - off).min(MAX_WRITE);
+                    let last = off + n == end;
+                    let r = self.link.qp_at(q).post_send(
+                        K_WRITE | (q as u64) << QP_SHIFT | (s.seq & LOW_BITS),
+                        src + off,
+                        n as u32,
+                        lkey,
+                        Some((c.addr + off as u64, c.rkey)),
+                        last.then_some(s.seq as u32 & SEQ_MASK),
+                        last,
+                    );
+                    if let Err(e) = r {
+                        return Err(self.link.fail(e));
+                    }
+                    off += n;
+                    if last {
+                        break;
+                    }
                 }
-                off += n;
-                if last {
-                    break;
-                }
+                self.sq_used[q] += piece_wrs(s.len, chunk, q);
             }
-            self.sq_used += need;
-            self.inflight.push_back((s.seq, need, s.len, reg));
+            self.inflight.push_back(InFlight {
+                seq: s.seq,
+                len: s.len,
+                chunk,
+                left: pieces,
+                reg,
+            });
         }
         Ok(())
     }
@@ -199,6 +243,18 @@ impl railcc_core::net::NetSendComm for RdmaSendComm {
 
     fn dereg_mr(&mut self, mr: MemRegion) -> Result<()> {
         self.regions.dereg(mr)
+    }
+
+    fn reg_mr_dmabuf(
+        &mut self,
+        addr: usize,
+        len: usize,
+        fd: i32,
+        offset: u64,
+    ) -> Result<MemRegion> {
+        self.regions
+            .reg_device(&self.link.qp, addr, len, fd, offset)
+            .map_err(|e| e.peer(self.link.peer))
     }
 
     unsafe fn isend(
@@ -245,7 +301,7 @@ impl railcc_core::net::NetSendComm for RdmaSendComm {
     fn state(&self) -> String {
         format!(
             "rdma send to rank {}: {} send(s) waiting for a clear-to-send{}, {} clear-to-send(s) \
-             unmatched, {} write(s) unacknowledged{}, {} send-queue entries used",
+             unmatched, {} message(s) unacknowledged{}, {} send-queue entries used",
             self.link.peer,
             self.queue.len(),
             self.queue
@@ -256,9 +312,12 @@ impl railcc_core::net::NetSendComm for RdmaSendComm {
             self.inflight.len(),
             self.inflight
                 .front()
-                .map(|w| format!(" (oldest: message {}, {} B)", w.0, w.2))
+                .map(|w| format!(
+                    " (oldest: message {}, {} B, {} piece(s) left)",
+                    w.seq, w.len, w.left
+                ))
                 .unwrap_or_default(),
-            self.sq_used
+            self.sq_used.iter().sum::<u32>()
         )
     }
 
