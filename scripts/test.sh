@@ -16,7 +16,7 @@ grep -aE "ib_write_bw 1 MB|rcvd_pkts|SMOKE" target/rdma-vm-smoke.log
 cargo build -q --release -p railcc-bench -p railcc-tests --bins
 RAILCC_VM_TIMEOUT=1500 bash tests/rdma-vm/vm.sh tests/rdma-vm/rdma.sh target/release/railcc target/release/railcc-test-rank \
     > target/rdma-vm-test.log 2>&1 || { cat target/rdma-vm-test.log; echo "rdma-vm test: FAILED"; exit 1; }
-grep -aE "ranks|mismatched|kill test|railcc:|rcvd_pkts|1 MB|RATIO|RDMA PASS" target/rdma-vm-test.log
+grep -aE "ranks|mismatched|kill test|railcc:|rcvd_pkts|dma-buf|RC queue|1 MB|RATIO|RDMA PASS" target/rdma-vm-test.log
 # Multi-rail TCP between two network namespaces over tbf-shaped veth rails (as root).
 bash tests/netns/rails.sh target/release/railcc target/release/railcc-test-rank > target/netns-rails.log 2>&1 \
     || { cat target/netns-rails.log; echo "netns rails test: FAILED"; exit 1; }

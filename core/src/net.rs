@@ -299,6 +299,14 @@ pub trait NetListener: Send {
     fn accept(&mut self, deadline: Instant) -> Result<Option<(ConnIdent, Box<dyn NetRecvComm>)>>;
 }
 
+/// What a transport without GPUDirect says to a GPU-memory registration.
+fn no_gpu_memory() -> crate::Error {
+    crate::Error::new(
+        crate::ErrorKind::Unsupported,
+        "this transport cannot register GPU memory (GPUDirect RDMA needs the RDMA transport)",
+    )
+}
+
 pub trait NetSendComm: Send {
     fn reg_mr(&mut self, addr: usize, len: usize) -> Result<MemRegion>;
     fn dereg_mr(&mut self, mr: MemRegion) -> Result<()>;
@@ -312,10 +320,7 @@ pub trait NetSendComm: Send {
         _fd: i32,
         _offset: u64,
     ) -> Result<MemRegion> {
-        Err(crate::Error::new(
-            crate::ErrorKind::Unsupported,
-            "this transport cannot register GPU memory (GPUDirect RDMA needs the RDMA transport)",
-        ))
+        Err(no_gpu_memory())
     }
     /// Starts sending `len` bytes at `data`.
     ///
@@ -346,9 +351,7 @@ pub trait NetSendComm: Send {
 pub trait NetRecvComm: Send {
     fn reg_mr(&mut self, addr: usize, len: usize) -> Result<MemRegion>;
     fn dereg_mr(&mut self, mr: MemRegion) -> Result<()>;
-    /// Registers GPU memory for GPUDirect RDMA: `len` bytes at device address `addr`, exported
-    /// as the dma-buf `fd` with `addr` at `offset` in it (NCCL's regMrDmaBuf). Transports that
-    /// cannot move device memory refuse; so must every caller that cannot handle it.
+    /// As [`NetSendComm::reg_mr_dmabuf`].
     fn reg_mr_dmabuf(
         &mut self,
         _addr: usize,
@@ -356,10 +359,7 @@ pub trait NetRecvComm: Send {
         _fd: i32,
         _offset: u64,
     ) -> Result<MemRegion> {
-        Err(crate::Error::new(
-            crate::ErrorKind::Unsupported,
-            "this transport cannot register GPU memory (GPUDirect RDMA needs the RDMA transport)",
-        ))
+        Err(no_gpu_memory())
     }
     /// Posts a receive of exactly `len` bytes into `data`; the message must carry `tag`.
     ///

@@ -151,3 +151,33 @@ pub fn run_job_killing(
         .collect();
     (outs, killed_at)
 }
+
+/// Every rank failed with a railcc error, each within `limit` when given, and at least one
+/// named `needle` (the others may name the rank that gave up because of it).
+pub fn expect_all_fail(outs: &[RankOutcome], needle: &str, limit: Option<Duration>) {
+    for o in outs {
+        assert!(
+            !o.success,
+            "rank {} should have failed: {}",
+            o.rank, o.stdout
+        );
+        assert!(
+            o.stdout.starts_with("error: railcc"),
+            "rank {}: {}",
+            o.rank,
+            o.stdout
+        );
+        if let Some(limit) = limit {
+            assert!(
+                o.elapsed < limit,
+                "rank {} took {:?} (it should not wait for the deadline)",
+                o.rank,
+                o.elapsed
+            );
+        }
+    }
+    assert!(
+        outs.iter().any(|o| o.stdout.contains(needle)),
+        "no rank reported '{needle}': {outs:#?}"
+    );
+}

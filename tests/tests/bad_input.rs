@@ -30,25 +30,7 @@ fn job(scenario: &str, n: usize) -> Vec<RankOutcome> {
 /// Every rank fails; each names the disagreement (`needle`) or that a peer failed because of
 /// it; and the rank that saw it first names it.
 fn all_fail(outs: &[RankOutcome], needle: &str) {
-    for o in outs {
-        assert!(!o.success, "rank {} succeeded: {}", o.rank, o.stdout);
-        assert!(
-            o.stdout.starts_with("error: railcc"),
-            "rank {}: {}",
-            o.rank,
-            o.stdout
-        );
-        assert!(
-            o.elapsed < Duration::from_secs(5),
-            "rank {} took {:?} (it should not wait for the deadline)",
-            o.rank,
-            o.elapsed
-        );
-    }
-    assert!(
-        outs.iter().any(|o| o.stdout.contains(needle)),
-        "no rank said '{needle}'"
-    );
+    railcc_tests::expect_all_fail(outs, needle, Some(Duration::from_secs(5)));
 }
 
 #[test]

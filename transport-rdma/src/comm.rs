@@ -444,13 +444,17 @@ struct Regions {
 impl Regions {
     fn reg(&mut self, qp: &Qp, addr: usize, len: usize) -> Result<MemRegion> {
         let mr = qp.ctx.reg(addr, len)?;
+        Ok(self.keep(mr, addr, len))
+    }
+
+    fn keep(&mut self, mr: Mr, addr: usize, len: usize) -> MemRegion {
         self.next += 1;
         self.map.insert(self.next, mr);
-        Ok(MemRegion {
+        MemRegion {
             id: self.next,
             addr,
             len,
-        })
+        }
     }
     /// GPU memory: through dma-buf, or, where that fails and nvidia-peermem is loaded, as
     /// an ordinary registration of the device address (peermem resolves it).
@@ -470,13 +474,7 @@ impl Regions {
             }
             Err(e) => return Err(e),
         };
-        self.next += 1;
-        self.map.insert(self.next, mr);
-        Ok(MemRegion {
-            id: self.next,
-            addr,
-            len,
-        })
+        Ok(self.keep(mr, addr, len))
     }
 
     fn dereg(&mut self, m: MemRegion) -> Result<()> {
