@@ -477,22 +477,12 @@ impl Communicator {
         let root_only_recv = a.coll == CollKind::Reduce && self.rank != a.root;
         let root_only_send = a.coll == CollKind::Broadcast && self.rank != a.root;
         // The host kernels read elements in place: each buffer must be aligned for its type.
-        let misaligned = |what: &str, p: *const u8, bytes: usize| {
-            (bytes > 0 && !(p as usize).is_multiple_of(es)).then(|| {
-                Error::invalid(format!(
-                    "{name}: {what} buffer at {p:p} is not aligned for {} ({es} bytes)",
-                    a.dtype
-                ))
-                .rank(self.rank)
-            })
-        };
-        let unaligned = match &bufs {
-            Bufs::OutOfPlace { send, recv } => misaligned("send", send.as_ptr(), send.len())
-                .or_else(|| misaligned("receive", recv.as_ptr(), recv.len())),
-            Bufs::InPlace(buf) => misaligned("in-place", buf.as_ptr(), buf.len()),
-        };
-        if let Some(e) = unaligned {
-            return Err(e);
+        match &bufs {
+            Bufs::OutOfPlace { send, recv } => {
+                self.aligned(&a, "send", send.as_ptr(), send.len())?;
+                self.aligned(&a, "receive", recv.as_ptr(), recv.len())?;
+            }
+            Bufs::InPlace(buf) => self.aligned(&a, "in-place", buf.as_ptr(), buf.len())?,
         }
         let (send, recv, in_place) = match bufs {
             Bufs::OutOfPlace { send, recv } => {
@@ -559,6 +549,20 @@ impl Communicator {
         self.run_collective(a, send, recv, in_place)
     }
 
+    /// An error unless `bytes` at `p` are aligned for `a`'s element type.
+    fn aligned(&self, a: &CollArgs, what: &str, p: *const u8, bytes: usize) -> Result<()> {
+        let es = a.dtype.size();
+        if bytes == 0 || (p as usize).is_multiple_of(es) {
+            return Ok(());
+        }
+        Err(Error::invalid(format!(
+            "{}: {what} buffer at {p:p} is not aligned for {} ({es} bytes)",
+            a.coll.name(),
+            a.dtype
+        ))
+        .rank(self.rank))
+    }
+
     /// `collective` once the buffers are checked.
     fn run_collective(
         &self,
@@ -569,15 +573,8 @@ impl Communicator {
     ) -> Result<()> {
         let name = a.coll.name();
         let es = a.dtype.size();
-        let fail = |m: String| Err(Error::invalid(format!("{name}: {m}")).rank(self.rank));
-        for (what, b) in [("send", &send), ("receive", &recv)] {
-            if b.bytes > 0 && !(b.ptr as usize).is_multiple_of(es) {
-                return fail(format!(
-                    "{what} buffer at {:p} is not aligned to {es} bytes for {}",
-                    b.ptr, a.dtype
-                ));
-            }
-        }
+        self.aligned(&a, "send", send.ptr, send.bytes)?;
+        self.aligned(&a, "receive", recv.ptr, recv.bytes)?;
         let algo = self.algo_for(&a);
         let opts = PlanOpts {
             chunk_elems: (self.cfg.chunk_bytes / es).max(1),

@@ -5,6 +5,7 @@ use crate::clique::{Call, Half};
 use cudarc::driver::sys;
 use railcc_core::{Error, Result};
 use railcc_transport_nvlink::driver::check;
+use railcc_transport_nvlink::gpu::stream_waits_for;
 use railcc_transport_nvlink::multi::MultiGpu;
 
 pub struct Gpus {
@@ -66,55 +67,17 @@ impl Gpus {
             return Ok(());
         }
         let (gs, gr) = (self.multi.gpu(src), self.multi.gpu(dst));
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        let mut sent: sys::CUevent = std::ptr::null_mut();
-        let mut copied: sys::CUevent = std::ptr::null_mut();
-        gs.bind()?;
-        // SAFETY: out-pointers are valid; the sender's context is current and the stream is
-        // the caller's stream of that GPU (or the NULL stream).
+        let (ss, rs) = (stream(s.stream), stream(r.stream));
+        // SAFETY: the streams are the callers' streams of each GPU (or the NULL stream); peer
+        // access between the GPUs is enabled (MultiGpu::new), so the receiver's copy may read
+        // the sender's memory; both ranges are the callers' buffers of `bytes`.
         unsafe {
-            check(sys::cuEventCreate(&mut sent, flags), "cuEventCreate")?;
-            check(sys::cuEventRecord(sent, stream(s.stream)), "cuEventRecord")?;
-        }
-        gr.bind()?;
-        // SAFETY: the receiver's context is current; peer access between the GPUs is enabled
-        // (MultiGpu::new), so the copy may read the sender's memory; both ranges are the
-        // callers' buffers of `bytes`.
-        let r1 = unsafe {
+            stream_waits_for(gr, rs, gs, ss)?;
             check(
-                sys::cuStreamWaitEvent(stream(r.stream), sent, 0),
-                "cuStreamWaitEvent",
-            )
-            .and_then(|_| {
-                check(
-                    sys::cuMemcpyAsync(r.ptr, s.ptr, s.bytes, stream(r.stream)),
-                    "cuMemcpyAsync",
-                )
-            })
-            .and_then(|_| check(sys::cuEventCreate(&mut copied, flags), "cuEventCreate"))
-            .and_then(|_| {
-                check(
-                    sys::cuEventRecord(copied, stream(r.stream)),
-                    "cuEventRecord",
-                )
-            })
-        };
-        gs.bind()?;
-        // SAFETY: the sender's context is current; `copied` was recorded (or is null on error,
-        // which is checked first). Destroying a recorded event is allowed: the driver frees it
-        // once it completes.
-        unsafe {
-            if r1.is_ok() {
-                check(
-                    sys::cuStreamWaitEvent(stream(s.stream), copied, 0),
-                    "cuStreamWaitEvent",
-                )?;
-            }
-            if !copied.is_null() {
-                sys::cuEventDestroy_v2(copied);
-            }
-            sys::cuEventDestroy_v2(sent);
+                sys::cuMemcpyAsync(r.ptr, s.ptr, s.bytes, rs),
+                "cuMemcpyAsync",
+            )?;
+            stream_waits_for(gs, ss, gr, rs)
         }
-        r1
     }
 }

@@ -128,6 +128,7 @@ impl ProcRank {
     pub fn self_copy(&self, s: Half, r: Half) -> Result<()> {
         use cudarc::driver::sys;
         use railcc_transport_nvlink::driver::check;
+        use railcc_transport_nvlink::gpu::stream_waits_for;
         if s.bytes != r.bytes {
             return Err(Error::new(
                 ErrorKind::Mismatch,
@@ -140,33 +141,21 @@ impl ProcRank {
         if s.bytes == 0 {
             return Ok(());
         }
-        self.gpu.gpu.bind()?;
+        let g = &self.gpu.gpu;
         let (ss, rs) = (s.stream as sys::CUstream, r.stream as sys::CUstream);
-        // SAFETY: the context of this rank's GPU is current; both buffers are the caller's
-        // device memory of `bytes` (NCCL's contract); the events live until destroyed here,
-        // which the driver allows while they are pending.
+        // SAFETY: both streams are the caller's streams of this rank's GPU (NCCL's contract),
+        // as are both buffers of `bytes`.
         unsafe {
             if ss != rs {
-                let mut ev: sys::CUevent = std::ptr::null_mut();
-                let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-                check(sys::cuEventCreate(&mut ev, flags), "cuEventCreate")?;
-                let r1 = check(sys::cuEventRecord(ev, ss), "cuEventRecord")
-                    .and_then(|_| check(sys::cuStreamWaitEvent(rs, ev, 0), "cuStreamWaitEvent"));
-                sys::cuEventDestroy_v2(ev);
-                r1?;
+                stream_waits_for(g, rs, g, ss)?;
             }
+            g.bind()?;
             check(
                 sys::cuMemcpyAsync(r.ptr, s.ptr, s.bytes, rs),
                 "cuMemcpyAsync",
             )?;
             if ss != rs {
-                let mut ev: sys::CUevent = std::ptr::null_mut();
-                let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-                check(sys::cuEventCreate(&mut ev, flags), "cuEventCreate")?;
-                let r2 = check(sys::cuEventRecord(ev, rs), "cuEventRecord")
-                    .and_then(|_| check(sys::cuStreamWaitEvent(ss, ev, 0), "cuStreamWaitEvent"));
-                sys::cuEventDestroy_v2(ev);
-                r2?;
+                stream_waits_for(g, ss, g, rs)?;
             }
         }
         Ok(())

@@ -263,6 +263,30 @@ impl GpuCtx {
     }
 }
 
+/// Makes stream `waiter` (of `waiter_gpu`) wait for the work enqueued so far on stream `on`
+/// (of `on_gpu`), without blocking the host: an event recorded on `on` and waited on by
+/// `waiter`, then destroyed (the driver frees it once it completes). The two may be streams of
+/// different GPUs. Leaves `waiter_gpu`'s context current.
+///
+/// # Safety
+/// Both streams must be live streams of their contexts, or null (the legacy stream).
+pub unsafe fn stream_waits_for(
+    waiter_gpu: &GpuCtx,
+    waiter: Stream,
+    on_gpu: &GpuCtx,
+    on: Stream,
+) -> Result<()> {
+    on_gpu.bind()?;
+    let mut ev: sys::CUevent = std::ptr::null_mut();
+    let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+    check(sys::cuEventCreate(&mut ev, flags), "cuEventCreate")?;
+    let r = check(sys::cuEventRecord(ev, on), "cuEventRecord")
+        .and_then(|_| waiter_gpu.bind())
+        .and_then(|_| check(sys::cuStreamWaitEvent(waiter, ev, 0), "cuStreamWaitEvent"));
+    sys::cuEventDestroy_v2(ev);
+    r
+}
+
 /// A CUDA event for timing.
 pub struct Timer {
     ev: sys::CUevent,

@@ -186,11 +186,6 @@ impl Link {
         let qp = qps.remove(0);
         let ctrl = Ctrl::new(&qp)?;
         ctrl.post_all_recvs(&qp)?;
-        for (i, q) in data.iter().enumerate() {
-            for _ in 0..DEPTH {
-                q.post_recv(Link::data_recv_id(i + 1), 0, 0, 0)?;
-            }
-        }
         let stage = Staging::new(&qp)?;
         Ok(Link {
             qp,
@@ -219,6 +214,16 @@ impl Link {
 
     fn data_recv_id(i: usize) -> u64 {
         K_DATA | (i as u64) << QP_SHIFT
+    }
+
+    /// The receiving end: fills each data queue pair with receives that take an immediate.
+    fn post_data_recvs(&self) -> Result<()> {
+        for (i, q) in self.data.iter().enumerate() {
+            for _ in 0..DEPTH {
+                q.post_recv(Link::data_recv_id(i + 1), 0, 0, 0)?;
+            }
+        }
+        Ok(())
     }
 
     /// A data queue pair's receive was used: post another.

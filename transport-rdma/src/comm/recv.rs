@@ -24,8 +24,10 @@ pub struct RdmaRecvComm {
 
 impl RdmaRecvComm {
     pub(crate) fn new(qps: Vec<Qp>, peer: usize, control: TcpStream) -> Result<RdmaRecvComm> {
+        let link = Link::new(qps, peer, control)?;
+        link.post_data_recvs()?;
         Ok(RdmaRecvComm {
-            link: Link::new(qps, peer, control)?,
+            link,
             regions: Regions::default(),
             next_seq: 0,
             pending: VecDeque::new(),
