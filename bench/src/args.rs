@@ -60,6 +60,11 @@ pub struct BenchArgs {
     /// Reduction: sum, prod, min, max, avg, or all.
     #[arg(short = 'o', long = "op", default_value = "sum")]
     pub op: String,
+    /// Inputs: exact (small integers, results bit for bit whatever the reduction order) or
+    /// random (random values of each dtype, floats checked against an error bound from the
+    /// dtype and the rank count: collectives::precision).
+    #[arg(long, default_value = "exact")]
+    pub fill: railcc_collectives::precision::Fill,
     /// Root rank for broadcast and reduce.
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     pub root: usize,

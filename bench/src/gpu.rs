@@ -8,12 +8,15 @@
 //!   [`run_rank`], each rank on the GPU of its local rank, peers reached by CUDA IPC.
 //!
 //! `-G N` captures `iters` calls in a CUDA graph and launches it N times (nccl-tests `-G`).
+//! `#wrong` then counts the first eager call and the results after the last graph launch
+//! ([`check_graph`]). `--fill random` checks random inputs against an error bound
+//! (`collectives::precision`).
 
 use crate::args::BenchArgs;
 use crate::report::bus_factor;
 use railcc_collectives::gpu_net::GpuOverNet;
 use railcc_collectives::plan::CollArgs;
-use railcc_collectives::reference::{count_wrong, fill_input};
+use railcc_collectives::precision::{count_wrong, fill_input, Fill};
 use railcc_collectives::{CollKind, Communicator, DataType, ReduceOp};
 use railcc_transport_nvlink::gpu::{begin_capture, end_capture, DevBuf, GpuCtx, Graph, Stream};
 use railcc_transport_nvlink::multi::MultiGpu;
@@ -54,10 +57,10 @@ fn place(
     args: &CollArgs,
     rank: usize,
     in_place: bool,
-    offset: usize,
+    a: &BenchArgs,
 ) -> Result<Placed, String> {
-    let es = args.dtype.size();
-    let input = fill_input(args, rank, SEED);
+    let (offset, es) = (a.offset, args.dtype.size());
+    let input = fill_input(a.fill, args, rank, SEED);
     let framed = |body: &[u8]| {
         let mut v = vec![GUARD_BYTE; offset];
         v.extend_from_slice(body);
@@ -98,11 +101,17 @@ fn place(
 }
 
 /// (wrong elements, out-of-bounds bytes) after a call (the stream must be synchronized).
-fn check(gpu: &GpuCtx, p: &Placed, args: &CollArgs, rank: usize) -> Result<(u64, u64), String> {
+fn check(
+    gpu: &GpuCtx,
+    p: &Placed,
+    args: &CollArgs,
+    rank: usize,
+    fill: Fill,
+) -> Result<(u64, u64), String> {
     let buf = p.recv.as_ref().unwrap_or(&p.send);
     let mut host = vec![0u8; p.image.len()];
     gpu.download(buf, 0, &mut host).map_err(err)?;
-    let wrong = count_wrong(args, rank, &host[p.recv_at.clone()], SEED);
+    let wrong = count_wrong(fill, args, rank, &host[p.recv_at.clone()], SEED);
     let oob = host
         .iter()
         .zip(&p.image)
@@ -133,12 +142,30 @@ fn time_calls(
         let ms = t0.elapsed_ms(&t1).map_err(err)?;
         return Ok(ms as f64 / 1e3 / a.iters.max(1) as f64);
     }
+    let graphs = capture(launch, a.iters, streams)?;
+    let replay = || replay(&graphs, streams);
+    replay()?; // warm-up launch (uploads the graph)
+    let t0 = timer_gpu.record_timer().map_err(err)?;
+    for _ in 0..a.graph_launches {
+        replay()?;
+    }
+    let t1 = timer_gpu.record_timer().map_err(err)?;
+    let ms = t0.elapsed_ms(&t1).map_err(err)?;
+    Ok(ms as f64 / 1e3 / (a.iters.max(1) as f64 * a.graph_launches as f64))
+}
+
+/// `calls` calls of `launch` captured as one CUDA graph per stream.
+fn capture(
+    launch: &dyn Fn() -> Result<u32, String>,
+    calls: u32,
+    streams: &[(&GpuCtx, Stream)],
+) -> Result<Vec<Graph>, String> {
     for (g, s) in streams {
         // SAFETY: each stream belongs to its GPU and is idle on the host side.
         unsafe { begin_capture(g, *s) }.map_err(err)?;
     }
     let mut captured = Ok(());
-    for _ in 0..a.iters {
+    for _ in 0..calls {
         if let Err(e) = launch() {
             captured = Err(e);
             break;
@@ -151,22 +178,72 @@ fn time_calls(
         .map(|(g, s)| unsafe { end_capture(g, *s) }.map_err(err))
         .collect();
     captured?;
-    let graphs = graphs.into_iter().collect::<Result<Vec<_>, _>>()?;
-    let replay = || -> Result<(), String> {
-        for (gr, (g, s)) in graphs.iter().zip(streams) {
-            // SAFETY: each graph was captured from this stream of this GPU.
-            unsafe { gr.launch(g, *s) }.map_err(err)?;
-        }
-        Ok(())
-    };
-    replay()?; // warm-up launch (uploads the graph)
-    let t0 = timer_gpu.record_timer().map_err(err)?;
-    for _ in 0..a.graph_launches {
-        replay()?;
+    graphs.into_iter().collect()
+}
+
+fn replay(graphs: &[Graph], streams: &[(&GpuCtx, Stream)]) -> Result<(), String> {
+    for (gr, (g, s)) in graphs.iter().zip(streams) {
+        // SAFETY: each graph was captured from this stream of this GPU.
+        unsafe { gr.launch(g, *s) }.map_err(err)?;
     }
-    let t1 = timer_gpu.record_timer().map_err(err)?;
-    let ms = t0.elapsed_ms(&t1).map_err(err)?;
-    Ok(ms as f64 / 1e3 / (a.iters.max(1) as f64 * a.graph_launches as f64))
+    Ok(())
+}
+
+/// Whether back-to-back calls leave what one call leaves, so the buffers can be checked as
+/// the last graph launch left them: out-of-place calls, copies, and in-place min and max.
+fn repeat_stable(args: &CollArgs, in_place: bool) -> bool {
+    !in_place
+        || !matches!(
+            args.coll,
+            CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce
+        )
+        || matches!(args.op, ReduceOp::Max | ReduceOp::Min)
+}
+
+/// This process's buffers in a graph check: (GPU, buffers, rank).
+type Mine<'a> = [(&'a GpuCtx, &'a Placed, usize)];
+
+/// How this process launches a call and waits for it.
+struct Calls<'a> {
+    launch: &'a dyn Fn() -> Result<u32, String>,
+    streams: &'a [(&'a GpuCtx, Stream)],
+    /// Waits until this process's GPUs have finished.
+    sync: &'a dyn Fn() -> Result<(), String>,
+    /// Waits until every rank got here (a barrier per process; nothing in one process).
+    together: &'a dyn Fn() -> Result<(), String>,
+}
+
+/// (wrong, out of bounds) of the results the graph launches left. Calls that repeat stably
+/// are checked as the last launch of the timed graph left them. An in-place reduction feeds
+/// on its own output, so there every buffer is reset to its first image (after `sync`, then
+/// `together` so no peer launches before all reset), and a graph of one call is captured,
+/// launched and checked, as nccl-tests checks under `-G`.
+fn check_graph(
+    args: &CollArgs,
+    fill: Fill,
+    in_place: bool,
+    mine: &Mine<'_>,
+    c: &Calls<'_>,
+) -> Result<(u64, u64), String> {
+    (c.sync)()?;
+    if !repeat_stable(args, in_place) {
+        (c.together)()?;
+        for (gpu, p, _) in mine {
+            gpu.upload(p.recv.as_ref().unwrap_or(&p.send), 0, &p.image)
+                .map_err(err)?;
+        }
+        (c.together)()?;
+        let graphs = capture(c.launch, 1, c.streams)?;
+        replay(&graphs, c.streams)?;
+        (c.sync)()?;
+    }
+    let (mut wrong, mut oob) = (0, 0);
+    for (gpu, p, rank) in mine {
+        let (w, o) = check(gpu, p, args, *rank, fill)?;
+        wrong += w;
+        oob += o;
+    }
+    Ok((wrong, oob))
 }
 
 /// The part that differs between the two ways of running.
@@ -189,7 +266,7 @@ impl Runner for Single {
         let mg = &self.0;
         let n = mg.len();
         let placed = (0..n)
-            .map(|g| place(mg.gpu(g), args, g, in_place, a.offset))
+            .map(|g| place(mg.gpu(g), args, g, in_place, a))
             .collect::<Result<Vec<_>, _>>()?;
         let ins: Vec<u64> = placed.iter().map(|p| p.send_ptr).collect();
         let outs: Vec<u64> = placed.iter().map(|p| p.recv_ptr).collect();
@@ -211,7 +288,7 @@ impl Runner for Single {
         mg.synchronize().map_err(err)?;
         if a.check != 0 {
             for (g, p) in placed.iter().enumerate() {
-                let (w, o) = check(mg.gpu(g), p, args, g)?;
+                let (w, o) = check(mg.gpu(g), p, args, g, a.fill)?;
                 s.wrong += w;
                 s.oob += o;
             }
@@ -219,6 +296,18 @@ impl Runner for Single {
         let streams: Vec<_> = (0..n).map(|g| (mg.gpu(g), mg.stream(g))).collect();
         s.secs = time_calls(a, mg.gpu(0), &launch, &streams)?;
         mg.synchronize().map_err(err)?;
+        if a.check != 0 && a.graph_launches > 0 {
+            let mine: Vec<_> = (0..n).map(|g| (mg.gpu(g), &placed[g], g)).collect();
+            let calls = Calls {
+                launch: &launch,
+                streams: &streams,
+                sync: &|| mg.synchronize().map_err(err),
+                together: &|| Ok(()),
+            };
+            let (w, o) = check_graph(args, a.fill, in_place, &mine, &calls)?;
+            s.wrong += w;
+            s.oob += o;
+        }
         Ok(s)
     }
 }
@@ -237,7 +326,7 @@ impl Runner for PerProcess<'_> {
     }
     fn one(&self, args: &CollArgs, a: &BenchArgs, in_place: bool) -> Result<Sample, String> {
         let (pg, me) = (&self.gpu, self.gpu.rank);
-        let p = place(&pg.gpu, args, me, in_place, a.offset)?;
+        let p = place(&pg.gpu, args, me, in_place, a)?;
         let stream = pg.stream();
         let launch = || -> Result<u32, String> {
             // SAFETY: the buffers are live cuMemAlloc allocations of the implied size (`place`),
@@ -257,12 +346,26 @@ impl Runner for PerProcess<'_> {
         };
         pg.gpu.synchronize().map_err(err)?;
         if a.check != 0 {
-            (s.wrong, s.oob) = check(&pg.gpu, &p, args, me)?;
+            (s.wrong, s.oob) = check(&pg.gpu, &p, args, me, a.fill)?;
         }
         // Peers write into our receive buffer: nobody reuses buffers until all have checked.
         self.comm.barrier().map_err(err)?;
-        s.secs = time_calls(a, &pg.gpu, &launch, &[(&pg.gpu, stream)])?;
+        let streams = [(&pg.gpu, stream)];
+        s.secs = time_calls(a, &pg.gpu, &launch, &streams)?;
         pg.gpu.synchronize().map_err(err)?;
+        if a.check != 0 && a.graph_launches > 0 {
+            let calls = Calls {
+                launch: &launch,
+                streams: &streams,
+                sync: &|| pg.gpu.synchronize().map_err(err),
+                together: &|| self.comm.barrier().map_err(err),
+            };
+            let (w, o) = check_graph(args, a.fill, in_place, &[(&pg.gpu, &p, me)], &calls)?;
+            s.wrong += w;
+            s.oob += o;
+            // Every rank has checked before anyone frees what peers write into.
+            self.comm.barrier().map_err(err)?;
+        }
         // Rank 0 reports the slowest rank's time and everyone's errors.
         agree(self.comm, s)
     }
@@ -338,7 +441,7 @@ impl Runner for NetStaged<'_> {
             );
         }
         let (gpu, me) = (&self.gpu, self.comm.rank());
-        let p = place(gpu, args, me, in_place, a.offset)?;
+        let p = place(gpu, args, me, in_place, a)?;
         // GPUDirect (RAILCC_GPU_DIRECT=1 over RDMA): register the allocations, as a user would
         // with ncclCommRegister; the first call on each connection registers them with the NIC.
         let mut registered = Vec::new();
@@ -364,7 +467,7 @@ impl Runner for NetStaged<'_> {
             ..Sample::default()
         };
         if a.check != 0 {
-            (s.wrong, s.oob) = check(gpu, &p, args, me)?;
+            (s.wrong, s.oob) = check(gpu, &p, args, me, a.fill)?;
         }
         self.comm.barrier().map_err(err)?;
         // The timer events go on the GPU's stream, which every copy of a call also uses.
@@ -396,11 +499,12 @@ pub fn run_rank(comm: &Communicator, a: &BenchArgs) -> Result<(), String> {
         let net = GpuOverNet::new(comm, ordinal);
         if comm.rank() == 0 {
             println!(
-                "# railcc bench {} --device cuda --per-process --gpu-net: {} ranks, one GPU each, data over {}: {}",
+                "# railcc bench {} --device cuda --per-process --gpu-net: {} ranks, one GPU each, data over {}: {}{}",
                 a.collective.kind().name(),
                 comm.nranks(),
                 comm.transport(),
-                net.path()
+                net.path(),
+                crate::report::fill_note(a)
             );
             describe_gpus(&gpus)?;
         }
@@ -437,13 +541,14 @@ pub fn run_rank(comm: &Communicator, a: &BenchArgs) -> Result<(), String> {
 }
 
 fn graph_note(a: &BenchArgs) -> String {
+    let fill = crate::report::fill_note(a);
     if a.graph_launches > 0 {
         format!(
-            ", CUDA graph of {} calls launched {} times",
+            ", CUDA graph of {} calls launched {} times (#wrong: the first eager call and the results after the last launch){fill}",
             a.iters, a.graph_launches
         )
     } else {
-        String::new()
+        fill.to_string()
     }
 }
 

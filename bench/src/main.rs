@@ -25,7 +25,7 @@ use std::process::ExitCode;
 #[command(
     name = "railcc",
     version,
-    about = "railcc: collective communication over TCP (GPU and RDMA transports to come)"
+    about = "railcc: collective communication for host and GPU buffers over TCP, RDMA and NVLink/PCIe peer access"
 )]
 enum Cli {
     /// Benchmark a collective, in the manner of nccl-tests.

@@ -4,7 +4,7 @@
 use crate::args::BenchArgs;
 use crate::report::{Report, Row, Timing};
 use railcc_collectives::plan::CollArgs;
-use railcc_collectives::reference::{count_wrong, fill_input};
+use railcc_collectives::precision::{count_wrong, fill_input};
 use railcc_collectives::sim::Mem;
 use railcc_collectives::{Bufs, CollKind, Communicator, DataType, ReduceOp, RegionId};
 use std::time::Instant;
@@ -124,7 +124,7 @@ fn measure(
 ) -> railcc_collectives::Result<Timing> {
     let es = a.dtype.size();
     let rank = comm.rank();
-    let input = fill_input(a, rank, SEED);
+    let input = fill_input(b.fill, a, rank, SEED);
     let recv_bytes = a.recv_elems() * es;
     // Receive memory starts as a pattern (so unwritten output shows) followed by a guard.
     let body = if in_place {
@@ -154,7 +154,7 @@ fn measure(
     if b.check != 0 {
         call(&send, &mut recv)?;
         let out = &recv.bytes()[a.recv_range(rank, in_place)];
-        wrong = count_wrong(a, rank, out, SEED);
+        wrong = count_wrong(b.fill, a, rank, out, SEED);
     }
     let n = recv.bytes().len();
     let oob = recv.bytes()[n - GUARD..]

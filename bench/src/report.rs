@@ -78,11 +78,21 @@ fn fmt_time(us: f64) -> String {
     }
 }
 
+/// The header's note on `--fill random` (exact inputs say nothing, as before).
+pub fn fill_note(a: &BenchArgs) -> &'static str {
+    match a.fill {
+        railcc_collectives::precision::Fill::Exact => "",
+        railcc_collectives::precision::Fill::Random => {
+            ", random inputs (floats within the dtype's error bound, integers exact)"
+        }
+    }
+}
+
 impl Report {
     pub fn new(comm: &Communicator, a: &BenchArgs, coll: CollKind) -> Report {
         let c = comm.config();
         let title = format!(
-            "# railcc bench {}: {} ranks, transport {}, {} stream(s) per peer, chunk {} B, algo {}{}",
+            "# railcc bench {}: {} ranks, transport {}, {} stream(s) per peer, chunk {} B, algo {}{}{}",
             coll.name(),
             comm.nranks(),
             comm.transport(),
@@ -93,7 +103,8 @@ impl Report {
                 ", buffers not registered (-R 0)"
             } else {
                 ""
-            }
+            },
+            fill_note(a)
         );
         Report {
             lead: comm.rank() == 0,

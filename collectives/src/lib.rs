@@ -7,6 +7,7 @@ pub mod cost;
 pub mod exec;
 pub mod gpu_net;
 pub mod plan;
+pub mod precision;
 pub mod rails;
 pub mod reduce;
 pub mod reference;

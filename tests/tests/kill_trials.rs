@@ -1,13 +1,18 @@
 //! Issue 8: a rank killed (SIGKILL) at a random moment of a run of all-reduces, over 2 to 8
-//! ranks on loopback TCP: every survivor fails, naming the dead rank, within the deadline; no
-//! hang, no panic. `RAILCC_KILL_TRIALS` sets the count (default 100); the slowest detection
-//! is printed.
+//! ranks on loopback TCP: every survivor fails, naming the dead rank, within
+//! [`DETECT_LIMIT`] of the kill (what the README promises: milliseconds, never the 10 s
+//! deadline); no hang, no panic. `RAILCC_KILL_TRIALS` sets the count (default 100); one line
+//! per trial and the slowest detection are printed (`--nocapture`; the long run's log is
+//! bench/results/kill-trials-100.log).
 
 use railcc_core::bootstrap::RootServer;
 use railcc_tests::run_job_killing;
 use std::time::Duration;
 
 const EXE: &str = env!("CARGO_BIN_EXE_railcc-test-rank");
+/// Every survivor must fail this soon after the kill. The deadline is ten times longer, so a
+/// survivor that only noticed by timing out fails the test.
+const DETECT_LIMIT: Duration = Duration::from_secs(1);
 
 /// A small reproducible generator (the trials are deterministic: trial t draws the same).
 fn lcg(state: &mut u64) -> u64 {
@@ -57,6 +62,7 @@ fn killed_ranks_are_named_by_every_survivor() {
             Some((victim, after)),
         );
         let killed = killed.expect("the victim was killed");
+        let (mut trial_slowest, mut trial_named) = (Duration::ZERO, 0);
         for o in outs.iter().filter(|o| o.rank != victim) {
             let what = format!(
                 "trial {t}: {n} ranks, {algo}, {bytes} B, rank {victim} killed at {killed:?}; rank {}",
@@ -79,9 +85,11 @@ fn killed_ranks_are_named_by_every_survivor() {
             );
             let detect = o.elapsed.saturating_sub(killed);
             assert!(
-                detect < Duration::from_millis(deadline_ms + 2000),
-                "{what}: took {detect:?}"
+                detect < DETECT_LIMIT,
+                "{what}: failed {detect:?} after the kill, over the {DETECT_LIMIT:?} limit: {}",
+                o.stdout.trim()
             );
+            trial_slowest = trial_slowest.max(detect);
             if detect > slowest {
                 slowest = detect;
                 slowest_at = what.clone();
@@ -91,13 +99,19 @@ fn killed_ranks_are_named_by_every_survivor() {
             let named = [",", ":"]
                 .iter()
                 .any(|end| o.stdout.contains(&format!("peer {victim}{end}")));
-            if !named {
+            if named {
+                trial_named += 1;
+            } else {
                 not_named.push(format!("{what}: {}", o.stdout.trim()));
             }
         }
+        println!(
+            "trial {t}: {n} ranks, {algo}, {bytes} B, rank {victim} killed at {killed:?}: {} survivors failed, {trial_named} naming it, slowest {trial_slowest:?} after the kill",
+            n - 1
+        );
     }
     println!(
-        "kill trials: {trials}, hangs 0, panics 0, slowest detection {slowest:?} ({slowest_at})"
+        "kill trials: {trials}, hangs 0, panics 0, every survivor under {DETECT_LIMIT:?}, slowest detection {slowest:?} ({slowest_at})"
     );
     assert!(
         not_named.is_empty(),

@@ -294,3 +294,75 @@ mod tests {
         assert_eq!(blocks(CollKind::AllGather, 2, 4096, DataType::F32, 132), 2);
     }
 }
+
+#[cfg(test)]
+mod gpu_tests {
+    use super::*;
+    use half::{bf16, f16};
+
+    /// On a GPU: one kernel reducing 8 f16/bf16 inputs accumulates in f32 and rounds once.
+    /// 256 + 7 x 1 in bf16 (2048 + 7 x 1 in f16) loses every 1 when each partial sum is
+    /// rounded to the storage type (256 + 1 rounds back to 256), and comes out as 263 rounded
+    /// once (264) when accumulated wider. Without a driver: a skip line.
+    #[test]
+    fn wide_accumulation() {
+        let gpus = match crate::driver::devices() {
+            Ok(g) if !g.is_empty() => g,
+            Ok(_) | Err(_) => {
+                println!("SKIP wide accumulation on the GPU: no CUDA driver or GPU");
+                return;
+            }
+        };
+        let gpu = GpuCtx::new(gpus[0].ordinal, None).expect("context");
+        let count = 4099usize;
+        for (dt, big) in [(DataType::Bf16, 256.0f32), (DataType::F16, 2048.0)] {
+            let enc = |v: f32| match dt {
+                DataType::Bf16 => bf16::from_f32(v).to_le_bytes(),
+                _ => f16::from_f32(v).to_le_bytes(),
+            };
+            let dec = |b: [u8; 2]| match dt {
+                DataType::Bf16 => bf16::from_le_bytes(b).to_f32(),
+                _ => f16::from_le_bytes(b).to_f32(),
+            };
+            let narrow = (0..7).fold(big, |acc, _| dec(enc(acc + 1.0)));
+            let wide = dec(enc(big + 7.0));
+            assert_eq!((narrow, wide), (big, big + 8.0), "{dt}: the test's premise");
+            let bufs: Vec<_> = (0..8)
+                .map(|i| {
+                    let b = gpu.alloc(count * 2).expect("alloc");
+                    let v = enc(if i == 0 { big } else { 1.0 });
+                    let host: Vec<u8> = (0..count).flat_map(|_| v).collect();
+                    gpu.upload(&b, 0, &host).expect("upload");
+                    b
+                })
+                .collect();
+            let out = gpu.alloc(count * 2).expect("alloc");
+            let s = Spec {
+                ins: bufs.iter().map(|b| b.ptr).collect(),
+                outs: vec![out.ptr],
+                range: (0, count as u64),
+            };
+            let shape = CallShape {
+                dt,
+                op: ReduceOp::Sum,
+                syncs: &[gpu.sync.ptr],
+                avg_n: 8,
+                blocks: 4,
+                timeout_ns: 10_000_000_000,
+            };
+            // SAFETY: every pointer is a live allocation of `count` elements on this GPU,
+            // kept until the synchronize below.
+            unsafe { launch(&gpu, gpu.stream, 0, &s, &shape) }.expect("launch");
+            gpu.synchronize().expect("kernel ran");
+            let mut host = vec![0u8; count * 2];
+            gpu.download(&out, 0, &mut host).expect("download");
+            let got: Vec<f32> = host.chunks_exact(2).map(|b| dec([b[0], b[1]])).collect();
+            let bad = got.iter().filter(|&&v| v != wide).count();
+            println!(
+                "wide accumulation {dt}: {big} + 7 x 1 on the GPU = {} in every element ({bad} differ); storage-type accumulation gives {narrow}",
+                got[0]
+            );
+            assert_eq!(bad, 0, "{dt}: first {}, want {wide}", got[0]);
+        }
+    }
+}
