@@ -7,8 +7,19 @@ cd "$(dirname "$0")/../.."
 cargo build --release -p railcc-bench -p railcc-nccl
 mkdir -p .device/bin .device/lib
 cp target/release/railcc .device/bin/
+# The transport-nvlink unit tests, as one binary (scripts/test-gpu.sh runs it with a driver).
+tests=$(cargo test --release -p railcc-transport-nvlink --lib --no-run --message-format=json 2>/dev/null \
+  | python3 -c 'import sys, json
+for l in sys.stdin:
+    m = json.loads(l)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "railcc_transport_nvlink":
+        print(m["executable"])')
+[ -x "$tests" ] || { echo "gpu-prepare: no transport-nvlink test binary"; exit 1; }
+cp "$tests" .device/bin/railcc-nvlink-tests
 cp target/release/libnccl.so .device/lib/libnccl.so.2
+# Without debug info: the carried tree must stay under the device's 64 MiB.
+strip --strip-debug .device/bin/* .device/lib/*
 rm -rf .device/nccl-tests
 cp -r ../shared/third_party/nccl-tests .device/
 cp ../shared/baselines/gpu/nccl_baseline.sh .device/
-echo "staged .device/ ($(du -sh .device | cut -f1)); on the device: bash bench/compare/gpu-check.sh, gpu-bench.sh, gpu-bench-large.sh"
+echo "staged .device/ ($(du -sh .device | cut -f1)); on the device: bash scripts/test-gpu.sh (every GPU correctness test), bench/compare/gpu-bench.sh, gpu-bench-large.sh"

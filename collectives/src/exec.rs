@@ -10,7 +10,7 @@
 
 use crate::conn::Connections;
 use crate::plan::{Buf, Op, Plan, Slice};
-use crate::reduce::{divide_raw, reduce_raw};
+use crate::reduce::{divide_raw, reduce_raw, reduce_slots_raw};
 use crate::regions::{Dir, Regions};
 use railcc_core::net::{MsgTag, ReqId, WaitFd};
 use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
@@ -223,6 +223,14 @@ impl Exec<'_> {
                         }
                     }
                 }
+                Op::ReduceSlots { dst, src, slots } => {
+                    let (d, n) = bufs.at(dst, es, true)?;
+                    let (q, qn) = bufs.at(&src.spanning(*slots), es, false)?;
+                    let overlap = (d as usize) < q as usize + qn && (q as usize) < d as usize + n;
+                    if *slots == 0 || src.len * es != n || overlap {
+                        return Err(Error::invalid("internal plan error: reduce of slots differing in length from, or overlapping, the output"));
+                    }
+                }
                 Op::Copy { dst, src } => {
                     let (_, n) = bufs.at(dst, es, true)?;
                     if bufs.at(src, es, false)?.1 != n {
@@ -326,6 +334,11 @@ impl Exec<'_> {
                             let (x, _) = bufs.at(a, es, false)?;
                             let (y, _) = bufs.at(b, es, false)?;
                             reduce_raw(self.dtype, self.op, d, x, y, len / es);
+                        }
+                        Op::ReduceSlots { dst, src, slots } => {
+                            let (d, len) = bufs.at(dst, es, true)?;
+                            let (x, _) = bufs.at(&src.spanning(*slots), es, false)?;
+                            reduce_slots_raw(self.dtype, self.op, d, x, len / es, *slots);
                         }
                         Op::Copy { dst, src } => {
                             let (d, len) = bufs.at(dst, es, true)?;

@@ -39,6 +39,14 @@ impl Slice {
     pub fn new(buf: Buf, off: usize, len: usize) -> Slice {
         Slice { buf, off, len }
     }
+
+    /// `slots` slices like this one laid end to end, as one slice.
+    pub fn spanning(self, slots: usize) -> Slice {
+        Slice {
+            len: self.len * slots,
+            ..self
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,6 +64,14 @@ pub enum Op {
         dst: Slice,
         a: Slice,
         b: Slice,
+    },
+    /// `dst = s_0 op s_1 op ... op s_(slots-1)` in that order, where `s_j` is the slice of
+    /// `src.len` elements `j * src.len` after `src` (slices laid end to end, none overlapping
+    /// `dst`). One step reduces every input, so f16/bf16 accumulate in f32 and round once.
+    ReduceSlots {
+        dst: Slice,
+        src: Slice,
+        slots: usize,
     },
     Copy {
         dst: Slice,

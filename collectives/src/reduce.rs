@@ -1,6 +1,8 @@
 //! Host reduction kernels for every dtype and op. Each loop is a plain zip over two slices with
 //! the operator chosen outside the loop, so the compiler vectorizes it; f16 and bf16 are
-//! widened to f32 for the arithmetic.
+//! widened to f32 for the arithmetic. A two-input step rounds its result to the storage type
+//! (as a partial sum that travels between ranks must be); [`reduce_slots_raw`] reduces many
+//! inputs in one step and, for f16/bf16, accumulates in f32 and rounds once.
 
 use half::{bf16, f16};
 use railcc_core::{DataType, ReduceOp};
@@ -179,6 +181,82 @@ pub unsafe fn reduce_raw(
     n: usize,
 ) {
     dispatch!(dt, reduce_typed, op, dst, a, b, n)
+}
+
+/// # Safety
+/// As [`reduce_slots_raw`].
+unsafe fn slots_typed<T: Arith>(
+    op: ReduceOp,
+    dst: *mut u8,
+    src: *const u8,
+    n: usize,
+    slots: usize,
+) {
+    let (dst, src) = (dst as *mut T, src as *const T);
+    let d = std::slice::from_raw_parts_mut(dst, n);
+    d.copy_from_slice(std::slice::from_raw_parts(src, n));
+    for j in 1..slots {
+        inplace(op, d, std::slice::from_raw_parts(src.add(j * n), n));
+    }
+}
+
+/// f16/bf16: accumulate in f32 (a block at a time, on the stack) and round once.
+///
+/// # Safety
+/// As [`reduce_slots_raw`].
+unsafe fn slots_wide<T: Copy>(
+    op: ReduceOp,
+    dst: *mut u8,
+    src: *const u8,
+    n: usize,
+    slots: usize,
+    (to, from): (fn(T) -> f32, fn(f32) -> T),
+) {
+    const B: usize = 512;
+    let (dst, src) = (dst as *mut T, src as *const T);
+    let (mut acc, mut x) = ([0f32; B], [0f32; B]);
+    let mut i = 0;
+    while i < n {
+        let m = B.min(n - i);
+        for (k, a) in acc[..m].iter_mut().enumerate() {
+            *a = to(*src.add(i + k));
+        }
+        for j in 1..slots {
+            let s = std::slice::from_raw_parts(src.add(j * n + i), m);
+            for (v, e) in x[..m].iter_mut().zip(s) {
+                *v = to(*e);
+            }
+            inplace::<f32>(op, &mut acc[..m], &x[..m]);
+        }
+        for (k, a) in acc[..m].iter().enumerate() {
+            *dst.add(i + k) = from(*a);
+        }
+        i += m;
+    }
+}
+
+/// `dst[i] = s_0[i] op s_1[i] op ... op s_(slots-1)[i]` in that order, where `s_j` starts
+/// `j * n` elements after `src` (`Avg` reduces as a sum). f16 and bf16 accumulate in f32 and
+/// round once; other types reduce in their own type (integers wrap), as pairwise steps would.
+///
+/// # Safety
+/// `src` valid and aligned for `slots * n` elements of `dt`, `dst` for `n`, not overlapping;
+/// `slots >= 1`.
+pub unsafe fn reduce_slots_raw(
+    dt: DataType,
+    op: ReduceOp,
+    dst: *mut u8,
+    src: *const u8,
+    n: usize,
+    slots: usize,
+) {
+    match dt {
+        DataType::F16 => slots_wide::<f16>(op, dst, src, n, slots, (f16::to_f32, f16::from_f32)),
+        DataType::Bf16 => {
+            slots_wide::<bf16>(op, dst, src, n, slots, (bf16::to_f32, bf16::from_f32))
+        }
+        _ => dispatch!(dt, slots_typed, op, dst, src, n, slots),
+    }
 }
 
 /// # Safety

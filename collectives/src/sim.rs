@@ -6,7 +6,7 @@
 //! Ranks are swept in a seeded order so property tests explore different interleavings.
 
 use crate::plan::{Algo, Buf, CollArgs, Op, Plan, PlanOpts, Slice};
-use crate::reduce::{divide_raw, reduce_raw};
+use crate::reduce::{divide_raw, reduce_raw, reduce_slots_raw};
 use std::collections::{HashMap, VecDeque};
 
 /// A byte buffer aligned for every dtype.
@@ -226,6 +226,21 @@ pub fn run_ordered(
                         }
                         // SAFETY: all three bounds-checked; overlap is exact or none (checked).
                         unsafe { reduce_raw(a.dtype, a.op, d, xp, yp, n / es) };
+                        state[r][i] = State::Done;
+                        remaining -= 1;
+                    }
+                    Op::ReduceSlots { dst, src, slots } => {
+                        let (d, n) = mems[r].locate(dst, es)?;
+                        let (s, sn) = mems[r].locate(&src.spanning(*slots), es)?;
+                        let overlap =
+                            (d as usize) < s as usize + sn && (s as usize) < d as usize + n;
+                        if *slots == 0 || sn != n * slots || overlap {
+                            return Err(format!(
+                                "rank {r} step {i}: reduce of {slots} slots of {sn} bytes into {n} bytes, or overlapping it"
+                            ));
+                        }
+                        // SAFETY: both bounds-checked, no overlap (checked).
+                        unsafe { reduce_slots_raw(a.dtype, a.op, d, s, n / es, *slots) };
                         state[r][i] = State::Done;
                         remaining -= 1;
                     }

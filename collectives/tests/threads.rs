@@ -128,3 +128,49 @@ fn abort_from_another_thread_unblocks_a_waiter_quickly() {
         }
     });
 }
+
+/// f16/bf16 sums accumulate wider than their storage where one step reduces every input (the
+/// direct algorithm): 256 + 7 x 1 over 8 ranks is 263, 264 in bf16; adding one rank at a time
+/// in bf16 gives 256 (256 + 1 rounds back to 256). Ring and tree partial sums travel between
+/// ranks in the storage type, as NCCL's do, so there the bound of `precision` applies instead.
+#[test]
+fn half_sums_keep_their_digits_in_the_direct_algorithm() {
+    use half::{bf16, f16};
+    let narrow = (0..7).fold(bf16::from_f32(256.0), |a, _| {
+        bf16::from_f32(a.to_f32() + 1.0)
+    });
+    assert_eq!(
+        narrow.to_f32(),
+        256.0,
+        "the premise: plain bf16 loses the ones"
+    );
+    let cfg = Config::default()
+        .apply_vars(|k| (k == "RAILCC_ALGO").then(|| "direct".to_string()))
+        .unwrap();
+    with_ranks(8, cfg, |c| {
+        let big = c.rank() == 0;
+        let send: Vec<bf16> = vec![bf16::from_f32(if big { 256.0 } else { 1.0 }); 1001];
+        let mut recv = vec![bf16::ZERO; send.len()];
+        c.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+        assert!(
+            recv.iter().all(|v| v.to_f32() == 264.0),
+            "bf16: {}",
+            recv[0]
+        );
+        let mut avg = send.clone();
+        c.all_reduce_in_place(&mut avg, ReduceOp::Avg).unwrap();
+        assert!(
+            avg.iter().all(|v| v.to_f32() == 33.0),
+            "bf16 avg: {}",
+            avg[0]
+        );
+        let send: Vec<f16> = vec![f16::from_f32(if big { 2048.0 } else { 1.0 }); 1001];
+        let mut recv = vec![f16::ZERO; send.len()];
+        c.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+        assert!(
+            recv.iter().all(|v| v.to_f32() == 2056.0),
+            "f16: {}",
+            recv[0]
+        );
+    });
+}

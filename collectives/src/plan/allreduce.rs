@@ -304,8 +304,9 @@ pub(super) fn recursive_doubling_all_reduce(a: &CollArgs, r: usize, o: &PlanOpts
     b.finish(Algo::RecursiveDoubling)
 }
 
-/// One-shot: everyone sends its whole buffer to everyone, then reduces in rank order, so every
-/// rank computes the same bits. One round of latency: the small-message algorithm.
+/// One-shot: everyone sends its whole buffer to everyone, then reduces all of them in rank
+/// order in one step, so every rank computes the same bits. One round of latency: the
+/// small-message algorithm.
 pub(super) fn direct_all_reduce(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
     let (p, n) = (a.nranks, a.count);
     let mut b = Builder::new(0, 1);
@@ -320,7 +321,7 @@ pub(super) fn direct_all_reduce(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
             vec![],
         ));
     }
-    // Scratch slot i holds rank i's contribution; our own slot is the accumulator.
+    // Scratch slot i holds rank i's contribution.
     let mut recv_of = vec![None; p];
     for k in 1..p {
         let q = (r + p - k) % p;
@@ -332,43 +333,32 @@ pub(super) fn direct_all_reduce(a: &CollArgs, r: usize, o: &PlanOpts) -> Plan {
             vec![],
         ));
     }
-    let x = |i: usize| {
-        if i == r {
-            whole(Buf::Send)
-        } else {
-            Slice::new(Buf::Scratch, i * n, n)
-        }
-    };
-    let acc = Slice::new(Buf::Scratch, r * n, n);
-    let mut prev_step: Option<usize> = None;
-    let mut cur = x(0);
-    for i in 1..p {
-        let last = i == p - 1;
-        let dst = if last { whole(Buf::Recv) } else { acc };
-        let mut deps: Vec<usize> = recv_of[i]
-            .into_iter()
-            .chain(recv_of[0])
-            .chain(prev_step)
-            .collect();
-        if last {
-            deps.extend(&sends); // in place, Recv is Send: sends must be done first
-        }
-        prev_step = Some(b.push(
-            Op::Reduce {
-                dst,
-                a: cur,
-                b: x(i),
-            },
-            deps,
-        ));
-        cur = acc;
-    }
+    // Our own contribution joins the others in scratch, so one step reduces all p slots in
+    // rank order (f16/bf16 in f32, rounded once, as the GPU kernels do).
+    let own = b.push(
+        Op::Copy {
+            dst: Slice::new(Buf::Scratch, r * n, n),
+            src: whole(Buf::Send),
+        },
+        vec![],
+    );
+    let mut deps: Vec<usize> = recv_of.iter().flatten().copied().collect();
+    deps.push(own);
+    deps.extend(&sends); // in place, Recv is Send: sends must be done first
+    let reduced = b.push(
+        Op::ReduceSlots {
+            dst: whole(Buf::Recv),
+            src: Slice::new(Buf::Scratch, 0, n),
+            slots: p,
+        },
+        deps,
+    );
     if a.op == ReduceOp::Avg {
         b.push(
             Op::Divide {
                 buf: whole(Buf::Recv),
             },
-            prev_step.into_iter().collect(),
+            vec![reduced],
         );
     }
     let _ = o;

@@ -75,6 +75,11 @@ pub fn build_ordered(a: &CollArgs, rank: usize, algo: Algo, o: &PlanOpts, order:
                 remap(dst);
                 remap(src);
             }
+            // Only the direct all-reduce makes these, over its scratch: nothing to remap.
+            Op::ReduceSlots { dst, src, .. } => {
+                remap(dst);
+                remap(src);
+            }
             Op::Divide { buf } => remap(buf),
         }
     }

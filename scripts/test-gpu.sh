@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Every GPU correctness test, on a machine with NVIDIA GPUs (2 x H200: device kind
+# nvidia-h200-x2). Prepare where cargo is: `bash bench/compare/gpu-prepare.sh` (builds and
+# stages .device/: railcc, libnccl.so.2, the GPU unit-test binary, nccl-tests' source); then,
+# from the repository root on the GPU machine: `bash scripts/test-gpu.sh`.
+#  unit   the transport-nvlink unit tests that need a driver (discovery, NVRTC, dma-buf export,
+#         f32 accumulation of f16/bf16 in one kernel): a SKIP line there is a failure;
+#  bench  railcc bench --device cuda, one process driving every GPU and one process per GPU:
+#         every collective, dtype and op (exact inputs, unaligned buffers), random inputs
+#         (--fill random, error bound), CUDA graphs (-G: results checked after the last launch);
+#  nccl   nccl-tests against railcc's libnccl.so.2: -g N, -t N and mpirun -np N, -d all, -o all,
+#         and -G 10.
+# A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
+# and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
+# exit status 1 if any failed. Without a CUDA driver: a SKIP line, exit 0.
+# TEST_GPU_PARTS="unit bench nccl" picks parts (one 10-minute device call may not hold them all),
+# TEST_GPU_COLLS the bench's collectives, RAILCC_BIN another railcc binary;
+# logs under $OUT (default /tmp/out): test-gpu.log (every line of every check).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+LOG="$OUT/test-gpu.log"
+if ! ldconfig -p 2>/dev/null | grep -q "libcuda.so.1" && ! nvidia-smi -L >/dev/null 2>&1; then
+  echo "SKIP scripts/test-gpu.sh: no CUDA driver on this machine (libcuda.so.1 not found); GPU tests run on a GPU machine"
+  exit 0
+fi
+[ -x .device/bin/railcc ] || { echo "test-gpu: .device/bin/railcc missing: run bench/compare/gpu-prepare.sh where cargo is, and carry .device"; exit 1; }
+source bench/compare/gpu-env.sh
+R=${RAILCC_BIN:-$R}   # another railcc binary (to see a broken build fail these checks)
+export RAILCC_TIMEOUT_MS=30000
+NG=${NG:-$(nvidia-smi -L | wc -l)}
+PARTS=${TEST_GPU_PARTS:-unit bench nccl}
+PASSED=0 FAILED=0 FAILS=""
+: > "$LOG"
+
+# verdict LABEL STATUS FILE: counts one check. FILE holds its output.
+verdict() {
+  local label=$1 rc=$2 f=$3 why=""
+  local tables oks rows wrong
+  tables=$(grep -c "Out of bounds values" "$f")
+  oks=$(grep -c "Out of bounds values : 0 OK" "$f")
+  rows=$(grep -cE '^ +[0-9]+ +[0-9]+ +[a-z0-9_]+ +[a-z]+ +-?[0-9]+ ' "$f")
+  wrong=$(awk '/^ +[0-9]+ +[0-9]+ +[a-z0-9_]+ +[a-z]+ +-?[0-9]+ / && (($9 != "0" && $9 != "N/A") || ($13 != "0" && $13 != "N/A"))' "$f" | wc -l)
+  if [ "$rc" != 0 ]; then why="exit $rc"
+  elif [ "${4:-table}" = table ] && { [ "$tables" = 0 ] || [ "$oks" != "$tables" ]; }; then why="out of bounds: $oks of $tables tables OK"
+  elif [ "${4:-table}" = table ] && [ "$rows" = 0 ]; then why="no result rows"
+  elif [ "$wrong" != 0 ]; then why="$wrong rows with #wrong != 0"
+  fi
+  { echo "== $label"; cat "$f"; echo "== $label: exit $rc, ${why:-pass}"; } >> "$LOG"
+  if [ -z "$why" ]; then
+    PASSED=$((PASSED + 1)); printf 'PASS  %-100s %s rows\n' "$label" "$rows"
+  else
+    FAILED=$((FAILED + 1)); FAILS="$FAILS; $label ($why)"; printf 'FAIL  %-100s %s\n' "$label" "$why"
+  fi
+}
+
+# check LABEL CMD...: runs CMD (10 minutes at most) and counts its verdict.
+check() {
+  local label=$1; shift
+  timeout 600 "$@" > /tmp/test-gpu-one.log 2>&1
+  verdict "$label" $? /tmp/test-gpu-one.log
+}
+
+case " $PARTS " in *" unit "*)
+  # Every GPU test must run here, not skip: a skipped test would count as a pass.
+  timeout 300 .device/bin/railcc-nvlink-tests --test-threads 1 --nocapture > /tmp/test-gpu-unit.log 2>&1
+  rc=$?
+  if [ $rc = 0 ] && grep -q "SKIP" /tmp/test-gpu-unit.log; then rc=99; echo "a GPU test skipped on a GPU machine" >> /tmp/test-gpu-unit.log; fi
+  grep -q "wide accumulation bfloat16" /tmp/test-gpu-unit.log || rc=98
+  verdict "unit: transport-nvlink tests with a driver (wide accumulation, NVRTC, dma-buf)" $rc /tmp/test-gpu-unit.log notable
+  grep -E "wide accumulation|test result" /tmp/test-gpu-unit.log | sed 's/^/      /'
+;; esac
+
+case " $PARTS " in *" bench "*)
+  for mode in "" "--per-process"; do
+    way=${mode:-"one process"}
+    for c in ${TEST_GPU_COLLS:-all_reduce all_gather reduce_scatter broadcast reduce sendrecv}; do
+      check "bench $c $way: every dtype and op, 8 B-2 MB, --offset 8" \
+        $R bench $c --device cuda $mode -b 8 -e 2M -f 8 -d all -o all -n 1 -w 0 -r 1 --offset 8
+      check "bench $c $way: --fill random, every dtype and op, 4100 B-1 MB" \
+        $R bench $c --device cuda $mode -b 4100 -e 1M -f 16 -d all -o all -n 1 -w 0 -r 1 --fill random
+      check "bench $c $way: -G 3, every dtype and op, 8 B-2 MB" \
+        $R bench $c --device cuda $mode -b 8 -e 2M -f 32 -d all -o all -n 4 -w 1 -G 3 -r 1
+    done
+    check "bench all_reduce $way: -G 10 --fill random, half and bfloat16, 8 B-64 MB" \
+      $R bench all_reduce --device cuda $mode -b 8 -e 64M -f 16 -d half,bfloat16 -o sum,avg -n 5 -w 1 -G 10 --fill random
+  done
+;; esac
+
+case " $PARTS " in *" nccl "*)
+  NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
+  [ -e "$NCCL_HOME/lib/libnccl.so" ] || ln -sf "$NCCL_HOME/lib/libnccl.so.2" "$NCCL_HOME/lib/libnccl.so"
+  inc=$(mpicc --showme:incdirs 2>/dev/null | awk '{print $1}')
+  MPI_HOME=${MPI_HOME:-$(dirname "${inc:-/usr/include}")}
+  NTM=/tmp/nccl-tests-mpi
+  [ -d $NTM ] || cp -r .device/nccl-tests $NTM
+  # Two builds at once: plain (-g, -t) and with MPI (mpirun).
+  build() { make -C "$1" -j8 MPI="$2" MPI_HOME="$MPI_HOME" CUDA_HOME=/usr/local/cuda NCCL_HOME="$NCCL_HOME" \
+      NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" src.build > "/tmp/nccl-build-$2.log" 2>&1; }
+  [ -x $NT/build/all_reduce_perf ] || build $NT 0 & b0=$!
+  [ -x $NTM/build/all_reduce_perf ] || build $NTM 1 & b1=$!
+  wait $b0; s0=$?; wait $b1; s1=$?
+  verdict "nccl-tests build (plain and MPI)" $((s0 + s1)) /tmp/nccl-build-1.log notable
+  OURS="$PWD/.device/lib"
+  MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS"
+  for b in all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall; do
+    ops=""
+    case $b in all_reduce|reduce_scatter|reduce) ops="-o all" ;; esac
+    F="-b 8 -e 4M -f 32 -n 2 -w 1 -c 1 -d all $ops"
+    check "libnccl $b -g $NG $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $NT/build/${b}_perf $F -g $NG
+    check "libnccl $b -t $NG $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $NT/build/${b}_perf $F -t $NG -g 1
+    check "libnccl $b mpirun -np $NG $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $MPIRUN $NTM/build/${b}_perf $F -g 1
+    check "libnccl $b -g $NG -G 10 $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $NT/build/${b}_perf $F -g $NG -G 10
+  done
+;; esac
+
+echo "test-gpu: $PASSED passed, $FAILED failed${FAILS:+ (${FAILS#; })}"
+[ "$FAILED" = 0 ]
