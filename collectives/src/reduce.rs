@@ -200,6 +200,9 @@ unsafe fn slots_typed<T: Arith>(
     }
 }
 
+/// Widening to f32 and rounding back, for one 16-bit float type.
+type Widen<T> = (fn(T) -> f32, fn(f32) -> T);
+
 /// f16/bf16: accumulate in f32 (a block at a time, on the stack) and round once.
 ///
 /// # Safety
@@ -210,7 +213,7 @@ unsafe fn slots_wide<T: Copy>(
     src: *const u8,
     n: usize,
     slots: usize,
-    (to, from): (fn(T) -> f32, fn(f32) -> T),
+    (to, from): Widen<T>,
 ) {
     const B: usize = 512;
     let (dst, src) = (dst as *mut T, src as *const T);
