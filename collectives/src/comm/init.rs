@@ -1,0 +1,133 @@
+//! Joining a job: from a unique id, from launcher variables, and the setup they share
+//! (interface, bootstrap, host grouping, transport, connections).
+
+use super::transport::choose_transport;
+use super::*;
+
+impl Communicator {
+    /// Joins the job described by `id` as `rank` of `nranks`.
+    pub fn init(cfg: Config, id: &UniqueId, rank: usize, nranks: usize) -> Result<Communicator> {
+        Communicator::init_inner(cfg, id, rank, nranks, None)
+    }
+
+    /// Joins the job described by launcher variables (torchrun, Open MPI, Slurm, PMI, or
+    /// `RAILCC_RANK`/`RAILCC_NRANKS`). Rank 0 serves the rendezvous unless a unique id was given.
+    pub fn from_env(cfg: Config) -> Result<Communicator> {
+        let info = launch::discover(|k| std::env::var(k).ok())?.ok_or_else(|| {
+            Error::invalid("no launcher variables found (RANK/WORLD_SIZE, OMPI_COMM_WORLD_*, SLURM_*, PMI_*, or RAILCC_RANK/RAILCC_NRANKS)")
+        })?;
+        let serve_root = std::env::var("RAILCC_UNIQUE_ID").is_err();
+        Communicator::from_launch(cfg, &info, serve_root)
+    }
+
+    /// Joins the job `info` describes; rank 0 serves the rendezvous when `serve_root` is set
+    /// (that is, when no separate process created the unique id).
+    pub fn from_launch(
+        cfg: Config,
+        info: &launch::LaunchInfo,
+        serve_root: bool,
+    ) -> Result<Communicator> {
+        if info.weak_secret {
+            tracing::warn!("no RAILCC_UNIQUE_ID or RAILCC_SECRET: the job secret is derived from job ids, which anyone who sees the environment knows");
+        }
+        let root = if info.rank == 0 && serve_root {
+            let bind = SocketAddr::new(unspecified_like(info.id.root.ip()), info.id.root.port());
+            Some(RootServer::start_with_secret(
+                bind,
+                info.id.secret,
+                cfg.timeout(),
+            )?)
+        } else {
+            None
+        };
+        Communicator::init_inner(cfg, &info.id, info.rank, info.nranks, root)
+    }
+
+    fn init_inner(
+        cfg: Config,
+        id: &UniqueId,
+        rank: usize,
+        nranks: usize,
+        root: Option<RootServer>,
+    ) -> Result<Communicator> {
+        cfg.validate()?;
+        let ctx = |e: Error| e.rank(rank).op("init");
+        let ifaces = netif::list().map_err(ctx)?;
+        let iface = netif::choose(&ifaces, &cfg.socket_ifname, Some(id.root.ip())).map_err(ctx)?;
+        let mut bootstrap = Bootstrap::init(id, rank, nranks, iface.ip, cfg.timeout())?;
+        // Ranks on the same host (same boot id), and this rank's place among them.
+        let host = host_id(&cfg);
+        let hosts = bootstrap.all_gather(host.as_bytes())?;
+        let local_rank = hosts[..rank]
+            .iter()
+            .filter(|h| h.as_slice() == host.as_bytes())
+            .count();
+        let (transport, transport_desc) =
+            choose_transport(&cfg, id, rank, local_rank, &iface, &mut bootstrap).map_err(ctx)?;
+        let listener = transport.listen(0).map_err(ctx)?;
+        let handles = bootstrap.all_gather(&listener.handle().0)?;
+        let handles = handles
+            .into_iter()
+            .map(railcc_core::net::ConnectHandle)
+            .collect();
+        let conns = Connections::new(rank, nranks, transport, listener, handles).map_err(ctx)?;
+        // When ranks on this host outnumber the cores, waiting ranks sleep in poll(2) at once
+        // instead of spinning, so the rank with work gets the core.
+        let local_ranks = hosts
+            .iter()
+            .filter(|h| h.as_slice() == host.as_bytes())
+            .count();
+        let cores = host_cores();
+        let spin = if local_ranks > cores {
+            Duration::ZERO
+        } else {
+            Duration::from_micros(cfg.spin_us)
+        };
+        bootstrap.barrier()?;
+        tracing::debug!(
+            "rank {rank}/{nranks} ready on {} ({})",
+            iface.name,
+            iface.ip
+        );
+        Ok(Communicator {
+            rank,
+            nranks,
+            iface: iface.name,
+            transport_desc,
+            cfg,
+            state: Mutex::new(State {
+                conns,
+                plans: HashMap::new(),
+                ws: Workspace::default(),
+                bootstrap,
+                op_seq: 0,
+                scratch: Vec::new(),
+                scratch_region: None,
+                regions: Regions::default(),
+                broken: None,
+            }),
+            abort: Arc::new(AtomicBool::new(false)),
+            spin,
+            local_ranks,
+            ring_order: host_order(&hosts),
+            nodes: {
+                let mut distinct: Vec<&Vec<u8>> = hosts.iter().collect();
+                distinct.sort();
+                distinct.dedup();
+                distinct.len()
+            },
+            algo_cache: Mutex::new(HashMap::new()),
+            _root: root,
+        })
+    }
+}
+/// Identifies this host: `RAILCC_HOSTID`, else the kernel's boot id, else the hostname.
+fn host_id(cfg: &Config) -> String {
+    if !cfg.hostid.is_empty() {
+        return cfg.hostid.clone();
+    }
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .or_else(|_| std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()))
+        .unwrap_or_default()
+}

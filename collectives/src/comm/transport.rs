@@ -1,0 +1,74 @@
+//! Which network transport a communicator uses: RDMA when every rank has a usable port (and
+//! the configuration allows it), else TCP over the job's rails.
+
+use super::*;
+
+/// Identifies this host: the kernel's boot id, or the hostname where that is unreadable.
+/// RDMA when every rank has a usable port (and config allows it), else TCP. Ranks agree over
+/// the bootstrap, so a job never mixes transports.
+pub(super) fn choose_transport(
+    cfg: &Config,
+    id: &UniqueId,
+    rank: usize,
+    local_rank: usize,
+    iface: &netif::Iface,
+    bootstrap: &mut Bootstrap,
+) -> Result<(Arc<dyn NetTransport>, String)> {
+    let mut rdma = None;
+    let mut why = String::from("RAILCC_TRANSPORT=tcp");
+    let tuning = RdmaTuning {
+        timeout: cfg.ib_timeout,
+        retry_cnt: cfg.ib_retry_cnt,
+        eager_bytes: cfg.ib_eager_bytes,
+        qps_per_conn: cfg.ib_qps_per_conn,
+    };
+    if cfg.transport != "tcp" {
+        match railcc_transport_rdma::choose(&cfg.ib_hca, local_rank) {
+            None if cfg.ib_hca.is_empty() => why = "no active RDMA port".into(),
+            None => why = format!("no active RDMA port matches RAILCC_IB_HCA={}", cfg.ib_hca),
+            Some(p) => match RdmaTransport::open(&p, iface.ip, id.secret, rank, tuning) {
+                Ok(t) => rdma = Some(t),
+                Err(e) => why = format!("{}:{} unusable: {e}", p.device, p.port),
+            },
+        }
+    }
+    let mine = [u8::from(rdma.is_some())];
+    let all = bootstrap.all_gather(&mine)?;
+    let without: Vec<usize> = (0..all.len()).filter(|&r| all[r] != [1]).collect();
+    if let (Some(t), true) = (rdma, without.is_empty()) {
+        let desc = format!("rdma {}", t.describe());
+        tracing::info!("rank {rank}: transport {desc}");
+        return Ok((Arc::new(t), desc));
+    }
+    if cfg.transport == "rdma" {
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "RAILCC_TRANSPORT=rdma, but rank(s) {without:?} have no usable RDMA port{}",
+                if without.contains(&rank) {
+                    format!(" (here: {why})")
+                } else {
+                    String::new()
+                }
+            ),
+        )
+        .transport(railcc_transport_rdma::NAME));
+    }
+    if cfg.transport == "auto" && rank == 0 {
+        let here = if without.contains(&0) {
+            format!(" (rank 0: {why})")
+        } else {
+            String::new()
+        };
+        tracing::info!(
+            "transport TCP over {}: no usable RDMA port on rank(s) {without:?}{here}",
+            iface.name
+        );
+    } else if without.contains(&rank) {
+        tracing::debug!("rank {rank}: no RDMA: {why}");
+    }
+    let rails = crate::rails::tcp_rails(cfg, iface).map_err(|e| e.rank(rank))?;
+    let desc = format!("tcp over {}", crate::rails::describe(&rails));
+    let t = TcpTransport::with_rails(rails, id.secret, TcpSettings::from_config(cfg));
+    Ok((Arc::new(t), desc))
+}
