@@ -21,11 +21,17 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 LOG="$OUT/test-gpu.log"
-if ! ldconfig -p 2>/dev/null | grep -q "libcuda.so.1" && ! nvidia-smi -L >/dev/null 2>&1; then
+if ! ldconfig -p 2>/dev/null | grep -q "libcuda.so.1" && ! nvidia-smi -L >/dev/null 2>&1 \
+    && ! [ -e /dev/nvidia0 ] && ! [ -e /proc/driver/nvidia/version ]; then
   echo "SKIP scripts/test-gpu.sh: no CUDA driver on this machine (libcuda.so.1 not found); GPU tests run on a GPU machine"
   exit 0
 fi
 [ -x .device/bin/railcc ] || { echo "test-gpu: .device/bin/railcc missing: run bench/compare/gpu-prepare.sh where cargo is, and carry .device"; exit 1; }
+# Binaries staged from other sources would test code that is not this tree's.
+if [ -z "${RAILCC_BIN:-}" ] && [ "$(cat .device/STAMP 2>/dev/null)" != "$(bash scripts/source-stamp.sh)" ]; then
+  echo "test-gpu: FAILED: .device/ was built from other sources than this tree (stamp $(cat .device/STAMP 2>/dev/null || echo none), tree $(bash scripts/source-stamp.sh)): run bench/compare/gpu-prepare.sh again"
+  exit 1
+fi
 source bench/compare/gpu-env.sh
 R=${RAILCC_BIN:-$R}   # another railcc binary (to see a broken build fail these checks)
 export RAILCC_TIMEOUT_MS=30000
@@ -70,6 +76,12 @@ case " $PARTS " in *" unit "*)
   grep -q "wide accumulation bfloat16" /tmp/test-gpu-unit.log || rc=98
   verdict "unit: transport-nvlink tests with a driver (wide accumulation, NVRTC, dma-buf)" $rc /tmp/test-gpu-unit.log notable
   grep -E "wide accumulation|test result" /tmp/test-gpu-unit.log | sed 's/^/      /'
+  # libnccl from C with a driver: ncclCommInitAll over the GPUs must work (CI checks the
+  # clean error without one).
+  timeout 120 bash nccl-compat/tests/c_api.sh .device/lib driver > /tmp/test-gpu-capi.log 2>&1
+  rc=$?
+  grep -q "c_api: ok" /tmp/test-gpu-capi.log || rc=${rc/#0/97}
+  verdict "unit: libnccl's C API with a driver (nccl-compat/tests/c_api.sh driver)" $rc /tmp/test-gpu-capi.log notable
 ;; esac
 
 case " $PARTS " in *" bench "*)

@@ -19,6 +19,8 @@ cp "$tests" .device/bin/railcc-nvlink-tests
 cp target/release/libnccl.so .device/lib/libnccl.so.2
 # Without debug info: the carried tree must stay under the device's 64 MiB.
 strip --strip-debug .device/bin/* .device/lib/*
+# The sources these binaries came from: scripts/test-gpu.sh refuses a stale .device.
+bash scripts/source-stamp.sh > .device/STAMP
 rm -rf .device/nccl-tests
 cp -r ../shared/third_party/nccl-tests .device/
 cp ../shared/baselines/gpu/nccl_baseline.sh .device/

@@ -73,6 +73,15 @@ fn random_inputs_every_collective_dtype_and_op() {
             &["-d", "half,bfloat16", "-o", "sum,avg"],
             &[("RAILCC_ALGO", algo)],
         );
-        assert!(ok && rows_and_wrong(&text).1 == 0, "{algo}: {text}");
+        let (rows, wrong) = rows_and_wrong(&text);
+        assert!(ok && rows == 8 && wrong == 0, "{algo}: {text}");
+        assert!(
+            text.contains("Out of bounds values : 0 OK"),
+            "{algo}: {text}"
+        );
+        assert!(
+            text.contains(&format!("  {algo}")),
+            "{algo} did not run: {text}"
+        );
     }
 }

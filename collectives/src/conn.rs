@@ -110,10 +110,23 @@ impl Connections {
             return Ok(());
         }
         let mut ready = self.inbound.ready.lock();
+        let mut probe_at = Instant::now() + PROBE_EVERY;
         loop {
             if let Some(c) = ready.remove(&peer) {
                 self.recvs[peer] = Some(c);
                 return Ok(());
+            }
+            // A peer that died before it connected leaves no socket to see closing: ask its
+            // listening port now and then (without holding the lock the acceptor needs).
+            if Instant::now() >= probe_at {
+                probe_at = Instant::now() + PROBE_EVERY;
+                if let Some(why) = parking_lot::MutexGuard::unlocked(&mut ready, || self.gone(peer))
+                {
+                    return Err(Error::new(ErrorKind::PeerClosed, why)
+                        .peer(peer)
+                        .op("accept"));
+                }
+                continue;
             }
             if abort.load(Ordering::Relaxed) {
                 return Err(Error::new(
@@ -143,6 +156,10 @@ impl Connections {
 
     /// Closes every connection, first telling each peer `reason` where the transport can.
     pub fn abort_all(&mut self, reason: &str) {
+        // Peers we never connected to, after those we did (they hear it on their streams).
+        let unconnected: Vec<usize> = (0..self.nranks)
+            .filter(|&p| p != self.rank && self.sends[p].is_none())
+            .collect();
         for mut c in self.sends.iter_mut().filter_map(Option::take) {
             if !reason.is_empty() {
                 c.abort(reason);
@@ -158,8 +175,78 @@ impl Connections {
         for (_, c) in self.inbound.ready.lock().drain() {
             let _ = c.close();
         }
+        if !reason.is_empty() {
+            self.tell_unconnected(&unconnected, reason);
+        }
     }
 }
+
+impl Connections {
+    /// Why `peer` is certainly gone, if it is: its listening port refuses connections (its
+    /// process exited; the kernel closed the port). `None` while it is there, or unknown.
+    fn gone(&self, peer: usize) -> Option<String> {
+        gone(&self.handles[peer], self.transport.name(), peer)
+    }
+
+    /// A peer we never connected to may be waiting for that connection (its next step
+    /// receives from us), where no abort frame can reach it: connect to each such peer and
+    /// tell it `reason`, so it fails now instead of at the deadline. Best effort, within
+    /// [`TELL_WITHIN`]; a peer that is gone refuses at once.
+    fn tell_unconnected(&self, peers: &[usize], reason: &str) {
+        let deadline = Instant::now() + TELL_WITHIN;
+        let me = ConnIdent {
+            rank: self.rank as u32,
+            channel: 0,
+        };
+        // A few threads, so that a failing call returns in milliseconds even with many peers.
+        let per_thread = peers.len().div_ceil(TELL_THREADS).max(1);
+        let (rank, transport, handles) = (self.rank, &self.transport, &self.handles);
+        std::thread::scope(|sc| {
+            for chunk in peers.chunks(per_thread) {
+                sc.spawn(move || {
+                    for &peer in chunk {
+                        // A peer that is gone needs no telling (and would refuse for a while).
+                        if Instant::now() >= deadline
+                            || gone(&handles[peer], transport.name(), peer).is_some()
+                        {
+                            continue;
+                        }
+                        match transport.connect(0, &handles[peer], me, deadline) {
+                            Ok(mut c) => {
+                                c.abort(reason);
+                                let _ = c.close();
+                            }
+                            Err(e) => {
+                                tracing::debug!("rank {rank}: telling rank {peer} why: {e}")
+                            }
+                        }
+                    }
+                });
+            }
+        });
+    }
+}
+
+/// See [`Connections::gone`].
+fn gone(handle: &ConnectHandle, transport: &'static str, peer: usize) -> Option<String> {
+    let addrs = handle.addrs(transport).ok()?;
+    let a = *addrs.first()?;
+    match std::net::TcpStream::connect_timeout(&a, PROBE_EVERY) {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => Some(format!(
+            "rank {peer} is gone before it connected to this rank: its port {a} refuses connections (the process exited)"
+        )),
+        _ => None,
+    }
+}
+
+/// How often a rank waiting for a peer's first connection checks that the peer still exists.
+const PROBE_EVERY: Duration = Duration::from_millis(100);
+
+/// Threads a failing rank uses to tell peers it never talked to why.
+const TELL_THREADS: usize = 8;
+
+/// How long a failing rank spends connecting to peers it never talked to, to tell them why.
+const TELL_WITHIN: Duration = Duration::from_millis(500);
 
 impl Drop for Connections {
     fn drop(&mut self) {

@@ -33,8 +33,21 @@ fn all_reduce_ring_and_direct_three_ranks() {
             chunk_bytes: 4096,
             ..cfg
         };
-        with_ranks(3, cfg, |c| {
+        with_ranks(3, cfg, move |c| {
             let n = 100_003;
+            let args = railcc_collectives::plan::CollArgs {
+                coll: railcc_core::net::CollKind::AllReduce,
+                nranks: 3,
+                count: n,
+                dtype: railcc_core::DataType::F32,
+                op: ReduceOp::Sum,
+                root: 0,
+            };
+            assert_eq!(
+                c.algo_for(&args).name(),
+                algo,
+                "RAILCC_ALGO={algo} took effect"
+            );
             let send: Vec<f32> = (0..n).map(|i| (i % 7) as f32 + c.rank() as f32).collect();
             let mut recv = vec![0f32; n];
             c.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
@@ -43,7 +56,9 @@ fn all_reduce_ring_and_direct_three_ranks() {
             }
             let mut buf = send.clone();
             c.all_reduce_in_place(&mut buf, ReduceOp::Max).unwrap();
-            assert_eq!(buf[0], 2.0);
+            for (i, v) in buf.iter().enumerate() {
+                assert_eq!(*v, (i % 7) as f32 + 2.0, "max, element {i}");
+            }
             c.barrier().unwrap();
         });
     }

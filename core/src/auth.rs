@@ -140,6 +140,37 @@ mod tests {
         assert!(v.is_err());
     }
 
+    /// A stranger that answers the challenge with a guess (a client with the wrong secret
+    /// hangs up before it answers, so `wrong_secret_is_refused` never reaches this check).
+    #[test]
+    fn a_guessed_response_is_refused() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let t = std::thread::spawn(move || {
+            use std::io::{Read, Write};
+            let mut c = TcpStream::connect(addr).unwrap();
+            let mut hello = MAGIC.to_vec();
+            hello.extend_from_slice(&[7u8; 16]);
+            c.write_all(&hello).unwrap();
+            let mut challenge = [0u8; 48];
+            c.read_exact(&mut challenge).unwrap();
+            c.write_all(&[0x5a; 32]).unwrap();
+            let mut rest = Vec::new();
+            let _ = c.read_to_end(&mut rest); // the server hangs up
+        });
+        let (mut s, _) = l.accept().unwrap();
+        let e = verify_server(
+            &mut s,
+            &Secret::random().unwrap(),
+            Instant::now() + Duration::from_secs(5),
+        )
+        .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Unauthorized);
+        assert!(e.message.contains("failed to prove"), "{e}");
+        drop(s);
+        t.join().unwrap();
+    }
+
     #[test]
     fn garbage_is_refused_without_hanging() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -12,7 +12,7 @@
 
 use crate::auth::{prove_client, verify_server, Secret};
 use crate::error::{Error, ErrorKind, Result};
-use crate::wire::{recv_frame, send_frame, Reader, Writer};
+use crate::wire::{read_exact_by, recv_frame, send_frame, write_all_by, Reader, Writer};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -379,6 +379,8 @@ pub struct Bootstrap {
     next: Option<TcpStream>,
     prev: Option<TcpStream>,
     timeout: Duration,
+    /// Why the ring failed: later calls return it (a failed ring is not used again).
+    broken: Option<Error>,
 }
 
 impl Bootstrap {
@@ -444,6 +446,7 @@ impl Bootstrap {
             next: None,
             prev: None,
             timeout,
+            broken: None,
         };
         if nranks > 1 {
             b.link_ring(listener, deadline).map_err(ctx)?;
@@ -460,7 +463,7 @@ impl Bootstrap {
         // Connect forward on a helper thread while accepting from behind, so the ring forms
         // in any arrival order.
         let connector = std::thread::spawn(move || -> Result<TcpStream> {
-            let mut s = connect_by(next_addr, deadline).map_err(|e| e.peer(next))?;
+            let mut s = connect_to_peer(None, next_addr, deadline).map_err(|e| e.peer(next))?;
             prove_client(&mut s, &secret, deadline).map_err(|e| e.peer(next))?;
             let mut w = Writer::default();
             w.u32(me as u32);
@@ -514,6 +517,18 @@ impl Bootstrap {
 
     /// Every rank contributes `mine`; returns all contributions in rank order.
     pub fn all_gather(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
+        if let Some(e) = &self.broken {
+            return Err(e.clone());
+        }
+        let r = self.all_gather_inner(mine);
+        if let Err(e) = &r {
+            self.tell_next(e);
+            self.broken = Some(e.clone());
+        }
+        r
+    }
+
+    fn all_gather_inner(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>> {
         let n = self.nranks;
         let mut out: Vec<Vec<u8>> = vec![Vec::new(); n];
         out[self.rank] = mine.to_vec();
@@ -530,13 +545,16 @@ impl Bootstrap {
             // Send on a scoped thread so large blobs cannot deadlock the ring.
             let got = std::thread::scope(|sc| {
                 let h = sc.spawn(|| send_frame(next, payload, deadline, "bootstrap all-gather"));
-                let r = recv_frame(prev, MAX_BOOT_FRAME, deadline, "bootstrap all-gather")
-                    .map_err(|e| e.peer(pp));
+                let r = recv_ring_frame(prev, deadline).map_err(|e| e.peer(pp));
                 let s = h
                     .join()
                     .unwrap_or_else(|_| Err(Error::new(ErrorKind::Io, "sender thread panicked")))
                     .map_err(|e| e.peer(pn));
-                s.and(r)
+                // The previous rank's failure explains ours better than a send to a closed ring.
+                match (r, s) {
+                    (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+                    (Ok(v), Ok(())) => Ok(v),
+                }
             })
             .map_err(|e| {
                 e.rank(me)
@@ -548,9 +566,70 @@ impl Bootstrap {
         Ok(out)
     }
 
+    /// After a failed ring step: passes the job's first failure to the next rank, which may be
+    /// waiting on us, so every rank names the rank that failed first (ranks fail one after
+    /// another around the ring, each in milliseconds). Best effort, briefly.
+    fn tell_next(&mut self, e: &Error) {
+        let text = match e.message.split_once(FIRST_FAILURE) {
+            Some((_, first)) => first.to_string(),
+            None => format!(
+                "rank {}, peer {}: {}",
+                self.rank,
+                e.peer.map_or("?".into(), |p| p.to_string()),
+                e.message
+            ),
+        };
+        if let Some(next) = self.next.as_mut() {
+            let mut frame = ABORT_FRAME.to_le_bytes().to_vec();
+            let text = &text.as_bytes()[..text.len().min(MAX_ABORT_TEXT)];
+            frame.extend_from_slice(&(text.len() as u32).to_le_bytes());
+            frame.extend_from_slice(text);
+            let deadline = Instant::now() + Duration::from_millis(200);
+            let _ = write_all_by(next, &frame, deadline, "bootstrap abort");
+        }
+    }
+
     pub fn barrier(&mut self) -> Result<()> {
         self.all_gather(&[]).map(|_| ())
     }
+}
+
+/// A ring frame length that announces an abort: a u32 text length and the text follow.
+const ABORT_FRAME: u32 = u32::MAX;
+const MAX_ABORT_TEXT: usize = 1024;
+const FIRST_FAILURE: &str = "first failure: ";
+
+/// One all-gather frame from the previous rank, or its abort as an error that carries the
+/// job's first failure.
+fn recv_ring_frame(s: &mut TcpStream, deadline: Instant) -> Result<Vec<u8>> {
+    let what = "bootstrap all-gather";
+    let mut len = [0u8; 4];
+    read_exact_by(s, &mut len, deadline, what)?;
+    let len = u32::from_le_bytes(len);
+    if len == ABORT_FRAME {
+        let mut tl = [0u8; 4];
+        read_exact_by(s, &mut tl, deadline, what)?;
+        let tl = (u32::from_le_bytes(tl) as usize).min(MAX_ABORT_TEXT);
+        let mut text = vec![0u8; tl];
+        read_exact_by(s, &mut text, deadline, what)?;
+        return Err(Error::new(
+            ErrorKind::PeerClosed,
+            format!(
+                "the previous rank in the bootstrap ring failed; {FIRST_FAILURE}{}",
+                String::from_utf8_lossy(&text)
+            ),
+        ));
+    }
+    let len = len as usize;
+    if len > MAX_BOOT_FRAME {
+        return Err(Error::new(
+            ErrorKind::Protocol,
+            format!("{what}: peer announced a {len}-byte frame, bound is {MAX_BOOT_FRAME}"),
+        ));
+    }
+    let mut buf = vec![0u8; len];
+    read_exact_by(s, &mut buf, deadline, what)?;
+    Ok(buf)
 }
 
 /// Connects with retries until `deadline`: the listener may not be up yet.
@@ -564,7 +643,32 @@ pub fn connect_from(
     addr: SocketAddr,
     deadline: Instant,
 ) -> Result<TcpStream> {
+    connect_retrying(local, addr, deadline, None)
+}
+
+/// How long a peer's port may refuse connections before the peer counts as gone.
+pub const GONE_AFTER: Duration = Duration::from_millis(200);
+
+/// Connects to a listener known to exist: a peer's, whose address the peer itself published
+/// after it started listening. A refusal that lasts [`GONE_AFTER`] means the peer's process
+/// has exited (the kernel closed its port), and fails at once with `PeerClosed` instead of at
+/// the deadline. From `local` when given.
+pub fn connect_to_peer(
+    local: Option<std::net::IpAddr>,
+    addr: SocketAddr,
+    deadline: Instant,
+) -> Result<TcpStream> {
+    connect_retrying(local, addr, deadline, Some(GONE_AFTER))
+}
+
+fn connect_retrying(
+    local: Option<std::net::IpAddr>,
+    addr: SocketAddr,
+    deadline: Instant,
+    gone_after: Option<Duration>,
+) -> Result<TcpStream> {
     let mut last: Option<std::io::Error> = None;
+    let mut refused_since: Option<Instant> = None;
     let attempt = |left: Duration| -> std::io::Result<TcpStream> {
         let Some(ip) = local else {
             return TcpStream::connect_timeout(&addr, left);
@@ -588,6 +692,17 @@ pub fn connect_from(
                 return Ok(s);
             }
             Err(e) => {
+                if e.kind() == std::io::ErrorKind::ConnectionRefused {
+                    let since = *refused_since.get_or_insert_with(Instant::now);
+                    if gone_after.is_some_and(|g| since.elapsed() >= g) {
+                        return Err(Error::new(
+                            ErrorKind::PeerClosed,
+                            format!("{addr} refuses connections: the peer's process has exited"),
+                        ));
+                    }
+                } else {
+                    refused_since = None;
+                }
                 last = Some(e);
                 std::thread::sleep(Duration::from_millis(20));
             }

@@ -3,7 +3,7 @@
 //! stranger who connects and stalls delays no real peer. Finished handshakes come back over a
 //! channel; failed ones are logged and dropped.
 
-use crate::{Error, Result};
+use crate::{Error, ErrorKind, Result};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::mpsc::{channel, Receiver, Sender};
 
@@ -59,6 +59,12 @@ impl<T: Send + 'static> HandshakeListener<T> {
                         .spawn(move || match shake(stream) {
                             Ok(c) => {
                                 let _ = tx.send(c);
+                            }
+                            // Ranks probe a peer's port to see it is alive (and close at once).
+                            Err(e) if e.kind == ErrorKind::PeerClosed => {
+                                tracing::debug!(
+                                    "{t}: connection from {from} closed before its handshake: {e}"
+                                )
                             }
                             Err(e) => tracing::warn!("{t}: refused connection from {from}: {e}"),
                         });

@@ -8,7 +8,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 lib=${1:-$here/../../target/debug}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-cp "$lib/libnccl.so" "$work/libnccl.so.2"
+# A cargo target dir holds libnccl.so; a staged one (.device/lib) libnccl.so.2.
+if [ -e "$lib/libnccl.so" ]; then cp "$lib/libnccl.so" "$work/libnccl.so.2"; else cp "$lib/libnccl.so.2" "$work/libnccl.so.2"; fi
 ln -s libnccl.so.2 "$work/libnccl.so"
 soname=$(readelf -d "$work/libnccl.so.2" | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
 [ "$soname" = libnccl.so.2 ] || { echo "FAIL: soname is '$soname', not libnccl.so.2"; exit 1; }

@@ -15,13 +15,21 @@ pub struct RankOutcome {
     pub stdout: String,
     pub stderr: String,
     pub elapsed: Duration,
+    /// The signal that ended the process, if one did (9: SIGKILL).
+    pub signal: Option<i32>,
 }
 
+/// Everything a pipe carried, as text (bytes that are not UTF-8 replaced, never dropped).
 fn drain(r: Option<impl Read + Send + 'static>) -> JoinHandle<String> {
     std::thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(mut r) = r {
-            let _ = r.read_to_string(&mut s);
+        let mut b = Vec::new();
+        let err = match r {
+            Some(mut r) => r.read_to_end(&mut b).err(),
+            None => None,
+        };
+        let mut s = String::from_utf8_lossy(&b).into_owned();
+        if let Some(e) = err {
+            s.push_str(&format!("\n[test harness: reading the pipe failed: {e}]"));
         }
         s
     })
@@ -70,7 +78,8 @@ pub fn run_job_with_id(
 }
 
 /// As [`run_job_with_id`]; with `kill = Some((rank, after))`, that rank's process gets SIGKILL
-/// `after` the start. Returns the outcomes and when the kill happened (from the start).
+/// `after` the start. Returns the outcomes and when the kill happened (from the start): `None`
+/// if the victim had already exited by then, so nothing was killed.
 #[allow(clippy::too_many_arguments)]
 pub fn run_job_killing(
     exe: &str,
@@ -82,7 +91,7 @@ pub fn run_job_killing(
     id: &str,
     kill: Option<(usize, Duration)>,
 ) -> (Vec<RankOutcome>, Option<Duration>) {
-    let mut killed_at = None;
+    let (mut killed_at, mut kill_tried) = (None, false);
     let start = Instant::now();
     let mut kids: Vec<(usize, Child, JoinHandle<String>, JoinHandle<String>)> = ranks
         .iter()
@@ -102,20 +111,24 @@ pub fn run_job_killing(
             (r, child, o, e)
         })
         .collect();
-    let mut status: Vec<Option<(bool, Duration)>> = vec![None; kids.len()];
+    let mut status: Vec<Option<(bool, Duration, Option<i32>)>> = vec![None; kids.len()];
     while status.iter().any(Option::is_none) {
         if let Some((victim, after)) = kill {
-            if killed_at.is_none() && start.elapsed() >= after {
+            if !kill_tried && start.elapsed() >= after {
+                kill_tried = true;
                 if let Some((_, k, _, _)) = kids.iter_mut().find(|k| k.0 == victim) {
-                    let _ = k.kill(); // SIGKILL
+                    // Only a victim still running counts as killed.
+                    if matches!(k.try_wait(), Ok(None)) && k.kill().is_ok() {
+                        killed_at = Some(start.elapsed()); // SIGKILL sent
+                    }
                 }
-                killed_at = Some(start.elapsed());
             }
         }
         for (i, (_, kid, _, _)) in kids.iter_mut().enumerate() {
             if status[i].is_none() {
                 if let Some(s) = kid.try_wait().expect("wait") {
-                    status[i] = Some((s.success(), start.elapsed()));
+                    use std::os::unix::process::ExitStatusExt;
+                    status[i] = Some((s.success(), start.elapsed(), s.signal()));
                 }
             }
         }
@@ -139,13 +152,14 @@ pub fn run_job_killing(
         .into_iter()
         .zip(status)
         .map(|((rank, _, o, e), s)| {
-            let (success, elapsed) = s.unwrap_or((false, Duration::ZERO));
+            let (success, elapsed, signal) = s.unwrap_or((false, Duration::ZERO, None));
             RankOutcome {
                 rank,
                 success,
                 stdout: o.join().unwrap_or_default(),
                 stderr: e.join().unwrap_or_default(),
                 elapsed,
+                signal,
             }
         })
         .collect();

@@ -61,7 +61,17 @@ fn killed_ranks_are_named_by_every_survivor() {
             &root.id.to_string(),
             Some((victim, after)),
         );
-        let killed = killed.expect("the victim was killed");
+        let Some(killed) = killed else {
+            let v = outs.iter().find(|o| o.rank == victim);
+            panic!(
+                "trial {t}: rank {victim} had exited before the kill, so nothing was killed: {v:?}"
+            );
+        };
+        let v = outs.iter().find(|o| o.rank == victim);
+        assert!(
+            v.is_some_and(|v| v.signal == Some(9)),
+            "trial {t}: rank {victim} did not die of the SIGKILL: {v:?}"
+        );
         let (mut trial_slowest, mut trial_named) = (Duration::ZERO, 0);
         for o in outs.iter().filter(|o| o.rank != victim) {
             let what = format!(
@@ -83,7 +93,13 @@ fn killed_ranks_are_named_by_every_survivor() {
                 "{what}: no error line: {}",
                 o.stdout
             );
-            let detect = o.elapsed.saturating_sub(killed);
+            assert!(
+                o.elapsed >= killed,
+                "{what}: exited {:?} before the kill, so it did not detect it: {}",
+                killed - o.elapsed,
+                o.stdout.trim()
+            );
+            let detect = o.elapsed - killed;
             assert!(
                 detect < DETECT_LIMIT,
                 "{what}: failed {detect:?} after the kill, over the {DETECT_LIMIT:?} limit: {}",

@@ -27,6 +27,17 @@ fn every_collective(n: usize, env: &[(&str, &str)]) {
     );
     all_ok(&outs);
     println!("{n} ranks {env:?}: {}", outs[0].stdout.trim());
+    // A forced algorithm must be the one that ran.
+    if let Some((_, algo)) = env.iter().find(|(k, _)| *k == "RAILCC_ALGO") {
+        for o in &outs {
+            assert!(
+                o.stdout.contains(&format!("by {algo}")),
+                "RAILCC_ALGO={algo} did not take effect on rank {}: {}",
+                o.rank,
+                o.stdout
+            );
+        }
+    }
 }
 
 #[test]
@@ -90,6 +101,16 @@ fn counts_that_differ_are_an_error_on_every_rank() {
             Duration::from_secs(60),
         );
         expect_all_fail(&outs, "count differs");
+        every_rank_names(&outs, "count differs");
+    }
+}
+
+/// Mismatches are caught from the message headers, so every rank fails promptly (never at
+/// the 10 s deadline) and names the mismatch, itself or through the first failure it was told.
+fn every_rank_names(outs: &[RankOutcome], needle: &str) {
+    railcc_tests::expect_all_fail(outs, needle, Some(Duration::from_secs(5)));
+    for o in outs {
+        assert!(o.stdout.contains(needle), "rank {}: {}", o.rank, o.stdout);
     }
 }
 
@@ -104,6 +125,7 @@ fn dtypes_that_differ_are_an_error_on_every_rank() {
         Duration::from_secs(60),
     );
     expect_all_fail(&outs, "dtype differs");
+    every_rank_names(&outs, "dtype differs");
 }
 
 #[test]
@@ -200,7 +222,15 @@ fn strangers_at_the_bootstrap_port_are_refused_and_the_job_completes() {
         let _ = h.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n");
         let mut buf = [0u8; 64];
         h.set_read_timeout(Some(Duration::from_secs(6))).unwrap();
-        if matches!(h.read(&mut buf), Ok(0) | Err(_)) {
+        // Refused means closed (EOF or reset), not a read that timed out on a held connection.
+        let closed = match h.read(&mut buf) {
+            Ok(n) => n == 0,
+            Err(e) => matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionAborted
+            ),
+        };
+        if closed {
             refused += 1;
         }
         let _stall = std::net::TcpStream::connect(addr).unwrap();

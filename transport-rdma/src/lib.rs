@@ -35,7 +35,7 @@ pub fn fuzz_decoders(bytes: &[u8]) {
 use comm::{RdmaRecvComm, RdmaSendComm};
 use device::RdmaPort;
 use railcc_core::auth::{fill_random, prove_client, verify_server, Secret};
-use railcc_core::bootstrap::connect_by;
+use railcc_core::bootstrap::connect_to_peer;
 use railcc_core::handshake::HandshakeListener;
 use railcc_core::net::{
     ConnIdent, ConnectHandle, NetListener, NetProps, NetRecvComm, NetSendComm, NetTransport,
@@ -223,7 +223,7 @@ impl NetTransport for RdmaTransport {
             return Err(Error::invalid(format!("rdma: no device {dev}")).transport(NAME));
         }
         let addr = handle.addr(NAME)?;
-        let mut s = connect_by(addr, deadline).map_err(|e| e.transport(NAME))?;
+        let mut s = connect_to_peer(None, addr, deadline).map_err(|e| e.transport(NAME))?;
         prove_client(&mut s, &self.secret, deadline).map_err(|e| e.transport(NAME))?;
         let mine = new_qps(&self.ctx, self.ctx.tuning.qps_per_conn.max(1) as usize)?;
         let infos: Vec<QpInfo> = mine.iter().map(|(q, p)| q.info(*p)).collect();

@@ -12,7 +12,7 @@ use crate::frame::{nparts, split, Header, Kind, HEADER_BYTES};
 use crate::sock::{send_iov, tune, unacked_bytes, Io, StreamHello, HELLO_FAILOVER};
 use crate::{TcpRail, TcpSettings, NAME};
 use railcc_core::auth::{prove_client, Secret};
-use railcc_core::bootstrap::connect_from;
+use railcc_core::bootstrap::connect_to_peer;
 use railcc_core::net::{ConnIdent, MemRegion, MsgTag, NetSendComm, ReqId, WaitFd};
 use railcc_core::wire::write_all_by;
 use railcc_core::{Error, ErrorKind, Result};
@@ -101,7 +101,7 @@ impl TcpSendComm {
             let addr = addrs[i % r.min(addrs.len())];
             let rail = rails.get(i % r);
             let local = rail.map(|x| x.ip);
-            let mut s = connect_from(local, addr, deadline).map_err(|e| {
+            let mut s = connect_to_peer(local, addr, deadline).map_err(|e| {
                 e.transport(NAME).op(format!(
                     "connect stream {i} on rail {}",
                     rail.map_or("default", |x| x.name.as_str())

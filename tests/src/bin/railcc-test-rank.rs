@@ -364,11 +364,13 @@ fn registered(c: &Communicator) -> Result<String, String> {
     }
     let mut all = vec![0f32; n * p];
     c.all_gather(&send, &mut all).map_err(e2s)?;
-    if (all[n * (p - 1)] - (p - 1) as f32).abs() > 0.0 {
+    // Every element of every rank's block (send[i] = i % 97 + rank).
+    if let Some(k) = (0..n * p).find(|&k| all[k] != (k % n % 97) as f32 + (k / n) as f32) {
         return Err(format!(
-            "all_gather: rank {}'s block starts with {}",
-            p - 1,
-            all[n * (p - 1)]
+            "all_gather: element {} of rank {}'s block is {}",
+            k % n,
+            k / n,
+            all[k]
         ));
     }
     for id in ids {
@@ -391,8 +393,8 @@ fn registered(c: &Communicator) -> Result<String, String> {
     // Unregistered buffers still work after the regions are gone.
     c.all_reduce(&send, &mut recv[..n], ReduceOp::Sum)
         .map_err(e2s)?;
-    if recv[5] != want(5) {
-        return Err(format!("after deregister: element 5 is {}", recv[5]));
+    if let Some(i) = (0..n).find(|&i| recv[i] != want(i)) {
+        return Err(format!("after deregister: element {i} is {}", recv[i]));
     }
     Ok(format!("registered buffers on {p} ranks"))
 }
@@ -479,8 +481,18 @@ fn all_collectives(c: &Communicator) -> Result<String, String> {
         }
     }
     c.barrier().map_err(|e| e.to_string())?;
+    // Which algorithm the large all-reduces ran (tests that force one check it took effect).
+    let big = CollArgs {
+        coll: CollKind::AllReduce,
+        nranks: p,
+        count: 300_007,
+        dtype: DataType::F32,
+        op: ReduceOp::Sum,
+        root: 0,
+    };
     Ok(format!(
-        "{checks} collective checks and a grouped all-to-all on {p} ranks"
+        "{checks} collective checks and a grouped all-to-all on {p} ranks; all_reduce of 300007 float by {}",
+        c.algo_for(&big).name()
     ))
 }
 
@@ -515,9 +527,15 @@ fn check_one(c: &Communicator, a: &CollArgs, in_place: bool) -> Result<(), Strin
     if recv.bytes()[len - guard..].iter().any(|b| *b != 0x77) {
         return Err("wrote past the end of the receive buffer".into());
     }
-    let wrong = count_wrong(a, r, &recv.bytes()[a.recv_range(r, in_place)], SEED);
+    let out = &recv.bytes()[a.recv_range(r, in_place)];
+    let wrong = count_wrong(a, r, out, SEED);
     if wrong > 0 {
         return Err(format!("{wrong} wrong elements"));
+    }
+    // A rooted reduce leaves the other ranks' receive memory as it was.
+    let prior = &body[a.recv_range(r, in_place)];
+    if a.coll == CollKind::Reduce && r != a.root && out != prior {
+        return Err("reduce changed a non-root rank's receive buffer".into());
     }
     if !in_place && send.bytes() != input.as_slice() {
         return Err("the send buffer was modified".into());
