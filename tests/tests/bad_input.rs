@@ -124,7 +124,7 @@ fn a_peer_out_of_range_is_an_error() {
 }
 
 #[test]
-fn abort_from_another_thread_unblocks_a_receive_within_a_second() {
+fn abort_from_another_thread_unblocks_a_receive_within_250_ms() {
     let outs = job("abort-while-blocked", 2);
     let r0 = &outs[0];
     assert!(r0.success, "{}", r0.stdout);

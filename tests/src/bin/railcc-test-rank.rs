@@ -201,7 +201,8 @@ fn soak(c: &Communicator) -> Result<String, String> {
 }
 
 /// Rank 0 blocks receiving from rank 1, which never sends; another thread aborts after 300
-/// ms. The receive must return within a second of the abort, and later calls must fail.
+/// ms. The receive must return within 250 ms of the abort (README: milliseconds; it takes a
+/// few), and later calls must fail.
 fn abort_while_blocked(c: &Communicator) -> Result<String, String> {
     if c.rank() != 0 {
         std::thread::sleep(std::time::Duration::from_secs(3));
@@ -228,7 +229,7 @@ fn abort_while_blocked(c: &Communicator) -> Result<String, String> {
         Err(e) => e,
     };
     let took = returned.duration_since(at);
-    if took > std::time::Duration::from_secs(1) {
+    if took > std::time::Duration::from_millis(250) {
         return Err(format!(
             "the receive returned {took:?} after the abort: {e}"
         ));
