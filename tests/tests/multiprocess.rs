@@ -129,6 +129,21 @@ fn dtypes_that_differ_are_an_error_on_every_rank() {
 }
 
 #[test]
+fn a_barrier_waits_for_the_last_rank() {
+    for n in [2, 3, 5] {
+        let outs = run_job(
+            EXE,
+            "barrier-late",
+            n,
+            &(0..n).collect::<Vec<_>>(),
+            &[],
+            Duration::from_secs(60),
+        );
+        all_ok(&outs);
+    }
+}
+
+#[test]
 fn root_out_of_range_is_an_error() {
     let outs = run_job(EXE, "bad-root", 2, &[0, 1], &[], Duration::from_secs(60));
     expect_all_fail(&outs, "root 2 out of range for 2 ranks");

@@ -149,6 +149,23 @@ fn run(scenario: &str) -> Result<String, String> {
             c.barrier().map_err(e2s)?;
             Ok("barrier".into())
         }
+        // The last rank arrives 500 ms late: nobody may leave the barrier before it arrived.
+        "barrier-late" => {
+            c.barrier().map_err(e2s)?; // everyone connected and ready
+            let late = c.rank() + 1 == c.nranks();
+            if late {
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
+            let t = std::time::Instant::now();
+            c.barrier().map_err(e2s)?;
+            let waited = t.elapsed();
+            if !late && waited < std::time::Duration::from_millis(400) {
+                return Err(format!(
+                    "left the barrier after {waited:?}, before the late rank arrived"
+                ));
+            }
+            Ok(format!("barrier: waited {waited:?} for the late rank"))
+        }
         _ => Err(format!("unknown scenario '{scenario}'")),
     }
 }
