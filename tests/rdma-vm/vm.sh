@@ -76,6 +76,9 @@ rc=$?
 set -e
 cat $LOG
 [ $rc -eq 124 ] && { echo "vm.sh: the VM did not finish in time" >&2; exit 124; }
-status=$(grep -a "VM: exit" $LOG | tail -1 | awk '{print $3}' | tr -d '\r')
-[ -n "$status" ] || { echo "vm.sh: the test never reported a status" >&2; exit 3; }
+# The init's last word, "VM: exit N" (a line of its own; the console may end it with \r).
+status=$(grep -aE "^VM: exit [0-9]+" $LOG | tail -1 | awk '{print $3}' | tr -d '\r' || true)
+case $status in
+    ''|*[!0-9]*) echo "vm.sh: the test never reported a status (qemu exited $rc)" >&2; exit 3;;
+esac
 exit "$status"
