@@ -647,7 +647,7 @@ pub fn connect_from(
 }
 
 /// How long a peer's port may refuse connections before the peer counts as gone.
-pub const GONE_AFTER: Duration = Duration::from_millis(200);
+pub const GONE_AFTER: Duration = Duration::from_millis(20);
 
 /// Connects to a listener known to exist: a peer's, whose address the peer itself published
 /// after it started listening. A refusal that lasts [`GONE_AFTER`] means the peer's process
