@@ -12,7 +12,9 @@
 
 use crate::auth::{prove_client, verify_server, Secret};
 use crate::error::{Error, ErrorKind, Result};
-use crate::wire::{read_exact_by, recv_frame, send_frame, write_all_by, Reader, Writer};
+use crate::wire::{
+    read_exact_by, recv_frame, recv_frame_body, send_frame, write_all_by, Reader, Writer,
+};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -620,16 +622,7 @@ fn recv_ring_frame(s: &mut TcpStream, deadline: Instant) -> Result<Vec<u8>> {
             ),
         ));
     }
-    let len = len as usize;
-    if len > MAX_BOOT_FRAME {
-        return Err(Error::new(
-            ErrorKind::Protocol,
-            format!("{what}: peer announced a {len}-byte frame, bound is {MAX_BOOT_FRAME}"),
-        ));
-    }
-    let mut buf = vec![0u8; len];
-    read_exact_by(s, &mut buf, deadline, what)?;
-    Ok(buf)
+    recv_frame_body(s, len as usize, MAX_BOOT_FRAME, deadline, what)
 }
 
 /// Connects with retries until `deadline`: the listener may not be up yet.

@@ -194,7 +194,17 @@ pub fn send_frame(s: &mut TcpStream, payload: &[u8], deadline: Instant, what: &s
 pub fn recv_frame(s: &mut TcpStream, max: usize, deadline: Instant, what: &str) -> Result<Vec<u8>> {
     let mut len = [0u8; 4];
     read_exact_by(s, &mut len, deadline, what)?;
-    let len = u32::from_le_bytes(len) as usize;
+    recv_frame_body(s, u32::from_le_bytes(len) as usize, max, deadline, what)
+}
+
+/// The payload of a frame whose length `len` was read already (at most `max` bytes).
+pub fn recv_frame_body(
+    s: &mut TcpStream,
+    len: usize,
+    max: usize,
+    deadline: Instant,
+    what: &str,
+) -> Result<Vec<u8>> {
     if len > max {
         return Err(Error::new(
             ErrorKind::Protocol,
