@@ -1,22 +1,113 @@
 #!/usr/bin/env bash
-# On the device machine (nvidia-h200-x2): GPU buffers over the network transport (TCP over
-# loopback here), staged through pinned host memory, as ranks on different machines run.
-# Every collective, dtype and op checked; all_reduce timed next to the CUDA IPC path.
-# Prepare with bench/compare/gpu-prepare.sh; carry .device. Logs to $OUT/gpu-net.log.
+# On the device machine (nvidia-h200-x2): GPUs across emulated hosts (issue 17). Each process
+# gets its own RAILCC_HOSTID/NCCL_HOSTID, so railcc and NCCL both treat the two GPUs as two
+# machines and move data over TCP on loopback. Prepare with bench/compare/gpu-prepare.sh;
+# carry .device. Parts (GPU_NET_PARTS, default all): bench (railcc bench --gpu-net: every
+# collective, dtype and op, in and out of place, -G), nccl (nccl-tests on railcc's libnccl
+# under mpirun -np 2 on two emulated hosts: every binary, -d all, -o all, -G 10), perf
+# (all_reduce 8 B-128 MB: railcc's libnccl, NCCL defaults, NCCL with 4 threads x 4 sockets,
+# same mpirun, same hosts), kill (a rank killed in a 256 MB all_reduce: the survivor's time).
+# Logs under $OUT: gpu-net-*.log. A failed check prints FAIL and the script exits 1.
 set -uo pipefail
+cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
-T="timeout 300"
-{
-  echo "== railcc topo (the path GPU data takes to the network)"; $R topo | grep -E "^GPU|data to the network"
-  for c in all_reduce all_gather reduce_scatter broadcast reduce sendrecv; do
-    echo "== $c --gpu-net over tcp: every dtype/op, 8 B to 16 MB, --offset 8"
-    $T $R bench $c --device cuda --per-process --gpu-net --transport tcp --ranks 2 \
-      -b 8 -e 16M -f 16 -d all -o all -n 1 -w 0 -r 1 --offset 8 | grep -vE '^ +[0-9]'
-    echo "exit ${PIPESTATUS[0]}"
+export RAILCC_TIMEOUT_MS=${RAILCC_TIMEOUT_MS:-30000} NCCL_SOCKET_IFNAME=lo RAILCC_SOCKET_IFNAME=lo
+PARTS=${GPU_NET_PARTS:-bench nccl perf kill}
+FAILS=0
+fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
+# table_ok FILE: exit 0, every table "Out of bounds values : 0 OK", rows present, #wrong 0.
+table_ok() {
+  local f=$1 tables oks rows wrong
+  tables=$(grep -c "Out of bounds values" "$f")
+  oks=$(grep -c "Out of bounds values : 0 OK" "$f")
+  rows=$(grep -cE '^ +[0-9]+ +[0-9]+ +[a-z0-9_]+ +[a-z]+ +-?[0-9]+ ' "$f")
+  wrong=$(awk '/^ +[0-9]+ +[0-9]+ +[a-z0-9_]+ +[a-z]+ +-?[0-9]+ / && (($9 != "0" && $9 != "N/A") || ($13 != "0" && $13 != "N/A"))' "$f" | wc -l)
+  [ "$tables" -gt 0 ] && [ "$oks" = "$tables" ] && [ "$rows" -gt 0 ] && [ "$wrong" = 0 ]
+}
+# check LABEL CMD...: runs CMD, logs it, judges its tables.
+check() {
+  local label=$1; shift
+  local f=/tmp/gpu-net-check.log rc
+  timeout 300 "$@" > $f 2>&1; rc=$?
+  { echo "== $label"; cat $f; echo "== exit $rc"; } >> "$LOG"
+  if [ $rc = 0 ] && table_ok $f; then echo "PASS  $label"; else fail "$label (exit $rc)"; tail -5 $f; fi
+}
+cat > /tmp/as-host.sh <<'EOF'
+#!/bin/bash
+# One emulated host per MPI rank.
+h=host${OMPI_COMM_WORLD_RANK:?}
+export NCCL_HOSTID=$h RAILCC_HOSTID=$h
+exec "$@"
+EOF
+chmod +x /tmp/as-host.sh
+
+case " $PARTS " in *" bench "*)
+  LOG=$OUT/gpu-net-bench.log; : > $LOG
+  for c in all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall; do
+    check "bench $c --gpu-net: every dtype/op, 8 B-16 MB, --offset 8" \
+      $R bench $c --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 16M -f 16 -d all -o all -n 1 -w 0 -r 1 --offset 8
+    check "bench $c --gpu-net -G 3: 8 B-64 MB, float and bfloat16" \
+      $R bench $c --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 64M -f 32 -d float,bfloat16 -n 3 -w 1 -G 3
   done
-  echo "== all_reduce timing: --gpu-net over tcp, then CUDA IPC (--per-process)"
-  $T $R bench all_reduce --device cuda --per-process --gpu-net --transport tcp --ranks 2 -b 8 -e 256M -f 8 -n 10 -w 2
-  $T $R bench all_reduce --device cuda --per-process --ranks 2 -b 8 -e 256M -f 8 -n 10 -w 2
-} > $OUT/gpu-net.log 2>&1
-grep -E "^==|^exit|Out of bounds|wrong|^# railcc|data to the network" $OUT/gpu-net.log | head -60
-tail -25 $OUT/gpu-net.log
+  check "bench all_reduce --gpu-net --fill random: 8 B-256 MB, half and bfloat16" \
+    $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 256M -f 8 -d half,bfloat16 -o sum,avg -n 3 -w 1 --fill random
+  grep -E "^# railcc|returned to the caller" $LOG | grep -E "railcc|134217728|268435456|  8 B" | head -12
+;; esac
+
+NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
+[ -e "$NCCL_HOME/lib/libnccl.so" ] || ln -sf "$NCCL_HOME/lib/libnccl.so.2" "$NCCL_HOME/lib/libnccl.so"
+NTM=/tmp/nccl-tests-mpi
+MPIRUN="mpirun -np 2 --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_SOCKET_IFNAME -x RAILCC_SOCKET_IFNAME -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x NCCL_DEBUG -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD"
+OURS="$PWD/.device/lib:/usr/local/cuda/lib64"
+case " $PARTS " in *" nccl "*|*" perf "*)
+  if [ ! -x $NTM/build/all_reduce_perf ]; then
+    inc=$(mpicc --showme:incdirs 2>/dev/null | awk '{print $1}')
+    cp -r .device/nccl-tests $NTM
+    make -C $NTM -j16 MPI=1 MPI_HOME="$(dirname "${inc:-/usr/include}")" CUDA_HOME=/usr/local/cuda NCCL_HOME="$NCCL_HOME" \
+      NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" src.build > /tmp/nccl-build-mpi.log 2>&1 || { fail "nccl-tests MPI build"; tail /tmp/nccl-build-mpi.log; }
+  fi
+;; esac
+
+case " $PARTS " in *" nccl "*)
+  LOG=$OUT/gpu-net-nccl.log; : > $LOG
+  for b in all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall; do
+    ops=""; case $b in all_reduce|reduce_scatter|reduce) ops="-o all" ;; esac
+    F="-b 8 -e 8M -f 8 -n 2 -w 1 -c 1 -d all $ops"
+    check "libnccl $b mpirun -np 2, 2 emulated hosts, $F" env LD_LIBRARY_PATH="$OURS" $MPIRUN /tmp/as-host.sh $NTM/build/${b}_perf $F -g 1
+    check "libnccl $b mpirun -np 2, 2 emulated hosts, -G 10 $F" env LD_LIBRARY_PATH="$OURS" $MPIRUN /tmp/as-host.sh $NTM/build/${b}_perf $F -g 1 -G 10
+  done
+  env LD_LIBRARY_PATH="$OURS" NCCL_DEBUG=INFO $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf -b 8 -e 8 -n 1 -w 0 -g 1 2>&1 | grep -m2 "railcc libnccl"
+;; esac
+
+case " $PARTS " in *" perf "*)
+  LOG=$OUT/gpu-net-perf.log; : > $LOG
+  P="-b 8 -e 128M -f 4 -n 20 -w 5 -c 0 -g 1"
+  for rep in 1 2; do
+    echo "== rep $rep: railcc libnccl" >> $LOG
+    env LD_LIBRARY_PATH="$OURS" $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P >> $LOG 2>&1
+    echo "== rep $rep: NCCL defaults" >> $LOG
+    env LD_LIBRARY_PATH="$NCCL_HOME/lib:/usr/local/cuda/lib64" NCCL_DEBUG=INFO $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P >> $LOG 2>&1
+    echo "== rep $rep: NCCL NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4" >> $LOG
+    env LD_LIBRARY_PATH="$NCCL_HOME/lib:/usr/local/cuda/lib64" NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P >> $LOG 2>&1
+  done
+  grep -E "^== |nNodes|via NET|^ +(8|2048|131072|8388608|33554432|134217728) " $LOG | grep -v "INFO Channel" | head -80
+;; esac
+
+case " $PARTS " in *" kill "*)
+  LOG=$OUT/gpu-net-kill.log; : > $LOG
+  for path in "--gpu-net" ""; do
+    RAILCC_TIMEOUT_MS=10000 timeout 120 $R bench all_reduce --device cuda --per-process $path --ranks 2 -b 256M -e 256M -n 100000 -w 1 -c 0 > /tmp/kill.out 2>&1 &
+    bpid=$!
+    sleep 8
+    victim=$(pgrep -f "railcc bench" | while read p; do tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx RAILCC_RANK=1 && echo $p; done | head -1)
+    [ -n "$victim" ] || { fail "kill ${path:-nvlink}: no rank 1 process"; continue; }
+    t0=$(date +%s%N); kill -9 $victim
+    wait $bpid; rc=$?; t1=$(date +%s%N)
+    ms=$(( (t1 - t0) / 1000000 ))
+    { echo "== kill ${path:-(CUDA IPC)}: rank 1 killed, job exit $rc after $ms ms"; cat /tmp/kill.out; } >> $LOG
+    echo "kill ${path:-(CUDA IPC)}: exit $rc ${ms} ms after the kill: $(grep -m1 -iE 'error|fail' /tmp/kill.out | cut -c1-220)"
+    nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | tr '\n' ' '; echo
+  done
+;; esac
+echo "gpu-net.sh: $FAILS failed"
+[ $FAILS = 0 ]

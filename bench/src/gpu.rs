@@ -27,32 +27,32 @@ const SEED: u64 = 0x5eed;
 const GUARD: usize = 64;
 const GUARD_BYTE: u8 = 0xC3;
 
-fn err(e: railcc_core::Error) -> String {
+pub(crate) fn err(e: railcc_core::Error) -> String {
     e.to_string()
 }
 
 /// What one (size, dtype, op, placement) measured.
 #[derive(Debug, Clone, Copy, Default)]
-struct Sample {
-    secs: f64,
-    wrong: u64,
-    oob: u64,
-    blocks: u32,
+pub(crate) struct Sample {
+    pub(crate) secs: f64,
+    pub(crate) wrong: u64,
+    pub(crate) oob: u64,
+    pub(crate) blocks: u32,
 }
 
 /// One GPU's buffers for one call: allocations with guard bytes around the data, and the
 /// image each receive allocation must match outside the receive range.
-struct Placed {
-    send: DevBuf,
-    recv: Option<DevBuf>,
-    send_ptr: u64,
-    recv_ptr: u64,
+pub(crate) struct Placed {
+    pub(crate) send: DevBuf,
+    pub(crate) recv: Option<DevBuf>,
+    pub(crate) send_ptr: u64,
+    pub(crate) recv_ptr: u64,
     /// The receive range inside the allocation that holds it, and that allocation's image.
-    recv_at: std::ops::Range<usize>,
-    image: Vec<u8>,
+    pub(crate) recv_at: std::ops::Range<usize>,
+    pub(crate) image: Vec<u8>,
 }
 
-fn place(
+pub(crate) fn place(
     gpu: &GpuCtx,
     args: &CollArgs,
     rank: usize,
@@ -101,7 +101,7 @@ fn place(
 }
 
 /// (wrong elements, out-of-bounds bytes) after a call (the stream must be synchronized).
-fn check(
+pub(crate) fn check(
     gpu: &GpuCtx,
     p: &Placed,
     args: &CollArgs,
@@ -124,7 +124,7 @@ fn check(
 /// Times `a.iters` calls of `launch` (eagerly, or captured once and replayed `-G` times),
 /// after `a.warmup` untimed ones, with events on `timer_gpu`'s stream. `capture` brackets a
 /// capture on every stream involved.
-fn time_calls(
+pub(crate) fn time_calls(
     a: &BenchArgs,
     timer_gpu: &GpuCtx,
     launch: &dyn Fn() -> Result<u32, String>,
@@ -204,13 +204,13 @@ fn repeat_stable(args: &CollArgs, in_place: bool) -> bool {
 type Mine<'a> = [(&'a GpuCtx, &'a Placed, usize)];
 
 /// How this process launches a call and waits for it.
-struct Calls<'a> {
-    launch: &'a dyn Fn() -> Result<u32, String>,
-    streams: &'a [(&'a GpuCtx, Stream)],
+pub(crate) struct Calls<'a> {
+    pub(crate) launch: &'a dyn Fn() -> Result<u32, String>,
+    pub(crate) streams: &'a [(&'a GpuCtx, Stream)],
     /// Waits until this process's GPUs have finished.
-    sync: &'a dyn Fn() -> Result<(), String>,
+    pub(crate) sync: &'a dyn Fn() -> Result<(), String>,
     /// Waits until every rank got here (a barrier per process; nothing in one process).
-    together: &'a dyn Fn() -> Result<(), String>,
+    pub(crate) together: &'a dyn Fn() -> Result<(), String>,
 }
 
 /// (wrong, out of bounds) of the results the graph launches left. Calls that repeat stably
@@ -218,7 +218,7 @@ struct Calls<'a> {
 /// on its own output, so there every buffer is reset to its first image (after `sync`, then
 /// `together` so no peer launches before all reset), and a graph of one call is captured,
 /// launched and checked, as nccl-tests checks under `-G`.
-fn check_graph(
+pub(crate) fn check_graph(
     args: &CollArgs,
     fill: Fill,
     in_place: bool,
@@ -247,7 +247,7 @@ fn check_graph(
 }
 
 /// The part that differs between the two ways of running.
-trait Runner {
+pub(crate) trait Runner {
     fn ranks(&self) -> usize;
     fn prints(&self) -> bool;
     fn one(&self, args: &CollArgs, a: &BenchArgs, in_place: bool) -> Result<Sample, String>;
@@ -398,7 +398,7 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
 }
 
 /// Every rank's sample made one: the slowest rank's time, everyone's errors.
-fn agree(comm: &Communicator, mut s: Sample) -> Result<Sample, String> {
+pub(crate) fn agree(comm: &Communicator, mut s: Sample) -> Result<Sample, String> {
     let mine = [
         s.secs.to_le_bytes(),
         s.wrong.to_le_bytes(),
@@ -494,6 +494,9 @@ pub fn run_rank(comm: &Communicator, a: &BenchArgs) -> Result<(), String> {
     let ordinal = local % gpus.len();
     let cfg = comm.config();
     let cache = railcc_transport_nvlink::compile::cache_dir(&cfg.cache_dir);
+    if a.gpu_net && cfg.gpu_direct == 0 {
+        return crate::gpu_net::run_rank(comm, a, ordinal, &gpus);
+    }
     if a.gpu_net {
         let gpu = GpuCtx::new(ordinal, cache.as_deref()).map_err(err)?;
         let net = GpuOverNet::new(comm, ordinal);
@@ -540,7 +543,7 @@ pub fn run_rank(comm: &Communicator, a: &BenchArgs) -> Result<(), String> {
     sweep(&PerProcess { gpu: pg, comm }, a)
 }
 
-fn graph_note(a: &BenchArgs) -> String {
+pub(crate) fn graph_note(a: &BenchArgs) -> String {
     let fill = crate::report::fill_note(a);
     if a.graph_launches > 0 {
         format!(
@@ -552,7 +555,9 @@ fn graph_note(a: &BenchArgs) -> String {
     }
 }
 
-fn describe_gpus(gpus: &[railcc_transport_nvlink::driver::GpuInfo]) -> Result<(), String> {
+pub(crate) fn describe_gpus(
+    gpus: &[railcc_transport_nvlink::driver::GpuInfo],
+) -> Result<(), String> {
     for g in gpus {
         println!(
             "#  GPU {} {} bus {} sm_{}{} ({} SMs)",
@@ -577,7 +582,7 @@ fn list<T: std::str::FromStr<Err = String> + Copy>(s: &str, all: &[T]) -> Result
     s.split(',').map(|x| x.parse()).collect()
 }
 
-fn sweep(r: &dyn Runner, a: &BenchArgs) -> Result<(), String> {
+pub(crate) fn sweep(r: &dyn Runner, a: &BenchArgs) -> Result<(), String> {
     let coll = a.collective.kind();
     if coll == CollKind::AllToAll {
         return Err("--device cuda does not run alltoall yet".into());

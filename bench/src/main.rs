@@ -9,6 +9,7 @@ mod args;
 mod bind;
 mod compare;
 mod gpu;
+mod gpu_net;
 mod measure;
 mod plot;
 mod report;

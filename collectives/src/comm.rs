@@ -56,6 +56,7 @@ pub struct Communicator {
     nranks: usize,
     cfg: Config,
     iface: String,
+    iface_ip: std::net::IpAddr,
     /// What carries the data, for logs and bench headers ("tcp over lo", "rdma rxe0:1 ...").
     transport_desc: String,
     state: Mutex<State>,
@@ -104,6 +105,11 @@ impl Communicator {
     /// The interface the sockets use.
     pub fn interface(&self) -> &str {
         &self.iface
+    }
+
+    /// The address of that interface.
+    pub fn interface_ip(&self) -> std::net::IpAddr {
+        self.iface_ip
     }
 
     /// The transport in use and its device, e.g. `rdma rxe0:1 Ethernet GID[1] ...`.

@@ -164,6 +164,19 @@ config! {
     /// go NIC to GPU through dma-buf (GPUDirect RDMA; untested: no machine here has a GPU and
     /// an RDMA NIC together); 0 stages every GPU transfer through pinned host memory.
     gpu_direct: u8 = 0, "RAILCC_GPU_DIRECT";
+    /// Where GPU data goes between ranks of different processes: auto (peer access over
+    /// NVLink/PCIe between ranks of one host, the network between hosts) or net (the network
+    /// between every pair, for tests and comparisons on one machine).
+    gpu_path: String = "auto".to_string(), "RAILCC_GPU_PATH";
+    /// GPU collectives across the network are split over this many channels, each with its own
+    /// connections and thread (NCCL's channels and proxy threads). 1 to 32.
+    gpu_net_channels: usize = 4, "RAILCC_GPU_NET_CHANNELS";
+    /// GPU collectives across the network move in chunks of at most this many staged bytes,
+    /// so copies off the GPU, the network and copies back overlap.
+    gpu_net_chunk_bytes: usize = 4 * 1024 * 1024, "RAILCC_GPU_NET_CHUNK_BYTES";
+    /// GPU calls across the network staging at most this many bytes copy on the caller's
+    /// stream and run whole on one channel (the small-message path).
+    gpu_net_small_bytes: usize = 256 * 1024, "RAILCC_GPU_NET_SMALL_BYTES";
     /// RDMA queue pairs per connection (NCCL_IB_QPS_PER_CONNECTION): messages of 64 KB and
     /// more are split across them. The connecting (sending) side's value is used. 1 to 16.
     ib_qps_per_conn: u8 = 1, "RAILCC_IB_QPS_PER_CONN";
@@ -216,6 +229,18 @@ impl Config {
             return Err(Error::invalid(format!(
                 "RAILCC_GPU_DIRECT={} must be 0 or 1",
                 self.gpu_direct
+            )));
+        }
+        if !matches!(self.gpu_path.as_str(), "auto" | "net") {
+            return Err(Error::invalid(format!(
+                "RAILCC_GPU_PATH={} must be auto or net",
+                self.gpu_path
+            )));
+        }
+        if !(1..=32).contains(&self.gpu_net_channels) || self.gpu_net_chunk_bytes < 4096 {
+            return Err(Error::invalid(format!(
+                "RAILCC_GPU_NET_CHANNELS={} must be 1 to 32 and RAILCC_GPU_NET_CHUNK_BYTES={} at least 4096",
+                self.gpu_net_channels, self.gpu_net_chunk_bytes
             )));
         }
         if !(1..=16).contains(&self.ib_qps_per_conn) {

@@ -22,13 +22,15 @@ enum Backend {
     Local(Arc<Clique>),
     /// One per process (torchrun style): railcc's per-process GPU path (CUDA IPC).
     Proc(Box<ProcRank>),
+    /// One per process on several hosts: the stream-ordered network engine.
+    Net(Box<NetRank>),
 }
 
 use abi::*;
 use clique::{Call, Clique, Half, Ticket};
 use cudarc::driver::sys;
 use parking_lot::Mutex;
-use proc_backend::ProcRank;
+use proc_backend::{NetRank, ProcRank};
 use railcc_core::net::CollKind;
 use railcc_core::{Error, ErrorKind};
 use std::collections::HashMap;
@@ -83,7 +85,21 @@ fn invalid(msg: impl Into<String>) -> NcclResult {
 
 /// railcc's configuration from the RAILCC_* variables (`railcc config` lists them).
 pub(crate) fn config() -> Result<railcc_core::Config, Error> {
-    railcc_core::Config::default().apply_vars(|k| std::env::var(k).ok())
+    railcc_core::Config::default().apply_vars(|k| {
+        std::env::var(k)
+            .ok()
+            .or_else(|| nccl_alias(k).and_then(|n| std::env::var(n).ok()))
+    })
+}
+
+/// The NCCL variable a railcc setting falls back to when the RAILCC_ one is unset.
+fn nccl_alias(railcc: &str) -> Option<&'static str> {
+    Some(match railcc {
+        "RAILCC_HOSTID" => "NCCL_HOSTID",
+        "RAILCC_SOCKET_IFNAME" => "NCCL_SOCKET_IFNAME",
+        "RAILCC_IB_HCA" => "NCCL_IB_HCA",
+        _ => return None,
+    })
 }
 
 /// The deadline of every wait (RAILCC_TIMEOUT_MS).
@@ -150,7 +166,8 @@ pub unsafe extern "C" fn ncclGetUniqueId(id: *mut UniqueId) -> NcclResult {
     let Some(id) = (unsafe { id.as_mut() }) else {
         return invalid("ncclGetUniqueId: uniqueId is NULL");
     };
-    match proc_backend::serve_root(timeout()) {
+    let ifname = config().map(|c| c.socket_ifname).unwrap_or_default();
+    match proc_backend::serve_root(timeout(), &ifname) {
         Ok(boot) => {
             *id = UniqueId {
                 internal: boot.to_bytes(),
@@ -228,6 +245,7 @@ fn finish_init(comm: *const Comm, id: &railcc_core::bootstrap::UniqueId) -> Nccl
                 let path = match &b {
                     Backend::Local(_) => "every rank in this process, multi-GPU kernels",
                     Backend::Proc(_) => "one rank per process, peers by CUDA IPC",
+                    Backend::Net(n) => n.net.describe(),
                 };
                 eprintln!(
                     "NCCL INFO railcc libnccl {VERSION_STRING}: rank {} of {} on CUDA device {}: {path}",
@@ -360,6 +378,11 @@ pub unsafe extern "C" fn ncclCommDestroy(comm: *mut Comm) -> NcclResult {
 /// As for ncclCommDestroy.
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommAbort(comm: *mut Comm) -> NcclResult {
+    // SAFETY: NULL or a live communicator (NCCL's contract).
+    if let Some(Backend::Net(n)) = unsafe { comm.as_ref() }.and_then(|c| c.backend.get()) {
+        // Streams waiting on the network are let go at once instead of at the deadline.
+        n.net.abort();
+    }
     // SAFETY: forwarded.
     unsafe { ncclCommDestroy(comm) }
 }
@@ -392,7 +415,12 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(
     comm: *mut Comm,
     out: *mut NcclResult,
 ) -> NcclResult {
-    let r = match with_comm(comm, "ncclCommGetAsyncError", |c| c.broken.lock().clone()) {
+    let r = match with_comm(comm, "ncclCommGetAsyncError", |c| {
+        c.broken.lock().clone().or_else(|| match c.backend.get() {
+            Some(Backend::Net(n)) => n.net.async_error(),
+            _ => None,
+        })
+    }) {
         Ok(b) => b.map_or(SUCCESS, |e| result_of(e.kind, &e.to_string())),
         Err(code) => return code,
     };
@@ -613,7 +641,17 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
     });
     let mut self_sends: HashMap<usize, std::collections::VecDeque<Half>> = HashMap::new();
     let mut self_recvs: Vec<(*const Comm, Half)> = Vec::new();
+    // Across hosts a communicator's sends and receives of the group are one engine call.
+    let mut net_groups: Vec<(*const Comm, Vec<NetP2p>)> = Vec::new();
     for (c, peer, send, h) in p2ps {
+        // SAFETY: handles in a group are live (NCCL's contract).
+        if matches!(unsafe { (*c).backend.get() }, Some(Backend::Net(_))) {
+            match net_groups.iter_mut().find(|g| std::ptr::eq(g.0, c)) {
+                Some(g) => g.1.push((peer, send, h)),
+                None => net_groups.push((c, vec![(peer, send, h)])),
+            }
+            continue;
+        }
         // SAFETY: as above.
         let (me, proc_path) = unsafe {
             (
@@ -633,6 +671,17 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
             Ok(t) => tickets.push((c, t)),
             Err(r) => note(r),
         }
+    }
+    for (c, ops) in net_groups {
+        // SAFETY: as above.
+        let res = match unsafe { (*c).backend.get() } {
+            Some(Backend::Net(n)) => n.p2p(&ops),
+            _ => Err(Error::new(
+                ErrorKind::Aborted,
+                "communicator not initialized",
+            )),
+        };
+        tickets.push((c, Ticket::Done(res)));
     }
     for (c, r) in self_recvs {
         let s = self_sends
@@ -660,6 +709,9 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
     first
 }
 
+/// (peer, is_send, buffer) of one send or receive across hosts.
+type NetP2p = (usize, bool, Half);
+
 // ---------------------------------------------------------------- calls
 
 fn submit(comm: *const Comm, call: Call) -> Result<Ticket, NcclResult> {
@@ -673,6 +725,7 @@ fn submit(comm: *const Comm, call: Call) -> Result<Ticket, NcclResult> {
                 Ok(clique.submit(c.rank, seq, call))
             }
             Some(Backend::Proc(p)) => Ok(Ticket::Done(p.collective(&call))),
+            Some(Backend::Net(n)) => Ok(Ticket::Done(n.collective(&call))),
             None => Err(usage(format!(
                 "{}: communicator not initialized",
                 call.coll.name()
@@ -696,6 +749,7 @@ fn submit_p2p(comm: *const Comm, peer: usize, send: bool, h: Half) -> Result<Tic
         match c.backend.get() {
             Some(Backend::Local(clique)) => Ok(clique.submit_p2p(src, dst, seq, send, h)),
             Some(Backend::Proc(p)) => Ok(Ticket::Done(p.p2p(src, h))),
+            Some(Backend::Net(n)) => Ok(Ticket::Done(n.p2p(&[(peer, send, h)]))),
             None => Err(usage("send/recv: communicator not initialized")),
         }
     })?

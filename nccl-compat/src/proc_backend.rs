@@ -8,6 +8,8 @@
 
 use crate::clique::{Call, Clique, Half};
 use crate::Backend;
+use railcc_collectives::gpu_net::{GpuNet, NetOp, P2pOp};
+use railcc_collectives::plan::{CollArgs, P2pKind};
 use railcc_collectives::Communicator;
 use railcc_core::net::CollKind;
 use railcc_core::{Error, ErrorKind, Result};
@@ -18,9 +20,13 @@ use std::time::Duration;
 static ROOTS: parking_lot::Mutex<Vec<railcc_core::bootstrap::RootServer>> =
     parking_lot::Mutex::new(Vec::new());
 
-/// A bootstrap root on loopback (railcc's libnccl runs a communicator on one host).
-pub fn serve_root(timeout: Duration) -> Result<railcc_core::bootstrap::UniqueId> {
-    let bind = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+/// A bootstrap root on the interface NCCL would pick: the first matching
+/// `RAILCC_SOCKET_IFNAME`/`NCCL_SOCKET_IFNAME` (`ifname`), else the first interface that is
+/// neither loopback nor virtual, else loopback.
+pub fn serve_root(timeout: Duration, ifname: &str) -> Result<railcc_core::bootstrap::UniqueId> {
+    let ifaces = railcc_core::netif::list()?;
+    let iface = railcc_core::netif::choose(&ifaces, ifname, None)?;
+    let bind = std::net::SocketAddr::new(iface.ip, 0);
     let root = railcc_core::bootstrap::RootServer::start(bind, timeout)?;
     let id = root.id;
     ROOTS.lock().push(root);
@@ -48,6 +54,20 @@ pub(crate) fn connect(
         })
         .collect();
     let me = std::process::id();
+    // Ranks on other hosts (RAILCC_HOSTID/NCCL_HOSTID, else the boot id) are reached over
+    // the network; so is everyone with RAILCC_GPU_PATH=net.
+    if boot.local_ranks() < nranks || cfg.gpu_path == "net" {
+        let mut sorted = pids.clone();
+        sorted.sort_unstable();
+        if sorted.windows(2).any(|w| w[0] == w[1]) && boot.local_ranks() == nranks {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "RAILCC_GPU_PATH=net needs one rank per process",
+            ));
+        }
+        let net = GpuNet::new(&boot, device.max(0) as usize)?;
+        return Ok(Backend::Net(Box::new(NetRank { net, _boot: boot })));
+    }
     if pids.iter().all(|&p| p == me) {
         let clique = Clique::get(id.secret.0, nranks, timeout)?;
         clique.join(rank, device)?;
@@ -187,6 +207,67 @@ impl ProcRank {
     }
 }
 
+/// This process's rank of a communicator whose ranks sit on several hosts: every call goes
+/// through railcc's stream-ordered network engine (no CUDA IPC, no kernels).
+pub struct NetRank {
+    pub net: GpuNet,
+    /// The bootstrap's connections stay open for the communicator's life.
+    _boot: Communicator,
+}
+
+impl NetRank {
+    pub fn collective(&self, c: &Call) -> Result<()> {
+        let a = CollArgs {
+            coll: c.coll,
+            nranks: self.net.nranks(),
+            count: c.count,
+            dtype: c.dtype,
+            op: c.op,
+            root: c.root,
+        };
+        let op = NetOp::Coll {
+            a,
+            send: c.send,
+            recv: c.recv,
+        };
+        // SAFETY: NCCL's contract: device buffers of this rank's GPU sized for the call, live
+        // until the stream passes it; the stream is the caller's.
+        unsafe {
+            self.net
+                .enqueue(op, c.stream as railcc_transport_nvlink::gpu::Stream)
+        }
+    }
+
+    /// Sends and receives of one group (or one call), as one engine call on their stream.
+    pub fn p2p(&self, ops: &[(usize, bool, Half)]) -> Result<()> {
+        let Some(stream) = ops.first().map(|o| o.2.stream) else {
+            return Ok(());
+        };
+        if ops.iter().any(|o| o.2.stream != stream) {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "sends and receives of one group on different streams (across hosts railcc takes one stream per group)",
+            ));
+        }
+        let list = ops
+            .iter()
+            .map(|&(peer, send, h)| P2pOp {
+                kind: if send { P2pKind::Send } else { P2pKind::Recv },
+                peer,
+                addr: h.ptr,
+                bytes: h.bytes,
+            })
+            .collect();
+        // SAFETY: as for collective.
+        unsafe {
+            self.net.enqueue(
+                NetOp::P2p(list),
+                stream as railcc_transport_nvlink::gpu::Stream,
+            )
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,7 +280,7 @@ mod tests {
             println!("CUDA driver present: this test is for machines without one");
             return;
         }
-        let id = serve_root(Duration::from_secs(20)).unwrap();
+        let id = serve_root(Duration::from_secs(20), "lo").unwrap();
         let errs: Vec<Error> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..2)
                 .map(|r| s.spawn(move || connect(&id, r, 2, r as i32, Duration::from_secs(20))))

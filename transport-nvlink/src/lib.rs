@@ -8,6 +8,8 @@
 //! - [`launch`]: what each GPU's kernel does in each collective, and the launch;
 //! - [`ll`]: the low-latency all-reduce for small messages (one exchange, no barriers);
 //! - [`multi`]: one process driving several GPUs (like `ncclCommInitAll`);
+//! - [`hostsync`] and [`staging`]: flags a stream writes and waits on in mapped pinned memory,
+//!   copy streams and pinned buffers (what the network engine builds on);
 //! - [`ipc`] and [`proc`]: one process per GPU (torchrun style), peers' buffers mapped through
 //!   CUDA IPC handles.
 
@@ -15,6 +17,7 @@ pub mod compile;
 pub mod dmabuf;
 pub mod driver;
 pub mod gpu;
+pub mod hostsync;
 pub mod ipc;
 pub mod kernels;
 pub mod launch;

@@ -24,6 +24,11 @@ unsafe impl Send for PinnedBuf {}
 impl PinnedBuf {
     pub fn new(gpu: &GpuCtx, bytes: usize) -> Result<PinnedBuf> {
         gpu.bind()?;
+        Self::in_current(gpu.ctx, bytes)
+    }
+
+    /// Pinned memory of the context `ctx`, which must be current on this thread.
+    pub fn in_current(ctx: sys::CUcontext, bytes: usize) -> Result<PinnedBuf> {
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: valid out-pointer in the bound context; flags 0 = portable off, plain pinning.
         check(
@@ -33,7 +38,7 @@ impl PinnedBuf {
         Ok(PinnedBuf {
             ptr: p as *mut u8,
             bytes,
-            ctx: gpu.ctx,
+            ctx,
         })
     }
 
@@ -43,6 +48,14 @@ impl PinnedBuf {
 
     pub fn is_empty(&self) -> bool {
         self.bytes == 0
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr
     }
 
     pub fn as_slice(&self) -> &[u8] {

@@ -93,6 +93,7 @@ impl Communicator {
             rank,
             nranks,
             iface: iface.name,
+            iface_ip: iface.ip,
             transport_desc,
             cfg,
             state: Mutex::new(State {

@@ -161,6 +161,17 @@ impl Communicator {
     /// (or an all-to-all written as sends and receives) cannot deadlock. A send to self needs a
     /// matching receive from self in the same group.
     pub fn group<T: Element>(&self, ops: &mut [P2p<'_, T>]) -> Result<()> {
+        self.group_tagged(ops, false)
+    }
+
+    /// [`Communicator::group`] whose messages carry no element count in their tag, so the two
+    /// ends of a message may sit in groups of different sizes (the GPU network engine cuts
+    /// messages into pieces that share groups); each message's length is still checked.
+    pub fn group_any(&self, ops: &mut [P2p<'_, u8>]) -> Result<()> {
+        self.group_tagged(ops, true)
+    }
+
+    fn group_tagged<T: Element>(&self, ops: &mut [P2p<'_, T>], any: bool) -> Result<()> {
         let mut desc = Vec::with_capacity(ops.len());
         let mut user = Vec::with_capacity(ops.len());
         for o in ops.iter_mut() {
@@ -200,7 +211,7 @@ impl Communicator {
         let tag = MsgTag::new(0, CollKind::SendRecv, T::DTYPE, None, None, count);
         // One tag serves every message of a group, so for a group of several operations the
         // count field is zero; each message's byte length is still checked by the transport.
-        let tag = if desc.len() > 1 {
+        let tag = if desc.len() > 1 || any {
             MsgTag { count: 0, ..tag }
         } else {
             tag

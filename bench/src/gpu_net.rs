@@ -1,0 +1,123 @@
+//! `railcc bench <collective> --device cuda --per-process --gpu-net`: GPU buffers across the
+//! network transport through the stream-ordered engine (`collectives::gpu_net::GpuNet`), one
+//! process per GPU, checked and timed as the NVLink path is (`-G` included). Each row is
+//! preceded by the longest time a timed call took to return to the caller.
+
+use crate::args::BenchArgs;
+use crate::gpu::{
+    agree, check, check_graph, describe_gpus, err, graph_note, place, sweep, time_calls, Calls,
+    Runner, Sample,
+};
+use railcc_collectives::gpu_net::{GpuNet, NetOp};
+use railcc_collectives::plan::CollArgs;
+use railcc_collectives::Communicator;
+use railcc_transport_nvlink::gpu::GpuCtx;
+use std::cell::Cell;
+use std::time::Instant;
+
+struct NetAsync<'a> {
+    gpu: GpuCtx,
+    net: GpuNet,
+    comm: &'a Communicator,
+}
+
+impl NetAsync<'_> {
+    fn broken(&self) -> Result<(), String> {
+        match self.net.async_error() {
+            Some(e) => Err(e.to_string()),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Runner for NetAsync<'_> {
+    fn ranks(&self) -> usize {
+        self.comm.nranks()
+    }
+    fn prints(&self) -> bool {
+        self.comm.rank() == 0
+    }
+    fn one(&self, args: &CollArgs, a: &BenchArgs, in_place: bool) -> Result<Sample, String> {
+        let (gpu, me) = (&self.gpu, self.comm.rank());
+        let p = place(gpu, args, me, in_place, a)?;
+        let stream = gpu.stream;
+        let slowest = Cell::new(0f64);
+        let launch = || -> Result<u32, String> {
+            let t = Instant::now();
+            let op = NetOp::Coll {
+                a: *args,
+                send: p.send_ptr,
+                recv: p.recv_ptr,
+            };
+            // SAFETY: the buffers are live allocations of the implied size (`place`), kept
+            // until this function has synchronized the stream.
+            unsafe { self.net.enqueue(op, stream) }.map_err(err)?;
+            slowest.set(slowest.get().max(t.elapsed().as_secs_f64()));
+            // The network path runs no kernel: no thread blocks.
+            Ok(0)
+        };
+        let mut s = Sample {
+            blocks: launch()?,
+            ..Sample::default()
+        };
+        gpu.synchronize().map_err(err)?;
+        self.broken()?;
+        if a.check != 0 {
+            (s.wrong, s.oob) = check(gpu, &p, args, me, a.fill)?;
+        }
+        self.comm.barrier().map_err(err)?;
+        slowest.set(0.0);
+        let streams = [(gpu, stream)];
+        s.secs = time_calls(a, gpu, &launch, &streams)?;
+        let returned = slowest.get();
+        gpu.synchronize().map_err(err)?;
+        self.broken()?;
+        if a.check != 0 && a.graph_launches > 0 {
+            let calls = Calls {
+                launch: &launch,
+                streams: &streams,
+                sync: &|| {
+                    gpu.synchronize().map_err(err)?;
+                    self.broken()
+                },
+                together: &|| self.comm.barrier().map_err(err),
+            };
+            let (w, o) = check_graph(args, a.fill, in_place, &[(gpu, &p, me)], &calls)?;
+            s.wrong += w;
+            s.oob += o;
+        }
+        self.comm.barrier().map_err(err)?;
+        if me == 0 && a.graph_launches == 0 {
+            println!(
+                "#  {} B {}: the slowest timed call returned to the caller after {:.1} us",
+                args.count * args.dtype.size(),
+                if in_place { "in place" } else { "out of place" },
+                returned * 1e6
+            );
+        }
+        agree(self.comm, s)
+    }
+}
+
+/// One rank of a job whose GPU data crosses the network.
+pub fn run_rank(
+    comm: &Communicator,
+    a: &BenchArgs,
+    ordinal: usize,
+    gpus: &[railcc_transport_nvlink::driver::GpuInfo],
+) -> Result<(), String> {
+    let cache = railcc_transport_nvlink::compile::cache_dir(&comm.config().cache_dir);
+    let gpu = GpuCtx::new(ordinal, cache.as_deref()).map_err(err)?;
+    let net = GpuNet::new(comm, ordinal).map_err(err)?;
+    if comm.rank() == 0 {
+        println!(
+            "# railcc bench {} --device cuda --per-process --gpu-net: {} ranks, one GPU each, {}{}",
+            a.collective.kind().name(),
+            comm.nranks(),
+            net.describe(),
+            graph_note(a)
+        );
+        describe_gpus(gpus)?;
+    }
+    sweep(&NetAsync { gpu, net, comm }, a)
+}

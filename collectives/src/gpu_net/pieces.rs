@@ -1,0 +1,339 @@
+//! How one GPU call across the network is cut into pieces: each piece copies part of the
+//! device buffers into a staging buffer, runs one host collective (or group of sends and
+//! receives) on the staged bytes, and copies the result back. Pieces go round-robin to the
+//! channels, so the channels' threads and connections share a large message, and each
+//! channel's pieces pipeline (copies of one overlap the network of the next).
+//!
+//! Every rank cuts the same call the same way (the cut depends only on the call's shape and
+//! the settings every rank shares), so piece j of channel c on one rank meets piece j of
+//! channel c on every other. Send/recv messages are cut one by one, from their own size, so
+//! the two ends of a message agree even when their groups hold different other messages.
+//!
+//! Pure arithmetic: tested on CI against the reference with host memory standing in for the
+//! device (`tests/gpu_net_pieces.rs`).
+
+use crate::plan::{CollArgs, P2pKind};
+use railcc_core::net::CollKind;
+
+/// A copy between device memory and a staging buffer (`stage` is a byte offset in it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seg {
+    pub dev: u64,
+    pub stage: usize,
+    pub bytes: usize,
+}
+
+/// What runs on the host between the copies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostCall {
+    /// A collective from the send stage's first `send_bytes` to the receive stage's first
+    /// `recv_bytes`.
+    Coll(CollArgs),
+    /// Sends (from the send stage) and receives (into the receive stage): kind, peer, stage
+    /// offset, bytes.
+    P2p(Vec<(P2pKind, usize, usize, usize)>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Piece {
+    /// Device -> send stage, before the call.
+    pub down: Vec<Seg>,
+    pub call: HostCall,
+    /// Receive stage -> device, after the call.
+    pub up: Vec<Seg>,
+    pub send_bytes: usize,
+    pub recv_bytes: usize,
+}
+
+/// One send or receive of a group, on device memory.
+#[derive(Clone, Copy, Debug)]
+pub struct P2pOp {
+    pub kind: P2pKind,
+    pub peer: usize,
+    pub addr: u64,
+    pub bytes: usize,
+}
+
+/// A call on device buffers (device addresses; NCCL's layouts and in-place conventions).
+#[derive(Clone, Debug)]
+pub enum NetOp {
+    Coll { a: CollArgs, send: u64, recv: u64 },
+    P2p(Vec<P2pOp>),
+}
+
+/// How calls are cut.
+#[derive(Clone, Copy, Debug)]
+pub struct Cut {
+    pub channels: usize,
+    /// Most staged bytes of one piece (the larger of its send and receive side).
+    pub chunk_bytes: usize,
+    /// A call is spread over every channel only when each gets at least this many bytes.
+    pub min_spread_bytes: usize,
+}
+
+impl Cut {
+    /// One piece on one channel: the small-message path.
+    pub const WHOLE: Cut = Cut {
+        channels: 1,
+        chunk_bytes: usize::MAX,
+        min_spread_bytes: usize::MAX,
+    };
+}
+
+/// Ranges `[a, b)` cutting `n` units of `unit_bytes` staged bytes each.
+fn ranges(n: usize, unit_bytes: usize, cut: &Cut) -> Vec<(usize, usize)> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let total = n.saturating_mul(unit_bytes.max(1));
+    let mut k = total.div_ceil(cut.chunk_bytes.max(1));
+    if k < cut.channels && total / cut.channels >= cut.min_spread_bytes {
+        k = cut.channels;
+    }
+    let k = k.clamp(1, n);
+    (0..k).map(|i| (n * i / k, n * (i + 1) / k)).collect()
+}
+
+/// The pieces of `op` on `rank` of `nranks`, per channel, in order.
+pub fn pieces(op: &NetOp, rank: usize, cut: &Cut) -> Vec<Vec<Piece>> {
+    let ch = cut.channels.max(1);
+    let mut out: Vec<Vec<Piece>> = vec![Vec::new(); ch];
+    match op {
+        NetOp::Coll { a, send, recv } => {
+            for (k, p) in coll_pieces(a, *send, *recv, rank, cut)
+                .into_iter()
+                .enumerate()
+            {
+                out[k % ch].push(p);
+            }
+        }
+        NetOp::P2p(ops) => {
+            for (k, p) in p2p_pieces(ops, cut).into_iter().enumerate() {
+                out[k % ch].push(p);
+            }
+        }
+    }
+    out
+}
+
+fn coll_pieces(a: &CollArgs, send: u64, recv: u64, rank: usize, cut: &Cut) -> Vec<Piece> {
+    let es = a.dtype.size();
+    let p = a.nranks;
+    if a.coll == CollKind::Barrier {
+        return vec![Piece {
+            down: vec![],
+            call: HostCall::Coll(*a),
+            up: vec![],
+            send_bytes: 0,
+            recv_bytes: 0,
+        }];
+    }
+    // Staged bytes per unit of `count`: the larger side.
+    let rows = match a.coll {
+        CollKind::AllGather | CollKind::ReduceScatter | CollKind::AllToAll => p,
+        _ => 1,
+    };
+    let at = |base: u64, elems: usize| base + (elems * es) as u64;
+    ranges(a.count, es * rows, cut)
+        .into_iter()
+        .map(|(lo, hi)| {
+            let m = hi - lo;
+            let mb = m * es;
+            let one = |dev: u64| {
+                vec![Seg {
+                    dev,
+                    stage: 0,
+                    bytes: mb,
+                }]
+            };
+            let rowed = |base: u64| -> Vec<Seg> {
+                (0..p)
+                    .map(|r| Seg {
+                        dev: at(base, r * a.count + lo),
+                        stage: r * mb,
+                        bytes: mb,
+                    })
+                    .collect()
+            };
+            let (down, up) = match a.coll {
+                CollKind::AllGather => (one(at(send, lo)), rowed(recv)),
+                CollKind::ReduceScatter => (rowed(send), one(at(recv, lo))),
+                CollKind::AllToAll => (rowed(send), rowed(recv)),
+                CollKind::Broadcast => (
+                    if rank == a.root {
+                        one(at(send, lo))
+                    } else {
+                        vec![]
+                    },
+                    one(at(recv, lo)),
+                ),
+                CollKind::Reduce => (
+                    one(at(send, lo)),
+                    if rank == a.root {
+                        one(at(recv, lo))
+                    } else {
+                        vec![]
+                    },
+                ),
+                _ => (one(at(send, lo)), one(at(recv, lo))),
+            };
+            let piece_args = CollArgs { count: m, ..*a };
+            Piece {
+                down,
+                call: HostCall::Coll(piece_args),
+                up,
+                send_bytes: piece_args.send_elems() * es,
+                recv_bytes: piece_args.recv_elems() * es,
+            }
+        })
+        .collect()
+}
+
+/// Piece k holds chunk k of every message that has one; each side of the stage lays its
+/// messages' chunks end to end.
+fn p2p_pieces(ops: &[P2pOp], cut: &Cut) -> Vec<Piece> {
+    let cuts: Vec<Vec<(usize, usize)>> = ops.iter().map(|o| ranges(o.bytes, 1, cut)).collect();
+    let n = cuts.iter().map(Vec::len).max().unwrap_or(0);
+    let mut out = Vec::with_capacity(n);
+    for k in 0..n {
+        let mut piece = Piece {
+            down: vec![],
+            call: HostCall::P2p(vec![]),
+            up: vec![],
+            send_bytes: 0,
+            recv_bytes: 0,
+        };
+        let mut calls = Vec::new();
+        for (o, c) in ops.iter().zip(&cuts) {
+            let Some(&(lo, hi)) = c.get(k) else { continue };
+            let bytes = hi - lo;
+            let dev = o.addr + lo as u64;
+            match o.kind {
+                P2pKind::Send => {
+                    let stage = piece.send_bytes;
+                    piece.down.push(Seg { dev, stage, bytes });
+                    calls.push((o.kind, o.peer, stage, bytes));
+                    piece.send_bytes += bytes;
+                }
+                P2pKind::Recv => {
+                    let stage = piece.recv_bytes;
+                    piece.up.push(Seg { dev, stage, bytes });
+                    calls.push((o.kind, o.peer, stage, bytes));
+                    piece.recv_bytes += bytes;
+                }
+            }
+        }
+        piece.call = HostCall::P2p(calls);
+        out.push(piece);
+    }
+    out
+}
+
+/// Bytes the largest piece stages on each side.
+pub fn stage_need<'a>(pieces: impl IntoIterator<Item = &'a Piece>) -> (usize, usize) {
+    pieces.into_iter().fold((0, 0), |(s, r), p| {
+        (s.max(p.send_bytes), r.max(p.recv_bytes))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use railcc_core::{DataType, ReduceOp};
+
+    fn cut(ch: usize, chunk: usize) -> Cut {
+        Cut {
+            channels: ch,
+            chunk_bytes: chunk,
+            min_spread_bytes: 1024,
+        }
+    }
+
+    #[test]
+    fn ranges_cover_and_respect_the_chunk() {
+        for n in [1usize, 5, 1000, 4097, 1 << 20] {
+            for unit in [1usize, 4, 32] {
+                for c in [cut(1, 4096), cut(4, 4096), cut(3, 1 << 20)] {
+                    let r = ranges(n, unit, &c);
+                    assert_eq!(r.first().map(|x| x.0), Some(0));
+                    assert_eq!(r.last().map(|x| x.1), Some(n));
+                    for w in r.windows(2) {
+                        assert_eq!(w[0].1, w[1].0);
+                    }
+                    for (a, b) in &r {
+                        assert!(b > a);
+                        // Even cuts are at most one unit over the chunk.
+                        assert!((b - a) * unit <= c.chunk_bytes + unit, "{n} {unit} {c:?}");
+                    }
+                }
+            }
+        }
+        assert!(ranges(0, 4, &cut(4, 4096)).is_empty());
+        // Big enough to spread: every channel gets a piece even below one chunk.
+        assert_eq!(ranges(4096, 4, &cut(4, 1 << 20)).len(), 4);
+        // Too small to spread: one piece.
+        assert_eq!(ranges(16, 4, &cut(4, 1 << 20)).len(), 1);
+    }
+
+    #[test]
+    fn all_gather_rows_land_in_each_ranks_block() {
+        let a = CollArgs {
+            coll: CollKind::AllGather,
+            nranks: 3,
+            count: 10,
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+            root: 0,
+        };
+        let ps = pieces(
+            &NetOp::Coll {
+                a,
+                send: 1000,
+                recv: 5000,
+            },
+            1,
+            &cut(2, 48),
+        );
+        let all: Vec<&Piece> = ps.iter().flatten().collect();
+        // 10 elements x 3 rows x 4 bytes = 120 bytes, 48 per piece: 3 pieces over 2 channels.
+        assert_eq!(all.len(), 3);
+        assert_eq!(ps[0].len(), 2);
+        let first = &ps[0][0];
+        assert_eq!(
+            first.down,
+            vec![Seg {
+                dev: 1000,
+                stage: 0,
+                bytes: 12
+            }]
+        );
+        assert_eq!(
+            first.up[1],
+            Seg {
+                dev: 5000 + 40,
+                stage: 12,
+                bytes: 12
+            }
+        );
+        assert_eq!(first.recv_bytes, 36);
+    }
+
+    #[test]
+    fn messages_are_cut_from_their_own_size() {
+        let op = |bytes| P2pOp {
+            kind: P2pKind::Send,
+            peer: 1,
+            addr: 0,
+            bytes,
+        };
+        let c = cut(2, 100);
+        let alone = p2p_pieces(&[op(250)], &c);
+        let with_other = p2p_pieces(&[op(40), op(250)], &c);
+        assert_eq!(alone.len(), 3);
+        assert_eq!(with_other.len(), 3);
+        for (x, y) in alone.iter().zip(&with_other) {
+            let bytes = |p: &Piece| p.down.last().map(|s| s.bytes);
+            assert_eq!(bytes(x), bytes(y));
+        }
+    }
+}
