@@ -126,7 +126,14 @@ impl GpuNet {
         let mut workers = Vec::new();
         for (c, comm) in comms.iter().enumerate() {
             let (jtx, jrx) = unbounded();
-            workers.push(spawn(c, comm.clone(), ctx.clone(), jrx, done_tx.clone())?);
+            workers.push(spawn(
+                c,
+                comm.clone(),
+                ctx.clone(),
+                jrx,
+                done_tx.clone(),
+                cfg.gpu_net_chunk_bytes,
+            )?);
             jobs.push(jtx);
         }
         let (tx, rx) = unbounded();

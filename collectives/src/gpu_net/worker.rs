@@ -58,6 +58,9 @@ struct Channel {
     up: CopyStream,
     send: [Option<Staged>; 2],
     recv: [Option<Staged>; 2],
+    /// Stages outgrown, kept until the channel ends: freeing pinned memory waits for the whole
+    /// GPU, which may be waiting for this very call (a deadlock).
+    retired: Vec<PinnedBuf>,
 }
 
 pub fn spawn(
@@ -66,6 +69,7 @@ pub fn spawn(
     ctx: Arc<Ctx>,
     jobs: Receiver<Job>,
     done: Sender<(usize, Finished)>,
+    stage_bytes: usize,
 ) -> Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name(format!("railcc-net{ch}"))
@@ -78,8 +82,11 @@ pub fn spawn(
                     ctx: ctx.clone(),
                     send: [None, None],
                     recv: [None, None],
+                    retired: Vec::new(),
                 })
             });
+            // Stages for a whole chunk up front, so growing is rare.
+            let chan = chan.and_then(|mut c| c.ensure(stage_bytes, stage_bytes).map(|_| c));
             let mut chan = match chan {
                 Ok(c) => Ok(c),
                 Err(e) => Err(e.op(format!("gpu net channel {ch}"))),
@@ -119,12 +126,14 @@ impl Channel {
     fn ensure(&mut self, send: usize, recv: usize) -> Result<()> {
         let comm = &self.comm;
         let ctx = &self.ctx;
-        let grow = |slot: &mut Option<Staged>, bytes: usize| -> Result<()> {
+        let retired = &mut self.retired;
+        let mut grow = |slot: &mut Option<Staged>, bytes: usize| -> Result<()> {
             if slot.as_ref().is_some_and(|s| s.buf.len() >= bytes) {
                 return Ok(());
             }
             if let Some(old) = slot.take() {
                 comm.deregister(old.region)?;
+                retired.push(old.buf);
             }
             let buf = PinnedBuf::in_current(ctx.ctx, bytes.max(1).next_power_of_two())?;
             // SAFETY: the buffer stays in `slot` until it is deregistered (here or in release).
