@@ -51,13 +51,13 @@ case " $PARTS " in *" bench "*)
   done
   check "bench all_reduce --gpu-net --fill random: 8 B-256 MB, half and bfloat16" \
     $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 256M -f 8 -d half,bfloat16 -o sum,avg -n 3 -w 1 --fill random
-  grep -E "^# railcc|returned to the caller" $LOG | grep -E "railcc|134217728|268435456|  8 B" | head -12
+  grep -E "^# railcc|returned to the caller" $LOG | grep -E "railcc|134217728 B|268435456 B|  8 B" | head -12
 ;; esac
 
 NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
 [ -e "$NCCL_HOME/lib/libnccl.so" ] || ln -sf "$NCCL_HOME/lib/libnccl.so.2" "$NCCL_HOME/lib/libnccl.so"
 NTM=/tmp/nccl-tests-mpi
-MPIRUN="mpirun -np 2 --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_SOCKET_IFNAME -x RAILCC_SOCKET_IFNAME -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x NCCL_DEBUG -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD"
+MPIRUN="mpirun -np 2 --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_SOCKET_IFNAME -x RAILCC_SOCKET_IFNAME -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x NCCL_DEBUG -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD"
 OURS="$PWD/.device/lib:/usr/local/cuda/lib64"
 case " $PARTS " in *" nccl "*|*" perf "*)
   if [ ! -x $NTM/build/all_reduce_perf ]; then

@@ -1,7 +1,7 @@
 //! `railcc bench <collective> --device cuda --per-process --gpu-net`: GPU buffers across the
 //! network transport through the stream-ordered engine (`collectives::gpu_net::GpuNet`), one
 //! process per GPU, checked and timed as the NVLink path is (`-G` included). Each row is
-//! preceded by the longest time a timed call took to return to the caller.
+//! preceded by the times the timed calls took to return to the caller (median, slowest).
 
 use crate::args::BenchArgs;
 use crate::gpu::{
@@ -12,7 +12,7 @@ use railcc_collectives::gpu_net::{GpuNet, NetOp};
 use railcc_collectives::plan::CollArgs;
 use railcc_collectives::Communicator;
 use railcc_transport_nvlink::gpu::GpuCtx;
-use std::cell::Cell;
+use std::cell::RefCell;
 use std::time::Instant;
 
 struct NetAsync<'a> {
@@ -41,7 +41,7 @@ impl Runner for NetAsync<'_> {
         let (gpu, me) = (&self.gpu, self.comm.rank());
         let p = place(gpu, args, me, in_place, a)?;
         let stream = gpu.stream;
-        let slowest = Cell::new(0f64);
+        let returns = RefCell::new(Vec::new());
         let launch = || -> Result<u32, String> {
             let t = Instant::now();
             let op = NetOp::Coll {
@@ -52,7 +52,7 @@ impl Runner for NetAsync<'_> {
             // SAFETY: the buffers are live allocations of the implied size (`place`), kept
             // until this function has synchronized the stream.
             unsafe { self.net.enqueue(op, stream) }.map_err(err)?;
-            slowest.set(slowest.get().max(t.elapsed().as_secs_f64()));
+            returns.borrow_mut().push(t.elapsed().as_secs_f64());
             // The network path runs no kernel: no thread blocks.
             Ok(0)
         };
@@ -66,10 +66,11 @@ impl Runner for NetAsync<'_> {
             (s.wrong, s.oob) = check(gpu, &p, args, me, a.fill)?;
         }
         self.comm.barrier().map_err(err)?;
-        slowest.set(0.0);
+        returns.borrow_mut().clear();
         let streams = [(gpu, stream)];
         s.secs = time_calls(a, gpu, &launch, &streams)?;
-        let returned = slowest.get();
+        let mut returned = returns.borrow().clone();
+        returned.sort_by(f64::total_cmp);
         gpu.synchronize().map_err(err)?;
         self.broken()?;
         if a.check != 0 && a.graph_launches > 0 {
@@ -88,12 +89,16 @@ impl Runner for NetAsync<'_> {
         }
         self.comm.barrier().map_err(err)?;
         if me == 0 && a.graph_launches == 0 {
-            println!(
-                "#  {} B {}: the slowest timed call returned to the caller after {:.1} us",
-                args.count * args.dtype.size(),
-                if in_place { "in place" } else { "out of place" },
-                returned * 1e6
-            );
+            let at = |q: f64| returned.get(((returned.len() as f64 - 1.0) * q) as usize);
+            if let (Some(mid), Some(max)) = (at(0.5), at(1.0)) {
+                println!(
+                    "#  {} B {}: the timed calls returned to the caller after {:.1} us (median), {:.1} us (slowest)",
+                    args.count * args.dtype.size(),
+                    if in_place { "in place" } else { "out of place" },
+                    mid * 1e6,
+                    max * 1e6
+                );
+            }
         }
         agree(self.comm, s)
     }

@@ -31,6 +31,9 @@ use std::time::{Duration, Instant};
 
 /// Flag slots: calls in flight plus calls held by live CUDA graphs.
 const SLOTS: usize = 4096;
+/// Small-message stages made at init, for calls captured into CUDA graphs (more are made as
+/// eager calls need them; a captured call finding none takes the channels' path).
+const STAGES_AHEAD: usize = 32;
 
 /// One call as the progress thread keeps it.
 struct Entry {
@@ -116,6 +119,7 @@ impl GpuNet {
             comms.push(Arc::new(comm));
         }
         let slots = Arc::new(Slots::new(&ctx, SLOTS)?);
+        slots.prepare(STAGES_AHEAD, &ctx, cfg.gpu_net_small_bytes, &comms[0])?;
         let shared = Arc::new(Shared {
             broken: Mutex::new(None),
             comms: comms.clone(),
@@ -218,7 +222,6 @@ impl GpuNet {
         };
         let whole = pieces(&op, self.rank, &Cut::WHOLE);
         let (sb, rb) = stage_need(whole.iter().flatten());
-        let small = sb.max(rb) <= self.small_bytes;
         self.ctx.bind()?;
         // SAFETY: the caller's stream (contract above).
         let captured = unsafe { capturing(stream) }?;
@@ -231,14 +234,18 @@ impl GpuNet {
             small: None,
             channels: Vec::new(),
         };
-        if small {
+        let stage = if sb.max(rb) <= self.small_bytes {
+            let comm0 = &self.shared.comms[0];
+            self.slots
+                .stage(slot, &self.ctx, self.small_bytes, comm0, captured)?
+        } else {
+            None
+        };
+        if let Some(stage) = stage {
             let piece =
                 whole.into_iter().flatten().next().ok_or_else(|| {
                     Error::invalid("gpu net: a call with no piece").rank(self.rank)
                 })?;
-            let stage =
-                self.slots
-                    .stage(slot, &self.ctx, self.small_bytes, &self.shared.comms[0])?;
             let base = stage.send.as_ptr() as *mut u8;
             for s in &piece.down {
                 // SAFETY: the stage holds small_bytes >= every offset + length of the piece;

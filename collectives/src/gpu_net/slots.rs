@@ -32,6 +32,9 @@ struct State {
     draining: Vec<usize>,
     next: usize,
     stages: Vec<Option<Arc<SmallStage>>>,
+    /// Stages made ahead, for calls captured into graphs: pinned memory cannot be allocated
+    /// while a stream is being captured (in CUDA's global capture mode).
+    pool: Vec<Arc<SmallStage>>,
 }
 
 impl Slots {
@@ -85,23 +88,44 @@ impl Slots {
         self.state.lock().draining.push(i);
     }
 
-    /// Slot `i`'s small-message staging, made on first use.
+    /// Makes `n` stages ahead of use.
+    pub fn prepare(
+        &self,
+        n: usize,
+        ctx: &Ctx,
+        bytes: usize,
+        comm: &Arc<Communicator>,
+    ) -> Result<()> {
+        for _ in 0..n {
+            let s = Arc::new(SmallStage::new(ctx, bytes, comm.clone())?);
+            self.state.lock().pool.push(s);
+        }
+        Ok(())
+    }
+
+    /// Slot `i`'s small-message staging: its own, one made ahead, or a new one (not while
+    /// `capturing`: then None, and the call takes the channels' staging instead).
     pub fn stage(
         &self,
         i: usize,
         ctx: &Ctx,
         bytes: usize,
         comm: &Arc<Communicator>,
-    ) -> Result<Arc<SmallStage>> {
+        capturing: bool,
+    ) -> Result<Option<Arc<SmallStage>>> {
         let mut st = self.state.lock();
         if let Some(Some(s)) = st.stages.get(i) {
-            return Ok(s.clone());
+            return Ok(Some(s.clone()));
         }
-        let s = Arc::new(SmallStage::new(ctx, bytes, comm.clone())?);
+        let s = match st.pool.pop() {
+            Some(s) => s,
+            None if capturing => return Ok(None),
+            None => Arc::new(SmallStage::new(ctx, bytes, comm.clone())?),
+        };
         if let Some(x) = st.stages.get_mut(i) {
             *x = Some(s.clone());
         }
-        Ok(s)
+        Ok(Some(s))
     }
 }
 
