@@ -84,11 +84,11 @@ case " $PARTS " in *" perf "*)
   P="-b 8 -e 128M -f 4 -n 20 -w 5 -c 0 -g 1"
   for rep in 1 2; do
     echo "== rep $rep: railcc libnccl" >> $LOG
-    env LD_LIBRARY_PATH="$OURS" $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P >> $LOG 2>&1
+    timeout 120 env LD_LIBRARY_PATH="$OURS" $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P >> $LOG 2>&1
     echo "== rep $rep: NCCL defaults" >> $LOG
-    env LD_LIBRARY_PATH="$NCCL_HOME/lib:/usr/local/cuda/lib64" NCCL_DEBUG=INFO $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P >> $LOG 2>&1
+    timeout 120 env LD_LIBRARY_PATH="$NCCL_HOME/lib:/usr/local/cuda/lib64" NCCL_DEBUG=INFO $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P >> $LOG 2>&1
     echo "== rep $rep: NCCL NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4" >> $LOG
-    env LD_LIBRARY_PATH="$NCCL_HOME/lib:/usr/local/cuda/lib64" NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P >> $LOG 2>&1
+    timeout 120 env LD_LIBRARY_PATH="$NCCL_HOME/lib:/usr/local/cuda/lib64" NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P >> $LOG 2>&1
   done
   grep -E "^== |nNodes|via NET|^ +(8|2048|131072|8388608|33554432|134217728) " $LOG | grep -v "INFO Channel" | head -80
 ;; esac
