@@ -430,6 +430,15 @@ impl Progress {
                     }
                 }
             }
+            // Once broken, every queued call is let go at once: its stream may pass it without
+            // waiting for its turn here (thousands of queued calls would otherwise drain one
+            // by one), and no new call is accepted, so its slot is never reused.
+            if !queue.is_empty() && shared.broken.lock().is_some() {
+                for e in queue.drain(..) {
+                    flags.store(Slots::done(e.slot), 1);
+                }
+                worked = true;
+            }
             // Calls start in the order they were made; captured calls when their graph's
             // launch reaches them.
             let mut ready: Vec<Entry> = Vec::new();
