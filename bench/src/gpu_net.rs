@@ -31,6 +31,9 @@ impl NetAsync<'_> {
 }
 
 impl Runner for NetAsync<'_> {
+    fn all_to_all(&self) -> bool {
+        true
+    }
     fn ranks(&self) -> usize {
         self.comm.nranks()
     }

@@ -61,6 +61,8 @@ fn run(comm: &Communicator, op: &NetOp, cut: &Cut) {
 const CUT: Cut = Cut {
     channels: 3,
     chunk_bytes: 1000,
+    max_piece_bytes: 1000,
+    target_pieces: 8,
     min_spread_bytes: 256,
 };
 

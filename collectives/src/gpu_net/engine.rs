@@ -1,21 +1,25 @@
-//! The stream-ordered network path for GPU buffers: [`GpuNet::enqueue`] puts a few stream
+//! The stream-ordered network path for GPU buffers: [`GpuNet::enqueue`] puts copies and flag
 //! operations on the caller's stream and returns; a progress thread (NCCL's proxy) sees the
-//! stream reach the call, hands its pieces to the channels' threads, and lets the stream go on
-//! once every piece is back on the GPU. Captured in a CUDA graph, the same call runs at every
-//! launch of the graph.
+//! stream reach each piece, hands it to its channel's thread (or runs it itself when small),
+//! and lets the stream go on once the piece's result is staged. Captured in a CUDA graph, the
+//! same call runs at every launch of the graph.
 //!
-//! On the caller's stream, per call: [small calls: copies into the slot's pinned stage]
-//! `start = 1`, wait `done == 1`, `done = 0`, [small calls: copies back]. No kernel runs, so
-//! no SM is taken from the caller's work.
+//! On the caller's stream, for pieces 0..n of a call, with a ring of `RING` stages:
+//! copy pieces 0..RING in and set their `start`; then per piece k: wait `done_k == 1`,
+//! `done_k = 0`, copy piece k back, copy piece k+RING in and set its `start`. Every GPU
+//! operation of the call is on the caller's stream (copy engines, no kernel, no thread
+//! block), so it waits for nothing but the host; the copies in run ahead of the network by
+//! up to `RING` pieces and the copies back follow it piece by piece.
 //!
 //! A failure (a peer died, a mismatch, the deadline) breaks the engine: the first error is
-//! kept, every channel is aborted so the others stop at once, and every call still waiting is
-//! let go (its `done` set) so no stream waits forever; the caller sees the error on its next
-//! call and from [`GpuNet::async_error`].
+//! kept, every channel is aborted so the others stop at once, and every piece still waiting
+//! is let go (its `done` set) so no stream waits forever; the caller sees the error on its
+//! next call and from [`GpuNet::async_error`].
 
-use super::pieces::{pieces, stage_need, Cut, NetOp, Piece};
-use super::slots::{Slots, SmallStage};
-use super::worker::{run_small, spawn, Finished, Job, Work};
+use super::pieces::{pieces_in_order, stage_need, Cut, NetOp, Piece};
+use super::ring::{Ring, Rings, RING};
+use super::slots::Slots;
+use super::worker::{run_piece, spawn, Finished, Job};
 use crate::comm::Communicator;
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
@@ -29,23 +33,35 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Flag slots: calls in flight plus calls held by live CUDA graphs.
-const SLOTS: usize = 4096;
-/// Small-message stages made at init, for calls captured into CUDA graphs (more are made as
-/// eager calls need them; a captured call finding none takes the channels' path).
-const STAGES_AHEAD: usize = 32;
+/// Flag slots: pieces in flight plus pieces held by live CUDA graphs.
+const SLOTS: usize = 8192;
+/// Pieces up to this many staged bytes run on the progress thread when their channel is
+/// idle (sparing a thread hand-off on small calls).
+const INLINE_BYTES: usize = 256 * 1024;
 
-/// One call as the progress thread keeps it.
-struct Entry {
+/// One piece of a call: its flag slot, its channel and what it runs.
+struct Run {
     slot: usize,
+    channel: usize,
+    piece: Piece,
+}
+
+/// A call as the progress thread keeps it.
+struct Call {
     captured: bool,
-    small: Option<(Piece, Arc<SmallStage>)>,
-    channels: Vec<Vec<Piece>>,
+    runs: Vec<Run>,
+    ring: Arc<Ring>,
+}
+
+/// A call whose pieces are being started: the next piece to watch.
+struct Live {
+    call: Arc<Call>,
+    next: usize,
 }
 
 enum ToProgress {
-    Call(Box<Entry>),
-    /// The graph holding the captured call in this slot was destroyed.
+    Call(Arc<Call>),
+    /// The graph holding the captured call whose first piece has this slot was destroyed.
     Release(usize),
     Stop {
         abort: bool,
@@ -70,6 +86,10 @@ impl Shared {
             c.abort();
         }
     }
+
+    fn broken(&self) -> Option<Error> {
+        self.broken.lock().clone()
+    }
 }
 
 pub struct GpuNet {
@@ -77,11 +97,12 @@ pub struct GpuNet {
     nranks: usize,
     ctx: Arc<Ctx>,
     slots: Arc<Slots>,
+    rings: Rings,
     shared: Arc<Shared>,
     tx: Sender<ToProgress>,
     progress: Option<JoinHandle<()>>,
     cut: Cut,
-    small_bytes: usize,
+    timeout: Duration,
     desc: String,
     _roots: Vec<RootServer>,
 }
@@ -119,7 +140,6 @@ impl GpuNet {
             comms.push(Arc::new(comm));
         }
         let slots = Arc::new(Slots::new(&ctx, SLOTS)?);
-        slots.prepare(STAGES_AHEAD, &ctx, cfg.gpu_net_small_bytes, &comms[0])?;
         let shared = Arc::new(Shared {
             broken: Mutex::new(None),
             comms: comms.clone(),
@@ -130,14 +150,7 @@ impl GpuNet {
         let mut workers = Vec::new();
         for (c, comm) in comms.iter().enumerate() {
             let (jtx, jrx) = unbounded();
-            workers.push(spawn(
-                c,
-                comm.clone(),
-                ctx.clone(),
-                jrx,
-                done_tx.clone(),
-                cfg.gpu_net_chunk_bytes,
-            )?);
+            workers.push(spawn(c, comm.clone(), jrx, done_tx.clone())?);
             jobs.push(jtx);
         }
         let (tx, rx) = unbounded();
@@ -155,7 +168,7 @@ impl GpuNet {
             .spawn(move || progress.run())
             .map_err(|e| Error::io("gpu net: starting the progress thread", &e))?;
         let desc = format!(
-            "{nch} channel(s) over {}, staged through pinned host memory in chunks of {} KiB; stream-ordered, no thread blocks",
+            "{nch} channel(s) over {}, staged through pinned host memory by copies on the caller's stream (about 8 pieces per call, {} KiB to 32 MiB each); no thread blocks",
             parent.transport(),
             cfg.gpu_net_chunk_bytes / 1024
         );
@@ -164,15 +177,18 @@ impl GpuNet {
             nranks,
             ctx,
             slots,
+            rings: Rings::default(),
             shared,
             tx,
             progress: Some(progress),
             cut: Cut {
                 channels: nch,
                 chunk_bytes: cfg.gpu_net_chunk_bytes,
+                max_piece_bytes: cfg.gpu_net_chunk_bytes.max(32 << 20),
+                target_pieces: 8,
                 min_spread_bytes: 64 * 1024,
             },
-            small_bytes: cfg.gpu_net_small_bytes,
+            timeout: cfg.timeout(),
             desc,
             _roots: roots,
         })
@@ -193,7 +209,7 @@ impl GpuNet {
 
     /// The error that broke the engine, if any (ncclCommGetAsyncError).
     pub fn async_error(&self) -> Option<Error> {
-        self.shared.broken.lock().clone()
+        self.shared.broken()
     }
 
     /// Stops every call now: waiting streams are let go, later calls fail.
@@ -220,72 +236,94 @@ impl GpuNet {
             Some(op) => op,
             None => return Ok(()),
         };
-        let whole = pieces(&op, self.rank, &Cut::WHOLE);
-        let (sb, rb) = stage_need(whole.iter().flatten());
+        let pieces = pieces_in_order(&op, self.rank, &self.cut);
+        let (sb, rb) = stage_need(&pieces);
         self.ctx.bind()?;
         // SAFETY: the caller's stream (contract above).
         let captured = unsafe { capturing(stream) }?;
-        let slot = self.slots.take()?;
-        let flags = &self.slots.flags;
-        let (start, done) = (Slots::start(slot), Slots::done(slot));
-        let mut entry = Entry {
-            slot,
+        let ring = self.rings.for_stream(
+            stream as usize,
+            sb.max(rb),
             captured,
-            small: None,
-            channels: Vec::new(),
-        };
-        let stage = if sb.max(rb) <= self.small_bytes {
-            let comm0 = &self.shared.comms[0];
-            self.slots
-                .stage(slot, &self.ctx, self.small_bytes, comm0, captured)?
-        } else {
-            None
-        };
-        if let Some(stage) = stage {
-            let piece =
-                whole.into_iter().flatten().next().ok_or_else(|| {
-                    Error::invalid("gpu net: a call with no piece").rank(self.rank)
-                })?;
-            let base = stage.send.as_ptr() as *mut u8;
-            for s in &piece.down {
-                // SAFETY: the stage holds small_bytes >= every offset + length of the piece;
-                // the device range is the caller's (contract above).
-                unsafe { d2h(stream, base.add(s.stage), s.dev, s.bytes) }?;
-            }
-            entry.small = Some((piece, stage));
-        } else {
-            entry.channels = pieces(&op, self.rank, &self.cut);
-        }
-        // SAFETY: the slot's words are ours until it is given back; the stream is the caller's.
-        unsafe {
-            flags.write_on(stream, start, 1)?;
-            flags.wait_on(stream, done, 1)?;
-            flags.write_on(stream, done, 0)?;
-        }
-        if let Some((piece, stage)) = &entry.small {
-            let base = stage.recv.as_ptr();
-            for s in &piece.up {
-                // SAFETY: as for the copies in.
-                unsafe { h2d(stream, s.dev, base.add(s.stage), s.bytes) }?;
+            &self.ctx,
+            &self.shared.comms,
+        )?;
+        let mut runs = Vec::with_capacity(pieces.len());
+        let broken = || self.shared.broken();
+        for (k, piece) in pieces.into_iter().enumerate() {
+            match self.slots.take(!captured, &broken, self.timeout) {
+                Ok(slot) => runs.push(Run {
+                    slot,
+                    channel: k % self.cut.channels,
+                    piece,
+                }),
+                Err(e) => {
+                    for r in runs {
+                        self.slots.give_back(r.slot);
+                    }
+                    return Err(e.rank(self.rank));
+                }
             }
         }
+        let call = Arc::new(Call {
+            captured,
+            runs,
+            ring,
+        });
+        // SAFETY: the caller's stream and buffers (contract above); the ring's slots hold
+        // every piece's staged bytes (sized by stage_need).
+        unsafe { self.stream_ops(&call, stream) }?;
         if captured {
             let tx = self.tx.clone();
+            let first = call.runs.first().map_or(0, |r| r.slot);
             // SAFETY: the stream is being captured (checked above).
             unsafe {
                 on_graph_destroy(
                     stream,
                     Box::new(move || {
-                        let _ = tx.send(ToProgress::Release(slot));
+                        let _ = tx.send(ToProgress::Release(first));
                     }),
                 )
             }?;
         }
-        self.tx
-            .send(ToProgress::Call(Box::new(entry)))
-            .map_err(|_| {
-                Error::new(ErrorKind::Aborted, "gpu net: progress thread gone").rank(self.rank)
-            })
+        self.tx.send(ToProgress::Call(call)).map_err(|_| {
+            Error::new(ErrorKind::Aborted, "gpu net: progress thread gone").rank(self.rank)
+        })
+    }
+
+    /// The copies and flag operations of `call` on `stream`.
+    unsafe fn stream_ops(&self, call: &Call, stream: Stream) -> Result<()> {
+        let flags = &self.slots.flags;
+        let ring = &call.ring;
+        let copy_in = |k: usize| -> Result<()> {
+            let r = &call.runs[k];
+            for s in &r.piece.down {
+                // SAFETY: the stage range lies in ring slot k (stage_need sized it); the device
+                // range is the caller's.
+                unsafe { d2h(stream, ring.send_ptr(k).add(s.stage), s.dev, s.bytes) }?;
+            }
+            // SAFETY: the slot's words are this piece's until it is given back.
+            unsafe { flags.write_on(stream, Slots::start(r.slot), 1) }
+        };
+        let n = call.runs.len();
+        for k in 0..n.min(RING) {
+            copy_in(k)?;
+        }
+        for (k, r) in call.runs.iter().enumerate() {
+            // SAFETY: as above.
+            unsafe {
+                flags.wait_on(stream, Slots::done(r.slot), 1)?;
+                flags.write_on(stream, Slots::done(r.slot), 0)?;
+            }
+            for s in &r.piece.up {
+                // SAFETY: as for the copies in, the other way.
+                unsafe { h2d(stream, s.dev, ring.recv_ptr(k).add(s.stage), s.bytes) }?;
+            }
+            if k + RING < n {
+                copy_in(k + RING)?;
+            }
+        }
+        Ok(())
     }
 
     /// Checks what the host path would only see later; drops what moves no bytes.
@@ -348,12 +386,8 @@ struct Progress {
     timeout: Duration,
 }
 
-/// A call the channels are running.
-struct Running {
-    slot: usize,
-    captured: bool,
-    left: usize,
-}
+/// The piece a channel runs: its slot, whether a graph holds it.
+type Running = (usize, bool);
 
 impl Progress {
     fn run(self) {
@@ -367,21 +401,17 @@ impl Progress {
             timeout,
         } = self;
         let flags = &slots.flags;
-        let mut queue: VecDeque<Entry> = VecDeque::new();
-        let mut held: HashMap<usize, (Entry, bool)> = HashMap::new();
+        let mut queue: VecDeque<Live> = VecDeque::new();
+        let mut held: Vec<(usize, Live)> = Vec::new();
         let mut running: HashMap<u64, Running> = HashMap::new();
         let mut busy = vec![0usize; jobs.len()];
         let mut next_id = 0u64;
         let mut stop: Option<Instant> = None;
         let mut last_work = Instant::now();
-        let finish = |r: &Running, held: &mut HashMap<usize, (Entry, bool)>| {
-            flags.store(Slots::done(r.slot), 1);
-            if r.captured {
-                if let Some(h) = held.get_mut(&r.slot) {
-                    h.1 = false;
-                }
-            } else {
-                slots.give_back(r.slot);
+        let finish = |slot: usize, captured: bool| {
+            flags.store(Slots::done(slot), 1);
+            if !captured {
+                slots.give_back(slot);
             }
         };
         loop {
@@ -397,13 +427,21 @@ impl Progress {
             };
             for m in first.into_iter().chain(rx.try_iter()) {
                 match m {
-                    ToProgress::Call(e) if e.captured => {
-                        held.insert(e.slot, (*e, false));
+                    ToProgress::Call(c) => {
+                        let live = Live { call: c, next: 0 };
+                        if live.call.captured {
+                            let first = live.call.runs.first().map_or(0, |r| r.slot);
+                            held.push((first, live));
+                        } else {
+                            queue.push_back(live);
+                        }
                     }
-                    ToProgress::Call(e) => queue.push_back(*e),
-                    ToProgress::Release(slot) => {
-                        if held.remove(&slot).is_some() {
-                            slots.give_back(slot);
+                    ToProgress::Release(first) => {
+                        if let Some(i) = held.iter().position(|h| h.0 == first) {
+                            let (_, live) = held.remove(i);
+                            for r in &live.call.runs {
+                                slots.give_back(r.slot);
+                            }
                         }
                     }
                     ToProgress::Stop { abort } => {
@@ -421,114 +459,98 @@ impl Progress {
                 if let Err(e) = f.result {
                     shared.fail(e.rank(shared.rank));
                 }
-                if let Some(r) = running.get_mut(&f.op) {
-                    r.left = r.left.saturating_sub(1);
-                    if r.left == 0 {
-                        if let Some(r) = running.remove(&f.op) {
-                            finish(&r, &mut held);
-                        }
+                if let Some((slot, captured)) = running.remove(&f.op) {
+                    finish(slot, captured);
+                }
+            }
+            let broken = shared.broken().is_some();
+            // Once broken, every queued piece is let go at once: its stream may pass it
+            // without waiting for its turn here, and no new call is accepted.
+            if broken && !queue.is_empty() {
+                for live in queue.drain(..) {
+                    for r in &live.call.runs[live.next..] {
+                        flags.store(Slots::done(r.slot), 1);
                     }
                 }
-            }
-            // Once broken, every queued call is let go at once: its stream may pass it without
-            // waiting for its turn here (thousands of queued calls would otherwise drain one
-            // by one), and no new call is accepted, so its slot is never reused.
-            if !queue.is_empty() && shared.broken.lock().is_some() {
-                for e in queue.drain(..) {
-                    flags.store(Slots::done(e.slot), 1);
-                }
                 worked = true;
             }
-            // Calls start in the order they were made; captured calls when their graph's
-            // launch reaches them.
-            let mut ready: Vec<Entry> = Vec::new();
-            while queue
-                .front()
-                .is_some_and(|e| flags.load(Slots::start(e.slot)) == 1)
-            {
-                if let Some(e) = queue.pop_front() {
-                    ready.push(e);
+            // Pieces start in order, call after call; a captured call's pieces at each launch.
+            let mut ready: Vec<(Arc<Call>, usize)> = Vec::new();
+            while let Some(live) = queue.front_mut() {
+                while let Some(r) = live.call.runs.get(live.next) {
+                    if flags.load(Slots::start(r.slot)) != 1 {
+                        break;
+                    }
+                    ready.push((live.call.clone(), live.next));
+                    live.next += 1;
+                }
+                if live.next < live.call.runs.len() {
+                    break;
+                }
+                queue.pop_front();
+            }
+            for (_, live) in held.iter_mut() {
+                while let Some(r) = live.call.runs.get(live.next) {
+                    if flags.load(Slots::start(r.slot)) != 1 {
+                        break;
+                    }
+                    ready.push((live.call.clone(), live.next));
+                    live.next += 1;
+                }
+                if live.next == live.call.runs.len() {
+                    live.next = 0;
                 }
             }
-            let mut launches: Vec<usize> = held
-                .iter()
-                .filter(|(s, (_, on))| !on && flags.load(Slots::start(**s)) == 1)
-                .map(|(s, _)| *s)
-                .collect();
-            launches.sort_unstable();
-            for slot in launches {
-                if let Some(h) = held.get_mut(&slot) {
-                    h.1 = true;
-                    let e = &h.0;
-                    ready.push(Entry {
-                        slot: e.slot,
-                        captured: true,
-                        small: e.small.clone(),
-                        channels: e.channels.clone(),
-                    });
-                }
-            }
-            for e in ready {
+            for (call, k) in ready {
                 worked = true;
-                flags.store(Slots::start(e.slot), 0);
-                let id = next_id;
-                next_id += 1;
-                let mut r = Running {
-                    slot: e.slot,
-                    captured: e.captured,
-                    left: 0,
-                };
-                if shared.broken.lock().is_some() {
-                    finish(&r, &mut held);
+                let r = &call.runs[k];
+                flags.store(Slots::start(r.slot), 0);
+                if shared.broken().is_some() {
+                    finish(r.slot, call.captured);
                     continue;
                 }
-                if let Some((piece, stage)) = e.small {
-                    if busy[0] == 0 {
-                        // Channel 0 is idle: run it here, sparing a thread hand-off.
-                        if let Err(err) = run_small(&shared.comms[0], &piece, &stage) {
-                            shared.fail(err.rank(shared.rank));
-                        }
-                        finish(&r, &mut held);
-                        continue;
+                let small = r.piece.send_bytes.max(r.piece.recv_bytes) <= INLINE_BYTES;
+                if small && busy[r.channel] == 0 {
+                    // The channel is idle: run it here, sparing a thread hand-off.
+                    let comm = &shared.comms[r.channel];
+                    if let Err(e) = run_piece(comm, &r.piece.call, &call.ring, k) {
+                        shared.fail(e.rank(shared.rank));
                     }
-                    let _ = jobs[0].send(Job {
-                        op: id,
-                        work: Work::Small { piece, stage },
-                    });
-                    busy[0] += 1;
-                    r.left = 1;
-                } else {
-                    for (ch, ps) in e.channels.into_iter().enumerate() {
-                        if ps.is_empty() {
-                            continue;
-                        }
-                        if jobs[ch]
-                            .send(Job {
-                                op: id,
-                                work: Work::Pieces(ps),
-                            })
-                            .is_ok()
-                        {
-                            busy[ch] += 1;
-                            r.left += 1;
-                        }
-                    }
+                    finish(r.slot, call.captured);
+                    continue;
                 }
-                if r.left == 0 {
-                    finish(&r, &mut held);
+                let id = next_id;
+                next_id += 1;
+                let job = Job {
+                    op: id,
+                    call: r.piece.call.clone(),
+                    ring: call.ring.clone(),
+                    k,
+                };
+                if jobs[r.channel].send(job).is_ok() {
+                    busy[r.channel] += 1;
+                    running.insert(id, (r.slot, call.captured));
                 } else {
-                    running.insert(id, r);
+                    shared.fail(Error::new(
+                        ErrorKind::Aborted,
+                        "gpu net: a channel thread is gone",
+                    ));
+                    finish(r.slot, call.captured);
                 }
             }
             if let Some(deadline) = stop {
-                let late = Instant::now() > deadline || shared.broken.lock().is_some();
+                let late = Instant::now() > deadline || shared.broken().is_some();
                 if running.is_empty() && (queue.is_empty() || late) {
-                    // Let every stream that may still reach a call go on.
-                    for e in queue.drain(..) {
-                        flags.store(Slots::done(e.slot), 1);
+                    // Let every stream that may still reach a piece go on.
+                    for live in queue.drain(..) {
+                        for r in &live.call.runs {
+                            flags.store(Slots::done(r.slot), 1);
+                        }
                     }
-                    for (slot, _) in held.drain() {
-                        flags.store(Slots::done(slot), 1);
+                    for (_, live) in held.drain(..) {
+                        for r in &live.call.runs {
+                            flags.store(Slots::done(r.slot), 1);
+                        }
                     }
                     break;
                 }

@@ -65,17 +65,25 @@ pub enum NetOp {
 #[derive(Clone, Copy, Debug)]
 pub struct Cut {
     pub channels: usize,
-    /// Most staged bytes of one piece (the larger of its send and receive side).
+    /// Pieces are at least this many staged bytes (the larger of a piece's send and receive
+    /// side) when the call holds that much: the pipelining grain.
     pub chunk_bytes: usize,
+    /// Pieces are at most this many staged bytes (a staging ring's slot).
+    pub max_piece_bytes: usize,
+    /// A call is cut into about this many pieces (each costs operations on the caller's
+    /// stream, so the call returns sooner with fewer).
+    pub target_pieces: usize,
     /// A call is spread over every channel only when each gets at least this many bytes.
     pub min_spread_bytes: usize,
 }
 
 impl Cut {
-    /// One piece on one channel: the small-message path.
+    /// One piece on one channel.
     pub const WHOLE: Cut = Cut {
         channels: 1,
         chunk_bytes: usize::MAX,
+        max_piece_bytes: usize::MAX,
+        target_pieces: 1,
         min_spread_bytes: usize::MAX,
     };
 }
@@ -86,7 +94,9 @@ fn ranges(n: usize, unit_bytes: usize, cut: &Cut) -> Vec<(usize, usize)> {
         return Vec::new();
     }
     let total = n.saturating_mul(unit_bytes.max(1));
-    let mut k = total.div_ceil(cut.chunk_bytes.max(1));
+    let by_cap = total.div_ceil(cut.max_piece_bytes.max(1));
+    let by_grain = total.div_ceil(cut.chunk_bytes.max(1));
+    let mut k = by_cap.max(by_grain.min(cut.target_pieces.max(1)));
     if k < cut.channels && total / cut.channels >= cut.min_spread_bytes {
         k = cut.channels;
     }
@@ -94,24 +104,20 @@ fn ranges(n: usize, unit_bytes: usize, cut: &Cut) -> Vec<(usize, usize)> {
     (0..k).map(|i| (n * i / k, n * (i + 1) / k)).collect()
 }
 
-/// The pieces of `op` on `rank` of `nranks`, per channel, in order.
+/// The pieces of `op` on `rank`, in order; piece k runs on channel k mod `cut.channels`.
+pub fn pieces_in_order(op: &NetOp, rank: usize, cut: &Cut) -> Vec<Piece> {
+    match op {
+        NetOp::Coll { a, send, recv } => coll_pieces(a, *send, *recv, rank, cut),
+        NetOp::P2p(ops) => p2p_pieces(ops, cut),
+    }
+}
+
+/// The pieces of `op` on `rank`, per channel, in order.
 pub fn pieces(op: &NetOp, rank: usize, cut: &Cut) -> Vec<Vec<Piece>> {
     let ch = cut.channels.max(1);
     let mut out: Vec<Vec<Piece>> = vec![Vec::new(); ch];
-    match op {
-        NetOp::Coll { a, send, recv } => {
-            for (k, p) in coll_pieces(a, *send, *recv, rank, cut)
-                .into_iter()
-                .enumerate()
-            {
-                out[k % ch].push(p);
-            }
-        }
-        NetOp::P2p(ops) => {
-            for (k, p) in p2p_pieces(ops, cut).into_iter().enumerate() {
-                out[k % ch].push(p);
-            }
-        }
+    for (k, p) in pieces_in_order(op, rank, cut).into_iter().enumerate() {
+        out[k % ch].push(p);
     }
     out
 }
@@ -245,6 +251,8 @@ mod tests {
         Cut {
             channels: ch,
             chunk_bytes: chunk,
+            max_piece_bytes: chunk,
+            target_pieces: 8,
             min_spread_bytes: 1024,
         }
     }
@@ -273,6 +281,18 @@ mod tests {
         assert_eq!(ranges(4096, 4, &cut(4, 1 << 20)).len(), 4);
         // Too small to spread: one piece.
         assert_eq!(ranges(16, 4, &cut(4, 1 << 20)).len(), 1);
+        // A large call: about 8 pieces of at least the grain, none over the cap.
+        let big = Cut {
+            channels: 4,
+            chunk_bytes: 4 << 20,
+            max_piece_bytes: 32 << 20,
+            target_pieces: 8,
+            min_spread_bytes: 64 << 10,
+        };
+        assert_eq!(ranges(32 << 20, 4, &big).len(), 8); // 128 MB: 8 x 16 MB
+        assert_eq!(ranges(4 << 20, 4, &big).len(), 4); // 16 MB: 4 x 4 MB
+        assert_eq!(ranges(256 << 20, 4, &big).len(), 32); // 1 GB: 32 x 32 MB
+        assert_eq!(ranges(1 << 19, 4, &big).len(), 4); // 2 MB: spread over 4 channels
     }
 
     #[test]

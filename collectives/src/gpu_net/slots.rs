@@ -1,19 +1,17 @@
-//! Flag slots: the words a caller's stream and the progress thread hand a call over with,
-//! and the small-message staging a slot may own.
+//! Flag slots: the words a caller's stream and the progress thread hand one piece of a call
+//! over with.
 //!
-//! Per call the stream writes `start = 1`, waits for `done == 1`, then writes `done = 0`; the
-//! progress thread sees `start == 1`, clears it, runs the call and writes `done = 1`. The same
-//! toggles work for a call captured in a CUDA graph (the graph writes constants) on every
-//! launch. An eager call's slot is reusable once `done` reads 0 again (the stream passed it);
-//! a captured call's slot is held until its graph is destroyed.
+//! Per piece the stream writes `start = 1` (after copying the piece into its stage), waits for
+//! `done == 1`, writes `done = 0` (and copies the result back); the progress thread sees
+//! `start == 1`, clears it, runs the piece and writes `done = 1`. The same toggles work for a
+//! call captured in a CUDA graph (the graph writes constants) at every launch. An eager
+//! piece's slot is reusable once `done` reads 0 again (the stream passed it); a captured
+//! piece's slot is held until its graph is destroyed.
 
-use crate::comm::Communicator;
-use crate::regions::RegionId;
 use parking_lot::Mutex;
 use railcc_core::{Error, ErrorKind, Result};
 use railcc_transport_nvlink::hostsync::{Ctx, Flags};
-use railcc_transport_nvlink::staging::PinnedBuf;
-use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Words per slot: `start` and `done` on separate 64-byte lines.
 const STRIDE: usize = 32;
@@ -31,10 +29,6 @@ struct State {
     /// Slots whose `done` the progress thread set; free again once the stream cleared it.
     draining: Vec<usize>,
     next: usize,
-    stages: Vec<Option<Arc<SmallStage>>>,
-    /// Stages made ahead, for calls captured into graphs: pinned memory cannot be allocated
-    /// while a stream is being captured (in CUDA's global capture mode).
-    pool: Vec<Arc<SmallStage>>,
 }
 
 impl Slots {
@@ -42,10 +36,7 @@ impl Slots {
         Ok(Slots {
             flags: Flags::new(ctx, cap * STRIDE)?,
             cap,
-            state: Mutex::new(State {
-                stages: vec![None; cap],
-                ..State::default()
-            }),
+            state: Mutex::new(State::default()),
         })
     }
 
@@ -57,8 +48,7 @@ impl Slots {
         i * STRIDE + DONE
     }
 
-    /// A slot for a new call.
-    pub fn take(&self) -> Result<usize> {
+    fn try_take(&self) -> Option<usize> {
         let mut st = self.state.lock();
         let flags = &self.flags;
         let (ready, still): (Vec<usize>, Vec<usize>) = st
@@ -68,109 +58,55 @@ impl Slots {
         st.draining = still;
         st.free.extend(ready);
         if let Some(i) = st.free.pop() {
-            return Ok(i);
+            return Some(i);
         }
         if st.next < self.cap {
             st.next += 1;
-            return Ok(st.next - 1);
+            return Some(st.next - 1);
         }
-        Err(Error::new(
-            ErrorKind::Unsupported,
-            format!(
-                "more than {} GPU network calls in flight or held by live CUDA graphs",
-                self.cap
-            ),
-        ))
+        None
     }
 
-    /// The call in slot `i` is over on the host side (its `done` was set).
+    /// A slot for a new piece. When every slot is in use and `wait` is set (an eager call),
+    /// waits for the streams to pass earlier pieces, until `deadline` or `broken` says stop.
+    pub fn take(
+        &self,
+        wait: bool,
+        broken: &dyn Fn() -> Option<Error>,
+        deadline: Duration,
+    ) -> Result<usize> {
+        let t0 = Instant::now();
+        loop {
+            if let Some(i) = self.try_take() {
+                return Ok(i);
+            }
+            if let Some(e) = broken() {
+                return Err(e);
+            }
+            if !wait {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    format!(
+                        "more than {} pieces of GPU network calls held by live CUDA graphs and calls in flight",
+                        self.cap
+                    ),
+                ));
+            }
+            if t0.elapsed() > deadline {
+                return Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "{} pieces of GPU network calls still in flight after {deadline:?}",
+                        self.cap
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// The piece in slot `i` is over on the host side (its `done` was set).
     pub fn give_back(&self, i: usize) {
         self.state.lock().draining.push(i);
-    }
-
-    /// Makes `n` stages ahead of use.
-    pub fn prepare(
-        &self,
-        n: usize,
-        ctx: &Ctx,
-        bytes: usize,
-        comm: &Arc<Communicator>,
-    ) -> Result<()> {
-        for _ in 0..n {
-            let s = Arc::new(SmallStage::new(ctx, bytes, comm.clone())?);
-            self.state.lock().pool.push(s);
-        }
-        Ok(())
-    }
-
-    /// Slot `i`'s small-message staging: its own, one made ahead, or a new one (not while
-    /// `capturing`: then None, and the call takes the channels' staging instead).
-    pub fn stage(
-        &self,
-        i: usize,
-        ctx: &Ctx,
-        bytes: usize,
-        comm: &Arc<Communicator>,
-        capturing: bool,
-    ) -> Result<Option<Arc<SmallStage>>> {
-        let mut st = self.state.lock();
-        if let Some(Some(s)) = st.stages.get(i) {
-            return Ok(Some(s.clone()));
-        }
-        let s = match st.pool.pop() {
-            Some(s) => s,
-            None if capturing => return Ok(None),
-            None => Arc::new(SmallStage::new(ctx, bytes, comm.clone())?),
-        };
-        if let Some(x) = st.stages.get_mut(i) {
-            *x = Some(s.clone());
-        }
-        Ok(Some(s))
-    }
-}
-
-/// Pinned send and receive staging of one small call, registered with channel 0.
-pub struct SmallStage {
-    pub send: PinnedBuf,
-    pub recv: PinnedBuf,
-    regions: Vec<RegionId>,
-    comm: Arc<Communicator>,
-}
-
-// SAFETY: the pinned buffers are plain host memory; the slot protocol gives one call at a time
-// access to them (the stream before `start`, the host between `start` and `done`, the stream
-// after), and the context handle only frees them.
-unsafe impl Sync for SmallStage {}
-
-impl SmallStage {
-    fn new(ctx: &Ctx, bytes: usize, comm: Arc<Communicator>) -> Result<SmallStage> {
-        ctx.bind()?;
-        let send = PinnedBuf::in_current(ctx.ctx, bytes)?;
-        let recv = PinnedBuf::in_current(ctx.ctx, bytes)?;
-        let mut s = SmallStage {
-            send,
-            recv,
-            regions: Vec::new(),
-            comm,
-        };
-        for (p, n) in [
-            (s.send.as_ptr(), s.send.len()),
-            (s.recv.as_ptr(), s.recv.len()),
-        ] {
-            // SAFETY: the pinned buffers live in `s` until Drop deregisters them.
-            let id = unsafe { s.comm.register(p, n) }?;
-            s.regions.push(id);
-        }
-        Ok(s)
-    }
-}
-
-impl Drop for SmallStage {
-    fn drop(&mut self) {
-        for id in self.regions.drain(..) {
-            if let Err(e) = self.comm.deregister(id) {
-                tracing::debug!("gpu net: deregister small stage: {e}");
-            }
-        }
     }
 }

@@ -1,0 +1,120 @@
+//! Staging rings: per caller stream, `RING` slots of pinned send and receive staging. The
+//! stream's own copies fill and drain them in stream order (piece k uses slot k mod `RING`),
+//! so no other stream's work is ever waited for: a stream waiting on a flag can block the
+//! hardware queue it shares with other streams, and copies on those would never run.
+
+use crate::comm::Communicator;
+use crate::regions::RegionId;
+use parking_lot::Mutex;
+use railcc_core::{Error, Result};
+use railcc_transport_nvlink::hostsync::Ctx;
+use railcc_transport_nvlink::staging::PinnedBuf;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Pieces in flight per stream: the copy of piece k+RING waits for piece k to be done.
+pub const RING: usize = 4;
+/// A new stream's ring holds pieces of this many bytes (a ring cannot grow while the stream
+/// is being captured: CUDA refuses pinned allocations then).
+const FIRST_SLOT_BYTES: usize = 4 << 20;
+
+pub struct Ring {
+    pub slot_bytes: usize,
+    send: Vec<PinnedBuf>,
+    recv: Vec<PinnedBuf>,
+    regions: Vec<(Arc<Communicator>, RegionId)>,
+}
+
+// SAFETY: plain pinned host memory; the flag protocol gives the stream and the host turns
+// (the stream writes a send slot before `start`, the host reads it and writes the receive
+// slot before `done`, the stream reads that after), and the handles only free it.
+unsafe impl Sync for Ring {}
+// SAFETY: as above.
+unsafe impl Send for Ring {}
+
+impl Ring {
+    fn new(ctx: &Ctx, slot_bytes: usize, comms: &[Arc<Communicator>]) -> Result<Ring> {
+        ctx.bind()?;
+        let mut r = Ring {
+            slot_bytes,
+            send: Vec::new(),
+            recv: Vec::new(),
+            regions: Vec::new(),
+        };
+        for _ in 0..RING {
+            r.send.push(PinnedBuf::in_current(ctx.ctx, slot_bytes)?);
+            r.recv.push(PinnedBuf::in_current(ctx.ctx, slot_bytes)?);
+        }
+        // Registered with every channel (piece k runs on channel k mod channels), so RDMA
+        // moves the stages without a registration per transfer.
+        let bufs: Vec<(*const u8, usize)> = r
+            .send
+            .iter()
+            .chain(&r.recv)
+            .map(|b| (b.as_ptr(), b.len()))
+            .collect();
+        for c in comms {
+            for &(p, n) in &bufs {
+                // SAFETY: the buffers live in `r` until Drop deregisters them.
+                let id = unsafe { c.register(p, n) }?;
+                r.regions.push((c.clone(), id));
+            }
+        }
+        Ok(r)
+    }
+
+    pub fn send_ptr(&self, k: usize) -> *mut u8 {
+        self.send[k % RING].as_ptr() as *mut u8
+    }
+
+    pub fn recv_ptr(&self, k: usize) -> *mut u8 {
+        self.recv[k % RING].as_ptr() as *mut u8
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        for (c, id) in self.regions.drain(..) {
+            if let Err(e) = c.deregister(id) {
+                tracing::debug!("gpu net: deregister ring: {e}");
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct Rings {
+    by_stream: Mutex<HashMap<usize, Arc<Ring>>>,
+    /// Rings outgrown: graphs and calls in flight may still use them, and freeing pinned
+    /// memory waits for the whole GPU; freed with the engine.
+    retired: Mutex<Vec<Arc<Ring>>>,
+}
+
+impl Rings {
+    /// `stream`'s ring, with slots of at least `need` bytes.
+    pub fn for_stream(
+        &self,
+        stream: usize,
+        need: usize,
+        capturing: bool,
+        ctx: &Ctx,
+        comms: &[Arc<Communicator>],
+    ) -> Result<Arc<Ring>> {
+        let mut m = self.by_stream.lock();
+        let have = m.get(&stream).map_or(0, |r| r.slot_bytes);
+        if let Some(r) = m.get(&stream).filter(|r| r.slot_bytes >= need) {
+            return Ok(r.clone());
+        }
+        if capturing && have < need {
+            return Err(Error::invalid(format!(
+                "a captured GPU network call needs staging pieces of {need} bytes but this stream has {have}: make one call of that size on this stream before capturing (CUDA allows no pinned allocation during capture)"
+            )));
+        }
+        let bytes = need.next_power_of_two().max(FIRST_SLOT_BYTES);
+        let ring = Arc::new(Ring::new(ctx, bytes, comms)?);
+        if let Some(old) = m.insert(stream, ring.clone()) {
+            self.retired.lock().push(old);
+        }
+        Ok(ring)
+    }
+}
