@@ -35,29 +35,29 @@ inc=$(mpicc --showme:incdirs 2>/dev/null | awk '{print $1}')
 ( make -C $NTM -j32 MPI=1 MPI_HOME="$(dirname "${inc:-/usr/include}")" CUDA_HOME=/usr/local/cuda NCCL_HOME="$NCCL_HOME" \
     NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" src.build > /tmp/nccl-build-mpi.log 2>&1 ) &
 build=$!
-run 60 $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 128M -f 8 -n 5 -w 1
+run 45 $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 128M -f 8 -n 5 -w 1
 verdict "bench all_reduce --gpu-net 8 B-128 MB"
 grep -E "returned to the caller" /tmp/last.log | grep -E "  (8|134217728) B"
-run 60 $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 64M -f 32 -d float,bfloat16 -n 3 -w 1 -G 3
+run 45 $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 64M -f 32 -d float,bfloat16 -n 3 -w 1 -G 3
 verdict "bench all_reduce --gpu-net -G 3, float and bfloat16, 8 B-64 MB"
-run 60 $R bench alltoall --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 16M -f 64 -n 2 -w 1 -d float,int8
+run 45 $R bench alltoall --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 16M -f 64 -n 2 -w 1 -d float,int8
 verdict "bench alltoall --gpu-net 8 B-16 MB"
 wait $build || say "FAIL  nccl-tests MPI build"
 MPIRUN="mpirun -np 2 --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_SOCKET_IFNAME -x RAILCC_SOCKET_IFNAME -x RAILCC_TIMEOUT_MS -x NCCL_DEBUG -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD"
 OURS="$PWD/.device/lib:/usr/local/cuda/lib64"
 THEIRS="$NCCL_HOME/lib:/usr/local/cuda/lib64"
 for b in sendrecv alltoall all_gather; do
-  run 60 env LD_LIBRARY_PATH=$OURS $MPIRUN /tmp/as-host.sh $NTM/build/${b}_perf -b 8 -e 8M -f 8 -d float -n 2 -w 1 -c 1 -g 1
+  run 45 env LD_LIBRARY_PATH=$OURS $MPIRUN /tmp/as-host.sh $NTM/build/${b}_perf -b 8 -e 8M -f 8 -d float -n 2 -w 1 -c 1 -g 1
   verdict "libnccl $b, 2 emulated hosts, mpirun --bind-to none, 8 B-8 MB"
 done
-run 60 env LD_LIBRARY_PATH=$OURS $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf -b 8 -e 8M -f 8 -d float -n 2 -w 1 -c 1 -g 1 -G 10
+run 45 env LD_LIBRARY_PATH=$OURS $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf -b 8 -e 8M -f 8 -d float -n 2 -w 1 -c 1 -g 1 -G 10
 verdict "libnccl all_reduce -G 10, 2 emulated hosts, 8 B-8 MB"
 P="-b 8 -e 128M -f 16 -n 10 -w 3 -c 1 -g 1"
 for who in railcc nccl nccl44; do
   case $who in
-    railcc) run 90 env LD_LIBRARY_PATH=$OURS $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P ;;
-    nccl) run 90 env LD_LIBRARY_PATH=$THEIRS NCCL_DEBUG=INFO $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P ;;
-    nccl44) run 90 env LD_LIBRARY_PATH=$THEIRS NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P ;;
+    railcc) run 60 env LD_LIBRARY_PATH=$OURS $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P ;;
+    nccl) run 60 env LD_LIBRARY_PATH=$THEIRS NCCL_DEBUG=INFO $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P ;;
+    nccl44) run 60 env LD_LIBRARY_PATH=$THEIRS NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P ;;
   esac
   verdict "all_reduce perf: $who, 2 emulated hosts, 8 B-128 MB"
 done

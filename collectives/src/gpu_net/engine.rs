@@ -272,10 +272,19 @@ impl GpuNet {
         });
         // SAFETY: the caller's stream and buffers (contract above); the ring's slots hold
         // every piece's staged bytes (sized by stage_need).
-        unsafe { self.stream_ops(&call, stream) }?;
+        let ops = unsafe { self.stream_ops(&call, stream) };
+        if let Err(e) = &ops {
+            // Part of the call may be on the stream already: break the engine so the progress
+            // thread lets every piece go instead of the stream waiting forever.
+            self.shared.fail(e.clone().rank(self.rank));
+        }
+        let first = call.runs.first().map_or(0, |r| r.slot);
+        self.tx.send(ToProgress::Call(call)).map_err(|_| {
+            Error::new(ErrorKind::Aborted, "gpu net: progress thread gone").rank(self.rank)
+        })?;
+        ops?;
         if captured {
             let tx = self.tx.clone();
-            let first = call.runs.first().map_or(0, |r| r.slot);
             // SAFETY: the stream is being captured (checked above).
             unsafe {
                 on_graph_destroy(
@@ -286,9 +295,7 @@ impl GpuNet {
                 )
             }?;
         }
-        self.tx.send(ToProgress::Call(call)).map_err(|_| {
-            Error::new(ErrorKind::Aborted, "gpu net: progress thread gone").rank(self.rank)
-        })
+        Ok(())
     }
 
     /// The copies and flag operations of `call` on `stream`.
