@@ -174,9 +174,9 @@ config! {
     /// GPU collectives across the network move in chunks of at most this many staged bytes,
     /// so copies off the GPU, the network and copies back overlap.
     gpu_net_chunk_bytes: usize = 4 * 1024 * 1024, "RAILCC_GPU_NET_CHUNK_BYTES";
-    /// GPU calls across the network staging at most this many bytes copy on the caller's
-    /// stream and run whole on one channel (the small-message path).
-    gpu_net_small_bytes: usize = 256 * 1024, "RAILCC_GPU_NET_SMALL_BYTES";
+    /// Pieces of a GPU network call in flight per stream (the staging ring's depth): the
+    /// copies in run this far ahead of the network. 2 to 16.
+    gpu_net_ring: usize = 4, "RAILCC_GPU_NET_RING";
     /// RDMA queue pairs per connection (NCCL_IB_QPS_PER_CONNECTION): messages of 64 KB and
     /// more are split across them. The connecting (sending) side's value is used. 1 to 16.
     ib_qps_per_conn: u8 = 1, "RAILCC_IB_QPS_PER_CONN";
@@ -235,6 +235,12 @@ impl Config {
             return Err(Error::invalid(format!(
                 "RAILCC_GPU_PATH={} must be auto or net",
                 self.gpu_path
+            )));
+        }
+        if !(2..=16).contains(&self.gpu_net_ring) {
+            return Err(Error::invalid(format!(
+                "RAILCC_GPU_NET_RING={} must be 2 to 16",
+                self.gpu_net_ring
             )));
         }
         if !(1..=32).contains(&self.gpu_net_channels) || self.gpu_net_chunk_bytes < 4096 {

@@ -4,12 +4,12 @@
 //! and lets the stream go on once the piece's result is staged. Captured in a CUDA graph, the
 //! same call runs at every launch of the graph.
 //!
-//! On the caller's stream, for pieces 0..n of a call, with a ring of `RING` stages:
-//! copy pieces 0..RING in and set their `start`; then per piece k: wait `done_k == 1`,
-//! `done_k = 0`, copy piece k back, copy piece k+RING in and set its `start`. Every GPU
+//! On the caller's stream, for pieces 0..n of a call, with a ring of `depth` stages (`RAILCC_GPU_NET_RING`):
+//! copy pieces 0..depth in and set their `start`; then per piece k: wait `done_k == 1`,
+//! `done_k = 0`, copy piece k back, copy piece k+depth in and set its `start`. Every GPU
 //! operation of the call is on the caller's stream (copy engines, no kernel, no thread
 //! block), so it waits for nothing but the host; the copies in run ahead of the network by
-//! up to `RING` pieces and the copies back follow it piece by piece.
+//! up to `depth` pieces and the copies back follow it piece by piece.
 //!
 //! A failure (a peer died, a mismatch, the deadline) breaks the engine: the first error is
 //! kept, every channel is aborted so the others stop at once, and every piece still waiting
@@ -17,7 +17,7 @@
 //! next call and from [`GpuNet::async_error`].
 
 use super::pieces::{pieces_in_order, stage_need, Cut, NetOp, Piece};
-use super::ring::{Ring, Rings, RING};
+use super::ring::{Ring, Rings};
 use super::slots::Slots;
 use super::worker::{run_piece, spawn, Finished, Job};
 use crate::comm::Communicator;
@@ -102,6 +102,7 @@ pub struct GpuNet {
     tx: Sender<ToProgress>,
     progress: Option<JoinHandle<()>>,
     cut: Cut,
+    ring_depth: usize,
     timeout: Duration,
     desc: String,
     _roots: Vec<RootServer>,
@@ -188,6 +189,7 @@ impl GpuNet {
                 target_pieces: 8,
                 min_spread_bytes: 64 * 1024,
             },
+            ring_depth: cfg.gpu_net_ring,
             timeout: cfg.timeout(),
             desc,
             _roots: roots,
@@ -244,6 +246,7 @@ impl GpuNet {
         let ring = self.rings.for_stream(
             stream as usize,
             sb.max(rb),
+            self.ring_depth,
             captured,
             &self.ctx,
             &self.shared.comms,
@@ -313,7 +316,8 @@ impl GpuNet {
             unsafe { flags.write_on(stream, Slots::start(r.slot), 1) }
         };
         let n = call.runs.len();
-        for k in 0..n.min(RING) {
+        let depth = ring.depth;
+        for k in 0..n.min(depth) {
             copy_in(k)?;
         }
         for (k, r) in call.runs.iter().enumerate() {
@@ -326,8 +330,8 @@ impl GpuNet {
                 // SAFETY: as for the copies in, the other way.
                 unsafe { h2d(stream, s.dev, ring.recv_ptr(k).add(s.stage), s.bytes) }?;
             }
-            if k + RING < n {
-                copy_in(k + RING)?;
+            if k + depth < n {
+                copy_in(k + depth)?;
             }
         }
         Ok(())

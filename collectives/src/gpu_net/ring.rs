@@ -1,5 +1,6 @@
-//! Staging rings: per caller stream, `RING` slots of pinned send and receive staging. The
-//! stream's own copies fill and drain them in stream order (piece k uses slot k mod `RING`),
+//! Staging rings: per caller stream, `depth` slots of pinned send and receive staging
+//! (`RAILCC_GPU_NET_RING`). The stream's own copies fill and drain them in stream order
+//! (piece k uses slot k mod depth),
 //! so no other stream's work is ever waited for: a stream waiting on a flag can block the
 //! hardware queue it shares with other streams, and copies on those would never run.
 
@@ -12,14 +13,14 @@ use railcc_transport_nvlink::staging::PinnedBuf;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// Pieces in flight per stream: the copy of piece k+RING waits for piece k to be done.
-pub const RING: usize = 4;
 /// A new stream's ring holds pieces of this many bytes (a ring cannot grow while the stream
 /// is being captured: CUDA refuses pinned allocations then).
 const FIRST_SLOT_BYTES: usize = 4 << 20;
 
 pub struct Ring {
     pub slot_bytes: usize,
+    /// Pieces in flight per stream: the copy of piece k+depth waits for piece k to be done.
+    pub depth: usize,
     send: Vec<PinnedBuf>,
     recv: Vec<PinnedBuf>,
     regions: Vec<(Arc<Communicator>, RegionId)>,
@@ -33,15 +34,21 @@ unsafe impl Sync for Ring {}
 unsafe impl Send for Ring {}
 
 impl Ring {
-    fn new(ctx: &Ctx, slot_bytes: usize, comms: &[Arc<Communicator>]) -> Result<Ring> {
+    fn new(
+        ctx: &Ctx,
+        slot_bytes: usize,
+        depth: usize,
+        comms: &[Arc<Communicator>],
+    ) -> Result<Ring> {
         ctx.bind()?;
         let mut r = Ring {
             slot_bytes,
+            depth,
             send: Vec::new(),
             recv: Vec::new(),
             regions: Vec::new(),
         };
-        for _ in 0..RING {
+        for _ in 0..depth {
             r.send.push(PinnedBuf::in_current(ctx.ctx, slot_bytes)?);
             r.recv.push(PinnedBuf::in_current(ctx.ctx, slot_bytes)?);
         }
@@ -64,11 +71,11 @@ impl Ring {
     }
 
     pub fn send_ptr(&self, k: usize) -> *mut u8 {
-        self.send[k % RING].as_ptr() as *mut u8
+        self.send[k % self.depth].as_ptr() as *mut u8
     }
 
     pub fn recv_ptr(&self, k: usize) -> *mut u8 {
-        self.recv[k % RING].as_ptr() as *mut u8
+        self.recv[k % self.depth].as_ptr() as *mut u8
     }
 }
 
@@ -96,6 +103,7 @@ impl Rings {
         &self,
         stream: usize,
         need: usize,
+        depth: usize,
         capturing: bool,
         ctx: &Ctx,
         comms: &[Arc<Communicator>],
@@ -111,7 +119,7 @@ impl Rings {
             )));
         }
         let bytes = need.next_power_of_two().max(FIRST_SLOT_BYTES);
-        let ring = Arc::new(Ring::new(ctx, bytes, comms)?);
+        let ring = Arc::new(Ring::new(ctx, bytes, depth, comms)?);
         if let Some(old) = m.insert(stream, ring.clone()) {
             self.retired.lock().push(old);
         }

@@ -27,7 +27,7 @@ pub fn run_piece(comm: &Communicator, call: &HostCall, ring: &Ring, k: usize) ->
     let n = ring.slot_bytes;
     // SAFETY: between the piece's `start` and `done` the host owns its ring slot: the stream
     // filled the send stage before `start` and reads the receive stage only after `done`,
-    // which is set after this returns; no other piece uses the slot meanwhile (piece k+RING
+    // which is set after this returns; no other piece uses the slot meanwhile (piece k+depth
     // is copied in only after this one's `done`).
     let (send, recv) = unsafe {
         (
