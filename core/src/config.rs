@@ -170,13 +170,13 @@ config! {
     gpu_path: String = "auto".to_string(), "RAILCC_GPU_PATH";
     /// GPU collectives across the network are split over this many channels, each with its own
     /// connections and thread (NCCL's channels and proxy threads). 1 to 32.
-    gpu_net_channels: usize = 4, "RAILCC_GPU_NET_CHANNELS";
+    gpu_net_channels: usize = 8, "RAILCC_GPU_NET_CHANNELS";
     /// GPU collectives across the network move in chunks of at most this many staged bytes,
     /// so copies off the GPU, the network and copies back overlap.
     gpu_net_chunk_bytes: usize = 4 * 1024 * 1024, "RAILCC_GPU_NET_CHUNK_BYTES";
     /// Pieces of a GPU network call in flight per stream (the staging ring's depth): the
     /// copies in run this far ahead of the network. 2 to 16.
-    gpu_net_ring: usize = 4, "RAILCC_GPU_NET_RING";
+    gpu_net_ring: usize = 8, "RAILCC_GPU_NET_RING";
     /// RDMA queue pairs per connection (NCCL_IB_QPS_PER_CONNECTION): messages of 64 KB and
     /// more are split across them. The connecting (sending) side's value is used. 1 to 16.
     ib_qps_per_conn: u8 = 1, "RAILCC_IB_QPS_PER_CONN";
