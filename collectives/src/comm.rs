@@ -67,6 +67,8 @@ pub struct Communicator {
     ring_order: Vec<usize>,
     /// Hosts in the job, for the cost model.
     nodes: usize,
+    /// Ranks per host when every host holds the same number (the hierarchical plans need it).
+    per_host: Option<usize>,
     /// The cost model's choice per size bucket.
     algo_cache: Mutex<HashMap<u32, Algo>>,
     _root: Option<RootServer>,

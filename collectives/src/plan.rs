@@ -98,6 +98,8 @@ pub enum Algo {
     PointToPoint,
     RecursiveDoubling,
     Tree,
+    /// Hierarchical all-reduce with this many ranks per host (`plan/hier.rs`).
+    Hier(usize),
 }
 
 impl Algo {
@@ -110,6 +112,7 @@ impl Algo {
             Algo::PointToPoint => "p2p",
             Algo::RecursiveDoubling => "rdouble",
             Algo::Tree => "tree",
+            Algo::Hier(_) => "hier",
         }
     }
 }
@@ -326,6 +329,12 @@ pub fn build(a: &CollArgs, rank: usize, algo: Algo, o: &PlanOpts) -> Plan {
     match a.coll {
         CollKind::AllReduce if algo == Algo::Direct && p > 1 => direct_all_reduce(a, rank, o),
         CollKind::AllReduce if algo == Algo::Tree => tree_all_reduce(a, rank, o),
+        CollKind::AllReduce if matches!(algo, Algo::Hier(_)) => {
+            let Algo::Hier(local) = algo else {
+                return ring_all_reduce(a, rank, o);
+            };
+            hier::hier_all_reduce(a, rank, o, local)
+        }
         CollKind::AllReduce if algo == Algo::RecursiveDoubling => {
             recursive_doubling_all_reduce(a, rank, o)
         }
@@ -341,6 +350,7 @@ pub fn build(a: &CollArgs, rank: usize, algo: Algo, o: &PlanOpts) -> Plan {
 }
 
 mod allreduce;
+mod hier;
 mod order;
 pub use allreduce::dtree;
 use allreduce::{

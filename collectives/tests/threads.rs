@@ -189,3 +189,57 @@ fn half_sums_keep_their_digits_in_the_direct_algorithm() {
         );
     });
 }
+
+/// The hierarchical all-reduce over real sockets: 2 hosts (RAILCC_HOSTID) of 2 ranks,
+/// interleaved (ranks 0 and 2 on one, 1 and 3 on the other), sums and averages checked.
+#[test]
+fn hierarchical_all_reduce_two_hosts_of_two() {
+    let root = RootServer::start("127.0.0.1:0".parse().unwrap(), Duration::from_secs(20)).unwrap();
+    let id = root.id;
+    let hs: Vec<_> = (0..4usize)
+        .map(|r| {
+            std::thread::spawn(move || {
+                let cfg = Config::default()
+                    .apply_vars(|k| match k {
+                        "RAILCC_ALGO" => Some("hier".into()),
+                        "RAILCC_HOSTID" => Some(format!("host{}", r % 2)),
+                        _ => None,
+                    })
+                    .unwrap();
+                let cfg = Config {
+                    chunk_bytes: 4096,
+                    ..cfg
+                };
+                let c = Communicator::init(cfg, &id, r, 4).unwrap();
+                let n = 50_001;
+                let args = railcc_collectives::plan::CollArgs {
+                    coll: railcc_core::net::CollKind::AllReduce,
+                    nranks: 4,
+                    count: n,
+                    dtype: railcc_core::DataType::F32,
+                    op: ReduceOp::Sum,
+                    root: 0,
+                };
+                assert_eq!(
+                    c.algo_for(&args).name(),
+                    "hier",
+                    "RAILCC_ALGO=hier took effect"
+                );
+                let send: Vec<f32> = (0..n).map(|i| (i % 5) as f32 + r as f32).collect();
+                let mut recv = vec![0f32; n];
+                c.all_reduce(&send, &mut recv, ReduceOp::Sum).unwrap();
+                for (i, v) in recv.iter().enumerate() {
+                    assert_eq!(*v, 4.0 * (i % 5) as f32 + 6.0, "rank {r}, element {i}");
+                }
+                let mut buf = send.clone();
+                c.all_reduce_in_place(&mut buf, ReduceOp::Avg).unwrap();
+                for (i, v) in buf.iter().enumerate() {
+                    assert_eq!(*v, (i % 5) as f32 + 1.5, "avg, rank {r}, element {i}");
+                }
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+}

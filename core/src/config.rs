@@ -13,6 +13,9 @@ pub enum AlgoChoice {
     Direct,
     RecursiveDoubling,
     Tree,
+    /// Hierarchical: inside each host, then across hosts one ring per local rank, then inside
+    /// each host again (every host must hold the same number of ranks; else the ring).
+    Hier,
 }
 
 impl std::str::FromStr for AlgoChoice {
@@ -26,8 +29,9 @@ impl std::str::FromStr for AlgoChoice {
                 Ok(AlgoChoice::RecursiveDoubling)
             }
             "tree" | "dtree" => Ok(AlgoChoice::Tree),
+            "hier" | "hierarchical" => Ok(AlgoChoice::Hier),
             _ => Err(format!(
-                "unknown algorithm '{s}' (expected auto, ring, direct, rdouble, tree)"
+                "unknown algorithm '{s}' (expected auto, ring, direct, rdouble, tree, hier)"
             )),
         }
     }
@@ -41,6 +45,7 @@ impl std::fmt::Display for AlgoChoice {
             AlgoChoice::Direct => "direct",
             AlgoChoice::RecursiveDoubling => "rdouble",
             AlgoChoice::Tree => "tree",
+            AlgoChoice::Hier => "hier",
         })
     }
 }
@@ -104,8 +109,9 @@ config! {
     chunk_bytes: usize = 512 * 1024, "RAILCC_CHUNK_BYTES";
     /// Chunks a rank may have received but not yet consumed, per peer (bounds scratch memory).
     max_inflight_chunks: usize = 8, "RAILCC_MAX_INFLIGHT_CHUNKS";
-    /// All-reduce algorithm: auto, ring, direct (one-shot), rdouble (recursive doubling) or
-    /// tree (double binary tree).
+    /// All-reduce algorithm: auto, ring, direct (one-shot), rdouble (recursive doubling),
+    /// tree (double binary tree) or hier (inside hosts, then one ring per local rank across
+    /// hosts; needs the same rank count on every host).
     algo: AlgoChoice = AlgoChoice::Auto, "RAILCC_ALGO";
     // The cost model's links (issue 6), per rank, for one rank with a core to itself (ranks
     // sharing cores are scaled: collectives::cost). Defaults: fitted on loopback TCP

@@ -48,6 +48,10 @@ impl Communicator {
                     AlgoChoice::Direct => Algo::Direct,
                     AlgoChoice::RecursiveDoubling => Algo::RecursiveDoubling,
                     AlgoChoice::Tree => Algo::Tree,
+                    AlgoChoice::Hier => match self.per_host {
+                        Some(l) => Algo::Hier(l),
+                        None => Algo::Ring,
+                    },
                     AlgoChoice::Auto => self.model_choice(bytes),
                 }
             }

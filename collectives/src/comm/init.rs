@@ -117,6 +117,10 @@ impl Communicator {
                 distinct.dedup();
                 distinct.len()
             },
+            per_host: hosts
+                .iter()
+                .all(|h| hosts.iter().filter(|x| *x == h).count() == local_ranks)
+                .then_some(local_ranks),
             algo_cache: Mutex::new(HashMap::new()),
             _root: root,
         })

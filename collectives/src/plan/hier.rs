@@ -1,0 +1,190 @@
+//! Hierarchical all-reduce for H hosts of L ranks each, built for a rank's position in host
+//! order (host h holds positions h*L .. h*L+L, `build_ordered` maps them back to ranks):
+//! 1. reduce-scatter inside each host, a ring of its L ranks: local rank l ends with segment
+//!    (l+1) mod L summed over its host;
+//! 2. L all-reduces across hosts at once, one per local index, each a ring of the H ranks that
+//!    hold the same segment (rail l meets rail l, so every rank's NIC carries 1/L of the data);
+//! 3. all-gather inside each host.
+//!
+//! Between hosts each rank sends `2 (H-1)/H * n/L` elements, L times less than a flat ring's
+//! rank on the host edge. On GPUs phases 1 and 3 are the NVLink kernels' work; here they run
+//! on the host path so the simulator and the reference check the whole schedule.
+//! With one host or one rank per host it is the ring.
+
+use super::*;
+
+/// Which steps last wrote, and have read since, each range of the receive buffer.
+#[derive(Default)]
+struct Track {
+    entries: Vec<(Range<usize>, Option<usize>, Vec<usize>)>,
+}
+
+impl Track {
+    fn overlapping(
+        &self,
+        r: &Range<usize>,
+    ) -> impl Iterator<Item = &(Range<usize>, Option<usize>, Vec<usize>)> {
+        let r = r.clone();
+        self.entries
+            .iter()
+            .filter(move |e| e.0.start < r.end && r.start < e.0.end)
+    }
+
+    /// What a read of `r` waits for: the writers of anything overlapping it.
+    fn read_deps(&self, r: Range<usize>) -> Vec<usize> {
+        self.overlapping(&r).filter_map(|e| e.1).collect()
+    }
+
+    /// What a write of `r` waits for: every earlier writer and reader of it.
+    fn write_deps(&self, r: Range<usize>) -> Vec<usize> {
+        self.overlapping(&r)
+            .flat_map(|e| e.1.into_iter().chain(e.2.iter().copied()))
+            .collect()
+    }
+
+    fn read(&mut self, r: Range<usize>, step: usize) {
+        self.entries.push((r, None, vec![step]));
+    }
+
+    /// Records a write; entries it covers are dropped (whoever depends on it waits for them).
+    fn write(&mut self, r: Range<usize>, step: usize) {
+        self.entries
+            .retain(|e| !(r.start <= e.0.start && e.0.end <= r.end));
+        self.entries.push((r, Some(step), Vec::new()));
+    }
+}
+
+/// The plan of position `r` of `a.nranks` in host order, with `local` ranks per host.
+pub(super) fn hier_all_reduce(a: &CollArgs, r: usize, o: &PlanOpts, local: usize) -> Plan {
+    let (p, n, ch) = (a.nranks, a.count, o.chunk_elems.max(1));
+    if local <= 1 || local >= p || !p.is_multiple_of(local) {
+        return ring_all_reduce(a, r, o);
+    }
+    let (lr, hosts) = (local, p / local);
+    let (h, l) = (r / lr, r % lr);
+    let mut b = Builder::new(ch, o.window);
+    let mut t = Track::default();
+    let seg = |j: usize| segment(n, lr, j % lr);
+    let at = |host: usize, idx: usize| host * lr + idx;
+    let (lnext, lprev) = (at(h, (l + 1) % lr), at(h, (l + lr - 1) % lr));
+    let (hnext, hprev) = (at((h + 1) % hosts, l), at((h + hosts - 1) % hosts, l));
+
+    // Sends `len` elements at `off` of the receive buffer (or the input when `input`).
+    let send =
+        |b: &mut Builder, t: &mut Track, peer: usize, off: usize, len: usize, input: bool| {
+            let buf = if input { Buf::Send } else { Buf::Recv };
+            // The input is the receive buffer itself in place, so its reads are tracked too.
+            let tracked = !input || o.in_place;
+            let deps = if tracked {
+                t.read_deps(off..off + len)
+            } else {
+                vec![]
+            };
+            let st = b.push(
+                Op::Send {
+                    peer,
+                    src: Slice::new(buf, off, len),
+                },
+                deps,
+            );
+            if tracked {
+                t.read(off..off + len, st);
+            }
+        };
+    // Receives a chunk into scratch and folds it into the receive buffer: `recv = x op in`,
+    // where x is the input (phase 1) or the receive buffer (phase 2).
+    let fold =
+        |b: &mut Builder, t: &mut Track, peer: usize, off: usize, len: usize, input: bool| {
+            let (slot, incoming, rv) = b.recv_to_scratch(peer, len);
+            let dst = Slice::new(Buf::Recv, off, len);
+            let x = if input {
+                Slice::new(Buf::Send, off, len)
+            } else {
+                dst
+            };
+            let mut deps = vec![rv];
+            deps.extend(t.write_deps(off..off + len));
+            let red = b.push(
+                Op::Reduce {
+                    dst,
+                    a: x,
+                    b: incoming,
+                },
+                deps,
+            );
+            b.release(slot, vec![rv, red]);
+            t.write(off..off + len, red);
+        };
+    // Receives a chunk straight into the receive buffer.
+    let take = |b: &mut Builder, t: &mut Track, peer: usize, off: usize, len: usize| {
+        let rv = b.push(
+            Op::Recv {
+                peer,
+                dst: Slice::new(Buf::Recv, off, len),
+            },
+            t.write_deps(off..off + len),
+        );
+        t.write(off..off + len, rv);
+    };
+
+    // 1. Reduce-scatter inside the host.
+    for s in 0..lr - 1 {
+        let (si, ri) = ((l + lr - s) % lr, (l + 2 * lr - s - 1) % lr);
+        let (so, sl) = seg(si);
+        for (off, len) in chunks(so, sl, ch) {
+            send(&mut b, &mut t, lnext, off, len, s == 0);
+        }
+        let (ro, rl) = seg(ri);
+        for (off, len) in chunks(ro, rl, ch) {
+            fold(&mut b, &mut t, lprev, off, len, true);
+        }
+    }
+    // 2. All-reduce of the owned segment across hosts (ring reduce-scatter, then all-gather).
+    let (oo, ol) = seg(l + 1);
+    let sub = |j: usize| {
+        let (x, y) = segment(ol, hosts, j % hosts);
+        (oo + x, y)
+    };
+    for s in 0..hosts - 1 {
+        let (si, ri) = ((h + hosts - s) % hosts, (h + 2 * hosts - s - 1) % hosts);
+        for (off, len) in chunks(sub(si).0, sub(si).1, ch) {
+            send(&mut b, &mut t, hnext, off, len, false);
+        }
+        for (off, len) in chunks(sub(ri).0, sub(ri).1, ch) {
+            fold(&mut b, &mut t, hprev, off, len, false);
+        }
+    }
+    // Avg: the part this rank now holds summed over every rank is divided here, once.
+    if a.op == ReduceOp::Avg {
+        let (fo, fl) = sub(h + 1);
+        for (off, len) in chunks(fo, fl, ch) {
+            let d = b.push(
+                Op::Divide {
+                    buf: Slice::new(Buf::Recv, off, len),
+                },
+                t.write_deps(off..off + len),
+            );
+            t.write(off..off + len, d);
+        }
+    }
+    for s in 0..hosts - 1 {
+        let (si, ri) = ((h + 1 + hosts - s) % hosts, (h + hosts - s) % hosts);
+        for (off, len) in chunks(sub(si).0, sub(si).1, ch) {
+            send(&mut b, &mut t, hnext, off, len, false);
+        }
+        for (off, len) in chunks(sub(ri).0, sub(ri).1, ch) {
+            take(&mut b, &mut t, hprev, off, len);
+        }
+    }
+    // 3. All-gather inside the host.
+    for s in 0..lr - 1 {
+        let (si, ri) = ((l + 1 + lr - s) % lr, (l + lr - s) % lr);
+        for (off, len) in chunks(seg(si).0, seg(si).1, ch) {
+            send(&mut b, &mut t, lnext, off, len, false);
+        }
+        for (off, len) in chunks(seg(ri).0, seg(ri).1, ch) {
+            take(&mut b, &mut t, lprev, off, len);
+        }
+    }
+    b.finish(Algo::Hier(local))
+}
