@@ -339,7 +339,10 @@ pub fn build(a: &CollArgs, rank: usize, algo: Algo, o: &PlanOpts) -> Plan {
             recursive_doubling_all_reduce(a, rank, o)
         }
         CollKind::AllReduce => ring_all_reduce(a, rank, o),
-        CollKind::AllGather => ring_all_gather(a, rank, o),
+        CollKind::AllGather => match algo {
+            Algo::Hier(local) => hier::hier_all_gather(a, rank, o, local),
+            _ => ring_all_gather(a, rank, o),
+        },
         CollKind::ReduceScatter => ring_reduce_scatter(a, rank, o),
         CollKind::Broadcast => chain_broadcast(a, rank, o),
         CollKind::Reduce => chain_reduce(a, rank, o),

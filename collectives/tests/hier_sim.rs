@@ -1,4 +1,4 @@
-//! The hierarchical all-reduce (`plan/hier.rs`) under the simulator against the reference,
+//! The hierarchical plans (`plan/hier.rs`: all-reduce, all-gather) under the simulator against the reference,
 //! for many host x rank-per-host shapes, with ranks spread over hosts in order and
 //! interleaved (so host order differs from rank order), every dtype and op, in place and out
 //! of place, several chunk sizes and windows. The simulator fails a plan that overwrites a
@@ -35,8 +35,11 @@ fn check(a: CollArgs, local: usize, o: PlanOpts, order: &[usize], seed: u64) {
     }
 }
 
+/// The collectives with a hierarchical plan.
+const COLLS: [CollKind; 2] = [CollKind::AllReduce, CollKind::AllGather];
+
 #[test]
-fn hierarchical_all_reduce_matches_the_reference_for_many_shapes() {
+fn hierarchical_plans_match_the_reference_for_many_shapes() {
     let mut cases = 0;
     for hosts in 1..=4usize {
         for local in 1..=4usize {
@@ -49,28 +52,31 @@ fn hierarchical_all_reduce_matches_the_reference_for_many_shapes() {
                 for (i, count) in [0usize, 1, 5, 37, 1000, 4099].into_iter().enumerate() {
                     let dt = DataType::ALL[(i + li + p) % DataType::ALL.len()];
                     let op = ReduceOp::ALL[(i + hosts + local) % ReduceOp::ALL.len()];
-                    for (in_place, chunk, window) in [(false, 64, 4), (true, 7, 1), (false, 3, 2)] {
-                        let a = CollArgs {
-                            coll: CollKind::AllReduce,
-                            nranks: p,
-                            count,
-                            dtype: dt,
-                            op,
-                            root: 0,
-                        };
-                        let o = PlanOpts {
-                            chunk_elems: chunk,
-                            window,
-                            in_place,
-                        };
-                        check(a, local, o, &order, (i * 31 + p) as u64);
-                        cases += 1;
+                    for (in_place, chunk, window) in [(false, 64, 4), (true, 7, 1), (false, 19, 2)]
+                    {
+                        for coll in COLLS {
+                            let a = CollArgs {
+                                coll,
+                                nranks: p,
+                                count,
+                                dtype: dt,
+                                op,
+                                root: 0,
+                            };
+                            let o = PlanOpts {
+                                chunk_elems: chunk,
+                                window,
+                                in_place,
+                            };
+                            check(a, local, o, &order, (i * 31 + p) as u64);
+                            cases += 1;
+                        }
                     }
                 }
             }
         }
     }
-    assert_eq!(cases, 16 * 2 * 6 * 3);
+    assert_eq!(cases, 16 * 2 * 6 * 3 * COLLS.len());
 }
 
 #[test]
@@ -79,9 +85,12 @@ fn every_op_and_dtype_on_two_hosts_of_three() {
     let order = host_order(&labels);
     for dt in DataType::ALL {
         for op in ReduceOp::ALL {
-            for in_place in [false, true] {
+            for (in_place, coll) in [false, true]
+                .into_iter()
+                .flat_map(|i| COLLS.map(|c| (i, c)))
+            {
                 let a = CollArgs {
-                    coll: CollKind::AllReduce,
+                    coll,
                     nranks: 6,
                     count: 301,
                     dtype: dt,

@@ -190,7 +190,7 @@ fn half_sums_keep_their_digits_in_the_direct_algorithm() {
     });
 }
 
-/// The hierarchical all-reduce over real sockets: 2 hosts (RAILCC_HOSTID) of 2 ranks,
+/// The hierarchical all-reduce and all-gather over real sockets: 2 hosts (RAILCC_HOSTID) of 2 ranks,
 /// interleaved (ranks 0 and 2 on one, 1 and 3 on the other), sums and averages checked.
 #[test]
 fn hierarchical_all_reduce_two_hosts_of_two() {
@@ -235,6 +235,14 @@ fn hierarchical_all_reduce_two_hosts_of_two() {
                 c.all_reduce_in_place(&mut buf, ReduceOp::Avg).unwrap();
                 for (i, v) in buf.iter().enumerate() {
                     assert_eq!(*v, (i % 5) as f32 + 1.5, "avg, rank {r}, element {i}");
+                }
+                // All-gather takes the hierarchical plan too; blocks land in rank order.
+                let mine: Vec<u32> = (0..1001).map(|i| (r * 10_000 + i) as u32).collect();
+                let mut all = vec![0u32; 4 * 1001];
+                c.all_gather(&mine, &mut all).unwrap();
+                for (j, v) in all.iter().enumerate() {
+                    let (from, i) = (j / 1001, j % 1001);
+                    assert_eq!(*v, (from * 10_000 + i) as u32, "rank {r}, gathered {j}");
                 }
             })
         })

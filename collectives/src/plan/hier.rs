@@ -12,45 +12,60 @@
 //! With one host or one rank per host it is the ring.
 
 use super::*;
+use std::collections::BTreeMap;
 
-/// Which steps last wrote, and have read since, each range of the receive buffer.
+/// Which steps last wrote, and have read since, each range of the receive buffer. Ranges are
+/// chunks, so a lookup scans only the entries starting within the longest chunk before it.
 #[derive(Default)]
 struct Track {
-    entries: Vec<(Range<usize>, Option<usize>, Vec<usize>)>,
+    entries: BTreeMap<(usize, usize), (Option<usize>, Vec<usize>)>,
+    longest: usize,
 }
 
+type Entry<'a> = (&'a (usize, usize), &'a (Option<usize>, Vec<usize>));
+
 impl Track {
-    fn overlapping(
-        &self,
-        r: &Range<usize>,
-    ) -> impl Iterator<Item = &(Range<usize>, Option<usize>, Vec<usize>)> {
+    fn overlapping(&self, r: &Range<usize>) -> impl Iterator<Item = Entry<'_>> {
         let r = r.clone();
         self.entries
-            .iter()
-            .filter(move |e| e.0.start < r.end && r.start < e.0.end)
+            .range((r.start.saturating_sub(self.longest), 0)..(r.end, 0))
+            .filter(move |(k, _)| k.0 < r.end && r.start < k.1)
     }
 
     /// What a read of `r` waits for: the writers of anything overlapping it.
     fn read_deps(&self, r: Range<usize>) -> Vec<usize> {
-        self.overlapping(&r).filter_map(|e| e.1).collect()
+        self.overlapping(&r).filter_map(|(_, e)| e.0).collect()
     }
 
     /// What a write of `r` waits for: every earlier writer and reader of it.
     fn write_deps(&self, r: Range<usize>) -> Vec<usize> {
         self.overlapping(&r)
-            .flat_map(|e| e.1.into_iter().chain(e.2.iter().copied()))
+            .flat_map(|(_, e)| e.0.into_iter().chain(e.1.iter().copied()))
             .collect()
     }
 
     fn read(&mut self, r: Range<usize>, step: usize) {
-        self.entries.push((r, None, vec![step]));
+        self.longest = self.longest.max(r.len());
+        self.entries
+            .entry((r.start, r.end))
+            .or_default()
+            .1
+            .push(step);
     }
 
     /// Records a write; entries it covers are dropped (whoever depends on it waits for them).
     fn write(&mut self, r: Range<usize>, step: usize) {
+        self.longest = self.longest.max(r.len());
+        let covered: Vec<(usize, usize)> = self
+            .overlapping(&r)
+            .map(|(k, _)| *k)
+            .filter(|k| r.start <= k.0 && k.1 <= r.end)
+            .collect();
+        for k in covered {
+            self.entries.remove(&k);
+        }
         self.entries
-            .retain(|e| !(r.start <= e.0.start && e.0.end <= r.end));
-        self.entries.push((r, Some(step), Vec::new()));
+            .insert((r.start, r.end), (Some(step), Vec::new()));
     }
 }
 
@@ -184,6 +199,77 @@ pub(super) fn hier_all_reduce(a: &CollArgs, r: usize, o: &PlanOpts, local: usize
         }
         for (off, len) in chunks(seg(ri).0, seg(ri).1, ch) {
             take(&mut b, &mut t, lprev, off, len);
+        }
+    }
+    b.finish(Algo::Hier(local))
+}
+
+/// Hierarchical all-gather (`count` elements per rank, blocks in host order): first across
+/// hosts, one ring per local index (rank (h, l) gathers the blocks of every (h', l)), then
+/// inside each host (each local rank passes on its column of H blocks). Each rank sends
+/// (H-1) blocks between hosts, not a ring's host-edge rank's (p-1).
+pub(super) fn hier_all_gather(a: &CollArgs, r: usize, o: &PlanOpts, local: usize) -> Plan {
+    let (p, c, ch) = (a.nranks, a.count, o.chunk_elems.max(1));
+    if local <= 1 || local >= p || !p.is_multiple_of(local) {
+        return ring_all_gather(a, r, o);
+    }
+    let (lr, hosts) = (local, p / local);
+    let (h, l) = (r / lr, r % lr);
+    let mut b = Builder::new(0, 1);
+    let mut t = Track::default();
+    let at = |host: usize, idx: usize| host * lr + idx;
+    let (lnext, lprev) = (at(h, (l + 1) % lr), at(h, (l + lr - 1) % lr));
+    let (hnext, hprev) = (at((h + 1) % hosts, l), at((h + hosts - 1) % hosts, l));
+    let block = |v: usize| v * c;
+    // This rank's own block: from the input (in place it is already there).
+    if let Some(cp) = copy_if_needed(
+        &mut b,
+        o,
+        Slice::new(Buf::Recv, block(r), c),
+        Slice::new(Buf::Send, 0, c),
+        vec![],
+    ) {
+        // In place the block is already there and nothing waits for it.
+        t.write(block(r)..block(r) + c, cp);
+    }
+    let send = |b: &mut Builder, t: &mut Track, peer: usize, v: usize| {
+        for (off, len) in chunks(block(v), c, ch) {
+            let st = b.push(
+                Op::Send {
+                    peer,
+                    src: Slice::new(Buf::Recv, off, len),
+                },
+                t.read_deps(off..off + len),
+            );
+            t.read(off..off + len, st);
+        }
+    };
+    let take = |b: &mut Builder, t: &mut Track, peer: usize, v: usize| {
+        for (off, len) in chunks(block(v), c, ch) {
+            let rv = b.push(
+                Op::Recv {
+                    peer,
+                    dst: Slice::new(Buf::Recv, off, len),
+                },
+                t.write_deps(off..off + len),
+            );
+            t.write(off..off + len, rv);
+        }
+    };
+    // 1. Across hosts: the blocks of local index l.
+    for s in 0..hosts - 1 {
+        let (si, ri) = ((h + hosts - s) % hosts, (h + 2 * hosts - s - 1) % hosts);
+        send(&mut b, &mut t, hnext, at(si, l));
+        take(&mut b, &mut t, hprev, at(ri, l));
+    }
+    // 2. Inside the host: columns of H blocks.
+    for s in 0..lr - 1 {
+        let (si, ri) = ((l + lr - s) % lr, (l + 2 * lr - s - 1) % lr);
+        for hh in 0..hosts {
+            send(&mut b, &mut t, lnext, at(hh, si));
+        }
+        for hh in 0..hosts {
+            take(&mut b, &mut t, lprev, at(hh, ri));
         }
     }
     b.finish(Algo::Hier(local))
