@@ -343,7 +343,10 @@ pub fn build(a: &CollArgs, rank: usize, algo: Algo, o: &PlanOpts) -> Plan {
             Algo::Hier(local) => hier::hier_all_gather(a, rank, o, local),
             _ => ring_all_gather(a, rank, o),
         },
-        CollKind::ReduceScatter => ring_reduce_scatter(a, rank, o),
+        CollKind::ReduceScatter => match algo {
+            Algo::Hier(local) => hier::hier_reduce_scatter(a, rank, o, local),
+            _ => ring_reduce_scatter(a, rank, o),
+        },
         CollKind::Broadcast => chain_broadcast(a, rank, o),
         CollKind::Reduce => chain_reduce(a, rank, o),
         CollKind::AllToAll => all_to_all(a, rank, o),

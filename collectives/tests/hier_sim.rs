@@ -1,4 +1,4 @@
-//! The hierarchical plans (`plan/hier.rs`: all-reduce, all-gather) under the simulator against the reference,
+//! The hierarchical plans (`plan/hier.rs`: all-reduce, all-gather, reduce-scatter) under the simulator against the reference,
 //! for many host x rank-per-host shapes, with ranks spread over hosts in order and
 //! interleaved (so host order differs from rank order), every dtype and op, in place and out
 //! of place, several chunk sizes and windows. The simulator fails a plan that overwrites a
@@ -36,7 +36,11 @@ fn check(a: CollArgs, local: usize, o: PlanOpts, order: &[usize], seed: u64) {
 }
 
 /// The collectives with a hierarchical plan.
-const COLLS: [CollKind; 2] = [CollKind::AllReduce, CollKind::AllGather];
+const COLLS: [CollKind; 3] = [
+    CollKind::AllReduce,
+    CollKind::AllGather,
+    CollKind::ReduceScatter,
+];
 
 #[test]
 fn hierarchical_plans_match_the_reference_for_many_shapes() {

@@ -190,7 +190,7 @@ fn half_sums_keep_their_digits_in_the_direct_algorithm() {
     });
 }
 
-/// The hierarchical all-reduce and all-gather over real sockets: 2 hosts (RAILCC_HOSTID) of 2 ranks,
+/// The hierarchical all-reduce, all-gather and reduce-scatter over real sockets: 2 hosts (RAILCC_HOSTID) of 2 ranks,
 /// interleaved (ranks 0 and 2 on one, 1 and 3 on the other), sums and averages checked.
 #[test]
 fn hierarchical_all_reduce_two_hosts_of_two() {
@@ -243,6 +243,14 @@ fn hierarchical_all_reduce_two_hosts_of_two() {
                 for (j, v) in all.iter().enumerate() {
                     let (from, i) = (j / 1001, j % 1001);
                     assert_eq!(*v, (from * 10_000 + i) as u32, "rank {r}, gathered {j}");
+                }
+                // And reduce-scatter: block b of every rank's input summed, to rank b.
+                let input: Vec<i64> = (0..4 * 777).map(|j| (j + r) as i64).collect();
+                let mut mine = vec![0i64; 777];
+                c.reduce_scatter(&input, &mut mine, ReduceOp::Sum).unwrap();
+                for (i, v) in mine.iter().enumerate() {
+                    let j = (r * 777 + i) as i64;
+                    assert_eq!(*v, 4 * j + 6, "rank {r}, reduced {i}");
                 }
             })
         })

@@ -58,11 +58,10 @@ impl Communicator {
             CollKind::Broadcast | CollKind::Reduce => Algo::Chain,
             CollKind::AllToAll | CollKind::SendRecv => Algo::PointToPoint,
             CollKind::Barrier => Algo::Dissemination,
-            CollKind::AllGather => match (self.cfg.algo, self.per_host) {
+            CollKind::AllGather | CollKind::ReduceScatter => match (self.cfg.algo, self.per_host) {
                 (AlgoChoice::Hier, Some(l)) => Algo::Hier(l),
                 _ => Algo::Ring,
             },
-            CollKind::ReduceScatter => Algo::Ring,
         }
     }
 }

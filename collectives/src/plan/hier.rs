@@ -274,3 +274,138 @@ pub(super) fn hier_all_gather(a: &CollArgs, r: usize, o: &PlanOpts, local: usize
     }
     b.finish(Algo::Hier(local))
 }
+
+/// Hierarchical reduce-scatter (`count` elements out per rank; the input's blocks in host
+/// order): inside each host first, local rank l summing column l (the blocks of every
+/// (h', l)) over its host into scratch, then across hosts one ring per local index, rank
+/// (h, l) ending with block (h, l) summed over every rank. Each rank sends (H-1) blocks
+/// between hosts.
+pub(super) fn hier_reduce_scatter(a: &CollArgs, r: usize, o: &PlanOpts, local: usize) -> Plan {
+    let (p, c, ch) = (a.nranks, a.count, o.chunk_elems.max(1));
+    if local <= 1 || local >= p || !p.is_multiple_of(local) {
+        return ring_reduce_scatter(a, r, o);
+    }
+    let (lr, hosts) = (local, p / local);
+    let (h, l) = (r / lr, r % lr);
+    let mut b = Builder::new(ch, o.window);
+    // Scratch: [0, H*c) this rank's column between the phases, then two areas of H*c for the
+    // partial sums passed on in phase 1 (step s writes area s mod 2 while area (s-1) mod 2 is
+    // sent), then the receive slots.
+    let col = hosts * c;
+    b.scratch_base = 3 * col;
+    let mut store = Track::default();
+    let mut out = Track::default();
+    let at = |host: usize, idx: usize| host * lr + idx;
+    let (lnext, lprev) = (at(h, (l + 1) % lr), at(h, (l + lr - 1) % lr));
+    let (hnext, hprev) = (at((h + 1) % hosts, l), at((h + hosts - 1) % hosts, l));
+    let input = |v: usize, y: usize, len: usize| Slice::new(Buf::Send, v * c + y, len);
+    // In place this rank's own input block is the output: its reads are tracked there.
+    let own = |v: usize| o.in_place && v == r;
+    let area = |s: usize| col * (1 + s % 2);
+
+    // 1. Inside the host: column (l - 1 - s) goes on at step s; column l stays.
+    for s in 0..lr - 1 {
+        let (si, ri) = ((l + lr - 1 - s) % lr, (l + 2 * lr - 2 - s) % lr);
+        for hh in 0..hosts {
+            for (y, len) in chunks(0, c, ch) {
+                if s == 0 {
+                    let v = at(hh, si);
+                    let deps = if own(v) {
+                        out.read_deps(y..y + len)
+                    } else {
+                        vec![]
+                    };
+                    let st = b.push(
+                        Op::Send {
+                            peer: lnext,
+                            src: input(v, y, len),
+                        },
+                        deps,
+                    );
+                    if own(v) {
+                        out.read(y..y + len, st);
+                    }
+                } else {
+                    let off = area(s - 1) + hh * c + y;
+                    let st = b.push(
+                        Op::Send {
+                            peer: lnext,
+                            src: Slice::new(Buf::Scratch, off, len),
+                        },
+                        store.read_deps(off..off + len),
+                    );
+                    store.read(off..off + len, st);
+                }
+            }
+        }
+        for hh in 0..hosts {
+            for (y, len) in chunks(0, c, ch) {
+                let (islot, incoming, rv) = b.recv_to_scratch(lprev, len);
+                let v = at(hh, ri);
+                let mut deps = vec![rv];
+                if own(v) {
+                    deps.extend(out.read_deps(y..y + len));
+                }
+                let base = if s == lr - 2 { 0 } else { area(s) };
+                let dst = Slice::new(Buf::Scratch, base + hh * c + y, len);
+                deps.extend(store.write_deps(dst.off..dst.off + len));
+                let red = b.push(
+                    Op::Reduce {
+                        dst,
+                        a: input(v, y, len),
+                        b: incoming,
+                    },
+                    deps,
+                );
+                if own(v) {
+                    out.read(y..y + len, red);
+                }
+                b.release(islot, vec![rv, red]);
+                store.write(dst.off..dst.off + len, red);
+            }
+        }
+    }
+    // 2. Across hosts, on column l: block (h - 1 - s) goes on at step s; block h stays.
+    for s in 0..hosts - 1 {
+        let (si, ri) = ((h + hosts - 1 - s) % hosts, (h + 2 * hosts - 2 - s) % hosts);
+        for (y, len) in chunks(0, c, ch) {
+            let off = si * c + y;
+            let st = b.push(
+                Op::Send {
+                    peer: hnext,
+                    src: Slice::new(Buf::Scratch, off, len),
+                },
+                store.read_deps(off..off + len),
+            );
+            store.read(off..off + len, st);
+        }
+        for (y, len) in chunks(0, c, ch) {
+            let off = ri * c + y;
+            let (islot, incoming, rv) = b.recv_to_scratch(hprev, len);
+            let part = Slice::new(Buf::Scratch, off, len);
+            let mut deps = vec![rv];
+            if s == hosts - 2 {
+                deps.extend(store.read_deps(off..off + len));
+                deps.extend(out.write_deps(y..y + len));
+                let dst = Slice::new(Buf::Recv, y, len);
+                let (red, last) = b.reduce_last(dst, part, incoming, deps, a.op == ReduceOp::Avg);
+                store.read(off..off + len, red);
+                out.write(y..y + len, last);
+                b.release(islot, vec![rv, red]);
+            } else {
+                deps.extend(store.write_deps(off..off + len));
+                let red = b.push(
+                    Op::Reduce {
+                        dst: part,
+                        a: part,
+                        b: incoming,
+                    },
+                    deps,
+                );
+                store.write(off..off + len, red);
+                b.release(islot, vec![rv, red]);
+            }
+        }
+    }
+    b.finish(Algo::Hier(local))
+}
