@@ -347,8 +347,14 @@ pub fn build(a: &CollArgs, rank: usize, algo: Algo, o: &PlanOpts) -> Plan {
             Algo::Hier(local) => hier::hier_reduce_scatter(a, rank, o, local),
             _ => ring_reduce_scatter(a, rank, o),
         },
-        CollKind::Broadcast => chain_broadcast(a, rank, o),
-        CollKind::Reduce => chain_reduce(a, rank, o),
+        CollKind::Broadcast => match algo {
+            Algo::Hier(local) => hier::hier_broadcast(a, rank, o, local),
+            _ => chain_broadcast(a, rank, o),
+        },
+        CollKind::Reduce => match algo {
+            Algo::Hier(local) => hier::hier_reduce(a, rank, o, local),
+            _ => chain_reduce(a, rank, o),
+        },
         CollKind::AllToAll => all_to_all(a, rank, o),
         CollKind::SendRecv => ring_send_recv(a, rank, o),
         CollKind::Barrier => dissemination_barrier(p, rank),

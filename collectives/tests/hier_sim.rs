@@ -1,4 +1,5 @@
-//! The hierarchical plans (`plan/hier.rs`: all-reduce, all-gather, reduce-scatter) under the simulator against the reference,
+//! The hierarchical plans (`plan/hier.rs`: all-reduce, all-gather, reduce-scatter,
+//! broadcast, reduce) under the simulator against the reference,
 //! for many host x rank-per-host shapes, with ranks spread over hosts in order and
 //! interleaved (so host order differs from rank order), every dtype and op, in place and out
 //! of place, several chunk sizes and windows. The simulator fails a plan that overwrites a
@@ -36,10 +37,12 @@ fn check(a: CollArgs, local: usize, o: PlanOpts, order: &[usize], seed: u64) {
 }
 
 /// The collectives with a hierarchical plan.
-const COLLS: [CollKind; 3] = [
+const COLLS: [CollKind; 5] = [
     CollKind::AllReduce,
     CollKind::AllGather,
     CollKind::ReduceScatter,
+    CollKind::Broadcast,
+    CollKind::Reduce,
 ];
 
 #[test]
@@ -65,7 +68,7 @@ fn hierarchical_plans_match_the_reference_for_many_shapes() {
                                 count,
                                 dtype: dt,
                                 op,
-                                root: 0,
+                                root: (i * 5 + 3) % p,
                             };
                             let o = PlanOpts {
                                 chunk_elems: chunk,
@@ -99,7 +102,7 @@ fn every_op_and_dtype_on_two_hosts_of_three() {
                     count: 301,
                     dtype: dt,
                     op,
-                    root: 0,
+                    root: 4,
                 };
                 let o = PlanOpts {
                     chunk_elems: 16,

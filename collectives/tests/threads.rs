@@ -190,7 +190,8 @@ fn half_sums_keep_their_digits_in_the_direct_algorithm() {
     });
 }
 
-/// The hierarchical all-reduce, all-gather and reduce-scatter over real sockets: 2 hosts (RAILCC_HOSTID) of 2 ranks,
+/// Every hierarchical plan over real sockets (all-reduce, all-gather, reduce-scatter,
+/// broadcast, reduce): 2 hosts (RAILCC_HOSTID) of 2 ranks,
 /// interleaved (ranks 0 and 2 on one, 1 and 3 on the other), sums and averages checked.
 #[test]
 fn hierarchical_all_reduce_two_hosts_of_two() {
@@ -251,6 +252,20 @@ fn hierarchical_all_reduce_two_hosts_of_two() {
                 for (i, v) in mine.iter().enumerate() {
                     let j = (r * 777 + i) as i64;
                     assert_eq!(*v, 4 * j + 6, "rank {r}, reduced {i}");
+                }
+                // Broadcast from rank 3 and reduce to rank 2 (roots on either host).
+                let src: Vec<u32> = (0..3001).map(|i| (i * 7 + r) as u32).collect();
+                let mut got = vec![0u32; 3001];
+                c.broadcast(&src, &mut got, 3).unwrap();
+                for (i, v) in got.iter().enumerate() {
+                    assert_eq!(*v, (i * 7 + 3) as u32, "rank {r}, broadcast {i}");
+                }
+                let mut total = vec![-1i64; 3001];
+                c.reduce(&input[..3001], &mut total, ReduceOp::Sum, 2)
+                    .unwrap();
+                for (i, v) in total.iter().enumerate() {
+                    let want = if r == 2 { 4 * i as i64 + 6 } else { -1 };
+                    assert_eq!(*v, want, "rank {r}, reduce {i}");
                 }
             })
         })

@@ -55,7 +55,10 @@ impl Communicator {
                     AlgoChoice::Auto => self.model_choice(bytes),
                 }
             }
-            CollKind::Broadcast | CollKind::Reduce => Algo::Chain,
+            CollKind::Broadcast | CollKind::Reduce => match (self.cfg.algo, self.per_host) {
+                (AlgoChoice::Hier, Some(l)) => Algo::Hier(l),
+                _ => Algo::Chain,
+            },
             CollKind::AllToAll | CollKind::SendRecv => Algo::PointToPoint,
             CollKind::Barrier => Algo::Dissemination,
             CollKind::AllGather | CollKind::ReduceScatter => match (self.cfg.algo, self.per_host) {

@@ -409,3 +409,149 @@ pub(super) fn hier_reduce_scatter(a: &CollArgs, r: usize, o: &PlanOpts, local: u
     }
     b.finish(Algo::Hier(local))
 }
+
+/// Hierarchical broadcast: a chain across hosts through the ranks with the root's local
+/// index, each forwarding every chunk down a chain inside its host as it arrives. The data
+/// crosses each host boundary once.
+pub(super) fn hier_broadcast(a: &CollArgs, r: usize, o: &PlanOpts, local: usize) -> Plan {
+    let (p, n, ch) = (a.nranks, a.count, o.chunk_elems.max(1));
+    if local <= 1 || local >= p || !p.is_multiple_of(local) || a.root >= p {
+        return chain_broadcast(a, r, o);
+    }
+    let (lr, hosts) = (local, p / local);
+    let (h, l) = (r / lr, r % lr);
+    let (hr, l0) = (a.root / lr, a.root % lr);
+    let at = |host: usize, idx: usize| host * lr + idx;
+    // Positions in the two chains.
+    let (hi, li) = ((h + hosts - hr) % hosts, (l + lr - l0) % lr);
+    let head = l == l0;
+    let mut b = Builder::new(0, 1);
+    for (off, len) in chunks(0, n, ch) {
+        let have: Vec<usize> = if r == a.root {
+            copy_if_needed(
+                &mut b,
+                o,
+                Slice::new(Buf::Recv, off, len),
+                Slice::new(Buf::Send, off, len),
+                vec![],
+            )
+            .into_iter()
+            .collect()
+        } else {
+            let from = if head {
+                at((h + hosts - 1) % hosts, l0)
+            } else {
+                at(h, (l + lr - 1) % lr)
+            };
+            vec![b.push(
+                Op::Recv {
+                    peer: from,
+                    dst: Slice::new(Buf::Recv, off, len),
+                },
+                vec![],
+            )]
+        };
+        // The root reads its input; everyone else what it received.
+        let src = if r == a.root {
+            Slice::new(Buf::Send, off, len)
+        } else {
+            Slice::new(Buf::Recv, off, len)
+        };
+        let deps = if r == a.root { vec![] } else { have };
+        if head && hi + 1 < hosts {
+            b.push(
+                Op::Send {
+                    peer: at((h + 1) % hosts, l0),
+                    src,
+                },
+                deps.clone(),
+            );
+        }
+        if li + 1 < lr {
+            b.push(
+                Op::Send {
+                    peer: at(h, (l + 1) % lr),
+                    src,
+                },
+                deps,
+            );
+        }
+    }
+    b.finish(Algo::Hier(local))
+}
+
+/// Hierarchical reduce: a chain inside each host toward the rank with the root's local index
+/// (its host's sum), then a chain across hosts through those ranks toward the root. Partial
+/// sums stay in scratch (the whole count: a rank holds its host's sum between the phases);
+/// only the root's receive buffer is written.
+pub(super) fn hier_reduce(a: &CollArgs, r: usize, o: &PlanOpts, local: usize) -> Plan {
+    let (p, n, ch) = (a.nranks, a.count, o.chunk_elems.max(1));
+    if local <= 1 || local >= p || !p.is_multiple_of(local) || a.root >= p {
+        return chain_reduce(a, r, o);
+    }
+    let (lr, hosts) = (local, p / local);
+    let (h, l) = (r / lr, r % lr);
+    let (hr, l0) = (a.root / lr, a.root % lr);
+    let at = |host: usize, idx: usize| host * lr + idx;
+    let (hi, li) = ((h + hosts - hr) % hosts, (l + lr - l0) % lr);
+    let head = l == l0;
+    let mut b = Builder::new(ch, o.window);
+    // Scratch [0, n): this rank's partial sum; receive slots after it.
+    b.scratch_base = n;
+    for (off, len) in chunks(0, n, ch) {
+        let mine = Slice::new(Buf::Send, off, len);
+        let part = Slice::new(Buf::Scratch, off, len);
+        // 1. Inside the host, from the chain's tail toward the head.
+        let mut have: Option<(Slice, usize)> = None;
+        if li + 1 < lr {
+            let (slot, incoming, rv) = b.recv_to_scratch(at(h, (l + 1) % lr), len);
+            let red = b.push(
+                Op::Reduce {
+                    dst: part,
+                    a: mine,
+                    b: incoming,
+                },
+                vec![rv],
+            );
+            b.release(slot, vec![rv, red]);
+            have = Some((part, red));
+        }
+        if !head {
+            let (src, deps) = have.map_or((mine, vec![]), |(s, d)| (s, vec![d]));
+            b.push(
+                Op::Send {
+                    peer: at(h, (l + lr - 1) % lr),
+                    src,
+                },
+                deps,
+            );
+            continue;
+        }
+        // 2. Across hosts, from the last host toward the root's.
+        if hi + 1 < hosts {
+            let (slot, incoming, rv) = b.recv_to_scratch(at((h + 1) % hosts, l0), len);
+            let (x, mut deps) = have.map_or((mine, vec![]), |(s, d)| (s, vec![d]));
+            deps.push(rv);
+            let dst = if r == a.root {
+                Slice::new(Buf::Recv, off, len)
+            } else {
+                part
+            };
+            let (red, last) =
+                b.reduce_last(dst, x, incoming, deps, r == a.root && a.op == ReduceOp::Avg);
+            b.release(slot, vec![rv, red]);
+            have = Some((dst, last));
+        }
+        if r != a.root {
+            let (src, deps) = have.map_or((mine, vec![]), |(s, d)| (s, vec![d]));
+            b.push(
+                Op::Send {
+                    peer: at((h + hosts - 1) % hosts, l0),
+                    src,
+                },
+                deps,
+            );
+        }
+    }
+    b.finish(Algo::Hier(local))
+}
