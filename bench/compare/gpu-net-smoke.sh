@@ -5,6 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
+source bench/compare/tables.sh
 export RAILCC_TIMEOUT_MS=20000 NCCL_SOCKET_IFNAME=lo RAILCC_SOCKET_IFNAME=lo
 LOG=$OUT/gpu-net-smoke.log; : > $LOG
 FAILS=0
@@ -12,13 +13,11 @@ say() { echo "$*" | tee -a $LOG; }
 RC=0
 # run SECONDS CMD...: runs it bounded; its output in /tmp/last.log and the log.
 run() { local t=$1; shift; timeout $t "$@" > /tmp/last.log 2>&1; RC=$?; { echo "== $*"; cat /tmp/last.log; echo "== exit $RC"; } >> $LOG; }
-# verdict LABEL: the last run exited 0, every table is "Out of bounds values : 0 OK", no row wrong.
+# verdict LABEL: the last run exited 0 and its tables pass (tables.sh).
 verdict() {
-  local f=/tmp/last.log bad tables oks
-  bad=$(awk '/^ +[0-9]+ +[0-9]+ +[a-z0-9_]+ +[a-z]+ +-?[0-9]+ / && (($9 != "0" && $9 != "N/A") || ($13 != "0" && $13 != "N/A"))' $f | wc -l)
-  tables=$(grep -c "Out of bounds values" $f); oks=$(grep -c "Out of bounds values : 0 OK" $f)
-  if [ "$RC" = 0 ] && [ "$bad" = 0 ] && [ "$tables" -gt 0 ] && [ "$oks" = "$tables" ]; then say "PASS  $1"
-  else say "FAIL  $1 (exit $RC, $bad wrong rows, $oks/$tables tables OK)"; tail -3 $f; FAILS=$((FAILS+1)); fi
+  local why; why=$(table_problem /tmp/last.log)
+  if [ "$RC" = 0 ] && [ -z "$why" ]; then say "PASS  $1"
+  else say "FAIL  $1 (exit $RC${why:+, $why})"; tail -3 /tmp/last.log; FAILS=$((FAILS+1)); fi
 }
 cat > /tmp/as-host.sh <<'EOF'
 #!/bin/bash

@@ -11,26 +11,19 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
+source bench/compare/tables.sh
 export RAILCC_TIMEOUT_MS=${RAILCC_TIMEOUT_MS:-30000} NCCL_SOCKET_IFNAME=lo RAILCC_SOCKET_IFNAME=lo
 PARTS=${GPU_NET_PARTS:-bench nccl perf kill}
 FAILS=0
 fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
-# table_ok FILE: exit 0, every table "Out of bounds values : 0 OK", rows present, #wrong 0.
-table_ok() {
-  local f=$1 tables oks rows wrong
-  tables=$(grep -c "Out of bounds values" "$f")
-  oks=$(grep -c "Out of bounds values : 0 OK" "$f")
-  rows=$(grep -cE '^ +[0-9]+ +[0-9]+ +[a-z0-9_]+ +[a-z]+ +-?[0-9]+ ' "$f")
-  wrong=$(awk '/^ +[0-9]+ +[0-9]+ +[a-z0-9_]+ +[a-z]+ +-?[0-9]+ / && (($9 != "0" && $9 != "N/A") || ($13 != "0" && $13 != "N/A"))' "$f" | wc -l)
-  [ "$tables" -gt 0 ] && [ "$oks" = "$tables" ] && [ "$rows" -gt 0 ] && [ "$wrong" = 0 ]
-}
 # check LABEL CMD...: runs CMD, logs it, judges its tables.
 check() {
   local label=$1; shift
   local f=/tmp/gpu-net-check.log rc
   timeout 300 "$@" > $f 2>&1; rc=$?
   { echo "== $label"; cat $f; echo "== exit $rc"; } >> "$LOG"
-  if [ $rc = 0 ] && table_ok $f; then echo "PASS  $label"; else fail "$label (exit $rc)"; tail -5 $f; fi
+  local why; why=$(table_problem $f)
+  if [ $rc = 0 ] && [ -z "$why" ]; then echo "PASS  $label"; else fail "$label (exit $rc${why:+, $why})"; tail -5 $f; fi
 }
 cat > /tmp/as-host.sh <<'EOF'
 #!/bin/bash

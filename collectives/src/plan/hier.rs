@@ -69,20 +69,60 @@ impl Track {
     }
 }
 
+/// A position among H hosts of L ranks each: host h, local index l (position h*L + l).
+#[derive(Clone, Copy)]
+struct Grid {
+    lr: usize,
+    hosts: usize,
+    h: usize,
+    l: usize,
+}
+
+impl Grid {
+    /// None unless the job is several hosts of several ranks each (then the flat plan runs).
+    fn of(p: usize, local: usize, r: usize) -> Option<Grid> {
+        (local > 1 && local < p && p.is_multiple_of(local)).then_some(Grid {
+            lr: local,
+            hosts: p / local,
+            h: r / local,
+            l: r % local,
+        })
+    }
+
+    /// The position of local index `idx` on host `host` (both taken modulo their counts).
+    fn at(&self, host: usize, idx: usize) -> usize {
+        (host % self.hosts) * self.lr + idx % self.lr
+    }
+
+    /// (next, previous) in the ring inside this host.
+    fn local_ring(&self) -> (usize, usize) {
+        (
+            self.at(self.h, self.l + 1),
+            self.at(self.h, self.l + self.lr - 1),
+        )
+    }
+
+    /// (next, previous) in the ring across hosts of this local index.
+    fn host_ring(&self) -> (usize, usize) {
+        (
+            self.at(self.h + 1, self.l),
+            self.at(self.h + self.hosts - 1, self.l),
+        )
+    }
+}
+
 /// The plan of position `r` of `a.nranks` in host order, with `local` ranks per host.
 pub(super) fn hier_all_reduce(a: &CollArgs, r: usize, o: &PlanOpts, local: usize) -> Plan {
     let (p, n, ch) = (a.nranks, a.count, o.chunk_elems.max(1));
-    if local <= 1 || local >= p || !p.is_multiple_of(local) {
+    let grid = Grid::of(p, local, r);
+    let Some(g) = grid else {
         return ring_all_reduce(a, r, o);
-    }
-    let (lr, hosts) = (local, p / local);
-    let (h, l) = (r / lr, r % lr);
+    };
+    let Grid { lr, hosts, h, l } = g;
     let mut b = Builder::new(ch, o.window);
     let mut t = Track::default();
     let seg = |j: usize| segment(n, lr, j % lr);
-    let at = |host: usize, idx: usize| host * lr + idx;
-    let (lnext, lprev) = (at(h, (l + 1) % lr), at(h, (l + lr - 1) % lr));
-    let (hnext, hprev) = (at((h + 1) % hosts, l), at((h + hosts - 1) % hosts, l));
+    let ((lnext, lprev), (hnext, hprev)) = (g.local_ring(), g.host_ring());
 
     // Sends `len` elements at `off` of the receive buffer (or the input when `input`).
     let send =
@@ -210,16 +250,15 @@ pub(super) fn hier_all_reduce(a: &CollArgs, r: usize, o: &PlanOpts, local: usize
 /// (H-1) blocks between hosts, not a ring's host-edge rank's (p-1).
 pub(super) fn hier_all_gather(a: &CollArgs, r: usize, o: &PlanOpts, local: usize) -> Plan {
     let (p, c, ch) = (a.nranks, a.count, o.chunk_elems.max(1));
-    if local <= 1 || local >= p || !p.is_multiple_of(local) {
+    let grid = Grid::of(p, local, r);
+    let Some(g) = grid else {
         return ring_all_gather(a, r, o);
-    }
-    let (lr, hosts) = (local, p / local);
-    let (h, l) = (r / lr, r % lr);
+    };
+    let Grid { lr, hosts, h, l } = g;
     let mut b = Builder::new(0, 1);
     let mut t = Track::default();
-    let at = |host: usize, idx: usize| host * lr + idx;
-    let (lnext, lprev) = (at(h, (l + 1) % lr), at(h, (l + lr - 1) % lr));
-    let (hnext, hprev) = (at((h + 1) % hosts, l), at((h + hosts - 1) % hosts, l));
+    let at = |host: usize, idx: usize| g.at(host, idx);
+    let ((lnext, lprev), (hnext, hprev)) = (g.local_ring(), g.host_ring());
     let block = |v: usize| v * c;
     // This rank's own block: from the input (in place it is already there).
     if let Some(cp) = copy_if_needed(
@@ -282,11 +321,11 @@ pub(super) fn hier_all_gather(a: &CollArgs, r: usize, o: &PlanOpts, local: usize
 /// between hosts.
 pub(super) fn hier_reduce_scatter(a: &CollArgs, r: usize, o: &PlanOpts, local: usize) -> Plan {
     let (p, c, ch) = (a.nranks, a.count, o.chunk_elems.max(1));
-    if local <= 1 || local >= p || !p.is_multiple_of(local) {
+    let grid = Grid::of(p, local, r);
+    let Some(g) = grid else {
         return ring_reduce_scatter(a, r, o);
-    }
-    let (lr, hosts) = (local, p / local);
-    let (h, l) = (r / lr, r % lr);
+    };
+    let Grid { lr, hosts, h, l } = g;
     let mut b = Builder::new(ch, o.window);
     // Scratch: [0, H*c) this rank's column between the phases, then two areas of H*c for the
     // partial sums passed on in phase 1 (step s writes area s mod 2 while area (s-1) mod 2 is
@@ -295,9 +334,8 @@ pub(super) fn hier_reduce_scatter(a: &CollArgs, r: usize, o: &PlanOpts, local: u
     b.scratch_base = 3 * col;
     let mut store = Track::default();
     let mut out = Track::default();
-    let at = |host: usize, idx: usize| host * lr + idx;
-    let (lnext, lprev) = (at(h, (l + 1) % lr), at(h, (l + lr - 1) % lr));
-    let (hnext, hprev) = (at((h + 1) % hosts, l), at((h + hosts - 1) % hosts, l));
+    let at = |host: usize, idx: usize| g.at(host, idx);
+    let ((lnext, lprev), (hnext, hprev)) = (g.local_ring(), g.host_ring());
     let input = |v: usize, y: usize, len: usize| Slice::new(Buf::Send, v * c + y, len);
     // In place this rank's own input block is the output: its reads are tracked there.
     let own = |v: usize| o.in_place && v == r;
@@ -415,13 +453,13 @@ pub(super) fn hier_reduce_scatter(a: &CollArgs, r: usize, o: &PlanOpts, local: u
 /// crosses each host boundary once.
 pub(super) fn hier_broadcast(a: &CollArgs, r: usize, o: &PlanOpts, local: usize) -> Plan {
     let (p, n, ch) = (a.nranks, a.count, o.chunk_elems.max(1));
-    if local <= 1 || local >= p || !p.is_multiple_of(local) || a.root >= p {
+    let grid = Grid::of(p, local, r).filter(|_| a.root < p);
+    let Some(g) = grid else {
         return chain_broadcast(a, r, o);
-    }
-    let (lr, hosts) = (local, p / local);
-    let (h, l) = (r / lr, r % lr);
+    };
+    let Grid { lr, hosts, h, l } = g;
     let (hr, l0) = (a.root / lr, a.root % lr);
-    let at = |host: usize, idx: usize| host * lr + idx;
+    let at = |host: usize, idx: usize| g.at(host, idx);
     // Positions in the two chains.
     let (hi, li) = ((h + hosts - hr) % hosts, (l + lr - l0) % lr);
     let head = l == l0;
@@ -486,13 +524,13 @@ pub(super) fn hier_broadcast(a: &CollArgs, r: usize, o: &PlanOpts, local: usize)
 /// only the root's receive buffer is written.
 pub(super) fn hier_reduce(a: &CollArgs, r: usize, o: &PlanOpts, local: usize) -> Plan {
     let (p, n, ch) = (a.nranks, a.count, o.chunk_elems.max(1));
-    if local <= 1 || local >= p || !p.is_multiple_of(local) || a.root >= p {
+    let grid = Grid::of(p, local, r).filter(|_| a.root < p);
+    let Some(g) = grid else {
         return chain_reduce(a, r, o);
-    }
-    let (lr, hosts) = (local, p / local);
-    let (h, l) = (r / lr, r % lr);
+    };
+    let Grid { lr, hosts, h, l } = g;
     let (hr, l0) = (a.root / lr, a.root % lr);
-    let at = |host: usize, idx: usize| host * lr + idx;
+    let at = |host: usize, idx: usize| g.at(host, idx);
     let (hi, li) = ((h + hosts - hr) % hosts, (l + lr - l0) % lr);
     let head = l == l0;
     let mut b = Builder::new(ch, o.window);
