@@ -19,13 +19,7 @@ verdict() {
   if [ "$RC" = 0 ] && [ -z "$why" ]; then say "PASS  $1"
   else say "FAIL  $1 (exit $RC${why:+, $why})"; tail -3 /tmp/last.log; FAILS=$((FAILS+1)); fi
 }
-cat > /tmp/as-host.sh <<'EOF'
-#!/bin/bash
-h=host${OMPI_COMM_WORLD_RANK:?}
-export NCCL_HOSTID=$h RAILCC_HOSTID=$h
-exec "$@"
-EOF
-chmod +x /tmp/as-host.sh
+AS_HOST=$PWD/bench/compare/as-host.sh
 NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
 [ -e "$NCCL_HOME/lib/libnccl.so" ] || ln -sf "$NCCL_HOME/lib/libnccl.so.2" "$NCCL_HOME/lib/libnccl.so"
 NTM=/tmp/nccl-tests-mpi
@@ -46,22 +40,22 @@ MPIRUN="mpirun -np 2 --bind-to none --allow-run-as-root --oversubscribe -x LD_LI
 OURS="$PWD/.device/lib:/usr/local/cuda/lib64"
 THEIRS="$NCCL_HOME/lib:/usr/local/cuda/lib64"
 for b in sendrecv alltoall all_gather; do
-  run 45 env LD_LIBRARY_PATH=$OURS $MPIRUN /tmp/as-host.sh $NTM/build/${b}_perf -b 8 -e 8M -f 8 -d float -n 2 -w 1 -c 1 -g 1
+  run 45 env LD_LIBRARY_PATH=$OURS $MPIRUN $AS_HOST $NTM/build/${b}_perf -b 8 -e 8M -f 8 -d float -n 2 -w 1 -c 1 -g 1
   verdict "libnccl $b, 2 emulated hosts, mpirun --bind-to none, 8 B-8 MB"
 done
-run 45 env LD_LIBRARY_PATH=$OURS $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf -b 8 -e 8M -f 8 -d float -n 2 -w 1 -c 1 -g 1 -G 10
+run 45 env LD_LIBRARY_PATH=$OURS $MPIRUN $AS_HOST $NTM/build/all_reduce_perf -b 8 -e 8M -f 8 -d float -n 2 -w 1 -c 1 -g 1 -G 10
 verdict "libnccl all_reduce -G 10, 2 emulated hosts, 8 B-8 MB"
 P="-b 8 -e 128M -f 16 -n 10 -w 3 -c 1 -g 1"
 for who in railcc nccl nccl44; do
   case $who in
-    railcc) run 60 env LD_LIBRARY_PATH=$OURS $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P ;;
-    nccl) run 60 env LD_LIBRARY_PATH=$THEIRS NCCL_DEBUG=INFO $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P ;;
-    nccl44) run 60 env LD_LIBRARY_PATH=$THEIRS NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P ;;
+    railcc) run 60 env LD_LIBRARY_PATH=$OURS $MPIRUN $AS_HOST $NTM/build/all_reduce_perf $P ;;
+    nccl) run 60 env LD_LIBRARY_PATH=$THEIRS NCCL_DEBUG=INFO $MPIRUN $AS_HOST $NTM/build/all_reduce_perf $P ;;
+    nccl44) run 60 env LD_LIBRARY_PATH=$THEIRS NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 $MPIRUN $AS_HOST $NTM/build/all_reduce_perf $P ;;
   esac
   verdict "all_reduce perf: $who, 2 emulated hosts, 8 B-128 MB"
 done
 # A rank killed during 64 MB all_reduces through libnccl: how long the survivor takes to exit.
-env LD_LIBRARY_PATH=$OURS timeout 60 $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf -b 64M -e 64M -n 100000 -w 1 -c 0 -g 1 > /tmp/kill.out 2>&1 &
+env LD_LIBRARY_PATH=$OURS timeout 60 $MPIRUN $AS_HOST $NTM/build/all_reduce_perf -b 64M -e 64M -n 100000 -w 1 -c 0 -g 1 > /tmp/kill.out 2>&1 &
 sleep 6
 victim=$(for p in $(pgrep -f all_reduce_perf); do tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && echo $p; done | head -1)
 t0=$(date +%s%N); kill -9 $victim

@@ -25,14 +25,7 @@ check() {
   local why; why=$(table_problem $f)
   if [ $rc = 0 ] && [ -z "$why" ]; then echo "PASS  $label"; else fail "$label (exit $rc${why:+, $why})"; tail -5 $f; fi
 }
-cat > /tmp/as-host.sh <<'EOF'
-#!/bin/bash
-# One emulated host per MPI rank.
-h=host${OMPI_COMM_WORLD_RANK:?}
-export NCCL_HOSTID=$h RAILCC_HOSTID=$h
-exec "$@"
-EOF
-chmod +x /tmp/as-host.sh
+AS_HOST=$PWD/bench/compare/as-host.sh
 
 case " $PARTS " in *" bench "*)
   LOG=$OUT/gpu-net-bench.log; : > $LOG
@@ -66,10 +59,10 @@ case " $PARTS " in *" nccl "*)
   for b in all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall; do
     ops=""; case $b in all_reduce|reduce_scatter|reduce) ops="-o all" ;; esac
     F="-b 8 -e 8M -f 8 -n 2 -w 1 -c 1 -d all $ops"
-    check "libnccl $b mpirun -np 2, 2 emulated hosts, $F" env LD_LIBRARY_PATH="$OURS" $MPIRUN /tmp/as-host.sh $NTM/build/${b}_perf $F -g 1
-    check "libnccl $b mpirun -np 2, 2 emulated hosts, -G 10 $F" env LD_LIBRARY_PATH="$OURS" $MPIRUN /tmp/as-host.sh $NTM/build/${b}_perf $F -g 1 -G 10
+    check "libnccl $b mpirun -np 2, 2 emulated hosts, $F" env LD_LIBRARY_PATH="$OURS" $MPIRUN $AS_HOST $NTM/build/${b}_perf $F -g 1
+    check "libnccl $b mpirun -np 2, 2 emulated hosts, -G 10 $F" env LD_LIBRARY_PATH="$OURS" $MPIRUN $AS_HOST $NTM/build/${b}_perf $F -g 1 -G 10
   done
-  env LD_LIBRARY_PATH="$OURS" NCCL_DEBUG=INFO $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf -b 8 -e 8 -n 1 -w 0 -g 1 2>&1 | grep -m2 "railcc libnccl"
+  env LD_LIBRARY_PATH="$OURS" NCCL_DEBUG=INFO $MPIRUN $AS_HOST $NTM/build/all_reduce_perf -b 8 -e 8 -n 1 -w 0 -g 1 2>&1 | grep -m2 "railcc libnccl"
 ;; esac
 
 case " $PARTS " in *" perf "*)
@@ -77,11 +70,11 @@ case " $PARTS " in *" perf "*)
   P="-b 8 -e 128M -f 4 -n 20 -w 5 -c 0 -g 1"
   for rep in 1 2; do
     echo "== rep $rep: railcc libnccl" >> $LOG
-    timeout 120 env LD_LIBRARY_PATH="$OURS" $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P >> $LOG 2>&1
+    timeout 120 env LD_LIBRARY_PATH="$OURS" $MPIRUN $AS_HOST $NTM/build/all_reduce_perf $P >> $LOG 2>&1
     echo "== rep $rep: NCCL defaults" >> $LOG
-    timeout 120 env LD_LIBRARY_PATH="$NCCL_HOME/lib:/usr/local/cuda/lib64" NCCL_DEBUG=INFO $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P >> $LOG 2>&1
+    timeout 120 env LD_LIBRARY_PATH="$NCCL_HOME/lib:/usr/local/cuda/lib64" NCCL_DEBUG=INFO $MPIRUN $AS_HOST $NTM/build/all_reduce_perf $P >> $LOG 2>&1
     echo "== rep $rep: NCCL NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4" >> $LOG
-    timeout 120 env LD_LIBRARY_PATH="$NCCL_HOME/lib:/usr/local/cuda/lib64" NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 $MPIRUN /tmp/as-host.sh $NTM/build/all_reduce_perf $P >> $LOG 2>&1
+    timeout 120 env LD_LIBRARY_PATH="$NCCL_HOME/lib:/usr/local/cuda/lib64" NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 $MPIRUN $AS_HOST $NTM/build/all_reduce_perf $P >> $LOG 2>&1
   done
   grep -E "^== |nNodes|via NET|^ +(8|2048|131072|8388608|33554432|134217728) " $LOG | grep -v "INFO Channel" | head -80
 ;; esac

@@ -102,6 +102,17 @@ impl Grid {
         )
     }
 
+    /// For a rooted call: (this host's place in the chain of hosts from the root's, this
+    /// rank's place in its host's chain from the root's local index, that index).
+    fn chains(&self, root: usize) -> (usize, usize, usize) {
+        let (hr, l0) = (root / self.lr, root % self.lr);
+        (
+            (self.h + self.hosts - hr) % self.hosts,
+            (self.l + self.lr - l0) % self.lr,
+            l0,
+        )
+    }
+
     /// (next, previous) in the ring across hosts of this local index.
     fn host_ring(&self) -> (usize, usize) {
         (
@@ -458,10 +469,8 @@ pub(super) fn hier_broadcast(a: &CollArgs, r: usize, o: &PlanOpts, local: usize)
         return chain_broadcast(a, r, o);
     };
     let Grid { lr, hosts, h, l } = g;
-    let (hr, l0) = (a.root / lr, a.root % lr);
     let at = |host: usize, idx: usize| g.at(host, idx);
-    // Positions in the two chains.
-    let (hi, li) = ((h + hosts - hr) % hosts, (l + lr - l0) % lr);
+    let (hi, li, l0) = g.chains(a.root);
     let head = l == l0;
     let mut b = Builder::new(0, 1);
     for (off, len) in chunks(0, n, ch) {
@@ -529,9 +538,8 @@ pub(super) fn hier_reduce(a: &CollArgs, r: usize, o: &PlanOpts, local: usize) ->
         return chain_reduce(a, r, o);
     };
     let Grid { lr, hosts, h, l } = g;
-    let (hr, l0) = (a.root / lr, a.root % lr);
     let at = |host: usize, idx: usize| g.at(host, idx);
-    let (hi, li) = ((h + hosts - hr) % hosts, (l + lr - l0) % lr);
+    let (hi, li, l0) = g.chains(a.root);
     let head = l == l0;
     let mut b = Builder::new(ch, o.window);
     // Scratch [0, n): this rank's partial sum; receive slots after it.
