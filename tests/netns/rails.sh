@@ -142,7 +142,8 @@ done
 # 4. Hierarchy: 4 ranks, 2 per node, dealt round-robin (ranks 0 and 2 on node A, 1 and 3 on
 #    B). The ring visits each node's ranks together, so 2 of its 4 edges cross the rails
 #    instead of all 4, and same-node pairs use local addresses, never a rail. Checked with
-#    the rails' byte counters: A's rails carry what the one crossing edge A->B sends.
+#    the rails' byte counters: A's rails carry what the one crossing edge A->B sends. The
+#    hierarchical all-reduce (RAILCC_ALGO=hier) sends less: S per call instead of 3/2 S.
 txa() { # TX = the bytes node A's rails have sent
   local d v; TX=0
   for d in r0a r1a; do
@@ -151,25 +152,32 @@ txa() { # TX = the bytes node A's rails have sent
     TX=$((TX + v))
   done
 }
-port=$((port + 1)); S=16777216; N=4; W=1
-txa; before=$TX
-for r in 0 1 2 3; do
-  if [ $((r % 2)) = 0 ]; then ns=$A s=a; else ns=$B s=b; fi
-  start 120 $ns $T-h.$r env RAILCC_RAILS=r0$s:$R0,r1$s:$R1 RAILCC_HOSTID=node$s RAILCC_TIMEOUT_MS=30000 \
-    RAILCC_ALGO=ring "$RAILCC" bench all_reduce --rank $r --nranks 4 --root-addr 10.201.0.1:$port \
-    -b $S -e $S -n $N -w $W
-done
-reap
-ranks_ok "4 ranks on 2 nodes" $T-h.*
-table_ok "4 ranks on 2 nodes" $T-h.0
-grep -qE "^ +$S " $T-h.0 || { cat $T-h.0; fail "4 ranks on 2 nodes: no row for $S B"; }
-txa; after=$TX
+S=16777216; N=4; W=1
 # Calls of S bytes: out of place and in place, each a checked call, W warm-ups and N timed.
 calls=$((2 * (1 + W + N)))
-edge=$((calls * S * 3 / 2))   # a ring edge carries 2(p-1)/p = 1.5 S per call
-sent=$((after - before))
-echo "hierarchy: 4 ranks on 2 nodes, all_reduce ${S} B x $calls: node A's rails sent $sent B; one crossing edge carries $edge B, a ring in rank order would cross twice ($((2 * edge)) B)"
-awk -v s=$sent -v e=$edge 'BEGIN{exit !(s >= 0.95 * e && s <= 1.15 * e)}' || fail "rail traffic $sent B is not one ring edge's $edge B"
+# Per call, A's rails carry: the ring's one crossing edge 2(p-1)/p S = 3/2 S; the hierarchical
+# all-reduce's two inter-host rings (one per local rank) 2(H-1)/H S/L each = S in all.
+for algo in ring:3 hier:2; do
+  port=$((port + 1)); name=${algo%:*}; halves=${algo#*:}
+  txa; before=$TX
+  for r in 0 1 2 3; do
+    if [ $((r % 2)) = 0 ]; then ns=$A s=a; else ns=$B s=b; fi
+    start 120 $ns $T-h.$r env RAILCC_RAILS=r0$s:$R0,r1$s:$R1 RAILCC_HOSTID=node$s RAILCC_TIMEOUT_MS=30000 \
+      RAILCC_ALGO=$name "$RAILCC" bench all_reduce --rank $r --nranks 4 --root-addr 10.201.0.1:$port \
+      -b $S -e $S -n $N -w $W
+  done
+  reap
+  ranks_ok "4 ranks on 2 nodes, $name" $T-h.*
+  table_ok "4 ranks on 2 nodes, $name" $T-h.0
+  grep -qE "^ +$S " $T-h.0 || { cat $T-h.0; fail "4 ranks on 2 nodes, $name: no row for $S B"; }
+  used=$(awk -v s=$S '$1 == s {print $NF}' $T-h.0)
+  [ "$used" = "$name" ] || { cat $T-h.0; fail "4 ranks on 2 nodes: the row says algo '$used', not $name"; }
+  txa; after=$TX
+  want=$((calls * S * halves / 2))
+  sent=$((after - before))
+  echo "hierarchy ($name): 4 ranks on 2 nodes, all_reduce ${S} B x $calls: node A's rails sent $sent B, expected $want B (a ring in rank order would cross twice: $((calls * S * 3)) B)"
+  awk -v s=$sent -v e=$want 'BEGIN{exit !(s >= 0.95 * e && s <= 1.15 * e)}' || fail "$name: rail traffic $sent B is not the expected $want B"
+done
 # 5. Rail loss: 2 ranks run checked all-reduces over both rails; rail 1 goes down partway.
 #    Each sender cuts the lost rail's streams where the peer's acknowledgements reached and
 #    sends the rest over rail 0: every result stays right and the run finishes. With
