@@ -176,6 +176,7 @@ for algo in ring:3 hier:2; do
   want=$((calls * S * halves / 2))
   sent=$((after - before))
   echo "hierarchy ($name): 4 ranks on 2 nodes, all_reduce ${S} B x $calls: node A's rails sent $sent B, expected $want B (a ring in rank order would cross twice: $((calls * S * 3)) B)"
+  echo "  $(awk -v s=$S '$1 == s' $T-h.0 | tr -s ' ')"
   awk -v s=$sent -v e=$want 'BEGIN{exit !(s >= 0.95 * e && s <= 1.15 * e)}' || fail "$name: rail traffic $sent B is not the expected $want B"
 done
 # 5. Rail loss: 2 ranks run checked all-reduces over both rails; rail 1 goes down partway.
