@@ -1,0 +1,337 @@
+//! Communicators: the unique id, init (one rank, several at once, from several ids), destroy,
+//! abort, finalize, the async error, the getters, split.
+
+use super::*;
+
+/// Starts the bootstrap root (on loopback: a communicator's ranks share this host) and
+/// returns its address and secret as the id, as NCCL's does.
+///
+/// # Safety
+/// `id` must be NULL or point to 128 writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn ncclGetUniqueId(id: *mut UniqueId) -> NcclResult {
+    // SAFETY: the caller passes NULL or a valid pointer.
+    let Some(id) = (unsafe { id.as_mut() }) else {
+        return invalid("ncclGetUniqueId: uniqueId is NULL");
+    };
+    let ifname = config().map(|c| c.socket_ifname).unwrap_or_default();
+    match proc_backend::serve_root(timeout(), &ifname) {
+        Ok(boot) => {
+            *id = UniqueId {
+                internal: boot.to_bytes(),
+            };
+            SUCCESS
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+fn init_rank(
+    out: *mut *mut Comm,
+    nranks: c_int,
+    id: UniqueId,
+    rank: c_int,
+    _max_ctas: Option<usize>,
+) -> NcclResult {
+    if out.is_null() {
+        return invalid("ncclCommInitRank: comm is NULL");
+    }
+    let boot_id = match railcc_core::bootstrap::UniqueId::from_bytes(&id.internal) {
+        Ok(b) => b,
+        Err(_) => {
+            return invalid("ncclCommInitRank: this ncclUniqueId was not made by ncclGetUniqueId")
+        }
+    };
+    if nranks < 1 || rank < 0 || rank >= nranks {
+        return invalid(format!(
+            "ncclCommInitRank: rank {rank} of {nranks} ranks is out of range"
+        ));
+    }
+    let device = match current_device() {
+        Ok(d) => d,
+        Err(e) => return fail(&e),
+    };
+    // config.maxCTAs is not applied: blocks per GPU are one setting for the whole
+    // communicator (RAILCC_GPU_MAX_BLOCKS), since every rank's kernel waits for the others'.
+    let comm = Box::into_raw(Box::new(Comm::new(rank as usize, nranks as usize, device)));
+    // SAFETY: checked non-NULL; NCCL hands the handle back even before init completes.
+    unsafe { *out = comm };
+    if group::in_group() {
+        group::defer(group::Pending::Init(comm, boot_id));
+        return SUCCESS;
+    }
+    finish_init(comm, &boot_id)
+}
+
+impl Comm {
+    fn new(rank: usize, nranks: usize, device: i32) -> Comm {
+        Comm {
+            backend: OnceLock::new(),
+            rank,
+            nranks,
+            device,
+            seq: AtomicU64::new(0),
+            p2p_seq: Mutex::new(HashMap::new()),
+            broken: Mutex::new(None),
+        }
+    }
+}
+
+/// Joins the ranks over railcc's bootstrap (TCP, as NCCL's), learns where they live, and
+/// opens the GPU path that fits: the clique when every rank is in this process, the
+/// per-process path when each has its own.
+pub(crate) fn finish_init(comm: *const Comm, id: &railcc_core::bootstrap::UniqueId) -> NcclResult {
+    // SAFETY: `comm` came from Box::into_raw in init_rank and is not destroyed before init
+    // returns (NCCL's contract).
+    let c = unsafe { &*comm };
+    let r = proc_backend::connect(id, c.rank, c.nranks, c.device, timeout());
+    match r {
+        Ok(b) => {
+            if std::env::var("NCCL_DEBUG").is_ok_and(|v| v.eq_ignore_ascii_case("INFO")) {
+                let path = match &b {
+                    Backend::Local(_) => "every rank in this process, multi-GPU kernels",
+                    Backend::Proc(_) => "one rank per process, peers by CUDA IPC",
+                    Backend::Net(n) => n.net.describe(),
+                };
+                eprintln!(
+                    "NCCL INFO railcc libnccl {VERSION_STRING}: rank {} of {} on CUDA device {}: {path}",
+                    c.rank, c.nranks, c.device
+                );
+            }
+            let _ = c.backend.set(b);
+            SUCCESS
+        }
+        Err(e) => {
+            let e = e.rank(c.rank).op("ncclCommInitRank");
+            *c.broken.lock() = Some(e.clone());
+            fail(&e)
+        }
+    }
+}
+
+/// # Safety
+/// `comm` must be NULL or point to a writable ncclComm_t.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRank(
+    comm: *mut *mut Comm,
+    nranks: c_int,
+    id: UniqueId,
+    rank: c_int,
+) -> NcclResult {
+    init_rank(comm, nranks, id, rank, None)
+}
+
+/// # Safety
+/// `comm` must be NULL or point to a writable ncclComm_t; `config` NULL or an ncclConfig_t
+/// made with NCCL_CONFIG_INITIALIZER.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRankConfig(
+    comm: *mut *mut Comm,
+    nranks: c_int,
+    id: UniqueId,
+    rank: c_int,
+    config: *const ConfigHead,
+) -> NcclResult {
+    // SAFETY: the caller passes NULL or a valid config; only its head is read, after its size
+    // says the head is there.
+    let max_ctas = match unsafe { config.as_ref() } {
+        None => None,
+        Some(c) if c.magic != CONFIG_MAGIC => {
+            return invalid(
+                "ncclCommInitRankConfig: config was not made with NCCL_CONFIG_INITIALIZER",
+            );
+        }
+        Some(c) if c.size >= std::mem::size_of::<ConfigHead>() && c.max_ctas > 0 => {
+            Some(c.max_ctas as usize)
+        }
+        Some(_) => None,
+    };
+    // Non-blocking configs (blocking = 0) are served blocking: calls return ncclSuccess once
+    // done, which such callers accept as well as ncclInProgress.
+    init_rank(comm, nranks, id, rank, max_ctas)
+}
+
+/// # Safety
+/// `comms` must hold `ndev` writable handles; `devlist` NULL or `ndev` ints.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitAll(
+    comms: *mut *mut Comm,
+    ndev: c_int,
+    devlist: *const c_int,
+) -> NcclResult {
+    if comms.is_null() || ndev < 1 {
+        return invalid(format!("ncclCommInitAll: comms NULL or ndev {ndev} < 1"));
+    }
+    let mut key = [0u8; 16];
+    if let Err(e) = getrandom::getrandom(&mut key) {
+        return fail(&Error::new(
+            ErrorKind::Io,
+            format!("ncclCommInitAll: no randomness: {e}"),
+        ));
+    }
+    if let Err(e) = railcc_transport_nvlink::driver::available() {
+        return fail(&e);
+    }
+    let clique = match Clique::get(key, ndev as usize, timeout()) {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    for r in 0..ndev as usize {
+        // SAFETY: devlist is NULL or holds ndev ints (the caller's contract).
+        let dev = if devlist.is_null() {
+            r as i32
+        } else {
+            unsafe { *devlist.add(r) }
+        };
+        if let Err(e) = clique.join(r, dev) {
+            return fail(&e);
+        }
+    }
+    if let Err(e) = clique.ready() {
+        Clique::unregister(&key);
+        return fail(&e);
+    }
+    Clique::unregister(&key);
+    for r in 0..ndev as usize {
+        let device = if devlist.is_null() {
+            r as i32
+        } else {
+            // SAFETY: as above.
+            unsafe { *devlist.add(r) }
+        };
+        let comm = Comm::new(r, ndev as usize, device);
+        let _ = comm.backend.set(Backend::Local(clique.clone()));
+        let c = Box::into_raw(Box::new(comm));
+        // SAFETY: comms holds ndev handles.
+        unsafe { *comms.add(r) = c };
+    }
+    SUCCESS
+}
+
+/// # Safety
+/// `comm` must be NULL or a live communicator, not used again after this.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommDestroy(comm: *mut Comm) -> NcclResult {
+    if comm.is_null() {
+        return invalid("ncclCommDestroy: comm is NULL");
+    }
+    // SAFETY: made by Box::into_raw; the caller gives it up.
+    drop(unsafe { Box::from_raw(comm) });
+    SUCCESS
+}
+
+/// # Safety
+/// As for ncclCommDestroy.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommAbort(comm: *mut Comm) -> NcclResult {
+    // SAFETY: NULL or a live communicator (NCCL's contract).
+    if let Some(Backend::Net(n)) = unsafe { comm.as_ref() }.and_then(|c| c.backend.get()) {
+        // Streams waiting on the network are let go at once instead of at the deadline.
+        n.net.abort();
+    }
+    // SAFETY: forwarded.
+    unsafe { ncclCommDestroy(comm) }
+}
+
+/// Nothing is held back between calls, so there is nothing to flush.
+#[no_mangle]
+pub extern "C" fn ncclCommFinalize(comm: *mut Comm) -> NcclResult {
+    if comm.is_null() {
+        return invalid("ncclCommFinalize: comm is NULL");
+    }
+    SUCCESS
+}
+
+/// # Safety
+/// `comm` a live communicator or NULL; `out` NULL or a writable int.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommGetAsyncError(
+    comm: *mut Comm,
+    out: *mut NcclResult,
+) -> NcclResult {
+    let r = match with_comm(comm, "ncclCommGetAsyncError", |c| {
+        c.broken.lock().clone().or_else(|| match c.backend.get() {
+            Some(Backend::Net(n)) => n.net.async_error(),
+            _ => None,
+        })
+    }) {
+        Ok(b) => b.map_or(SUCCESS, |e| result_of(e.kind, &e.to_string())),
+        Err(code) => return code,
+    };
+    // SAFETY: NULL or writable.
+    match unsafe { out.as_mut() } {
+        Some(o) => {
+            *o = r;
+            SUCCESS
+        }
+        None => invalid("ncclCommGetAsyncError: asyncError is NULL"),
+    }
+}
+
+macro_rules! comm_getter {
+    ($name:ident, $field:expr) => {
+        /// # Safety
+        /// `comm` a live communicator or NULL; `out` NULL or a writable int.
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(comm: *const Comm, out: *mut c_int) -> NcclResult {
+            let v = match with_comm(comm, stringify!($name), $field) {
+                Ok(v) => v,
+                Err(code) => return code,
+            };
+            // SAFETY: NULL or writable.
+            match unsafe { out.as_mut() } {
+                Some(o) => {
+                    *o = v;
+                    SUCCESS
+                }
+                None => invalid(concat!(stringify!($name), ": output is NULL")),
+            }
+        }
+    };
+}
+comm_getter!(ncclCommCount, |c: &Comm| c.nranks as c_int);
+comm_getter!(ncclCommCuDevice, |c: &Comm| c.device);
+comm_getter!(ncclCommUserRank, |c: &Comm| c.rank as c_int);
+
+/// NCCL_SPLIT_NOCOLOR leaves the rank out (newcomm NULL); real splits are not implemented.
+///
+/// # Safety
+/// `newcomm` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommSplit(
+    comm: *mut Comm,
+    color: c_int,
+    _key: c_int,
+    newcomm: *mut *mut Comm,
+    _config: *const ConfigHead,
+) -> NcclResult {
+    if comm.is_null() || newcomm.is_null() {
+        return invalid("ncclCommSplit: comm or newcomm is NULL");
+    }
+    if color == -1 {
+        // SAFETY: checked non-NULL.
+        unsafe { *newcomm = std::ptr::null_mut() };
+        return SUCCESS;
+    }
+    usage("ncclCommSplit: splitting a communicator is not implemented in railcc's libnccl")
+}
+
+/// NCCL 2.23's init from several ids (for scale); one id is all railcc's bootstrap needs.
+///
+/// # Safety
+/// `comm` NULL or writable; `ids` NULL or `n_ids` ids; `config` as for ncclCommInitRankConfig.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommInitRankScalable(
+    comm: *mut *mut Comm,
+    nranks: c_int,
+    rank: c_int,
+    n_ids: c_int,
+    ids: *const UniqueId,
+    config: *const ConfigHead,
+) -> NcclResult {
+    if ids.is_null() || n_ids < 1 {
+        return invalid("ncclCommInitRankScalable: no ids");
+    }
+    // SAFETY: ids holds n_ids >= 1 ids (the caller's contract); config is forwarded.
+    unsafe { ncclCommInitRankConfig(comm, nranks, *ids, rank, config) }
+}

@@ -1,0 +1,274 @@
+//! Groups and point-to-point: ncclGroupStart/End (inits, collectives, then sends and
+//! receives), ncclSend/Recv and all-to-all as a group of them.
+
+use super::*;
+use crate::init::finish_init;
+
+#[no_mangle]
+pub extern "C" fn ncclGroupStart() -> NcclResult {
+    group::start();
+    SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn ncclGroupEnd() -> NcclResult {
+    let pending = match group::end() {
+        Ok(Some(p)) => p,
+        Ok(None) => return SUCCESS,
+        Err(()) => return usage("ncclGroupEnd without ncclGroupStart"),
+    };
+    let mut first = SUCCESS;
+    let mut note = |r: NcclResult| {
+        if first == SUCCESS {
+            first = r;
+        }
+    };
+    // Inits first, all at once: each blocks in the bootstrap until every rank arrives, and
+    // this thread may hold several ranks.
+    let inits: Vec<(usize, railcc_core::bootstrap::UniqueId)> = pending
+        .iter()
+        .filter_map(|p| match p {
+            group::Pending::Init(c, id) => Some((*c as usize, *id)),
+            _ => None,
+        })
+        .collect();
+    let results: Vec<NcclResult> = std::thread::scope(|s| {
+        let hs: Vec<_> = inits
+            .iter()
+            // The handle crosses as an address: it stays valid (NCCL's contract) and only
+            // finish_init reads it.
+            .map(|(c, id)| s.spawn(move || finish_init(*c as *const Comm, id)))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or(INTERNAL_ERROR))
+            .collect()
+    });
+    for r in results {
+        note(r);
+    }
+    let mut tickets: Vec<(*const Comm, Ticket)> = Vec::new();
+    let mut p2ps = Vec::new();
+    for p in pending {
+        match p {
+            group::Pending::Init(..) => {}
+            group::Pending::Coll(c, call) => match submit(c, call) {
+                Ok(t) => tickets.push((c, t)),
+                Err(r) => note(r),
+            },
+            group::Pending::P2p(c, peer, send, h) => p2ps.push((c, peer, send, h)),
+        }
+    }
+    // Sends and receives after the collectives. On the per-process path each runs as a
+    // broadcast rooted at the sender, so every rank must take them in the same order: by
+    // sending rank (program order kept among one sender's messages); a rank's messages to
+    // itself are copies.
+    p2ps.sort_by_key(|&(c, peer, send, _)| {
+        // SAFETY: handles in a group are live (NCCL's contract).
+        let me = unsafe { (*c).rank };
+        if send {
+            me
+        } else {
+            peer
+        }
+    });
+    let mut self_sends: HashMap<usize, std::collections::VecDeque<Half>> = HashMap::new();
+    let mut self_recvs: Vec<(*const Comm, Half)> = Vec::new();
+    // Across hosts a communicator's sends and receives of the group are one engine call.
+    let mut net_groups: Vec<(*const Comm, Vec<NetP2p>)> = Vec::new();
+    for (c, peer, send, h) in p2ps {
+        // SAFETY: handles in a group are live (NCCL's contract).
+        if matches!(unsafe { (*c).backend.get() }, Some(Backend::Net(_))) {
+            match net_groups.iter_mut().find(|g| std::ptr::eq(g.0, c)) {
+                Some(g) => g.1.push((peer, send, h)),
+                None => net_groups.push((c, vec![(peer, send, h)])),
+            }
+            continue;
+        }
+        // SAFETY: as above.
+        let (me, proc_path) = unsafe {
+            (
+                (*c).rank,
+                matches!((*c).backend.get(), Some(Backend::Proc(_))),
+            )
+        };
+        if proc_path && peer == me {
+            if send {
+                self_sends.entry(c as usize).or_default().push_back(h);
+            } else {
+                self_recvs.push((c, h));
+            }
+            continue;
+        }
+        match submit_p2p(c, peer, send, h) {
+            Ok(t) => tickets.push((c, t)),
+            Err(r) => note(r),
+        }
+    }
+    for (c, ops) in net_groups {
+        // SAFETY: as above.
+        let res = match unsafe { (*c).backend.get() } {
+            Some(Backend::Net(n)) => n.p2p(&ops),
+            _ => Err(Error::new(
+                ErrorKind::Aborted,
+                "communicator not initialized",
+            )),
+        };
+        tickets.push((c, Ticket::Done(res)));
+    }
+    for (c, r) in self_recvs {
+        let s = self_sends
+            .get_mut(&(c as usize))
+            .and_then(|q| q.pop_front());
+        // SAFETY: handles in a group are live (NCCL's contract).
+        let backend = unsafe { (*c).backend.get() };
+        let res = match (s, backend) {
+            (Some(s), Some(Backend::Proc(p))) => p.self_copy(s, r),
+            _ => Err(Error::new(
+                ErrorKind::InvalidArgument,
+                "a receive from this rank itself without its send in the same group",
+            )),
+        };
+        tickets.push((c, Ticket::Done(res)));
+    }
+    if self_sends.values().any(|q| !q.is_empty()) {
+        note(invalid(
+            "a send to this rank itself without its receive in the same group",
+        ));
+    }
+    for (c, t) in tickets {
+        note(wait(c, t));
+    }
+    first
+}
+
+/// (peer, is_send, buffer) of one send or receive across hosts.
+type NetP2p = (usize, bool, Half);
+
+#[allow(clippy::too_many_arguments)]
+fn p2p(
+    name: &str,
+    buf: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    peer: c_int,
+    comm: *const Comm,
+    stream: *mut c_void,
+    send: bool,
+) -> NcclResult {
+    let Some(dt) = abi::dtype(dtype) else {
+        return invalid(format!(
+            "{name}: datatype {dtype} is not one railcc supports"
+        ));
+    };
+    let nranks = match with_comm(comm, name, |c| c.nranks) {
+        Ok(n) => n,
+        Err(code) => return code,
+    };
+    if peer < 0 || peer as usize >= nranks {
+        return invalid(format!(
+            "{name}: peer {peer} out of range for {nranks} ranks"
+        ));
+    }
+    if buf.is_null() && count > 0 {
+        return invalid(format!("{name}: NULL buffer with count {count}"));
+    }
+    let h = Half {
+        ptr: buf as u64,
+        bytes: count * dt.size(),
+        stream: stream as usize,
+    };
+    if group::in_group() {
+        group::defer(group::Pending::P2p(comm, peer as usize, send, h));
+        return SUCCESS;
+    }
+    match submit_p2p(comm, peer as usize, send, h) {
+        Ok(t) => wait(comm, t),
+        Err(code) => code,
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn ncclSend(
+    send: *const c_void,
+    count: usize,
+    dtype: c_int,
+    peer: c_int,
+    comm: *const Comm,
+    stream: *mut c_void,
+) -> NcclResult {
+    p2p(
+        "ncclSend",
+        send as *mut c_void,
+        count,
+        dtype,
+        peer,
+        comm,
+        stream,
+        true,
+    )
+}
+
+#[no_mangle]
+pub extern "C" fn ncclRecv(
+    recv: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    peer: c_int,
+    comm: *const Comm,
+    stream: *mut c_void,
+) -> NcclResult {
+    p2p("ncclRecv", recv, count, dtype, peer, comm, stream, false)
+}
+
+/// All-to-all as NCCL's own fallback does it: a group of a send and a receive per peer.
+#[no_mangle]
+pub extern "C" fn ncclAlltoAll(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    comm: *const Comm,
+    stream: *mut c_void,
+) -> NcclResult {
+    let Some(dt) = abi::dtype(dtype) else {
+        return invalid(format!(
+            "ncclAlltoAll: datatype {dtype} is not one railcc supports"
+        ));
+    };
+    let nranks = match with_comm(comm, "ncclAlltoAll", |c| c.nranks) {
+        Ok(n) => n,
+        Err(code) => return code,
+    };
+    let block = count * dt.size();
+    group::start();
+    let mut first = SUCCESS;
+    for r in 0..nranks {
+        let s = ncclSend(
+            (send as *const u8).wrapping_add(r * block) as *const c_void,
+            count,
+            dtype,
+            r as c_int,
+            comm,
+            stream,
+        );
+        let v = ncclRecv(
+            (recv as *mut u8).wrapping_add(r * block) as *mut c_void,
+            count,
+            dtype,
+            r as c_int,
+            comm,
+            stream,
+        );
+        for x in [s, v] {
+            if first == SUCCESS {
+                first = x;
+            }
+        }
+    }
+    let e = ncclGroupEnd();
+    if first == SUCCESS {
+        e
+    } else {
+        first
+    }
+}
