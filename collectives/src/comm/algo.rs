@@ -33,7 +33,13 @@ impl Communicator {
         } else {
             (1u64 << (bucket - 1)) as f64
         };
-        let a = m.rank_all_reduce(at).first().map_or(Algo::Ring, |x| x.0);
+        // The hierarchical plan needs the same rank count on every host.
+        let a = m
+            .rank_all_reduce(at)
+            .into_iter()
+            .map(|x| x.0)
+            .find(|a| !matches!(a, Algo::Hier(l) if self.per_host != Some(*l)))
+            .unwrap_or(Algo::Ring);
         self.algo_cache.lock().insert(bucket, a);
         a
     }
