@@ -1,6 +1,6 @@
 //! The host and a GPU handing work to each other without either blocking: flags in mapped
 //! pinned memory that a stream writes and waits on (stream memory operations, which CUDA
-//! graphs capture as nodes), and copy streams with events for staging. The network engine
+//! graphs capture as nodes), and the copies between pinned and device memory. The network engine
 //! (`railcc_collectives::gpu_net`) is built on these; nothing here knows about networks.
 
 use crate::driver::{available, check, device};
@@ -94,10 +94,6 @@ impl Flags {
         })
     }
 
-    pub fn words(&self) -> usize {
-        self.words
-    }
-
     fn at(&self, i: usize) -> Result<*mut u32> {
         if i >= self.words {
             return Err(Error::invalid(format!(
@@ -165,92 +161,6 @@ impl Drop for Flags {
         // SAFETY: allocated by cuMemHostAlloc, freed once.
         unsafe {
             let _ = sys::cuMemFreeHost(self.host as *mut c_void);
-        }
-    }
-}
-
-/// A stream of our own for staging copies, and events to wait for parts of its work.
-pub struct CopyStream {
-    pub stream: sys::CUstream,
-    events: Vec<sys::CUevent>,
-}
-
-// SAFETY: handles used by one thread at a time (the owner), after binding the context.
-unsafe impl Send for CopyStream {}
-
-impl CopyStream {
-    /// A non-blocking stream (it does not wait for the legacy stream) and `events` events.
-    pub fn new(ctx: &Ctx, events: usize) -> Result<CopyStream> {
-        ctx.bind()?;
-        let mut stream: sys::CUstream = std::ptr::null_mut();
-        let sflags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-        // SAFETY: valid out-pointer in the bound context.
-        check(
-            unsafe { sys::cuStreamCreate(&mut stream, sflags) },
-            "cuStreamCreate",
-        )?;
-        let mut s = CopyStream {
-            stream,
-            events: Vec::new(),
-        };
-        let eflags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        for _ in 0..events {
-            let mut ev: sys::CUevent = std::ptr::null_mut();
-            // SAFETY: valid out-pointer in the bound context.
-            check(
-                unsafe { sys::cuEventCreate(&mut ev, eflags) },
-                "cuEventCreate",
-            )?;
-            s.events.push(ev);
-        }
-        Ok(s)
-    }
-
-    fn event(&self, e: usize) -> Result<sys::CUevent> {
-        self.events
-            .get(e)
-            .copied()
-            .ok_or_else(|| Error::invalid(format!("copy stream has no event {e}")))
-    }
-
-    /// Marks the work enqueued so far with event `e`.
-    pub fn record(&self, e: usize) -> Result<()> {
-        // SAFETY: our event and stream.
-        check(
-            unsafe { sys::cuEventRecord(self.event(e)?, self.stream) },
-            "cuEventRecord",
-        )
-    }
-
-    /// Waits on the host until the work marked by event `e` is done (at once if never recorded).
-    pub fn wait(&self, e: usize) -> Result<()> {
-        // SAFETY: our event.
-        check(
-            unsafe { sys::cuEventSynchronize(self.event(e)?) },
-            "cuEventSynchronize",
-        )
-    }
-
-    /// Waits until everything enqueued on the stream is done.
-    pub fn synchronize(&self) -> Result<()> {
-        // SAFETY: our stream.
-        check(
-            unsafe { sys::cuStreamSynchronize(self.stream) },
-            "cuStreamSynchronize",
-        )
-    }
-}
-
-impl Drop for CopyStream {
-    fn drop(&mut self) {
-        // SAFETY: created in new, destroyed once; the stream is drained first so no copy
-        // outlives the buffers its owner frees next.
-        unsafe {
-            let _ = sys::cuStreamSynchronize(self.stream);
-            for e in self.events.drain(..) {
-                let _ = sys::cuEventDestroy_v2(e);
-            }
-            let _ = sys::cuStreamDestroy_v2(self.stream);
         }
     }
 }

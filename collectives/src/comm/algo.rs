@@ -38,10 +38,22 @@ impl Communicator {
             .rank_all_reduce(at)
             .into_iter()
             .map(|x| x.0)
-            .find(|a| !matches!(a, Algo::Hier(l) if self.per_host != Some(*l)))
+            .find(|a| !matches!(a, Algo::Hier(_)) || Some(*a) == self.hier())
             .unwrap_or(Algo::Ring);
         self.algo_cache.lock().insert(bucket, a);
         a
+    }
+
+    /// The hierarchical plan, when every host holds the same number of ranks.
+    fn hier(&self) -> Option<Algo> {
+        self.per_host.map(Algo::Hier)
+    }
+
+    /// The hierarchical plan when `RAILCC_ALGO=hier` asks for it and the hosts allow it.
+    fn forced_hier(&self) -> Option<Algo> {
+        (self.cfg.algo == AlgoChoice::Hier)
+            .then(|| self.hier())
+            .flatten()
     }
 
     /// The algorithm a call would use.
@@ -54,23 +66,16 @@ impl Communicator {
                     AlgoChoice::Direct => Algo::Direct,
                     AlgoChoice::RecursiveDoubling => Algo::RecursiveDoubling,
                     AlgoChoice::Tree => Algo::Tree,
-                    AlgoChoice::Hier => match self.per_host {
-                        Some(l) => Algo::Hier(l),
-                        None => Algo::Ring,
-                    },
+                    AlgoChoice::Hier => self.hier().unwrap_or(Algo::Ring),
                     AlgoChoice::Auto => self.model_choice(bytes),
                 }
             }
-            CollKind::Broadcast | CollKind::Reduce => match (self.cfg.algo, self.per_host) {
-                (AlgoChoice::Hier, Some(l)) => Algo::Hier(l),
-                _ => Algo::Chain,
-            },
+            CollKind::Broadcast | CollKind::Reduce => self.forced_hier().unwrap_or(Algo::Chain),
             CollKind::AllToAll | CollKind::SendRecv => Algo::PointToPoint,
             CollKind::Barrier => Algo::Dissemination,
-            CollKind::AllGather | CollKind::ReduceScatter => match (self.cfg.algo, self.per_host) {
-                (AlgoChoice::Hier, Some(l)) => Algo::Hier(l),
-                _ => Algo::Ring,
-            },
+            CollKind::AllGather | CollKind::ReduceScatter => {
+                self.forced_hier().unwrap_or(Algo::Ring)
+            }
         }
     }
 }

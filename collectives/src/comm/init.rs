@@ -83,6 +83,11 @@ impl Communicator {
         } else {
             Duration::from_micros(cfg.spin_us)
         };
+        // Ranks per host, counted once (a job may have thousands of ranks).
+        let mut per_host: HashMap<&[u8], usize> = HashMap::new();
+        for h in &hosts {
+            *per_host.entry(h.as_slice()).or_default() += 1;
+        }
         bootstrap.barrier()?;
         tracing::debug!(
             "rank {rank}/{nranks} ready on {} ({})",
@@ -111,15 +116,10 @@ impl Communicator {
             spin,
             local_ranks,
             ring_order: host_order(&hosts),
-            nodes: {
-                let mut distinct: Vec<&Vec<u8>> = hosts.iter().collect();
-                distinct.sort();
-                distinct.dedup();
-                distinct.len()
-            },
-            per_host: hosts
-                .iter()
-                .all(|h| hosts.iter().filter(|x| *x == h).count() == local_ranks)
+            nodes: per_host.len(),
+            per_host: per_host
+                .values()
+                .all(|&n| n == local_ranks)
                 .then_some(local_ranks),
             algo_cache: Mutex::new(HashMap::new()),
             _root: root,

@@ -26,7 +26,7 @@ use parking_lot::Mutex;
 use railcc_core::bootstrap::{RootServer, UniqueId};
 use railcc_core::{Error, ErrorKind, Result};
 use railcc_transport_nvlink::gpu::Stream;
-use railcc_transport_nvlink::hostsync::{capturing, d2h, h2d, on_graph_destroy, Ctx};
+use railcc_transport_nvlink::hostsync::{capturing, d2h, h2d, on_graph_destroy, Ctx, Flags};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -57,6 +57,21 @@ struct Call {
 struct Live {
     call: Arc<Call>,
     next: usize,
+}
+
+impl Live {
+    /// Takes the pieces whose `start` the stream has set, in order, into `ready`; true when
+    /// every piece has started.
+    fn started(&mut self, flags: &Flags, ready: &mut Vec<(Arc<Call>, usize)>) -> bool {
+        while let Some(r) = self.call.runs.get(self.next) {
+            if flags.load(Slots::start(r.slot)) != 1 {
+                return false;
+            }
+            ready.push((self.call.clone(), self.next));
+            self.next += 1;
+        }
+        true
+    }
 }
 
 enum ToProgress {
@@ -487,28 +502,15 @@ impl Progress {
             }
             // Pieces start in order, call after call; a captured call's pieces at each launch.
             let mut ready: Vec<(Arc<Call>, usize)> = Vec::new();
-            while let Some(live) = queue.front_mut() {
-                while let Some(r) = live.call.runs.get(live.next) {
-                    if flags.load(Slots::start(r.slot)) != 1 {
-                        break;
-                    }
-                    ready.push((live.call.clone(), live.next));
-                    live.next += 1;
-                }
-                if live.next < live.call.runs.len() {
-                    break;
-                }
+            while queue
+                .front_mut()
+                .is_some_and(|l| l.started(flags, &mut ready))
+            {
                 queue.pop_front();
             }
             for (_, live) in held.iter_mut() {
-                while let Some(r) = live.call.runs.get(live.next) {
-                    if flags.load(Slots::start(r.slot)) != 1 {
-                        break;
-                    }
-                    ready.push((live.call.clone(), live.next));
-                    live.next += 1;
-                }
-                if live.next == live.call.runs.len() {
+                if live.started(flags, &mut ready) {
+                    // The launch has started every piece; the next launch starts over.
                     live.next = 0;
                 }
             }

@@ -77,17 +77,6 @@ pub struct Cut {
     pub min_spread_bytes: usize,
 }
 
-impl Cut {
-    /// One piece on one channel.
-    pub const WHOLE: Cut = Cut {
-        channels: 1,
-        chunk_bytes: usize::MAX,
-        max_piece_bytes: usize::MAX,
-        target_pieces: 1,
-        min_spread_bytes: usize::MAX,
-    };
-}
-
 /// Ranges `[a, b)` cutting `n` units of `unit_bytes` staged bytes each.
 fn ranges(n: usize, unit_bytes: usize, cut: &Cut) -> Vec<(usize, usize)> {
     if n == 0 {

@@ -49,14 +49,17 @@ impl Slots {
     }
 
     fn try_take(&self) -> Option<usize> {
-        let mut st = self.state.lock();
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
         let flags = &self.flags;
-        let (ready, still): (Vec<usize>, Vec<usize>) = st
-            .draining
-            .iter()
-            .partition(|&&i| flags.load(Self::done(i)) == 0);
-        st.draining = still;
-        st.free.extend(ready);
+        // Slots the stream has passed (their `done` back to 0) are free again.
+        st.draining.retain(|&i| {
+            let passed = flags.load(Self::done(i)) == 0;
+            if passed {
+                st.free.push(i);
+            }
+            !passed
+        });
         if let Some(i) = st.free.pop() {
             return Some(i);
         }
