@@ -9,7 +9,8 @@
 //! - [`ll`]: the low-latency all-reduce for small messages (one exchange, no barriers);
 //! - [`multi`]: one process driving several GPUs (like `ncclCommInitAll`);
 //! - [`hostsync`] and [`staging`]: flags a stream writes and waits on in mapped pinned memory,
-//!   copy streams and pinned buffers (what the network engine builds on);
+//!   copies between pinned and device memory, pinned buffers (what the network engine builds
+//!   on);
 //! - [`ipc`] and [`proc`]: one process per GPU (torchrun style), peers' buffers mapped through
 //!   CUDA IPC handles.
 
