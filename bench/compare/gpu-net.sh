@@ -14,6 +14,7 @@ source bench/compare/gpu-env.sh
 source bench/compare/tables.sh
 export RAILCC_TIMEOUT_MS=${RAILCC_TIMEOUT_MS:-30000} NCCL_SOCKET_IFNAME=lo RAILCC_SOCKET_IFNAME=lo
 PARTS=${GPU_NET_PARTS:-bench nccl perf kill}
+# trace: where a call's time goes (RAILCC_GPU_NET_TRACE); x2: the 4-rank 2 x 2 layout.
 FAILS=0
 fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
 # check LABEL CMD...: runs CMD, logs it, judges its tables.
@@ -45,7 +46,7 @@ NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
 NTM=/tmp/nccl-tests-mpi
 MPIRUN="mpirun -np 2 --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_SOCKET_IFNAME -x RAILCC_SOCKET_IFNAME -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x NCCL_DEBUG -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD"
 OURS="$PWD/.device/lib:/usr/local/cuda/lib64"
-case " $PARTS " in *" nccl "*|*" perf "*)
+case " $PARTS " in *" nccl "*|*" perf "*|*" x2 "*)
   if [ ! -x $NTM/build/all_reduce_perf ]; then
     inc=$(mpicc --showme:incdirs 2>/dev/null | awk '{print $1}')
     cp -r .device/nccl-tests $NTM
@@ -56,10 +57,11 @@ case " $PARTS " in *" nccl "*|*" perf "*)
 
 case " $PARTS " in *" nccl "*)
   LOG=$OUT/gpu-net-nccl.log; : > $LOG
-  for b in all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall; do
+  for b in all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall scatter gather hypercube; do
     ops=""; case $b in all_reduce|reduce_scatter|reduce) ops="-o all" ;; esac
     F="-b 8 -e 8M -f 8 -n 2 -w 1 -c 1 -d all $ops"
     check "libnccl $b mpirun -np 2, 2 emulated hosts, $F" env LD_LIBRARY_PATH="$OURS" $MPIRUN $AS_HOST $NTM/build/${b}_perf $F -g 1
+    F="-b 8 -e 32M -f 64 -n 2 -w 1 -c 1 -d all $ops"
     check "libnccl $b mpirun -np 2, 2 emulated hosts, -G 10 $F" env LD_LIBRARY_PATH="$OURS" $MPIRUN $AS_HOST $NTM/build/${b}_perf $F -g 1 -G 10
   done
   env LD_LIBRARY_PATH="$OURS" NCCL_DEBUG=INFO $MPIRUN $AS_HOST $NTM/build/all_reduce_perf -b 8 -e 8 -n 1 -w 0 -g 1 2>&1 | grep -m2 "railcc libnccl"
@@ -79,6 +81,26 @@ case " $PARTS " in *" perf "*)
   grep -E "^== |nNodes|via NET|^ +(8|2048|131072|8388608|33554432|134217728) " $LOG | grep -v "INFO Channel" | head -80
 ;; esac
 
+case " $PARTS " in *" x2 "*)
+  # 4 ranks, 2 emulated hosts of 2 GPUs each, each GPU holding one rank of each host.
+  LOG=$OUT/gpu-net-x2.log; : > $LOG
+  MPI4="${MPIRUN/-np 2/-np 4} -x AS_HOST_PER"
+  for b in all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall scatter gather hypercube; do
+    ops=""; case $b in all_reduce|reduce_scatter|reduce) ops="-o all" ;; esac
+    F="-b 8 -e 8M -f 64 -n 2 -w 1 -c 1 -d float,bfloat16,int8,double $ops"
+    check "libnccl $b 2 hosts x 2 GPUs (4 ranks), $F" env AS_HOST_PER=2 LD_LIBRARY_PATH="$OURS" $MPI4 $AS_HOST $NTM/build/${b}_perf $F -g 1
+  done
+  check "libnccl all_reduce 2 hosts x 2 GPUs, -G 10, 8 B-32 MB" env AS_HOST_PER=2 LD_LIBRARY_PATH="$OURS" $MPI4 $AS_HOST $NTM/build/all_reduce_perf -b 8 -e 32M -f 8 -n 2 -w 1 -c 1 -g 1 -G 10
+;; esac
+
+case " $PARTS " in *" trace "*)
+  LOG=$OUT/gpu-net-trace.log; : > $LOG
+  for sz in 8 128M; do
+    RAILCC_GPU_NET_TRACE=1 timeout 120 $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b $sz -e $sz -n 200 -w 20 -c 1 >> $LOG 2>&1
+  done
+  grep -E "gpu net trace|returned to the caller|^ +(8|134217728) " $LOG
+;; esac
+
 case " $PARTS " in *" kill "*)
   LOG=$OUT/gpu-net-kill.log; : > $LOG
   for path in "--gpu-net" ""; do
@@ -92,8 +114,16 @@ case " $PARTS " in *" kill "*)
     ms=$(( (t1 - t0) / 1000000 ))
     { echo "== kill ${path:-(CUDA IPC)}: rank 1 killed, job exit $rc after $ms ms"; cat /tmp/kill.out; } >> $LOG
     echo "kill ${path:-(CUDA IPC)}: exit $rc ${ms} ms after the kill: $(grep -m1 -iE 'error|fail' /tmp/kill.out | cut -c1-220)"
+    # The survivor must fail on its own, naming the dead rank, within a second.
+    if [ $rc != 0 ] && [ $ms -lt 1000 ] && grep -v "rank 1 failed (signal" /tmp/kill.out | grep -qE "rank 1\b|peer 1\b"; then
+      echo "PASS  kill ${path:-(CUDA IPC)}: survivor failed naming rank 1 in $ms ms"
+    else
+      fail "kill ${path:-(CUDA IPC)}: exit $rc after $ms ms (want an error naming rank 1 within 1000 ms)"
+    fi
     nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | tr '\n' ' '; echo
   done
+  check "GPUs usable after the kills: bench all_reduce both paths" \
+    bash -c "$R bench all_reduce --device cuda --per-process --ranks 2 -b 8 -e 16M -f 16 -n 2 -w 1 && $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 16M -f 16 -n 2 -w 1"
 ;; esac
 echo "gpu-net.sh: $FAILS failed"
 [ $FAILS = 0 ]

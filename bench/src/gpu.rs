@@ -349,14 +349,21 @@ impl Runner for PerProcess<'_> {
             ..Sample::default()
         };
         pg.gpu.synchronize().map_err(err)?;
+        // A peer that died stops the kernels early: its error, not wrong values.
+        if let Some(e) = pg.async_error() {
+            return Err(err(e));
+        }
         if a.check != 0 {
             (s.wrong, s.oob) = check(&pg.gpu, &p, args, me, a.fill)?;
         }
         // Peers write into our receive buffer: nobody reuses buffers until all have checked.
         self.comm.barrier().map_err(err)?;
-        let streams = [(&pg.gpu, stream)];
+        let streams = [(&*pg.gpu, stream)];
         s.secs = time_calls(a, &pg.gpu, &launch, &streams)?;
         pg.gpu.synchronize().map_err(err)?;
+        if let Some(e) = pg.async_error() {
+            return Err(err(e));
+        }
         if a.check != 0 && a.graph_launches > 0 {
             let calls = Calls {
                 launch: &launch,

@@ -183,6 +183,9 @@ config! {
     /// Pieces of a GPU network call in flight per stream (the staging ring's depth): the
     /// copies in run this far ahead of the network. 2 to 16.
     gpu_net_ring: usize = 8, "RAILCC_GPU_NET_RING";
+    /// Prints, when a GPU network communicator closes, where its calls' time went: time to
+    /// enqueue, each piece's host part, and the stream's turnaround between pieces.
+    gpu_net_trace: bool = false, "RAILCC_GPU_NET_TRACE";
     /// RDMA queue pairs per connection (NCCL_IB_QPS_PER_CONNECTION): messages of 64 KB and
     /// more are split across them. The connecting (sending) side's value is used. 1 to 16.
     ib_qps_per_conn: u8 = 1, "RAILCC_IB_QPS_PER_CONN";

@@ -225,9 +225,12 @@ pub unsafe extern "C" fn ncclCommDestroy(comm: *mut Comm) -> NcclResult {
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommAbort(comm: *mut Comm) -> NcclResult {
     // SAFETY: NULL or a live communicator (NCCL's contract).
-    if let Some(Backend::Net(n)) = unsafe { comm.as_ref() }.and_then(|c| c.backend.get()) {
+    match unsafe { comm.as_ref() }.and_then(|c| c.backend.get()) {
         // Streams waiting on the network are let go at once instead of at the deadline.
-        n.net.abort();
+        Some(Backend::Net(n)) => n.net.abort(),
+        // Kernels waiting on peers stop at once.
+        Some(Backend::Proc(p)) => p.abort(),
+        _ => {}
     }
     // SAFETY: forwarded.
     unsafe { ncclCommDestroy(comm) }
@@ -252,6 +255,7 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(
     let r = match with_comm(comm, "ncclCommGetAsyncError", |c| {
         c.broken.lock().clone().or_else(|| match c.backend.get() {
             Some(Backend::Net(n)) => n.net.async_error(),
+            Some(Backend::Proc(p)) => p.async_error(),
             _ => None,
         })
     }) {

@@ -122,6 +122,15 @@ unsafe impl Send for ProcRank {}
 unsafe impl Sync for ProcRank {}
 
 impl ProcRank {
+    /// A dead peer (the watcher) or an abort, as ncclCommGetAsyncError reports it.
+    pub fn async_error(&self) -> Option<Error> {
+        self.gpu.async_error()
+    }
+
+    pub fn abort(&self) {
+        self.gpu.abort();
+    }
+
     pub fn collective(&self, c: &Call) -> Result<()> {
         if c.count == 0 {
             return Ok(());

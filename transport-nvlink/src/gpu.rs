@@ -3,6 +3,7 @@
 
 use crate::compile;
 use crate::driver::{available, check, device, nvrtc_available};
+use crate::hostsync::Flags;
 use crate::kernels::{kernel_name, AREA_BYTES};
 use cudarc::driver::sys;
 use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
@@ -39,6 +40,9 @@ pub struct GpuCtx {
     funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     ll_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     pub sms: i32,
+    /// The word this context's kernels poll while they wait for peers (kernels.rs:
+    /// `railcc_abort`): set, they stop waiting and end.
+    abort: Flags,
 }
 
 // SAFETY: the raw handles are only used after binding the context; the driver API is
@@ -85,6 +89,7 @@ impl GpuCtx {
             },
             "cuStreamCreate",
         )?;
+        let abort = Flags::new_current(1)?;
         let mut g = GpuCtx {
             ordinal,
             ctx,
@@ -97,6 +102,7 @@ impl GpuCtx {
             funcs: HashMap::new(),
             ll_funcs: HashMap::new(),
             sms,
+            abort,
         };
         g.sync = g.alloc(AREA_BYTES)?;
         // SAFETY: the allocation holds AREA_BYTES; zeroed before any kernel reads it (zero is
@@ -140,6 +146,25 @@ impl GpuCtx {
             )?;
             Ok(f)
         };
+        let name = CString::new("railcc_abort").map_err(|_| Error::invalid("symbol name"))?;
+        let (mut at, mut size) = (0u64, 0usize);
+        // SAFETY: module loaded above; valid out-pointers; NUL-terminated name.
+        check(
+            unsafe { sys::cuModuleGetGlobal_v2(&mut at, &mut size, module, name.as_ptr()) },
+            "cuModuleGetGlobal(railcc_abort)",
+        )?;
+        let word = self.abort.dev_ptr(0)?;
+        if size != std::mem::size_of::<u64>() {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("railcc_abort is {size} bytes in the kernels, not 8"),
+            ));
+        }
+        // SAFETY: `at` is the 8-byte global (size checked); the source is a live u64.
+        check(
+            unsafe { sys::cuMemcpyHtoD_v2(at, &word as *const u64 as *const c_void, 8) },
+            "cuMemcpyHtoD(railcc_abort)",
+        )?;
         for dt in DataType::ALL {
             for op in ReduceOp::ALL {
                 self.funcs.insert((dt, op), get(kernel_name(dt, op))?);
@@ -148,6 +173,12 @@ impl GpuCtx {
             }
         }
         Ok(())
+    }
+
+    /// Makes this context's kernels stop waiting for peers (a peer died, or the communicator
+    /// was aborted); they end at once with garbage results.
+    pub fn abort_kernels(&self) {
+        self.abort.store(0, 1);
     }
 
     pub fn ll_func(&self, dt: DataType, op: ReduceOp) -> Result<sys::CUfunction> {

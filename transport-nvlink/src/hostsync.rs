@@ -66,6 +66,11 @@ unsafe impl Sync for Flags {}
 impl Flags {
     pub fn new(ctx: &Ctx, words: usize) -> Result<Flags> {
         ctx.bind()?;
+        Flags::new_current(words)
+    }
+
+    /// As [`Flags::new`], in the context current on this thread.
+    pub fn new_current(words: usize) -> Result<Flags> {
         let bytes = words.max(1) * 4;
         let mut p: *mut c_void = std::ptr::null_mut();
         let flags = sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE;
@@ -92,6 +97,12 @@ impl Flags {
             dev,
             words,
         })
+    }
+
+    /// Word `i`'s address as the GPU sees it.
+    pub fn dev_ptr(&self, i: usize) -> Result<u64> {
+        self.at(i)?;
+        Ok(self.dev + 4 * i as u64)
     }
 
     fn at(&self, i: usize) -> Result<*mut u32> {
@@ -147,10 +158,45 @@ impl Flags {
     /// # Safety
     /// As for [`Flags::write_on`].
     pub unsafe fn wait_on(&self, stream: sys::CUstream, i: usize, v: u32) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            self.wait(
+                stream,
+                i,
+                v,
+                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ,
+            )
+        }
+    }
+
+    /// Enqueues "wait until word i >= v" on `stream`, compared cyclically
+    /// (`(i32)(word - v) >= 0`), so counters may wrap.
+    ///
+    /// # Safety
+    /// As for [`Flags::write_on`].
+    pub unsafe fn wait_geq_on(&self, stream: sys::CUstream, i: usize, v: u32) -> Result<()> {
+        // SAFETY: the caller's contract.
+        unsafe {
+            self.wait(
+                stream,
+                i,
+                v,
+                sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ,
+            )
+        }
+    }
+
+    unsafe fn wait(
+        &self,
+        stream: sys::CUstream,
+        i: usize,
+        v: u32,
+        how: sys::CUstreamWaitValue_flags,
+    ) -> Result<()> {
         self.at(i)?;
-        let flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32;
         check(
-            sys::cuStreamWaitValue32_v2(stream, self.dev + 4 * i as u64, v, flags),
+            // SAFETY: a word of our mapped allocation (checked); the stream is the caller's.
+            unsafe { sys::cuStreamWaitValue32_v2(stream, self.dev + 4 * i as u64, v, how as u32) },
             "cuStreamWaitValue32",
         )
     }

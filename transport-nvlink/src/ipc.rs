@@ -230,6 +230,7 @@ impl ShmTable {
         call: u64,
         peer: usize,
         deadline: Instant,
+        broken: &dyn Fn() -> Option<Error>,
     ) -> Result<([u64; 5], [BufDesc; 2])> {
         let s = self.slot(call, peer);
         // Busy-wait first: peers normally publish within microseconds, and a sleeping host
@@ -240,6 +241,9 @@ impl ShmTable {
         while unsafe { (*s).seq.load(Ordering::Acquire) } != call {
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(256) && Instant::now() > spin_until {
+                if let Some(e) = broken() {
+                    return Err(e);
+                }
                 if Instant::now() > deadline {
                     return Err(Error::new(
                         ErrorKind::Timeout,
@@ -295,14 +299,17 @@ mod tests {
         for call in 1..=5u64 {
             a.publish(call, 0, [call; 5], [desc(1), desc(2)]);
             b.publish(call, 1, [call + 100; 5], [desc(3), desc(4)]);
-            let (shape, bufs) = b.read(call, 0, deadline).unwrap();
+            let (shape, bufs) = b.read(call, 0, deadline, &|| None).unwrap();
             assert_eq!(shape, [call; 5]);
             assert_eq!(bufs, [desc(1), desc(2)]);
-            assert_eq!(a.read(call, 1, deadline).unwrap().0, [call + 100; 5]);
+            assert_eq!(
+                a.read(call, 1, deadline, &|| None).unwrap().0,
+                [call + 100; 5]
+            );
         }
         // Nobody publishes call 6: a clear timeout, not a hang.
         let e = a
-            .read(6, 1, Instant::now() + Duration::from_millis(50))
+            .read(6, 1, Instant::now() + Duration::from_millis(50), &|| None)
             .unwrap_err();
         assert_eq!(e.kind, ErrorKind::Timeout);
         assert!(e.to_string().contains("rank 1"), "{e}");

@@ -79,9 +79,16 @@ struct Ptrs { unsigned long long p[8]; };
 #define SYNC_EPOCH (8 + 8 * MAX_BLOCKS)
 __device__ __forceinline__ unsigned long long call_epoch(unsigned long long sync) { return ((volatile unsigned long long*)sync)[SYNC_EPOCH] + 1; }
 __device__ __forceinline__ unsigned long long now_ns() { unsigned long long t; asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t)); return t; }
+// The address of a word in mapped host memory the host sets when a peer died or the
+// communicator was aborted: waits stop (the result is garbage, the host reports the error)
+// and the kernel ends, so the stream and the GPU stay usable. Set at module load.
+__device__ unsigned long long railcc_abort;
+__device__ __forceinline__ bool aborted() { return railcc_abort != 0 && *(volatile unsigned int*)railcc_abort != 0; }
 __device__ __forceinline__ void wait_at_least(volatile unsigned long long* p, unsigned long long epoch, unsigned long long t0, unsigned long long timeout_ns) {
+  unsigned int spins = 0;
   while (*p < epoch) {
     if (now_ns() - t0 > timeout_ns) __trap(); // a peer never arrived: fail loudly, never hang
+    if ((++spins & 1023u) == 0 && aborted()) return;
   }
 }
 // Every block waits until every peer's inputs are ready (its kernel has started).

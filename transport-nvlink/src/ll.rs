@@ -75,10 +75,11 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const unsigned ch
         else for (int k = 0; k < 8 && l * 8 + k < nbytes; k++) ((unsigned char*)&v)[k] = in[l * 8 + k];
       }} else {{
         const uint4* src = (const uint4*)(area + slot0 + p * {SLOT_BYTES}ull) + l;
-        unsigned int a, f1, b, f2;
+        unsigned int a, f1, b, f2, spins = 0;
         do {{
           asm volatile("ld.volatile.global.v4.u32 {{%0,%1,%2,%3}}, [%4];" : "=r"(a), "=r"(f1), "=r"(b), "=r"(f2) : "l"(src) : "memory");
           if (now_ns() - t0 > timeout_ns) __trap(); // a peer never came: fail, never hang
+          if ((++spins & 1023u) == 0 && aborted()) break; // kernels.rs: railcc_abort
         }} while (f1 != flag || f2 != flag);
         v = make_uint2(a, b);
       }}

@@ -6,6 +6,11 @@
 //! buffers in the table, reads the peers' (which also catches mismatched calls), maps any
 //! allocation not seen before, and enqueues the same kernel as the one-process path on the
 //! caller's stream. The call returns once every rank has published, without waiting for any GPU.
+//!
+//! A watcher thread checks every 20 ms that the peers' processes live (`/proc/<pid>/stat`,
+//! with the start time each reported, so a reused pid is not taken for the peer). When one
+//! dies, the communicator breaks naming it: the kernels stop waiting (`GpuCtx::abort_kernels`),
+//! waiting calls fail and later ones fail at once.
 
 use crate::gpu::GpuCtx;
 use crate::ipc::{export, open, Imports, ShmTable, HANDLE_BYTES};
@@ -16,14 +21,16 @@ use parking_lot::Mutex;
 use railcc_core::net::CollKind;
 use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Swaps one byte string per rank with every rank (the bootstrap's all-gather).
 pub type Exchange<'a> = dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>> + 'a;
 
 pub struct ProcGpu {
-    pub gpu: GpuCtx,
+    pub gpu: Arc<GpuCtx>,
     pub rank: usize,
     pub nranks: usize,
     /// Every rank's sync area as this GPU addresses it.
@@ -35,6 +42,66 @@ pub struct ProcGpu {
     pub max_blocks: u32,
     /// All-reduces up to this many bytes use the low-latency kernel (ll.rs).
     pub ll_max_bytes: usize,
+    broken: Arc<Mutex<Option<Error>>>,
+    watcher: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
+}
+
+/// A process as `/proc` names it: pid and start time (clock ticks since boot).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+struct Proc {
+    pid: u32,
+    start: u64,
+}
+
+impl Proc {
+    fn me() -> Proc {
+        let pid = std::process::id();
+        Proc {
+            pid,
+            start: Proc::start_of(pid).map_or(0, |(_, s)| s),
+        }
+    }
+
+    /// State letter and start time of `pid`, if it is visible here.
+    fn start_of(pid: u32) -> Option<(char, u64)> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // After the command name (which may hold spaces and parentheses): state is field 3,
+        // start time field 22.
+        let rest = &stat[stat.rfind(')')? + 1..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        Some((f.first()?.chars().next()?, f.get(19)?.parse().ok()?))
+    }
+
+    /// Whether this process still runs (a zombie has exited).
+    fn alive(&self) -> bool {
+        matches!(Proc::start_of(self.pid), Some((st, s)) if s == self.start && st != 'Z' && st != 'X')
+    }
+}
+
+/// Watches the peers' processes until `stop`; the first death breaks the communicator.
+fn watch(
+    me: usize,
+    peers: Vec<(usize, Proc)>,
+    gpu: Arc<GpuCtx>,
+    broken: Arc<Mutex<Option<Error>>>,
+    stop: Arc<AtomicBool>,
+) {
+    while !stop.load(Ordering::Relaxed) {
+        if let Some((r, p)) = peers.iter().find(|(_, p)| !p.alive()) {
+            let e = Error::new(
+                ErrorKind::PeerClosed,
+                format!("rank {r} (pid {}) exited during GPU collectives", p.pid),
+            )
+            .peer(*r)
+            .rank(me)
+            .transport(crate::NAME);
+            tracing::warn!("{e}");
+            broken.lock().get_or_insert(e);
+            gpu.abort_kernels();
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// What each rank tells the others at init.
@@ -43,6 +110,7 @@ struct Hello {
     sync: [u8; HANDLE_BYTES],
     shm: String,
     blocks: u32,
+    proc: Proc,
 }
 
 impl Hello {
@@ -50,6 +118,8 @@ impl Hello {
         let mut v = Vec::new();
         v.extend_from_slice(&self.sync);
         v.extend_from_slice(&self.blocks.to_le_bytes());
+        v.extend_from_slice(&self.proc.pid.to_le_bytes());
+        v.extend_from_slice(&self.proc.start.to_le_bytes());
         for s in [&self.host, &self.shm] {
             v.extend_from_slice(&(s.len() as u16).to_le_bytes());
             v.extend_from_slice(s.as_bytes());
@@ -60,7 +130,13 @@ impl Hello {
     fn decode(b: &[u8]) -> Option<Hello> {
         let sync: [u8; HANDLE_BYTES] = b.get(..HANDLE_BYTES)?.try_into().ok()?;
         let blocks = u32::from_le_bytes(b.get(HANDLE_BYTES..HANDLE_BYTES + 4)?.try_into().ok()?);
-        let mut at = HANDLE_BYTES + 4;
+        let pid = u32::from_le_bytes(b.get(HANDLE_BYTES + 4..HANDLE_BYTES + 8)?.try_into().ok()?);
+        let start = u64::from_le_bytes(
+            b.get(HANDLE_BYTES + 8..HANDLE_BYTES + 16)?
+                .try_into()
+                .ok()?,
+        );
+        let mut at = HANDLE_BYTES + 16;
         let mut s = [String::new(), String::new()];
         for x in s.iter_mut() {
             let n = u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?) as usize;
@@ -73,6 +149,7 @@ impl Hello {
             sync: sync.to_owned(),
             shm,
             blocks,
+            proc: Proc { pid, start },
         })
     }
 }
@@ -149,6 +226,7 @@ impl ProcGpu {
                 sync: sync.handle,
                 shm: shm.clone(),
                 blocks: *blocks,
+                proc: Proc::me(),
             }
             .encode()
         })?;
@@ -193,6 +271,30 @@ impl ProcGpu {
             ShmTable::unlink(&hellos[0].shm);
         }
         let max_blocks = hellos.iter().map(|h| h.blocks).min().unwrap_or(1);
+        let gpu = Arc::new(gpu);
+        let broken = Arc::new(Mutex::new(None));
+        // Peers whose process this one can see (another pid namespace hides them): watched.
+        let peers: Vec<(usize, Proc)> = hellos
+            .iter()
+            .enumerate()
+            .filter(|&(r, h)| r != rank && h.proc.alive())
+            .map(|(r, h)| (r, h.proc))
+            .collect();
+        if peers.len() + 1 < nranks {
+            tracing::info!(
+                "rank {rank}: {} of {} peers' processes are not visible here; their death shows at the deadline",
+                nranks - 1 - peers.len(),
+                nranks - 1
+            );
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let watcher = {
+            let (g, b, s) = (gpu.clone(), broken.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("railcc-gpu-watch".into())
+                .spawn(move || watch(rank, peers, g, b, s))
+                .map_err(|e| Error::io("starting the GPU peer watcher", &e))?
+        };
         Ok(ProcGpu {
             gpu,
             rank,
@@ -204,7 +306,35 @@ impl ProcGpu {
             timeout,
             max_blocks,
             ll_max_bytes: crate::ll::MAX_BYTES,
+            broken,
+            watcher: Some((stop, watcher)),
         })
+    }
+
+    /// The error that broke this communicator (a peer died, or it was aborted), if any.
+    pub fn async_error(&self) -> Option<Error> {
+        self.broken.lock().clone()
+    }
+
+    /// Stops every call now: kernels stop waiting, later calls fail.
+    pub fn abort(&self) {
+        self.broken.lock().get_or_insert_with(|| {
+            Error::new(ErrorKind::Aborted, "communicator aborted")
+                .rank(self.rank)
+                .transport(crate::NAME)
+        });
+        self.gpu.abort_kernels();
+    }
+
+    fn check_alive(&self) -> Result<()> {
+        match self.async_error() {
+            Some(e) => Err(Error::new(
+                e.kind,
+                format!("communicator is broken by an earlier error: {e}"),
+            )
+            .rank(self.rank)),
+            None => Ok(()),
+        }
     }
 
     pub fn stream(&self) -> sys::CUstream {
@@ -239,6 +369,7 @@ impl ProcGpu {
             ))
             .rank(self.rank));
         }
+        self.check_alive()?;
         self.gpu.bind()?;
         let mine = [export(send)?, export(recv)?];
         let shape = [coll as u64, dt as u64, op as u64, count as u64, root as u64];
@@ -250,7 +381,7 @@ impl ProcGpu {
         for p in (0..n).filter(|&p| p != self.rank) {
             let (theirs, bufs) = self
                 .table
-                .read(call, p, deadline)
+                .read(call, p, deadline, &|| self.async_error())
                 .map_err(|e| e.rank(self.rank))?;
             if theirs != shape {
                 return Err(Error::new(
@@ -314,6 +445,15 @@ impl ProcGpu {
     }
 }
 
+impl Drop for ProcGpu {
+    fn drop(&mut self) {
+        if let Some((stop, h)) = self.watcher.take() {
+            stop.store(true, Ordering::Relaxed);
+            let _ = h.join();
+        }
+    }
+}
+
 /// A published call shape in words, for mismatch errors.
 fn describe(s: [u64; 5]) -> String {
     let coll = CollKind::ALL
@@ -342,14 +482,47 @@ mod tests {
             sync: [7; HANDLE_BYTES],
             shm: "/railcc-1-2".into(),
             blocks: 132,
+            proc: Proc { pid: 42, start: 7 },
         };
         let bytes = h.encode();
         assert!(Hello::decode(&bytes[..70]).is_none());
         let d = Hello::decode(&bytes).unwrap();
         assert_eq!(
-            (d.host, d.shm, d.blocks, d.sync),
-            (h.host, h.shm, 132, h.sync)
+            (d.host, d.shm, d.blocks, d.sync, d.proc),
+            (h.host, h.shm, 132, h.sync, h.proc)
         );
+    }
+
+    #[test]
+    fn a_process_is_alive_until_it_exits_and_a_reused_pid_is_not_it() {
+        let me = Proc::me();
+        assert!(me.start > 0 && me.alive());
+        assert!(
+            !Proc {
+                start: me.start + 1,
+                ..me
+            }
+            .alive(),
+            "another start time is another process"
+        );
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let c = Proc {
+            pid: child.id(),
+            start: Proc::start_of(child.id()).unwrap().1,
+        };
+        assert!(c.alive());
+        child.kill().unwrap();
+        // Killed but not yet reaped: a zombie, which counts as dead.
+        let t0 = Instant::now();
+        while c.alive() && t0.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(!c.alive(), "a killed child still reads as alive");
+        child.wait().unwrap();
+        assert!(!c.alive());
     }
 
     #[test]

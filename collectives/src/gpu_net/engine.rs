@@ -5,8 +5,8 @@
 //! same call runs at every launch of the graph.
 //!
 //! On the caller's stream, for pieces 0..n of a call, with a ring of `depth` stages (`RAILCC_GPU_NET_RING`):
-//! copy pieces 0..depth in and set their `start`; then per piece k: wait `done_k == 1`,
-//! `done_k = 0`, copy piece k back, copy piece k+depth in and set its `start`. Every GPU
+//! copy pieces 0..depth in and set their `start`; then per piece k: wait for `done_k`, copy
+//! piece k back, copy piece k+depth in and set its `start` (slots.rs: the flag values). Every GPU
 //! operation of the call is on the caller's stream (copy engines, no kernel, no thread
 //! block), so it waits for nothing but the host; the copies in run ahead of the network by
 //! up to `depth` pieces and the copies back follow it piece by piece.
@@ -18,7 +18,8 @@
 
 use super::pieces::{pieces_in_order, stage_need, Cut, NetOp, Piece};
 use super::ring::{Ring, Rings};
-use super::slots::Slots;
+use super::slots::{Slots, Taken, CAPTURED_TOKEN};
+use super::trace::Trace;
 use super::worker::{run_piece, spawn, Finished, Job};
 use crate::comm::Communicator;
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
@@ -39,9 +40,10 @@ const SLOTS: usize = 8192;
 /// idle (sparing a thread hand-off on small calls).
 const INLINE_BYTES: usize = 256 * 1024;
 
-/// One piece of a call: its flag slot, its channel and what it runs.
+/// One piece of a call: its flag slot and token, its channel and what it runs.
 struct Run {
     slot: usize,
+    token: u32,
     channel: usize,
     piece: Piece,
 }
@@ -64,7 +66,7 @@ impl Live {
     /// every piece has started.
     fn started(&mut self, flags: &Flags, ready: &mut Vec<(Arc<Call>, usize)>) -> bool {
         while let Some(r) = self.call.runs.get(self.next) {
-            if flags.load(Slots::start(r.slot)) != 1 {
+            if flags.load(Slots::start(r.slot)) != r.token {
                 return false;
             }
             ready.push((self.call.clone(), self.next));
@@ -87,6 +89,7 @@ struct Shared {
     broken: Mutex<Option<Error>>,
     comms: Vec<Arc<Communicator>>,
     rank: usize,
+    trace: Trace,
 }
 
 impl Shared {
@@ -160,6 +163,7 @@ impl GpuNet {
             broken: Mutex::new(None),
             comms: comms.clone(),
             rank,
+            trace: Trace::new(cfg.gpu_net_trace, rank),
         });
         let (done_tx, done_rx) = unbounded();
         let mut jobs = Vec::new();
@@ -242,6 +246,7 @@ impl GpuNet {
     /// `op` are this GPU's memory of the sizes the call implies and stay allocated until the
     /// stream has passed the call (for a captured call: until the graph's last launch is done).
     pub unsafe fn enqueue(&self, op: NetOp, stream: Stream) -> Result<()> {
+        let t0 = self.shared.trace.on().then(Instant::now);
         if let Some(e) = self.async_error() {
             return Err(Error::new(
                 e.kind,
@@ -269,15 +274,20 @@ impl GpuNet {
         let mut runs = Vec::with_capacity(pieces.len());
         let broken = || self.shared.broken();
         for (k, piece) in pieces.into_iter().enumerate() {
-            match self.slots.take(!captured, &broken, self.timeout) {
-                Ok(slot) => runs.push(Run {
+            match self.slots.take(captured, &broken, self.timeout) {
+                Ok(Taken { slot, token }) => runs.push(Run {
                     slot,
+                    token,
                     channel: k % self.cut.channels,
                     piece,
                 }),
                 Err(e) => {
                     for r in runs {
-                        self.slots.give_back(r.slot);
+                        if captured {
+                            self.slots.give_back_captured(r.slot);
+                        } else {
+                            self.slots.give_back(r.slot);
+                        }
                     }
                     return Err(e.rank(self.rank));
                 }
@@ -290,7 +300,11 @@ impl GpuNet {
         });
         // SAFETY: the caller's stream and buffers (contract above); the ring's slots hold
         // every piece's staged bytes (sized by stage_need).
+        let t_ops = t0.map(|_| Instant::now());
         let ops = unsafe { self.stream_ops(&call, stream) };
+        if let (Some(t0), Some(t_ops)) = (t0, t_ops) {
+            self.shared.trace.enqueued(t0.elapsed(), t_ops.elapsed());
+        }
         if let Err(e) = &ops {
             // Part of the call may be on the stream already: break the engine so the progress
             // thread lets every piece go instead of the stream waiting forever.
@@ -328,7 +342,7 @@ impl GpuNet {
                 unsafe { d2h(stream, ring.send_ptr(k).add(s.stage), s.dev, s.bytes) }?;
             }
             // SAFETY: the slot's words are this piece's until it is given back.
-            unsafe { flags.write_on(stream, Slots::start(r.slot), 1) }
+            unsafe { flags.write_on(stream, Slots::start(r.slot), r.token) }
         };
         let n = call.runs.len();
         let depth = ring.depth;
@@ -338,8 +352,12 @@ impl GpuNet {
         for (k, r) in call.runs.iter().enumerate() {
             // SAFETY: as above.
             unsafe {
-                flags.wait_on(stream, Slots::done(r.slot), 1)?;
-                flags.write_on(stream, Slots::done(r.slot), 0)?;
+                if call.captured {
+                    flags.wait_on(stream, Slots::done(r.slot), CAPTURED_TOKEN)?;
+                    flags.write_on(stream, Slots::done(r.slot), 0)?;
+                } else {
+                    flags.wait_geq_on(stream, Slots::done(r.slot), r.token)?;
+                }
             }
             for s in &r.piece.up {
                 // SAFETY: as for the copies in, the other way.
@@ -398,6 +416,7 @@ impl Drop for GpuNet {
         if let Some(h) = self.progress.take() {
             let _ = h.join();
         }
+        self.shared.trace.report();
     }
 }
 
@@ -412,8 +431,8 @@ struct Progress {
     timeout: Duration,
 }
 
-/// The piece a channel runs: its slot, whether a graph holds it.
-type Running = (usize, bool);
+/// The piece a channel runs: its slot, its token, whether a graph holds it.
+type Running = (usize, u32, bool);
 
 impl Progress {
     fn run(self) {
@@ -429,13 +448,13 @@ impl Progress {
         let flags = &slots.flags;
         let mut queue: VecDeque<Live> = VecDeque::new();
         let mut held: Vec<(usize, Live)> = Vec::new();
-        let mut running: HashMap<u64, Running> = HashMap::new();
+        let mut running: HashMap<u64, (Running, Instant)> = HashMap::new();
         let mut busy = vec![0usize; jobs.len()];
         let mut next_id = 0u64;
         let mut stop: Option<Instant> = None;
         let mut last_work = Instant::now();
-        let finish = |slot: usize, captured: bool| {
-            flags.store(Slots::done(slot), 1);
+        let finish = |(slot, token, captured): Running| {
+            flags.store(Slots::done(slot), token);
             if !captured {
                 slots.give_back(slot);
             }
@@ -466,7 +485,7 @@ impl Progress {
                         if let Some(i) = held.iter().position(|h| h.0 == first) {
                             let (_, live) = held.remove(i);
                             for r in &live.call.runs {
-                                slots.give_back(r.slot);
+                                slots.give_back_captured(r.slot);
                             }
                         }
                     }
@@ -485,8 +504,9 @@ impl Progress {
                 if let Err(e) = f.result {
                     shared.fail(e.rank(shared.rank));
                 }
-                if let Some((slot, captured)) = running.remove(&f.op) {
-                    finish(slot, captured);
+                if let Some((r, seen)) = running.remove(&f.op) {
+                    finish(r);
+                    shared.trace.piece(seen);
                 }
             }
             let broken = shared.broken().is_some();
@@ -494,8 +514,9 @@ impl Progress {
             // without waiting for its turn here, and no new call is accepted.
             if broken && !queue.is_empty() {
                 for live in queue.drain(..) {
+                    // Not given back: the stream may still write their `start`.
                     for r in &live.call.runs[live.next..] {
-                        flags.store(Slots::done(r.slot), 1);
+                        flags.store(Slots::done(r.slot), r.token);
                     }
                 }
                 worked = true;
@@ -514,12 +535,13 @@ impl Progress {
                     live.next = 0;
                 }
             }
+            let seen = Instant::now();
             for (call, k) in ready {
                 worked = true;
                 let r = &call.runs[k];
                 flags.store(Slots::start(r.slot), 0);
                 if shared.broken().is_some() {
-                    finish(r.slot, call.captured);
+                    finish((r.slot, r.token, call.captured));
                     continue;
                 }
                 let small = r.piece.send_bytes.max(r.piece.recv_bytes) <= INLINE_BYTES;
@@ -529,7 +551,8 @@ impl Progress {
                     if let Err(e) = run_piece(comm, &r.piece.call, &call.ring, k) {
                         shared.fail(e.rank(shared.rank));
                     }
-                    finish(r.slot, call.captured);
+                    finish((r.slot, r.token, call.captured));
+                    shared.trace.piece(seen);
                     continue;
                 }
                 let id = next_id;
@@ -542,13 +565,13 @@ impl Progress {
                 };
                 if jobs[r.channel].send(job).is_ok() {
                     busy[r.channel] += 1;
-                    running.insert(id, (r.slot, call.captured));
+                    running.insert(id, ((r.slot, r.token, call.captured), seen));
                 } else {
                     shared.fail(Error::new(
                         ErrorKind::Aborted,
                         "gpu net: a channel thread is gone",
                     ));
-                    finish(r.slot, call.captured);
+                    finish((r.slot, r.token, call.captured));
                 }
             }
             if let Some(deadline) = stop {
@@ -557,12 +580,12 @@ impl Progress {
                     // Let every stream that may still reach a piece go on.
                     for live in queue.drain(..) {
                         for r in &live.call.runs {
-                            flags.store(Slots::done(r.slot), 1);
+                            flags.store(Slots::done(r.slot), r.token);
                         }
                     }
                     for (_, live) in held.drain(..) {
                         for r in &live.call.runs {
-                            flags.store(Slots::done(r.slot), 1);
+                            flags.store(Slots::done(r.slot), r.token);
                         }
                     }
                     break;
