@@ -4,7 +4,7 @@
 use crate::compile;
 use crate::driver::{available, check, device, nvrtc_available};
 use crate::hostsync::Flags;
-use crate::kernels::{kernel_name, AREA_BYTES};
+use crate::kernels::{kernel_name, AREA_BYTES, SYNC_ABORT_OFFSET};
 use cudarc::driver::sys;
 use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
 use std::collections::HashMap;
@@ -41,7 +41,7 @@ pub struct GpuCtx {
     ll_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     pub sms: i32,
     /// The word this context's kernels poll while they wait for peers (kernels.rs:
-    /// `railcc_abort`): set, they stop waiting and end.
+    /// `SYNC_ABORT`): set, they stop waiting and end.
     abort: Flags,
 }
 
@@ -111,6 +111,19 @@ impl GpuCtx {
             unsafe { sys::cuMemsetD8_v2(g.sync.ptr, 0, AREA_BYTES) },
             "cuMemsetD8",
         )?;
+        // The kernels find the abort word through the area (kernels.rs: SYNC_ABORT).
+        let word = g.abort.dev_ptr(0)?;
+        // SAFETY: the area holds AREA_BYTES > SYNC_ABORT_OFFSET + 8; the source is a live u64.
+        check(
+            unsafe {
+                sys::cuMemcpyHtoD_v2(
+                    g.sync.ptr + SYNC_ABORT_OFFSET as u64,
+                    &word as *const u64 as *const c_void,
+                    8,
+                )
+            },
+            "cuMemcpyHtoD(abort word address)",
+        )?;
         let arch = compile::arch_for(major);
         let mut driver_version = 0;
         // SAFETY: valid out-pointer.
@@ -146,25 +159,6 @@ impl GpuCtx {
             )?;
             Ok(f)
         };
-        let name = CString::new("railcc_abort").map_err(|_| Error::invalid("symbol name"))?;
-        let (mut at, mut size) = (0u64, 0usize);
-        // SAFETY: module loaded above; valid out-pointers; NUL-terminated name.
-        check(
-            unsafe { sys::cuModuleGetGlobal_v2(&mut at, &mut size, module, name.as_ptr()) },
-            "cuModuleGetGlobal(railcc_abort)",
-        )?;
-        let word = self.abort.dev_ptr(0)?;
-        if size != std::mem::size_of::<u64>() {
-            return Err(Error::new(
-                ErrorKind::Unsupported,
-                format!("railcc_abort is {size} bytes in the kernels, not 8"),
-            ));
-        }
-        // SAFETY: `at` is the 8-byte global (size checked); the source is a live u64.
-        check(
-            unsafe { sys::cuMemcpyHtoD_v2(at, &word as *const u64 as *const c_void, 8) },
-            "cuMemcpyHtoD(railcc_abort)",
-        )?;
         for dt in DataType::ALL {
             for op in ReduceOp::ALL {
                 self.funcs.insert((dt, op), get(kernel_name(dt, op))?);

@@ -19,6 +19,10 @@ pub const MAX_BLOCKS: usize = 1024;
 /// Bytes of the per-GPU synchronization area: ready words, per-block done words, and the
 /// call counter (see `source`).
 pub const SYNC_BYTES: usize = (8 + MAX_PEERS * MAX_BLOCKS + 8) * 8;
+/// Byte offset in the area of the word holding the device address of the abort word (in
+/// mapped host memory): `SYNC_ABORT` in `source`.
+pub const SYNC_ABORT_OFFSET: usize = (8 + MAX_PEERS * MAX_BLOCKS + 2) * 8;
+const _: () = assert!(SYNC_ABORT_OFFSET + 8 <= SYNC_BYTES);
 /// Where the low-latency scratch starts in each GPU's area (see ll.rs).
 pub const SCRATCH_OFFSET: usize = 128 * 1024;
 const _: () = assert!(SYNC_BYTES <= SCRATCH_OFFSET);
@@ -79,16 +83,20 @@ struct Ptrs { unsigned long long p[8]; };
 #define SYNC_EPOCH (8 + 8 * MAX_BLOCKS)
 __device__ __forceinline__ unsigned long long call_epoch(unsigned long long sync) { return ((volatile unsigned long long*)sync)[SYNC_EPOCH] + 1; }
 __device__ __forceinline__ unsigned long long now_ns() { unsigned long long t; asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t)); return t; }
-// The address of a word in mapped host memory the host sets when a peer died or the
-// communicator was aborted: waits stop (the result is garbage, the host reports the error)
-// and the kernel ends, so the stream and the GPU stay usable. Set at module load.
-__device__ unsigned long long railcc_abort;
-__device__ __forceinline__ bool aborted() { return railcc_abort != 0 && *(volatile unsigned int*)railcc_abort != 0; }
-__device__ __forceinline__ void wait_at_least(volatile unsigned long long* p, unsigned long long epoch, unsigned long long t0, unsigned long long timeout_ns) {
+// Word SYNC_ABORT of this GPU's area holds the address of a word in mapped host memory that
+// the host sets when a peer died or the communicator was aborted: waits stop (the result is
+// garbage, the host reports the error) and the kernel ends, so the stream and the GPU stay
+// usable. (Word SYNC_EPOCH + 1 is the low-latency kernel's block counter.)
+#define SYNC_ABORT (SYNC_EPOCH + 2)
+__device__ __forceinline__ bool aborted(unsigned long long sync) {
+  unsigned long long a = ((volatile unsigned long long*)sync)[SYNC_ABORT];
+  return a != 0 && *(volatile unsigned int*)a != 0;
+}
+__device__ __forceinline__ void wait_at_least(volatile unsigned long long* p, unsigned long long epoch, unsigned long long t0, unsigned long long timeout_ns, unsigned long long sync) {
   unsigned int spins = 0;
   while (*p < epoch) {
     if (now_ns() - t0 > timeout_ns) __trap(); // a peer never arrived: fail loudly, never hang
-    if ((++spins & 1023u) == 0 && aborted()) return;
+    if ((++spins & 1023u) == 0 && aborted(sync)) return;
   }
 }
 // Every block waits until every peer's inputs are ready (its kernel has started).
@@ -98,7 +106,7 @@ __device__ void arrive_ready(Ptrs syncs, int n, int me, unsigned long long epoch
   if (blockIdx.x == 0 && threadIdx.x < n && threadIdx.x != me)
     ((volatile unsigned long long*)syncs.p[threadIdx.x])[me] = epoch;
   if (threadIdx.x < n && threadIdx.x != me)
-    wait_at_least((volatile unsigned long long*)syncs.p[me] + threadIdx.x, epoch, t0, timeout_ns);
+    wait_at_least((volatile unsigned long long*)syncs.p[me] + threadIdx.x, epoch, t0, timeout_ns, syncs.p[me]);
   __syncthreads();
 }
 // Each block tells every peer it is done with their memory; block 0 waits for every block of
@@ -115,7 +123,7 @@ __device__ void arrive_done(Ptrs syncs, int n, int me, unsigned long long epoch,
     unsigned long long t0 = now_ns();
     for (int h = 0; h < n; h++) {
       for (unsigned int b = threadIdx.x; b < gridDim.x; b += blockDim.x)
-        wait_at_least((volatile unsigned long long*)syncs.p[me] + SYNC_DONE + h * MAX_BLOCKS + b, epoch, t0, timeout_ns);
+        wait_at_least((volatile unsigned long long*)syncs.p[me] + SYNC_DONE + h * MAX_BLOCKS + b, epoch, t0, timeout_ns, syncs.p[me]);
     }
     __threadfence_system();
     __syncthreads();
@@ -200,6 +208,15 @@ extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, int n, Ptrs o
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_abort_word_is_where_the_kernels_look() {
+        let s = source();
+        // SYNC_EPOCH is word 8 + MAX_PEERS * MAX_BLOCKS, SYNC_ABORT two words later.
+        assert!(s.contains("#define SYNC_EPOCH (8 + 8 * MAX_BLOCKS)") && MAX_PEERS == 8);
+        assert!(s.contains("#define SYNC_ABORT (SYNC_EPOCH + 2)"));
+        assert_eq!(SYNC_ABORT_OFFSET, (8 + 8 * MAX_BLOCKS + 2) * 8);
+    }
 
     #[test]
     fn one_kernel_per_dtype_and_op() {
