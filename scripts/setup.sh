@@ -34,3 +34,19 @@ if [ "${RAILCC_SETUP_LINT:-0}" = 1 ] && command -v rustup >/dev/null; then
             || rustup component add "$c" || echo "setup: could not install the $c component" >&2
     done
 fi
+if [ "${RAILCC_SETUP_NVRTC:-0}" = 1 ]; then
+    # NVRTC from PyPI (nvidia-cuda-nvrtc-cu12; it needs no GPU and no driver), so the tests
+    # compile the GPU kernels' source on machines without a GPU (CI). A failure here is
+    # reported; test.sh then fails under CI, where the compile must not be skipped.
+    nvrtc_dir="$(cd "$(dirname "$0")/.." && pwd)/target/nvrtc"
+    if [ ! -e "$nvrtc_dir/nvidia/cuda_nvrtc/lib/libnvrtc.so" ]; then
+        python3 -m pip --version >/dev/null 2>&1 || {
+            $SUDO apt-get update -qq
+            DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-pip >/dev/null
+        }
+        pip_in() { python3 -m pip install -q --disable-pip-version-check --target "$nvrtc_dir" "$@" "nvidia-cuda-nvrtc-cu12==12.9.*"; }
+        { pip_in 2>/dev/null || pip_in --break-system-packages; } \
+            && ln -sf libnvrtc.so.12 "$nvrtc_dir/nvidia/cuda_nvrtc/lib/libnvrtc.so" \
+            || echo "setup: could not install NVRTC from PyPI" >&2
+    fi
+fi

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PARTS=" ${RAILCC_TEST_PARTS:-lint vm netns cargo capi gpu} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
-RAILCC_SETUP_LINT=1 bash scripts/setup.sh
+RAILCC_SETUP_LINT=1 RAILCC_SETUP_NVRTC=1 bash scripts/setup.sh
 SKIPPED=""
 if part lint; then
   # Under CI a missing tool is a failure; elsewhere (Debian's cargo has no clippy) a skip,
@@ -52,7 +52,15 @@ if part capi; then
 fi
 if part gpu; then
   # GPU tests report themselves ("SKIP ... no CUDA driver" on machines without one): show it.
-  cargo test -q -p railcc-transport-nvlink --lib -- --nocapture --test-threads 1 2>&1 | grep -E "SKIP|CUDA driver present|test result"
+  # NVRTC from setup.sh compiles the kernels' source without a GPU; under CI it must.
+  nvrtc=$PWD/target/nvrtc/nvidia/cuda_nvrtc/lib
+  LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+    cargo test -q -p railcc-transport-nvlink --lib -- --nocapture --test-threads 1 > target/gpu-unit.log 2>&1 \
+    || { cat target/gpu-unit.log; echo "transport-nvlink unit tests: FAILED"; exit 1; }
+  grep -E "SKIP|CUDA driver present|test result" target/gpu-unit.log
+  if [ -n "${CI:-}" ] && grep -q "SKIP NVRTC compile" target/gpu-unit.log; then
+    echo "test.sh: the kernels were not compiled (no NVRTC from setup.sh) under CI: FAILED"; exit 1
+  fi
   # The GPU correctness command (scripts/test-gpu.sh) says SKIP here, and runs on a GPU machine.
   bash scripts/test-gpu.sh
 fi
