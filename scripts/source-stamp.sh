@@ -4,6 +4,6 @@
 # Needs no git (the device machine's copy of the tree has none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-find core collectives transport-tcp transport-rdma transport-nvlink nccl-compat bench tests \
+find core cuda collectives transport-tcp transport-rdma transport-nvlink nccl-compat bench tests \
     \( -name '*.rs' -o -name Cargo.toml -o -name '*.h' \) -type f -not -path '*/target/*' \
   | LC_ALL=C sort | xargs sha1sum | cat - Cargo.toml Cargo.lock | sha1sum | cut -c1-16

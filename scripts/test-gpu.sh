@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Every GPU correctness test, on a machine with NVIDIA GPUs (2 x H200: device kind
 # nvidia-h200-x2). Prepare where cargo is: `bash bench/compare/gpu-prepare.sh` (builds and
-# stages .device/: railcc, libnccl.so.2, the GPU unit-test binary, nccl-tests' source); then,
+# stages .device/: railcc, libnccl.so.2, the unit-test binaries, nccl-tests' source); then,
 # from the repository root on the GPU machine: `bash scripts/test-gpu.sh`.
-#  unit   the transport-nvlink unit tests that need a driver (discovery, NVRTC, dma-buf export,
-#         f32 accumulation of f16/bf16 in one kernel): a SKIP line there is a failure;
+#  unit   the railcc-cuda and transport-nvlink unit tests, with a driver (discovery, NVRTC,
+#         dma-buf export, f32 accumulation of f16/bf16 in one kernel): a SKIP line there is a
+#         failure;
 #  bench  railcc bench --device cuda, one process driving every GPU and one process per GPU:
 #         every collective, dtype and op (exact inputs, unaligned buffers), random inputs
 #         (--fill random, error bound), CUDA graphs (-G: results checked after the last launch);
@@ -69,12 +70,22 @@ check() {
 }
 
 case " $PARTS " in *" unit "*)
-  # Every GPU test must run here, not skip: a skipped test would count as a pass.
-  timeout 300 .device/bin/railcc-nvlink-tests --test-threads 1 --nocapture > /tmp/test-gpu-unit.log 2>&1
-  rc=$?
+  # Every GPU test must run here, not skip: a skipped test would count as a pass. One binary
+  # per crate (the CUDA layer's, the peer-to-peer transport's); the first failure counts.
+  : > /tmp/test-gpu-unit.log
+  rc=0
+  for t in railcc-cuda-tests railcc-nvlink-tests; do
+    if [ -x .device/bin/$t ]; then
+      timeout 300 .device/bin/$t --test-threads 1 --nocapture >> /tmp/test-gpu-unit.log 2>&1
+      r=$?
+    else
+      echo ".device/bin/$t missing: run bench/compare/gpu-prepare.sh again" >> /tmp/test-gpu-unit.log; r=96
+    fi
+    [ $rc != 0 ] || rc=$r
+  done
   if [ $rc = 0 ] && grep -q "SKIP" /tmp/test-gpu-unit.log; then rc=99; echo "a GPU test skipped on a GPU machine" >> /tmp/test-gpu-unit.log; fi
   grep -q "wide accumulation bfloat16" /tmp/test-gpu-unit.log || rc=98
-  verdict "unit: transport-nvlink tests with a driver (wide accumulation, NVRTC, dma-buf)" $rc /tmp/test-gpu-unit.log notable
+  verdict "unit: cuda and transport-nvlink tests with a driver (wide accumulation, NVRTC, dma-buf)" $rc /tmp/test-gpu-unit.log notable
   grep -E "wide accumulation|test result" /tmp/test-gpu-unit.log | sed 's/^/      /'
   # libnccl from C with a driver: ncclCommInitAll over the GPUs must work (CI checks the
   # clean error without one).

@@ -55,8 +55,8 @@ if part gpu; then
   # NVRTC from setup.sh compiles the kernels' source without a GPU; under CI it must.
   nvrtc=$PWD/target/nvrtc/nvidia/cuda_nvrtc/lib
   LD_LIBRARY_PATH="$nvrtc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-    cargo test -q -p railcc-transport-nvlink --lib -- --nocapture --test-threads 1 > target/gpu-unit.log 2>&1 \
-    || { cat target/gpu-unit.log; echo "transport-nvlink unit tests: FAILED"; exit 1; }
+    cargo test -q -p railcc-cuda -p railcc-transport-nvlink --lib -- --nocapture --test-threads 1 > target/gpu-unit.log 2>&1 \
+    || { cat target/gpu-unit.log; echo "cuda and transport-nvlink unit tests: FAILED"; exit 1; }
   grep -E "SKIP|CUDA driver present|test result" target/gpu-unit.log
   if [ -n "${CI:-}" ] && grep -q "SKIP NVRTC compile" target/gpu-unit.log; then
     echo "test.sh: the kernels were not compiled (no NVRTC from setup.sh) under CI: FAILED"; exit 1

@@ -7,13 +7,20 @@ cd "$(dirname "$0")/../.."
 cargo build --release -p railcc-bench -p railcc-nccl
 mkdir -p .device/bin .device/lib
 cp target/release/railcc .device/bin/
-# The transport-nvlink unit tests, as one binary (scripts/test-gpu.sh runs it with a driver).
-tests=$(cargo test --release -p railcc-transport-nvlink --lib --no-run --message-format=json 2>/dev/null \
-  | python3 -c 'import sys, json
+# The unit tests of railcc-cuda and railcc-transport-nvlink, one binary per crate
+# (scripts/test-gpu.sh runs both with a driver).
+test_binary() {  # PACKAGE LIB: the path of PACKAGE's unit-test binary
+  cargo test --release -p "$1" --lib --no-run --message-format=json 2>/dev/null \
+    | LIB=$2 python3 -c 'import sys, json, os
 for l in sys.stdin:
     m = json.loads(l)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "railcc_transport_nvlink":
-        print(m["executable"])')
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == os.environ["LIB"]:
+        print(m["executable"])'
+}
+tests=$(test_binary railcc-cuda railcc_cuda)
+[ -x "$tests" ] || { echo "gpu-prepare: no railcc-cuda test binary"; exit 1; }
+cp "$tests" .device/bin/railcc-cuda-tests
+tests=$(test_binary railcc-transport-nvlink railcc_transport_nvlink)
 [ -x "$tests" ] || { echo "gpu-prepare: no transport-nvlink test binary"; exit 1; }
 cp "$tests" .device/bin/railcc-nvlink-tests
 cp target/release/libnccl.so .device/lib/libnccl.so.2

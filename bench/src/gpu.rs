@@ -18,7 +18,7 @@ use railcc_collectives::gpu_net::GpuOverNet;
 use railcc_collectives::plan::CollArgs;
 use railcc_collectives::precision::{count_wrong, fill_input, Fill};
 use railcc_collectives::{CollKind, Communicator, DataType, ReduceOp};
-use railcc_transport_nvlink::gpu::{begin_capture, end_capture, DevBuf, GpuCtx, Graph, Stream};
+use railcc_cuda::gpu::{begin_capture, end_capture, DevBuf, GpuCtx, Graph, Stream};
 use railcc_transport_nvlink::multi::MultiGpu;
 use railcc_transport_nvlink::proc::ProcGpu;
 
@@ -384,7 +384,7 @@ impl Runner for PerProcess<'_> {
 
 /// One process driving the local GPUs.
 pub fn run(a: &BenchArgs) -> Result<(), String> {
-    let gpus = railcc_transport_nvlink::driver::devices().map_err(err)?;
+    let gpus = railcc_cuda::driver::devices().map_err(err)?;
     let n = a.gpus.unwrap_or(gpus.len());
     if n == 0 || n > gpus.len() {
         return Err(format!(
@@ -393,7 +393,7 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
         ));
     }
     let cfg = railcc_core::Config::from_env().map_err(err)?;
-    let cache = railcc_transport_nvlink::compile::cache_dir(&cfg.cache_dir);
+    let cache = railcc_cuda::compile::cache_dir(&cfg.cache_dir);
     let ordinals: Vec<usize> = (0..n).collect();
     let mut mg = MultiGpu::new(&ordinals, cache.as_deref()).map_err(err)?;
     mg.timeout_ns = cfg.timeout_ms.saturating_mul(1_000_000);
@@ -492,7 +492,7 @@ impl Runner for NetStaged<'_> {
 
 /// One rank of a job with one process per GPU.
 pub fn run_rank(comm: &Communicator, a: &BenchArgs) -> Result<(), String> {
-    let gpus = railcc_transport_nvlink::driver::devices().map_err(err)?;
+    let gpus = railcc_cuda::driver::devices().map_err(err)?;
     if gpus.is_empty() {
         return Err("--device cuda: no GPU on this machine".into());
     }
@@ -504,7 +504,7 @@ pub fn run_rank(comm: &Communicator, a: &BenchArgs) -> Result<(), String> {
         .unwrap_or(comm.rank());
     let ordinal = local % gpus.len();
     let cfg = comm.config();
-    let cache = railcc_transport_nvlink::compile::cache_dir(&cfg.cache_dir);
+    let cache = railcc_cuda::compile::cache_dir(&cfg.cache_dir);
     if a.gpu_net && cfg.gpu_direct == 0 {
         return crate::gpu_net::run_rank(comm, a, ordinal, &gpus);
     }
@@ -566,9 +566,7 @@ pub(crate) fn graph_note(a: &BenchArgs) -> String {
     }
 }
 
-pub(crate) fn describe_gpus(
-    gpus: &[railcc_transport_nvlink::driver::GpuInfo],
-) -> Result<(), String> {
+pub(crate) fn describe_gpus(gpus: &[railcc_cuda::driver::GpuInfo]) -> Result<(), String> {
     for g in gpus {
         println!(
             "#  GPU {} {} bus {} sm_{}{} ({} SMs)",
@@ -578,7 +576,7 @@ pub(crate) fn describe_gpus(
     for i in 0..gpus.len() {
         for j in 0..gpus.len() {
             if i != j {
-                let (can, rank) = railcc_transport_nvlink::driver::peer(i, j).map_err(err)?;
+                let (can, rank) = railcc_cuda::driver::peer(i, j).map_err(err)?;
                 println!("#  peer {i}->{j}: access {can}, performance rank {rank}");
             }
         }

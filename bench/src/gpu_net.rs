@@ -11,7 +11,7 @@ use crate::gpu::{
 use railcc_collectives::gpu_net::{GpuNet, NetOp};
 use railcc_collectives::plan::CollArgs;
 use railcc_collectives::Communicator;
-use railcc_transport_nvlink::gpu::GpuCtx;
+use railcc_cuda::gpu::GpuCtx;
 use std::cell::RefCell;
 use std::time::Instant;
 
@@ -112,9 +112,9 @@ pub fn run_rank(
     comm: &Communicator,
     a: &BenchArgs,
     ordinal: usize,
-    gpus: &[railcc_transport_nvlink::driver::GpuInfo],
+    gpus: &[railcc_cuda::driver::GpuInfo],
 ) -> Result<(), String> {
-    let cache = railcc_transport_nvlink::compile::cache_dir(&comm.config().cache_dir);
+    let cache = railcc_cuda::compile::cache_dir(&comm.config().cache_dir);
     let gpu = GpuCtx::new(ordinal, cache.as_deref()).map_err(err)?;
     let net = GpuNet::new(comm, ordinal).map_err(err)?;
     if comm.rank() == 0 {

@@ -14,7 +14,7 @@ pub struct TopoArgs {
 /// GPUs from CUDA and NVLink counts from NVML; nothing (with a note) when either is absent.
 fn gpus() -> (Vec<Gpu>, Vec<NvLinks>, Vec<String>) {
     let mut notes = Vec::new();
-    let found = match railcc_transport_nvlink::driver::devices() {
+    let found = match railcc_cuda::driver::devices() {
         Ok(g) => g,
         Err(e) => {
             notes.push(format!("no GPUs: {e}"));
@@ -32,7 +32,7 @@ fn gpus() -> (Vec<Gpu>, Vec<NvLinks>, Vec<String>) {
         .collect();
     let ids: Vec<String> = gpus.iter().map(|g| g.pci_bus_id.clone()).collect();
     let mut links = Vec::new();
-    match railcc_transport_nvlink::nvml::nvlink_counts(&ids) {
+    match railcc_cuda::nvml::nvlink_counts(&ids) {
         Ok(m) => {
             let pairs = (0..ids.len()).flat_map(|a| (a + 1..ids.len()).map(move |b| (a, b)));
             for (a, b) in pairs {
@@ -155,8 +155,7 @@ pub fn run(a: &TopoArgs) -> Result<(), String> {
             numa(&g.place)
         );
         if cfg.topo_file.is_empty() {
-            let path =
-                railcc_transport_nvlink::staging::gpu_net_path(g.ordinal, cfg.gpu_direct == 1);
+            let path = railcc_cuda::staging::gpu_net_path(g.ordinal, cfg.gpu_direct == 1);
             println!("  GPU{} data to the network: {path}", g.ordinal);
         }
     }

@@ -4,8 +4,8 @@
 use crate::clique::{Call, Half};
 use cudarc::driver::sys;
 use railcc_core::{Error, Result};
-use railcc_transport_nvlink::driver::check;
-use railcc_transport_nvlink::gpu::stream_waits_for;
+use railcc_cuda::driver::check;
+use railcc_cuda::gpu::stream_waits_for;
 use railcc_transport_nvlink::multi::MultiGpu;
 
 pub struct Gpus {

@@ -169,7 +169,7 @@ pub unsafe extern "C" fn ncclCommInitAll(
             format!("ncclCommInitAll: no randomness: {e}"),
         ));
     }
-    if let Err(e) = railcc_transport_nvlink::driver::available() {
+    if let Err(e) = railcc_cuda::driver::available() {
         return fail(&e);
     }
     let clique = match Clique::get(key, ndev as usize, timeout()) {

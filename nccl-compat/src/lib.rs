@@ -119,7 +119,7 @@ fn timeout() -> Duration {
 /// The CUDA device current on this thread (cudaSetDevice makes its primary context current),
 /// or 0 as cudaGetDevice says when none is; an error without a driver.
 fn current_device() -> Result<i32, Error> {
-    railcc_transport_nvlink::driver::available()?;
+    railcc_cuda::driver::available()?;
     let mut ctx: sys::CUcontext = std::ptr::null_mut();
     // SAFETY: valid out-pointer; the driver is initialized.
     unsafe { sys::cuCtxGetCurrent(&mut ctx) };
@@ -129,7 +129,7 @@ fn current_device() -> Result<i32, Error> {
     let mut d: sys::CUdevice = 0;
     // SAFETY: a context is current; valid out-pointer.
     let r = unsafe { sys::cuCtxGetDevice(&mut d) };
-    railcc_transport_nvlink::driver::check(r, "cuCtxGetDevice")?;
+    railcc_cuda::driver::check(r, "cuCtxGetDevice")?;
     Ok(d)
 }
 

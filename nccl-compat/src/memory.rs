@@ -17,7 +17,7 @@ pub unsafe extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> Ncc
     let mut p: sys::CUdeviceptr = 0;
     // SAFETY: valid out-pointer; the current context (cudaSetDevice's primary context) owns it.
     let r = unsafe { sys::cuMemAlloc_v2(&mut p, size.max(1)) };
-    if let Err(e) = railcc_transport_nvlink::driver::check(r, "cuMemAlloc") {
+    if let Err(e) = railcc_cuda::driver::check(r, "cuMemAlloc") {
         return fail(&e);
     }
     // SAFETY: checked non-NULL.
@@ -34,7 +34,7 @@ pub unsafe extern "C" fn ncclMemFree(ptr: *mut c_void) -> NcclResult {
     }
     // SAFETY: the caller passes memory from ncclMemAlloc.
     let r = unsafe { sys::cuMemFree_v2(ptr as sys::CUdeviceptr) };
-    match railcc_transport_nvlink::driver::check(r, "cuMemFree") {
+    match railcc_cuda::driver::check(r, "cuMemFree") {
         Ok(()) => SUCCESS,
         Err(e) => fail(&e),
     }

@@ -156,8 +156,8 @@ impl ProcRank {
     /// reaches the send (events when the streams differ).
     pub fn self_copy(&self, s: Half, r: Half) -> Result<()> {
         use cudarc::driver::sys;
-        use railcc_transport_nvlink::driver::check;
-        use railcc_transport_nvlink::gpu::stream_waits_for;
+        use railcc_cuda::driver::check;
+        use railcc_cuda::gpu::stream_waits_for;
         if s.bytes != r.bytes {
             return Err(Error::new(
                 ErrorKind::Mismatch,
@@ -241,10 +241,7 @@ impl NetRank {
         };
         // SAFETY: NCCL's contract: device buffers of this rank's GPU sized for the call, live
         // until the stream passes it; the stream is the caller's.
-        unsafe {
-            self.net
-                .enqueue(op, c.stream as railcc_transport_nvlink::gpu::Stream)
-        }
+        unsafe { self.net.enqueue(op, c.stream as railcc_cuda::gpu::Stream) }
     }
 
     /// Sends and receives of one group (or one call), as one engine call on their stream.
@@ -269,10 +266,8 @@ impl NetRank {
             .collect();
         // SAFETY: as for collective.
         unsafe {
-            self.net.enqueue(
-                NetOp::P2p(list),
-                stream as railcc_transport_nvlink::gpu::Stream,
-            )
+            self.net
+                .enqueue(NetOp::P2p(list), stream as railcc_cuda::gpu::Stream)
         }
     }
 }
@@ -285,7 +280,7 @@ mod tests {
     /// driver the GPUs then fail to open, on both ranks, with the reason (no hang).
     #[test]
     fn ranks_meet_over_the_bootstrap_and_fail_cleanly_without_gpus() {
-        if railcc_transport_nvlink::driver::available().is_ok() {
+        if railcc_cuda::driver::available().is_ok() {
             println!("CUDA driver present: this test is for machines without one");
             return;
         }

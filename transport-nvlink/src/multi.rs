@@ -5,17 +5,19 @@
 //! come for free. The kernels meet at two barriers made of flags in each GPU's memory, written
 //! by peers over NVLink: "my inputs are ready" at the start and "I am done with your memory" at
 //! the end, so a kernel ends only when no peer still reads its inputs or writes its outputs.
-//! Between them each GPU does its part (launch.rs), reading peers' inputs and writing peers'
+//! Between them each GPU does its part (plan.rs), reading peers' inputs and writing peers'
 //! outputs directly. A peer that never arrives makes the kernel trap after `timeout_ns` (the
 //! call then fails) instead of hanging.
 
-use crate::driver::check;
-use crate::gpu::{DevBuf, GpuCtx, Timer};
-use crate::kernels::{MAX_BLOCKS, MAX_PEERS};
-use crate::launch::{blocks, launch, spec, CallShape, Launch, THREADS};
+use crate::plan::{blocks, spec, Launch};
 use cudarc::driver::sys;
 use railcc_core::net::CollKind;
 use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
+use railcc_cuda::driver::{self, check};
+use railcc_cuda::gpu::{DevBuf, GpuCtx, Timer};
+use railcc_cuda::kernels::{MAX_BLOCKS, MAX_PEERS};
+use railcc_cuda::launch::{launch, CallShape, THREADS};
+use railcc_cuda::ll;
 use std::path::Path;
 
 /// The GPUs of this process, with peer access enabled between every pair.
@@ -26,7 +28,7 @@ pub struct MultiGpu {
     pub ordinals: Vec<usize>,
     /// Thread blocks per GPU per call (the SMs a call occupies), capped by work.
     pub max_blocks: u32,
-    /// All-reduces up to this many bytes use the low-latency kernel (ll.rs).
+    /// All-reduces up to this many bytes use the low-latency kernel (`railcc_cuda::ll`).
     pub ll_max_bytes: usize,
 }
 
@@ -49,7 +51,7 @@ impl MultiGpu {
                 if i == j {
                     continue;
                 }
-                let (can, _) = crate::driver::peer(a, b)?;
+                let (can, _) = driver::peer(a, b)?;
                 if !can {
                     return Err(Error::new(
                         ErrorKind::Unsupported,
@@ -70,7 +72,7 @@ impl MultiGpu {
             timeout_ns: 30_000_000_000,
             ordinals: ordinals.to_vec(),
             max_blocks: 1,
-            ll_max_bytes: crate::ll::MAX_BYTES,
+            ll_max_bytes: ll::MAX_BYTES,
         };
         mg.set_max_blocks(0)?;
         Ok(mg)
@@ -159,7 +161,7 @@ impl MultiGpu {
     }
 
     /// Enqueues one collective on `streams[g]` for each GPU g and returns at once, with NCCL's
-    /// buffer conventions (see `launch::spec`). Supported: all_reduce, reduce_scatter,
+    /// buffer conventions (see `plan::spec`). Supported: all_reduce, reduce_scatter,
     /// all_gather, broadcast, reduce, sendrecv (out of place). Under stream capture the calls
     /// become graph nodes, which replay correctly (the call counter lives on the GPU).
     ///
@@ -187,14 +189,14 @@ impl MultiGpu {
             )));
         }
         let nbytes = count * dt.size();
-        if crate::ll::takes(coll, nbytes, self.ll_max_bytes) {
+        if ll::takes(coll, nbytes, self.ll_max_bytes) {
             let areas: Vec<u64> = self.gpus.iter().map(|g| g.sync.ptr).collect();
-            let blocks = crate::ll::blocks(nbytes, self.max_blocks);
+            let blocks = ll::blocks(nbytes, self.max_blocks);
             for (g, gpu) in self.gpus.iter().enumerate() {
                 // SAFETY: peer access is enabled between every pair, so GPU g reaches every
                 // area; the caller vouches for the buffers.
                 unsafe {
-                    crate::ll::launch(
+                    ll::launch(
                         gpu,
                         streams[g],
                         g,
@@ -211,7 +213,7 @@ impl MultiGpu {
             }
             return Ok(Launch {
                 blocks_per_gpu: blocks,
-                threads_per_block: crate::ll::THREADS,
+                threads_per_block: ll::THREADS,
             });
         }
         // Every spec first, so a bad argument launches nothing.

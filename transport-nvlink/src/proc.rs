@@ -2,7 +2,7 @@
 //! memory through CUDA IPC.
 //!
 //! At init the ranks of one host swap, over the bootstrap, the IPC handles of their sync areas
-//! and the name of a shared-memory table (ipc.rs). Each call publishes the call's shape and
+//! and the name of a shared-memory table (table.rs). Each call publishes the call's shape and
 //! buffers in the table, reads the peers' (which also catches mismatched calls), maps any
 //! allocation not seen before, and enqueues the same kernel as the one-process path on the
 //! caller's stream. The call returns once every rank has published, without waiting for any GPU.
@@ -12,14 +12,18 @@
 //! dies, the communicator breaks naming it: the kernels stop waiting (`GpuCtx::abort_kernels`),
 //! waiting calls fail and later ones fail at once.
 
-use crate::gpu::GpuCtx;
-use crate::ipc::{export, open, Imports, ShmTable, HANDLE_BYTES};
-use crate::launch::{blocks, launch, spec, CallShape, Launch, THREADS};
 use crate::multi::clamp_blocks;
+use crate::plan::{blocks, spec, Launch};
+use crate::table::ShmTable;
 use cudarc::driver::sys;
 use parking_lot::Mutex;
 use railcc_core::net::CollKind;
 use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
+use railcc_cuda::gpu::GpuCtx;
+use railcc_cuda::ipc::{export, open, Imports, HANDLE_BYTES};
+use railcc_cuda::kernels::MAX_PEERS;
+use railcc_cuda::launch::{launch, CallShape, THREADS};
+use railcc_cuda::ll;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -40,7 +44,7 @@ pub struct ProcGpu {
     calls: AtomicU64,
     pub timeout: Duration,
     pub max_blocks: u32,
-    /// All-reduces up to this many bytes use the low-latency kernel (ll.rs).
+    /// All-reduces up to this many bytes use the low-latency kernel (`railcc_cuda::ll`).
     pub ll_max_bytes: usize,
     broken: Arc<Mutex<Option<Error>>>,
     watcher: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
@@ -196,10 +200,10 @@ impl ProcGpu {
         want_blocks: usize,
         exchange: &mut Exchange<'_>,
     ) -> Result<ProcGpu> {
-        if nranks == 0 || nranks > crate::kernels::MAX_PEERS || rank >= nranks {
+        if nranks == 0 || nranks > MAX_PEERS || rank >= nranks {
             return Err(Error::invalid(format!(
                 "GPU ranks: rank {rank} of {nranks} (1 to {} ranks per host)",
-                crate::kernels::MAX_PEERS
+                MAX_PEERS
             )));
         }
         let shm = format!(
@@ -305,7 +309,7 @@ impl ProcGpu {
             calls: AtomicU64::new(0),
             timeout,
             max_blocks,
-            ll_max_bytes: crate::ll::MAX_BYTES,
+            ll_max_bytes: ll::MAX_BYTES,
             broken,
             watcher: Some((stop, watcher)),
         })
@@ -403,11 +407,11 @@ impl ProcGpu {
         drop(imports);
         let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
         let nbytes = count * dt.size();
-        if crate::ll::takes(coll, nbytes, self.ll_max_bytes) {
-            let blocks = crate::ll::blocks(nbytes, self.max_blocks);
+        if ll::takes(coll, nbytes, self.ll_max_bytes) {
+            let blocks = ll::blocks(nbytes, self.max_blocks);
             // SAFETY: the peers' areas are mapped by IPC; the caller vouches for its buffers.
             unsafe {
-                crate::ll::launch(
+                ll::launch(
                     &self.gpu,
                     stream,
                     self.rank,
@@ -423,7 +427,7 @@ impl ProcGpu {
             };
             return Ok(Launch {
                 blocks_per_gpu: blocks,
-                threads_per_block: crate::ll::THREADS,
+                threads_per_block: ll::THREADS,
             });
         }
         let s = spec(coll, self.rank, &ins, &outs, count, dt, root)?;

@@ -8,8 +8,8 @@ use crate::comm::Communicator;
 use crate::regions::RegionId;
 use parking_lot::Mutex;
 use railcc_core::{Error, Result};
-use railcc_transport_nvlink::hostsync::Ctx;
-use railcc_transport_nvlink::staging::PinnedBuf;
+use railcc_cuda::hostsync::Ctx;
+use railcc_cuda::staging::PinnedBuf;
 use std::collections::HashMap;
 use std::sync::Arc;
 

@@ -14,7 +14,7 @@
 
 use parking_lot::Mutex;
 use railcc_core::{Error, ErrorKind, Result};
-use railcc_transport_nvlink::hostsync::{Ctx, Flags};
+use railcc_cuda::hostsync::{Ctx, Flags};
 use std::time::{Duration, Instant};
 
 /// Words per slot: `start` and `done` on separate 64-byte lines.

@@ -16,11 +16,9 @@ use crate::plan::CollArgs;
 use crate::regions::RegionId;
 use railcc_core::net::CollKind;
 use railcc_core::{Error, Result};
-use railcc_transport_nvlink::dmabuf::DmaBuf;
-use railcc_transport_nvlink::gpu::{GpuCtx, Stream};
-use railcc_transport_nvlink::staging::{
-    download_sync, gpu_net_path, upload_sync, wait_stream, PinnedBuf,
-};
+use railcc_cuda::dmabuf::DmaBuf;
+use railcc_cuda::gpu::{GpuCtx, Stream};
+use railcc_cuda::staging::{download_sync, gpu_net_path, upload_sync, wait_stream, PinnedBuf};
 
 /// One pinned buffer and its registration.
 struct Staged {

@@ -1,128 +1,19 @@
-//! Reaching another process's GPU memory: CUDA IPC handles, a cache of opened handles, and a
-//! shared-memory table through which the ranks of one host publish each call's buffers.
+//! The shared-memory table through which the ranks of one host publish each call's buffers
+//! (the per-process GPU path, proc.rs).
 //!
 //! Why a per-call table rather than registration: NCCL users pass arbitrary buffers (PyTorch's
 //! caching allocator hands out pieces of large segments), so each call publishes the allocation
-//! (as an IPC handle) and offset of its buffers; a peer opens each allocation once and reuses
-//! the mapping while the handle stays the same. Publishing is a few atomic stores and loads in
-//! shared memory, about a microsecond, where a round trip over the bootstrap sockets would cost
-//! tens. The table doubles as a mismatch check: each entry carries the call's shape.
+//! (as an IPC handle, `railcc_cuda::ipc`) and offset of its buffers; a peer opens each
+//! allocation once and reuses the mapping while the handle stays the same. Publishing is a few
+//! atomic stores and loads in shared memory, about a microsecond, where a round trip over the
+//! bootstrap sockets would cost tens. The table doubles as a mismatch check: each entry carries
+//! the call's shape.
 
-use crate::driver::check;
-use cudarc::driver::sys;
 use railcc_core::{Error, ErrorKind, Result};
-use std::collections::HashMap;
+use railcc_cuda::ipc::BufDesc;
 use std::ffi::CString;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-
-pub const HANDLE_BYTES: usize = 64;
-
-/// One buffer as its owner exports it.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BufDesc {
-    pub handle: [u8; HANDLE_BYTES],
-    /// The allocation's base in the owner's address space (the cache key) and our offset in it.
-    pub base: u64,
-    pub offset: u64,
-    pub size: u64,
-}
-
-/// The IPC handle of the allocation holding `ptr`, and `ptr`'s offset in it.
-pub fn export(ptr: u64) -> Result<BufDesc> {
-    let (mut base, mut size) = (0u64, 0usize);
-    let mut h = sys::CUipcMemHandle {
-        reserved: [0; HANDLE_BYTES],
-    };
-    // SAFETY: valid out-pointers; the driver validates `ptr`.
-    unsafe {
-        check(
-            sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr),
-            "cuMemGetAddressRange (is the buffer device memory from cudaMalloc?)",
-        )?;
-        check(
-            sys::cuIpcGetMemHandle(&mut h, base),
-            "cuIpcGetMemHandle (buffers must come from cudaMalloc/cuMemAlloc to be shared)",
-        )?;
-    }
-    Ok(BufDesc {
-        handle: h.reserved.map(|c| c as u8),
-        base,
-        offset: ptr - base,
-        size: size as u64,
-    })
-}
-
-/// Peers' allocations opened in this process, keyed by (peer rank, base in the peer). A new
-/// handle overlapping a mapped range of the same peer means the peer freed that allocation
-/// and made another: the old mapping is closed first (IPC maps at the exporter's address, so
-/// the stale one would be in the way: CUDA_ERROR_ALREADY_MAPPED).
-#[derive(Default)]
-pub struct Imports {
-    open: HashMap<(usize, u64), ([u8; HANDLE_BYTES], u64, u64)>,
-}
-
-impl Imports {
-    /// `d` (exported by `peer`) as an address in the current context.
-    pub fn map(&mut self, peer: usize, d: &BufDesc) -> Result<u64> {
-        if let Some((h, mapped, _)) = self.open.get(&(peer, d.base)) {
-            if *h == d.handle {
-                return Ok(mapped + d.offset);
-            }
-        }
-        let stale: Vec<(usize, u64)> = self
-            .open
-            .iter()
-            .filter(|((p, b), (_, _, size))| {
-                *p == peer && *b < d.base + d.size.max(1) && d.base < b + (*size).max(1)
-            })
-            .map(|(k, _)| *k)
-            .collect();
-        for k in stale {
-            if let Some((_, old, _)) = self.open.remove(&k) {
-                // SAFETY: `old` was returned by cuIpcOpenMemHandle and is closed once.
-                unsafe {
-                    let _ = sys::cuIpcCloseMemHandle(old);
-                }
-            }
-        }
-        let mapped = open(&d.handle).map_err(|e| e.peer(peer))?;
-        self.open.insert((peer, d.base), (d.handle, mapped, d.size));
-        Ok(mapped + d.offset)
-    }
-}
-
-impl Drop for Imports {
-    fn drop(&mut self) {
-        for (_, (_, p, _)) in self.open.drain() {
-            // SAFETY: each mapping came from cuIpcOpenMemHandle and is closed once.
-            unsafe {
-                let _ = sys::cuIpcCloseMemHandle(p);
-            }
-        }
-    }
-}
-
-/// Opens a peer's IPC handle in the current context (peer access enabled lazily).
-pub fn open(handle: &[u8; HANDLE_BYTES]) -> Result<u64> {
-    let h = sys::CUipcMemHandle {
-        reserved: handle.map(|b| b as std::ffi::c_char),
-    };
-    let mut p = 0u64;
-    // SAFETY: valid out-pointer; the driver validates the handle.
-    check(
-        unsafe {
-            sys::cuIpcOpenMemHandle_v2(
-                &mut p,
-                h,
-                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
-            )
-        },
-        "cuIpcOpenMemHandle",
-    )?;
-    Ok(p)
-}
 
 /// What a rank publishes for one call: the call number (written last), the call's shape, and
 /// its send and receive buffers.
@@ -279,6 +170,7 @@ impl Drop for ShmTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use railcc_cuda::ipc::HANDLE_BYTES;
 
     fn desc(b: u8) -> BufDesc {
         BufDesc {

@@ -1,0 +1,35 @@
+//! railcc's CUDA layer: what talks to the driver and NVRTC, one GPU at a time. The transport and
+//! engine above it (`railcc_transport_nvlink`'s peer-to-peer collectives,
+//! `railcc_collectives::gpu_net`) decide which GPU's kernel reads and writes which buffers and
+//! how handles travel between processes; nothing here knows about bootstraps or networks.
+//!
+//! - [`driver`]: guarded loading of libcuda (no driver is an `Unsupported` error, never a
+//!   panic), GPU discovery and the peer-access matrix;
+//! - [`kernels`] and [`ll`]: the CUDA C source of the bulk copy/reduce kernel and of the
+//!   low-latency all-reduce, one per dtype and op (f16/bf16 accumulate in f32), and the layout of
+//!   the sync area through which they meet peers' kernels;
+//! - [`compile`]: NVRTC for the device's architecture on first use, cached on disk;
+//! - [`gpu`]: one GPU's context, stream, loaded kernels and sync area; device buffers, timing
+//!   events, CUDA graphs;
+//! - [`launch`]: the kernels' arguments and their launch on a stream;
+//! - [`hostsync`] and [`staging`]: flags a stream writes and waits on in mapped pinned memory,
+//!   copies between pinned and device memory, pinned buffers (what the network engine builds
+//!   on);
+//! - [`ipc`]: CUDA IPC handles of device allocations, and the cache of peers' opened ones;
+//! - [`dmabuf`]: device memory exported as dma-buf (GPUDirect RDMA);
+//! - [`nvml`]: NVLink counts between GPUs (`railcc topo`).
+
+pub mod compile;
+pub mod dmabuf;
+pub mod driver;
+pub mod gpu;
+pub mod hostsync;
+pub mod ipc;
+pub mod kernels;
+pub mod launch;
+pub mod ll;
+pub mod nvml;
+pub mod staging;
+
+/// What errors raised by a CUDA call or by NVRTC name as their transport.
+pub const NAME: &str = "cuda";

@@ -1,0 +1,171 @@
+//! From a collective to kernel launches: which inputs, outputs and element range each GPU's
+//! kernel gets (the same for one process driving every GPU and for one process per GPU), and
+//! how many thread blocks. The kernel and its launch are the CUDA layer's
+//! (`railcc_cuda::launch`).
+
+use railcc_core::net::CollKind;
+use railcc_core::{DataType, Error, ErrorKind, Result};
+use railcc_cuda::kernels::MAX_PEERS;
+use railcc_cuda::launch::{Spec, THREADS};
+
+/// What one call launched.
+#[derive(Debug, Clone, Copy)]
+pub struct Launch {
+    pub blocks_per_gpu: u32,
+    pub threads_per_block: u32,
+}
+
+/// The part of GPU `g` (of `ins.len()`) in a collective, with NCCL's buffer conventions:
+/// `count` is the per-rank count (all_gather: send count; reduce_scatter: receive count), and
+/// `ins[h]`/`outs[h]` are GPU h's send and receive buffers as GPU `g` addresses them.
+pub fn spec(
+    coll: CollKind,
+    g: usize,
+    ins: &[u64],
+    outs: &[u64],
+    count: usize,
+    dt: DataType,
+    root: usize,
+) -> Result<Spec> {
+    let n = ins.len();
+    if outs.len() != n || n == 0 || n > MAX_PEERS {
+        return Err(Error::invalid(format!(
+            "{}: {} inputs and {} outputs (1 to {MAX_PEERS} GPUs)",
+            coll.name(),
+            ins.len(),
+            outs.len()
+        )));
+    }
+    if root >= n || g >= n {
+        return Err(Error::invalid(format!(
+            "{}: root {root} or GPU {g} out of range for {n} GPUs",
+            coll.name()
+        )));
+    }
+    let es = dt.size() as u64;
+    let at = |p: u64, elems: usize| p + elems as u64 * es;
+    let full = (0u64, count as u64);
+    let (ins, outs, range) = match coll {
+        // Each GPU reduces its segment from every input into every output.
+        CollKind::AllReduce => (ins.to_vec(), outs.to_vec(), segment(count, dt, n, g)),
+        // Each GPU reduces block g of every input into its own output.
+        CollKind::ReduceScatter => (
+            ins.iter().map(|&p| at(p, g * count)).collect(),
+            vec![outs[g]],
+            full,
+        ),
+        // Each GPU writes its input into block g of every output.
+        CollKind::AllGather => (
+            vec![ins[g]],
+            outs.iter().map(|&p| at(p, g * count)).collect(),
+            full,
+        ),
+        // Each GPU pulls the root's buffer.
+        CollKind::Broadcast => (vec![ins[root]], vec![outs[g]], full),
+        // Each GPU reduces its segment into the root's output only.
+        CollKind::Reduce => (ins.to_vec(), vec![outs[root]], segment(count, dt, n, g)),
+        // Each GPU pushes its buffer to the next GPU.
+        CollKind::SendRecv => {
+            if ins.iter().zip(outs).any(|(a, b)| a == b) {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    "in-place sendrecv is not on the GPU path",
+                )
+                .transport(crate::NAME));
+            }
+            (vec![ins[g]], vec![outs[(g + 1) % n]], full)
+        }
+        other => {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("{} is not on the GPU path yet", other.name()),
+            )
+            .transport(crate::NAME))
+        }
+    };
+    Ok(Spec { ins, outs, range })
+}
+
+/// GPU g's segment of `count` elements split over `n`, in multiples of 16 bytes so every GPU's
+/// vector loop covers its whole share.
+fn segment(count: usize, dt: DataType, n: usize, g: usize) -> (u64, u64) {
+    let v = 16 / dt.size();
+    let per = count.div_ceil(v).div_ceil(n) * v;
+    (
+        (g * per).min(count) as u64,
+        ((g + 1) * per).min(count) as u64,
+    )
+}
+
+/// Thread blocks per GPU: enough for the largest share, at most `max_blocks`. Every GPU of a
+/// call must launch the same number (the done barrier counts the peers' blocks), and this
+/// depends only on the collective's shape, so every rank computes the same.
+pub fn blocks(coll: CollKind, n: usize, count: usize, dt: DataType, max_blocks: u32) -> u32 {
+    let v = 16 / dt.size();
+    let most = match coll {
+        CollKind::AllReduce | CollKind::Reduce => {
+            let (b, e) = segment(count, dt, n, 0);
+            (e - b) as usize
+        }
+        _ => count,
+    };
+    (most.div_ceil(v) as u64)
+        .div_ceil(THREADS as u64)
+        .clamp(1, max_blocks.max(1) as u64) as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_reduce_segments_cover_the_buffer_in_16_byte_pieces() {
+        for n in 1..=8 {
+            for count in [0usize, 1, 3, 4, 5, 1000, 1 << 20] {
+                let mut next = 0;
+                for g in 0..n {
+                    let (b, e) = segment(count, DataType::F32, n, g);
+                    assert_eq!(b, next);
+                    assert!(b % 4 == 0 || b == count as u64);
+                    next = e;
+                }
+                assert_eq!(next, count as u64);
+            }
+        }
+    }
+
+    #[test]
+    fn every_gpu_gets_its_part() {
+        let (ins, outs) = ([100u64, 200], [300u64, 400]);
+        let ag = spec(CollKind::AllGather, 1, &ins, &outs, 10, DataType::F32, 0).unwrap();
+        assert_eq!(ag.ins, vec![200]);
+        assert_eq!(ag.outs, vec![340, 440]);
+        let rs = spec(
+            CollKind::ReduceScatter,
+            1,
+            &ins,
+            &outs,
+            10,
+            DataType::F32,
+            0,
+        )
+        .unwrap();
+        assert_eq!(rs.ins, vec![140, 240]);
+        assert_eq!(rs.outs, vec![400]);
+        let sr = spec(CollKind::SendRecv, 1, &ins, &outs, 10, DataType::F32, 0).unwrap();
+        assert_eq!(sr.outs, vec![300]);
+        assert!(spec(CollKind::SendRecv, 0, &ins, &ins, 10, DataType::F32, 0).is_err());
+        assert!(spec(CollKind::Broadcast, 0, &ins, &outs, 10, DataType::F32, 2).is_err());
+        assert!(spec(CollKind::AllToAll, 0, &ins, &outs, 10, DataType::F32, 0).is_err());
+    }
+
+    #[test]
+    fn every_rank_computes_the_same_block_count() {
+        assert_eq!(blocks(CollKind::AllReduce, 2, 2, DataType::F32, 132), 1);
+        assert_eq!(
+            blocks(CollKind::AllReduce, 2, 1 << 28, DataType::F32, 132),
+            132
+        );
+        assert_eq!(blocks(CollKind::AllGather, 2, 4096, DataType::F32, 132), 2);
+    }
+}
