@@ -6,6 +6,10 @@
 //! - `eth0:800,eth1:400`: these interfaces, weighted by the bandwidth given in Mb/s, else by
 //!   the link speed the kernel reports, else equally.
 //!
+//! Unless every rail's bandwidth is declared, a connection over several rails measures what
+//! each stream delivers and splits by that (transport-tcp's meter.rs); the weights above are
+//! only where it starts.
+//!
 //! Rail i of one rank connects to rail i of another, so nodes list their rails in the same
 //! order (`auto` sorts by name).
 
@@ -16,6 +20,13 @@ use railcc_transport_tcp::TcpRail;
 
 /// Weight of a rail whose bandwidth nobody declared and the kernel does not report.
 const UNKNOWN_MBPS: u32 = 1000;
+
+/// Whether `RAILCC_RAILS` gives every rail's bandwidth (`eth0:800,eth1:400`): then those
+/// weights hold and nothing is measured.
+pub fn declared(cfg: &Config) -> bool {
+    let spec = cfg.rails.trim();
+    !spec.is_empty() && spec != "auto" && spec.split(',').all(|i| i.contains(':'))
+}
 
 pub fn tcp_rails(cfg: &Config, iface: &Iface) -> Result<Vec<TcpRail>> {
     let spec = cfg.rails.trim();

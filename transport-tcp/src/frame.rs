@@ -1,6 +1,7 @@
 //! The frame header that starts every part of every message on every stream, and the
 //! deterministic split of a message over streams that both ends compute: in proportion to
-//! each stream's weight (its rail's bandwidth), which the sender declares when it connects.
+//! each stream's weight, which the sender declares when it connects (its rail's bandwidth)
+//! and, when it measures its rails, changes with a `Weights` frame on every stream.
 
 use railcc_core::net::{MsgTag, TAG_BYTES};
 use railcc_core::{Error, ErrorKind, Result};
@@ -18,6 +19,10 @@ pub enum Kind {
     /// Stream `part` is lost: read it up to byte `total` of the stream and no further; from
     /// message `seq` on, messages are split over the streams still alive (epoch `epoch`).
     RailDown,
+    /// From message `seq` on, the streams' weights are these (`nparts` of them, one u16 each
+    /// where a data header has its tag; [`weights_frame`]). Sent on every stream before its
+    /// part of message `seq`, so each stream reads it before any part it governs.
+    Weights,
     /// The sender failed and closes: bytes [`ABORT_TEXT`] of the header say why (the first
     /// failure of the job, passed on unchanged by every rank it brings down).
     Abort,
@@ -113,6 +118,7 @@ impl Header {
             Kind::Repair => 1,
             Kind::RailDown => 2,
             Kind::Abort => 3,
+            Kind::Weights => 4,
         };
         b[76..80].copy_from_slice(&kind.to_le_bytes());
         b
@@ -141,6 +147,7 @@ impl Header {
             1 => Kind::Repair,
             2 => Kind::RailDown,
             3 => Kind::Abort,
+            4 => Kind::Weights,
             k => {
                 return Err(Error::new(
                     ErrorKind::Protocol,
@@ -208,6 +215,48 @@ impl Header {
         }
         Ok(())
     }
+}
+
+/// The most streams a `Weights` frame describes (one u16 each in bytes 16..72).
+pub const MAX_WEIGHTED_STREAMS: usize = 28;
+
+/// A `Weights` frame: from message `seq` on, stream i weighs `weights[i]` (1 to 65535).
+pub fn weights_frame(seq: u64, weights: &[u16]) -> [u8; HEADER_BYTES] {
+    let n = weights.len().min(MAX_WEIGHTED_STREAMS);
+    let mut b = Header {
+        part: 0,
+        nparts: n as u16,
+        seq,
+        tag: MsgTag::decode(&[0; TAG_BYTES]),
+        total: 0,
+        off: 0,
+        len: 0,
+        epoch: 0,
+        kind: Kind::Weights,
+    }
+    .encode();
+    for (i, w) in weights[..n].iter().enumerate() {
+        b[16 + 2 * i..18 + 2 * i].copy_from_slice(&w.max(&1).to_le_bytes());
+    }
+    b
+}
+
+/// The weights a `Weights` frame carries, checked: one per stream of `nstreams`, none zero.
+pub fn weights_of(b: &[u8; HEADER_BYTES], h: &Header, nstreams: usize) -> Result<Vec<u32>> {
+    let n = h.nparts as usize;
+    if n != nstreams || n > MAX_WEIGHTED_STREAMS {
+        return Err(Error::new(
+            ErrorKind::Protocol,
+            format!("weights for {n} streams on a connection of {nstreams}"),
+        ));
+    }
+    let w: Vec<u32> = (0..n)
+        .map(|i| u16::from_le_bytes([b[16 + 2 * i], b[17 + 2 * i]]) as u32)
+        .collect();
+    if w.contains(&0) {
+        return Err(Error::new(ErrorKind::Protocol, "a zero stream weight"));
+    }
+    Ok(w)
 }
 
 /// How many streams a message of `total` bytes uses.

@@ -11,6 +11,7 @@
 
 pub mod frame;
 mod listener;
+mod meter;
 mod recv;
 mod send;
 mod sock;
@@ -69,6 +70,9 @@ pub struct TcpSettings {
     pub rail_failover: bool,
     /// A rail whose socket leaves data unacknowledged this long is lost (TCP_USER_TIMEOUT).
     pub rail_timeout: std::time::Duration,
+    /// Over several rails, split by the delivery rate each stream achieves (measured from
+    /// the peer's acknowledgements) instead of the rails' declared weights.
+    pub measure_rails: bool,
 }
 
 impl TcpSettings {
@@ -80,6 +84,7 @@ impl TcpSettings {
             max_message_bytes: c.max_message_bytes,
             rail_failover: c.rail_failover != 0,
             rail_timeout: std::time::Duration::from_millis(c.rail_timeout_ms.max(1)),
+            measure_rails: true,
         }
     }
 }

@@ -89,6 +89,8 @@ pub struct TcpRecvComm {
     streams: Vec<Stream>,
     /// Each stream's share of a striped message, as the sender declared it.
     weights: Vec<u32>,
+    /// The sender's later weights: (first message they split, per-stream weights), in order.
+    reweights: Vec<(u64, Vec<u32>)>,
     /// The sender may lose rails (it said so in its hellos): no speculative reads.
     failover: bool,
     /// The local interface each stream arrived on; several: their links are watched.
@@ -141,6 +143,7 @@ impl TcpRecvComm {
         TcpRecvComm {
             streams,
             weights,
+            reweights: Vec::new(),
             failover,
             rails,
             last_link_check: std::time::Instant::now(),
@@ -308,6 +311,15 @@ impl TcpRecvComm {
             .map_err(|e| Error::new(e.kind, format!("stream {si}: {}", e.message)))?;
         let early = st.early;
         match h.kind {
+            Kind::Weights => {
+                let w = crate::frame::weights_of(&self.streams[si].header, &h, self.streams.len())
+                    .map_err(|e| proto(format!("stream {si}: {}", e.message)))?;
+                self.reweigh(si, h.seq, w)?;
+                if early > 0 {
+                    self.rewind(si, want, early)?;
+                    return Ok(true);
+                }
+            }
             Kind::Abort => {
                 let text = crate::frame::abort_text(&self.streams[si].header);
                 return Err(Error::new(
@@ -417,7 +429,8 @@ impl TcpRecvComm {
                         "stream {si}: a part on a stream lost before its split"
                     ))
                 })?;
-                let w: Vec<u32> = live.iter().map(|&s| self.weights[s]).collect();
+                let all = self.weights_for(h.seq);
+                let w: Vec<u32> = live.iter().map(|&s| all[s]).collect();
                 h.check(li, &w, &tag, len, stripe, maxm)?;
             }
             Kind::Abort => return Err(proto(format!("stream {si}: abort frame as a part"))),
@@ -462,6 +475,61 @@ impl TcpRecvComm {
             discard: false,
         });
         Ok(true)
+    }
+
+    /// The weights message `seq` is split with.
+    fn weights_for(&self, seq: u64) -> &[u32] {
+        self.reweights
+            .iter()
+            .rev()
+            .find(|(from, _)| *from <= seq)
+            .map_or(&self.weights, |(_, w)| w)
+    }
+
+    /// A `Weights` frame on stream `si`: messages from `from` on split with `w`. Every stream
+    /// carries the same frame (streams may deliver them in any order between each other);
+    /// the first one read counts, the others must agree.
+    fn reweigh(&mut self, si: usize, from: u64, w: Vec<u32>) -> Result<()> {
+        match self.reweights.binary_search_by_key(&from, |e| e.0) {
+            Ok(i) if self.reweights[i].1 != w => {
+                return Err(proto(format!(
+                    "stream {si}: weights {w:?} from message {from} differ from {:?} on another stream",
+                    self.reweights[i].1
+                )));
+            }
+            Ok(_) => {}
+            Err(i) => self.reweights.insert(i, (from, w)),
+        }
+        // Messages before the oldest one still open are never checked again.
+        let open = self.posted.front().map_or(self.next_seq, |p| p.seq);
+        while self.reweights.len() > 1 && self.reweights[1].0 <= open {
+            self.reweights.remove(0);
+        }
+        Ok(())
+    }
+
+    /// The fast path read a frame's header and then the next frame into the posted buffer of
+    /// message `want`: put the next frame's header back where headers are read, and the
+    /// start of its payload (part 0, at offset 0) where it belongs.
+    fn rewind(&mut self, si: usize, want: u64, early: usize) -> Result<()> {
+        let Some(data) = self.slot(want).map(|p| p.data) else {
+            return Err(proto(format!(
+                "stream {si}: bytes read ahead with no receive posted"
+            )));
+        };
+        let st = &mut self.streams[si];
+        let k = early.min(HEADER_BYTES);
+        // SAFETY: the fast path read `early` bytes into `data`, a posted buffer of at least
+        // that many bytes that the irecv contract keeps valid; the header array holds 80.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data, st.header.as_mut_ptr(), k);
+            if early > k {
+                std::ptr::copy(data.add(k), data, early - k);
+            }
+        }
+        st.header_got = k;
+        st.early = early - k;
+        Ok(())
     }
 
     /// Applies a rail-down frame: stop reading stream `part` at byte `total`; messages from

@@ -7,8 +7,16 @@
 //! sender knows exactly how far each of that rail's streams got. It tells the receiver where to
 //! stop reading them (a `RailDown` frame) and sends the rest of every cut part again on a
 //! surviving stream (`Repair` frames); later messages are split over the survivors.
+//!
+//! Over several rails whose bandwidth nobody declared, each stream's delivery rate is
+//! measured from the peer's acknowledgements over intervals in which the stream had bytes in
+//! flight throughout (meter.rs); when the shares drift, the next striped message is split by
+//! the new rates, announced by a `Weights` frame ahead of it on every stream.
 
-use crate::frame::{nparts, split, Header, Kind, HEADER_BYTES};
+use crate::frame::{
+    nparts, split, weights_frame, Header, Kind, HEADER_BYTES, MAX_WEIGHTED_STREAMS,
+};
+use crate::meter::{shares_differ, weights_from_rates, Meter};
 use crate::sock::{send_iov, tune, unacked_bytes, Io, StreamHello, HELLO_FAILOVER};
 use crate::{TcpRail, TcpSettings, NAME};
 use railcc_core::auth::{prove_client, Secret};
@@ -75,6 +83,13 @@ pub struct TcpSendComm {
     epoch: u32,
     last_link_check: Instant,
     broken: Option<Error>,
+    /// The streams' delivery rates are measured and the split follows them.
+    measure: bool,
+    /// Weights measured and not yet announced: the next striped message uses them.
+    reweigh: Option<Vec<u16>>,
+    /// Per rail: its delivery rate, measured over all its streams together (they share
+    /// its link, so what one stream gets depends on how many others are busy).
+    meters: Vec<Meter>,
 }
 
 // SAFETY: the raw pointers in queued parts are only dereferenced by the thread that owns the
@@ -145,6 +160,9 @@ impl TcpSendComm {
             epoch: 0,
             last_link_check: Instant::now(),
             broken: None,
+            measure: multi && settings.measure_rails && n <= MAX_WEIGHTED_STREAMS,
+            reweigh: None,
+            meters: (0..r).map(|_| Meter::default()).collect(),
         })
     }
 
@@ -204,7 +222,54 @@ impl TcpSendComm {
                 self.lose_rail(r, &why)?;
             }
         }
+        if self.measure {
+            self.measure_rates();
+        }
         Ok(())
+    }
+
+    /// Samples each stream's acknowledgements; when every live stream has a rate and the
+    /// shares they imply drift from the current weights, the next striped message changes.
+    fn measure_rates(&mut self) {
+        let now = Instant::now();
+        let mut changed = false;
+        for (r, meter) in self.meters.iter_mut().enumerate() {
+            let on_rail = || self.streams.iter().filter(move |s| s.alive && s.rail == r);
+            let written: u64 = on_rail().map(|s| s.written).sum();
+            let in_flight = || on_rail().map(|s| unacked_bytes(&s.sock).ok()).sum();
+            changed |= meter.sample(now, written, in_flight);
+        }
+        if !changed {
+            return;
+        }
+        // A stream's rate: its rail's, shared by the rail's live streams.
+        let rates: Option<Vec<f64>> = self
+            .streams
+            .iter()
+            .map(|s| {
+                let k = self
+                    .streams
+                    .iter()
+                    .filter(|o| o.alive && o.rail == s.rail)
+                    .count();
+                match self.meters.get(s.rail).and_then(Meter::rate) {
+                    _ if !s.alive => Some(0.0),
+                    Some(r) => Some(r / k.max(1) as f64),
+                    None => None,
+                }
+            })
+            .collect();
+        let Some(rates) = rates else { return };
+        let new = weights_from_rates(
+            &rates,
+            &self.streams.iter().map(|s| s.weight).collect::<Vec<_>>(),
+        );
+        let live: Vec<bool> = self.streams.iter().map(|s| s.alive).collect();
+        let cur: Vec<u32> = self.streams.iter().map(|s| s.weight).collect();
+        if shares_differ(&cur, &new, &live) {
+            tracing::debug!("tcp: measured stream rates {rates:?} B/s: weights {new:?}");
+            self.reweigh = Some(new);
+        }
     }
 
     /// Writes what stream `si` can take; returns the messages whose parts completed on it.
@@ -333,6 +398,10 @@ impl TcpSendComm {
                     continue;
                 }
                 if !p.counts {
+                    // Every live stream carries its own copy of a Weights frame.
+                    if Header::decode(&p.header).is_ok_and(|h| h.kind == Kind::Weights) {
+                        continue;
+                    }
                     old_ctl.push(Part {
                         sent_header: 0,
                         sent: 0,
@@ -423,8 +492,22 @@ impl NetSendComm for TcpSendComm {
         let seq = self.next_seq;
         self.next_seq += 1;
         let live = self.live();
-        let weights: Vec<u32> = live.iter().map(|&i| self.streams[i].weight).collect();
         let n = nparts(len, live.len(), self.settings.stripe_min_bytes);
+        if n > 1 {
+            if let Some(w) = self.reweigh.take() {
+                // Ahead of this message's parts on every live stream.
+                let frame = weights_frame(seq, &w);
+                for (st, &wi) in self.streams.iter_mut().zip(&w) {
+                    st.weight = wi as u32;
+                    if st.alive {
+                        let mut c = control(Header::decode(&frame)?);
+                        c.header = frame;
+                        st.queue.push_back(c);
+                    }
+                }
+            }
+        }
+        let weights: Vec<u32> = live.iter().map(|&i| self.streams[i].weight).collect();
         for (i, &si) in live.iter().enumerate().take(n) {
             let (off, plen) = split(len, &weights[..n], i);
             let h = Header {
@@ -494,13 +577,19 @@ impl NetSendComm for TcpSendComm {
             .iter()
             .map(|s| s.queue.len() + s.sent.len())
             .sum();
+        let weights: Vec<String> = self.streams.iter().map(|s| s.weight.to_string()).collect();
         format!(
-            "{} part(s) unsent or unacknowledged{}",
+            "{} part(s) unsent or unacknowledged{}{}",
             waiting,
             if dead.is_empty() {
                 String::new()
             } else {
                 format!("; rails lost: {}", dead.join(", "))
+            },
+            if self.measure {
+                format!("; stream weights (measured) {}", weights.join("/"))
+            } else {
+                String::new()
             }
         )
     }

@@ -68,7 +68,17 @@ pub(super) fn choose_transport(
         tracing::debug!("rank {rank}: no RDMA: {why}");
     }
     let rails = crate::rails::tcp_rails(cfg, iface).map_err(|e| e.rank(rank))?;
-    let desc = format!("tcp over {}", crate::rails::describe(&rails));
-    let t = TcpTransport::with_rails(rails, id.secret, TcpSettings::from_config(cfg));
+    let mut settings = TcpSettings::from_config(cfg);
+    settings.measure_rails = !crate::rails::declared(cfg);
+    let desc = format!(
+        "tcp over {}{}",
+        crate::rails::describe(&rails),
+        if rails.len() > 1 && settings.measure_rails {
+            ", split by measured rates"
+        } else {
+            ""
+        }
+    );
+    let t = TcpTransport::with_rails(rails, id.secret, settings);
     Ok((Arc::new(t), desc))
 }
