@@ -3,11 +3,13 @@
 # tbf (rail 0 800 Mbit/s, rail 1 400 Mbit/s, both ends). As root; everything it creates is
 # removed on exit, whatever the outcome. Traffic stays inside the namespaces.
 #  1. shaping holds: each rail alone carries about its rate, no more;
-#  2. striping: 2-node sendrecv and all_reduce over both rails, split by rail bandwidth, reach
-#     >= 90% of the sum of the rates (best of up to 3 runs); an even split (capped at twice
-#     the slow rail) is shown beside it;
-#  3. railcc bench --compare over rail 0, rail 1, both even and both weighted (PLOT=file.svg
-#     draws it);
+#  2. striping: 2-node sendrecv and all_reduce over both rails reach >= 90% of the sum of the
+#     rates (best of up to 3 runs), with RAILCC_RAILS=auto (nothing declared: the split follows
+#     the measured rates) and with the bandwidths declared; an even split (capped at twice the
+#     slow rail) is shown beside them; then rail 0 is re-shaped from 800 to 200 Mbit/s during
+#     checked all-reduces over auto rails: within 2 s they run at >= 85% of the new sum;
+#  3. railcc bench --compare over rail 0, rail 1, both even, both declared and both measured
+#     (auto) (PLOT=file.svg draws it);
 #  4. (run before 3) hierarchy: 4 ranks, 2 per node, results checked, and the rails carry only
 #     the ring's one crossing edge per direction (byte counters).
 #  5. (run before 3) rail loss partway through checked all-reduces: finished on the other
@@ -92,6 +94,14 @@ table_ok() {
 }
 # positive VALUE: VALUE is a number above 0.
 positive() { [[ $1 =~ ^[0-9]+(\.[0-9]+)?$ ]] && awk -v a="$1" 'BEGIN{exit !(a > 0)}'; }
+txa() { # TX = the bytes node A's rails have sent
+  local d v; TX=0
+  for d in r0a r1a; do
+    v=$(ip netns exec "$A" cat /sys/class/net/$d/statistics/tx_bytes)
+    [[ $v =~ ^[0-9]+$ ]] || fail "cannot read $d's tx_bytes (read '$v')"
+    TX=$((TX + v))
+  done
+}
 
 # railcc topo inside node A: both rails found, neither on PCI (veth), both in the rail plan.
 timeout 60 ip netns exec "$A" "$RAILCC" topo > $T-topo 2>&1 || { cat $T-topo; fail "railcc topo"; }
@@ -123,35 +133,70 @@ run sendrecv r1a r1b; r1=$MBS
 echo "shaping: rail 0 alone $r0 MB/s (tbf $((R0 / 8))), rail 1 alone $r1 MB/s (tbf $((R1 / 8)))"
 awk -v a=$r0 -v b=$((R0 / 8)) 'BEGIN{exit !(a <= 1.05 * b && a >= 0.8 * b)}' || fail "rail 0 is not shaped to $R0 Mbit/s"
 awk -v a=$r1 -v b=$((R1 / 8)) 'BEGIN{exit !(a <= 1.05 * b && a >= 0.8 * b)}' || fail "rail 1 is not shaped to $R1 Mbit/s"
-run sendrecv r0a,r1a r0b,r1b; even=$MBS
+run sendrecv r0a:1,r1a:1 r0b:1,r1b:1; even=$MBS
 echo "even split over both rails: sendrecv $even MB/s ($(pct $even $sum)% of $sum; capped at $((2 * R1 / 8)))"
 # The shapers cap what a run can reach, so a slow run is noise from the 2-core host (one
 # 4 x 64 MB run has read 88-95% for sendrecv): up to 3 tries. Only a slow try is tried again:
 # run fails at once on a try that crashed, timed out or got a result wrong.
-for c in sendrecv all_reduce; do
-  for try in 1 2 3; do
-    run $c r0a:$R0,r1a:$R1 r0b:$R0,r1b:$R1
-    w=$MBS p=$(pct $MBS $sum)
-    echo "weighted split over both rails: $c $w MB/s per direction, $p% of the rails' $sum MB/s (try $try)"
-    awk -v a=$w -v b=$sum 'BEGIN{exit !(a >= 0.9 * b)}' && break
-    p=$(awk -v a=$w -v b=$sum 'BEGIN{printf "%.1f", 100 * a / b}')   # 89.8 is below 90, 90 is not
-    [ $try = 3 ] && fail "$c striped over both rails is below 90% of $sum MB/s in 3 tries (each correct, the last $p%)"
-    echo "try $try: $p% < 90%, correct but slow, retrying"
+for how in measured declared; do
+  for c in sendrecv all_reduce; do
+    for try in 1 2 3; do
+      if [ $how = measured ]; then run $c auto auto; cp $T-$c.0 $T-auto-$c.0; else run $c r0a:$R0,r1a:$R1 r0b:$R0,r1b:$R1; fi
+      w=$MBS p=$(pct $MBS $sum)
+      echo "$how split over both rails: $c $w MB/s per direction, $p% of the rails' $sum MB/s (try $try)"
+      awk -v a=$w -v b=$sum 'BEGIN{exit !(a >= 0.9 * b)}' && break
+      p=$(awk -v a=$w -v b=$sum 'BEGIN{printf "%.1f", 100 * a / b}')   # 89.8 is below 90, 90 is not
+      [ $try = 3 ] && fail "$c striped over both rails ($how split) is below 90% of $sum MB/s in 3 tries (each correct, the last $p%)"
+      echo "try $try: $p% < 90%, correct but slow, retrying"
+    done
   done
 done
+grep -q "split by measured rates" $T-auto-all_reduce.0 || { cat $T-auto-all_reduce.0; fail "the auto run does not say it splits by measured rates"; }
+# Re-shaping: checked 64 MB all-reduces over auto rails; 4 s in, rail 0 drops to R0L Mbit/s at
+# both ends. Node A's rail byte counters, read every 250 ms, give the rate per direction.
+R0L=200
+port=$((port + 1))
+for r in 0 1; do
+  if [ $r = 0 ]; then ns=$A; else ns=$B; fi
+  start 120 $ns $T-reshape.$r env RAILCC_RANK=$r RAILCC_NRANKS=2 RAILCC_ROOT=10.201.0.1:$port \
+    RAILCC_RAILS=auto RAILCC_HOSTID=node$r RAILCC_TIMEOUT_MS=30000 RAILCC_TEST_BYTES=67108864 \
+    RAILCC_TEST_ITERS=20 "$TESTRANK" repeat
+done
+SAMPLES=()   # "ms bytes" of node A's rails
+t_start=$(date +%s%N); t_shape=
+while kill -0 "${PIDS[0]}" 2>/dev/null || kill -0 "${PIDS[1]}" 2>/dev/null; do
+  now=$(date +%s%N); ms=$(( (now - t_start) / 1000000 ))
+  txa; SAMPLES+=("$ms $TX")
+  if [ -z "$t_shape" ] && [ $ms -ge 4000 ]; then
+    ip netns exec "$A" tc qdisc change dev r0a root tbf rate ${R0L}mbit burst 1mb latency 200ms || fail "re-shape r0a"
+    ip netns exec "$B" tc qdisc change dev r0b root tbf rate ${R0L}mbit burst 1mb latency 200ms || fail "re-shape r0b"
+    t_shape=$ms
+  fi
+  [ $ms -lt 100000 ] || break
+  sleep 0.25
+done
+reap
+ranks_ok "re-shaped rail" $T-reshape.0 $T-reshape.1
+grep -h "^ok" $T-reshape.0 | sed 's/^/  /'
+[ -n "$t_shape" ] || fail "re-shaped rail: the run ended before the re-shape (4 s)"
+# rate FROM TO: MB/s per direction between those ms after the start (nearest samples).
+rate() {
+  printf '%s\n' "${SAMPLES[@]}" | awk -v a=$1 -v b=$2 '
+    $1 >= a && t0 == "" { t0 = $1; b0 = $2 } $1 <= b { t1 = $1; b1 = $2 }
+    END { if (t0 == "" || t1 <= t0) print "none"; else printf "%.1f", (b1 - b0) / (t1 - t0) / 1000 }'
+}
+new_sum=$(( (R0L + R1) / 8 ))
+before=$(rate $((t_shape - 2000)) $t_shape); right=$(rate $t_shape $((t_shape + 2000))); after=$(rate $((t_shape + 2000)) $((t_shape + 4000)))
+echo "re-shaped rail 0 to $R0L Mbit/s at $t_shape ms: $before MB/s in the 2 s before (sum $sum), $right in the 2 s after, $after in the 2 s after that (new sum $new_sum)"
+positive "$after" || fail "re-shaped rail: no rate measured 2-4 s after the re-shape (read '$after'; the run may have ended)"
+awk -v a=$after -v b=$new_sum 'BEGIN{exit !(a >= 0.85 * b)}' || fail "re-shaped rail: $after MB/s 2-4 s after the re-shape, below 85% of the new $new_sum MB/s"
+ip netns exec "$A" tc qdisc change dev r0a root tbf rate ${R0}mbit burst 1mb latency 200ms && \
+  ip netns exec "$B" tc qdisc change dev r0b root tbf rate ${R0}mbit burst 1mb latency 200ms || fail "restore rail 0's shaping"
 # 4. Hierarchy: 4 ranks, 2 per node, dealt round-robin (ranks 0 and 2 on node A, 1 and 3 on
 #    B). The ring visits each node's ranks together, so 2 of its 4 edges cross the rails
 #    instead of all 4, and same-node pairs use local addresses, never a rail. Checked with
 #    the rails' byte counters: A's rails carry what the one crossing edge A->B sends. The
 #    hierarchical all-reduce (RAILCC_ALGO=hier) sends less: S per call instead of 3/2 S.
-txa() { # TX = the bytes node A's rails have sent
-  local d v; TX=0
-  for d in r0a r1a; do
-    v=$(ip netns exec "$A" cat /sys/class/net/$d/statistics/tx_bytes)
-    [[ $v =~ ^[0-9]+$ ]] || fail "cannot read $d's tx_bytes (read '$v')"
-    TX=$((TX + v))
-  done
-}
 S=16777216; N=4; W=1
 # Calls of S bytes: out of place and in place, each a checked call, W warm-ups and N timed.
 calls=$((2 * (1 + W + N)))
@@ -254,15 +299,15 @@ for r in 0 1; do
   if [ $r = 0 ]; then ns=$A s=a; else ns=$B s=b; fi
   start 400 $ns $T-cmp.$r env RAILCC_HOSTID=node$r RAILCC_TIMEOUT_MS=30000 "$RAILCC" bench sendrecv \
     --rank $r --nranks 2 --root-addr 10.201.0.1:$port -b 1M -e 64M -f 4 -n 3 -w 1 \
-    --compare tcp:r0$s,tcp:r1$s,tcp:r0$s+r1$s,tcp:r0$s=$R0+r1$s=$R1 ${PLOT:+--plot "$PLOT"}
+    --compare tcp:r0$s,tcp:r1$s,tcp:r0$s=1+r1$s=1,tcp:r0$s=$R0+r1$s=$R1,tcp:auto ${PLOT:+--plot "$PLOT"}
 done
 reap
 ranks_ok "--compare over the rails" $T-cmp.0 $T-cmp.1
 grep -E "^#|^ " $T-cmp.0
-# The table: a row for each size 1, 4, 16 and 64 MB, each with a time in all 4 columns (a
+# The table: a row for each size 1, 4, 16 and 64 MB, each with a time in all 5 columns (a
 # wrong result reads "N WRONG", a failed configuration "failed", a missing size "-").
 w=$(awk '/ compared: / { t = 1; next }
-  t && /^ +[0-9]/ { n++; if (NF != 9) bad = bad " " $1; for (i = 2; i <= NF; i++) if ($i == "-" || $i == "WRONG" || $i == "failed") bad = bad " " $1 }
+  t && /^ +[0-9]/ { n++; if (NF != 11) bad = bad " " $1; for (i = 2; i <= NF; i++) if ($i == "-" || $i == "WRONG" || $i == "failed") bad = bad " " $1 }
   END { if (n != 4) print n + 0 " sizes"; else if (bad != "") print "sizes" bad; else print "ok" }' $T-cmp.0 2>&1)
 [ "$w" = ok ] || fail "--compare over the rails: table wrong: $w"
 echo "NETNS RAILS PASS"

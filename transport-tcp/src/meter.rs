@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 /// At most one acknowledgement sample per rail this often (fast links drain a socket buffer
 /// in well under a millisecond, and only intervals that never ran dry count).
 const SAMPLE_EVERY: Duration = Duration::from_micros(50);
-/// Busy time per rate estimate.
-const WINDOW: Duration = Duration::from_millis(40);
+/// Busy time per rate estimate: long enough to average over a shaper's bursts.
+const WINDOW: Duration = Duration::from_millis(200);
 /// Weights are announced again only when a live stream's share moves by more than this.
 const SHARE_DRIFT: f64 = 0.03;
 /// The fastest stream's weight (the others in proportion, at least 1).
@@ -128,7 +128,7 @@ mod tests {
     fn a_backlogged_stream_measures_its_rate() {
         let mut m = Meter::default();
         let t0 = Instant::now();
-        assert!(feed(&mut m, t0, 100e6, 4 << 20, 200) >= 4);
+        assert!(feed(&mut m, t0, 100e6, 4 << 20, 1000) >= 4);
         let r = m.rate().unwrap();
         assert!((r - 100e6).abs() < 3e6, "{r}");
     }
@@ -138,11 +138,11 @@ mod tests {
         let mut m = Meter::default();
         let t0 = Instant::now();
         // Busy 100 ms at 50 MB/s, then everything acknowledged, then idle 500 ms, then busy.
-        feed(&mut m, t0, 50e6, 1 << 20, 100);
-        let acked = 5_000_000 + (1 << 20);
-        m.sample(t0 + Duration::from_millis(110), acked, || Some(0));
+        feed(&mut m, t0, 50e6, 1 << 20, 400);
+        let acked = 20_000_000 + (1 << 20);
+        m.sample(t0 + Duration::from_millis(410), acked, || Some(0));
         for k in 0..500 {
-            m.sample(t0 + Duration::from_millis(120 + k), acked, || Some(0));
+            m.sample(t0 + Duration::from_millis(420 + k), acked, || Some(0));
         }
         let r = m.rate().unwrap();
         assert!((r - 50e6).abs() < 3e6, "idle time lowered the rate: {r}");
