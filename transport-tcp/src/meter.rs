@@ -4,17 +4,20 @@
 //! = written - `SIOCOUTQ`), only over intervals in which the rail had bytes in flight from
 //! start to end (it acknowledged less than what was in flight at the interval's start), so
 //! idle time never counts and the rate is the path's, not the application's. Intervals add up to windows of
-//! `WINDOW`; each window moves the estimate halfway to what it saw.
+//! `WINDOW` and `WINDOW_BYTES`; each window moves the estimate halfway to what it saw.
 
 use std::time::{Duration, Instant};
 
 /// At most one acknowledgement sample per rail this often (fast links drain a socket buffer
 /// in well under a millisecond, and only intervals that never ran dry count).
 const SAMPLE_EVERY: Duration = Duration::from_micros(50);
-/// Busy time per rate estimate: long enough to average over a shaper's bursts.
+/// Busy time and bytes per rate estimate: enough to average over a shaper's bursts and what
+/// socket buffers absorb (a rate from less is mostly those).
 const WINDOW: Duration = Duration::from_millis(200);
-/// Weights are announced again only when a live stream's share moves by more than this.
-const SHARE_DRIFT: f64 = 0.03;
+const WINDOW_BYTES: u64 = 4 << 20;
+/// Weights are announced again only when a live stream's share moves by more than this (a
+/// stream given 2 points too much of a message finishes that much later than the others).
+const SHARE_DRIFT: f64 = 0.02;
 /// The fastest stream's weight (the others in proportion, at least 1).
 const SCALE: f64 = 1000.0;
 
@@ -60,7 +63,7 @@ impl Meter {
             }
         }
         self.last = Some((now, acked, q));
-        if self.win < WINDOW {
+        if self.win < WINDOW || self.win_bytes < WINDOW_BYTES {
             return false;
         }
         let r = self.win_bytes as f64 / self.win.as_secs_f64();
@@ -156,7 +159,12 @@ mod tests {
         assert!(shares_differ(&[1000; 4], &w, &live));
         assert!(!shares_differ(
             &[1000, 500, 1000, 500],
-            &[1000, 520, 1000, 510],
+            &[1000, 505, 1000, 503],
+            &live
+        ));
+        assert!(shares_differ(
+            &[1000, 500, 1000, 500],
+            &[1000, 700, 1000, 700],
             &live
         ));
         // A dead stream keeps its old weight and is left out of the shares.
