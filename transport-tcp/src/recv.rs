@@ -794,3 +794,153 @@ impl NetRecvComm for TcpRecvComm {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The receiver against a sender written by hand on real loopback sockets: `Weights`
+    //! frames change how later messages split, in whatever order the streams deliver them,
+    //! and a frame the one-call fast path reads past is put back.
+    use super::*;
+    use crate::frame::{nparts, split, weights_frame};
+    use railcc_core::net::{CollKind, NetRecvComm};
+    use railcc_core::DataType;
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    fn streams(n: usize) -> (Vec<TcpStream>, Vec<Socket>) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        (0..n)
+            .map(|_| {
+                let w = TcpStream::connect(addr).unwrap();
+                let (r, _) = l.accept().unwrap();
+                r.set_nonblocking(true).unwrap();
+                (w, Socket::from(r))
+            })
+            .unzip()
+    }
+
+    fn settings() -> TcpSettings {
+        TcpSettings {
+            nstreams: 2,
+            stripe_min_bytes: 4096,
+            socket_buffer_bytes: 1 << 20,
+            max_message_bytes: 1 << 30,
+            rail_failover: false,
+            rail_timeout: Duration::from_secs(3),
+            measure_rails: true,
+        }
+    }
+
+    fn tag(n: usize) -> MsgTag {
+        MsgTag::new(1, CollKind::AllReduce, DataType::U8, None, None, n as u64)
+    }
+
+    /// Writes message `seq` (`data`) split by `weights` over the writers, part i on writer i.
+    fn send(w: &mut [TcpStream], seq: u64, data: &[u8], weights: &[u32]) {
+        let n = nparts(data.len(), w.len(), 4096);
+        for (i, s) in w.iter_mut().enumerate().take(n) {
+            let (off, len) = split(data.len(), &weights[..n], i);
+            let h = Header {
+                part: i as u16,
+                nparts: n as u16,
+                seq,
+                tag: tag(data.len()),
+                total: data.len() as u64,
+                off: off as u64,
+                len: len as u64,
+                epoch: 0,
+                kind: Kind::Data,
+            };
+            s.write_all(&h.encode()).unwrap();
+            s.write_all(&data[off..off + len]).unwrap();
+        }
+    }
+
+    fn recv(r: &mut TcpRecvComm, len: usize) -> Result<Vec<u8>> {
+        let mut got = vec![0u8; len];
+        // SAFETY: `got` outlives the request, which completes (or fails) below.
+        let req = unsafe { r.irecv(got.as_mut_ptr(), len, tag(len), None) }?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while r.test(req)?.is_none() {
+            assert!(Instant::now() < deadline, "receive hung");
+        }
+        Ok(got)
+    }
+
+    fn pattern(n: usize, k: u8) -> Vec<u8> {
+        (0..n).map(|i| (i % 251) as u8 ^ k).collect()
+    }
+
+    #[test]
+    fn weights_frames_change_the_split_from_their_message_on() {
+        let (mut w, socks) = streams(2);
+        let mut r = TcpRecvComm::new(socks, vec![1, 1], vec!["lo".into(); 2], false, settings());
+        let (a, b) = (pattern(1 << 20, 1), pattern(1 << 20, 2));
+        send(&mut w, 0, &a, &[1, 1]);
+        assert_eq!(recv(&mut r, a.len()).unwrap(), a);
+        // From message 1 on, 3:1; stream 1 delivers its Weights frame and part first.
+        let wf = weights_frame(1, &[3, 1]);
+        w[1].write_all(&wf).unwrap();
+        let n = b.len();
+        let (off, len) = split(n, &[3, 1], 1);
+        let h = |part: usize, off: usize, len: usize| Header {
+            part: part as u16,
+            nparts: 2,
+            seq: 1,
+            tag: tag(n),
+            total: n as u64,
+            off: off as u64,
+            len: len as u64,
+            epoch: 0,
+            kind: Kind::Data,
+        };
+        w[1].write_all(&h(1, off, len).encode()).unwrap();
+        w[1].write_all(&b[off..off + len]).unwrap();
+        w[0].write_all(&wf).unwrap();
+        w[0].write_all(&h(0, 0, off).encode()).unwrap();
+        w[0].write_all(&b[..off]).unwrap();
+        assert_eq!(recv(&mut r, n).unwrap(), b);
+        // A part split by the old weights after the change is refused by name.
+        send(&mut w, 2, &a, &[1, 1]);
+        let e = recv(&mut r, a.len()).unwrap_err();
+        assert!(e.message.contains("bad split"), "{e}");
+    }
+
+    #[test]
+    fn a_weights_frame_read_by_the_fast_path_is_put_back() {
+        let (mut w, socks) = streams(2);
+        let mut r = TcpRecvComm::new(socks, vec![1, 1], vec!["lo".into(); 2], false, settings());
+        // Message 0 is small (one part, stream 0): the receiver reads header and payload in
+        // one call. Then a Weights frame for message 1 and message 1 itself, also small:
+        // the fast path reads the frame's header and message 1's frame into message 1's
+        // buffer, and must move them back.
+        let small = pattern(3000, 7);
+        send(&mut w, 0, &small, &[1, 1]);
+        assert_eq!(recv(&mut r, small.len()).unwrap(), small);
+        let wf = weights_frame(1, &[5, 2]);
+        for s in w.iter_mut() {
+            s.write_all(&wf).unwrap();
+        }
+        let next = pattern(3000, 9);
+        send(&mut w, 1, &next, &[5, 2]);
+        assert_eq!(recv(&mut r, next.len()).unwrap(), next);
+        // And a striped message after it, split 5:2.
+        let big = pattern(1 << 20, 3);
+        send(&mut w, 2, &big, &[5, 2]);
+        assert_eq!(recv(&mut r, big.len()).unwrap(), big);
+    }
+
+    #[test]
+    fn weights_frames_that_disagree_are_a_protocol_error() {
+        let (mut w, socks) = streams(2);
+        let mut r = TcpRecvComm::new(socks, vec![1, 1], vec!["lo".into(); 2], false, settings());
+        w[0].write_all(&weights_frame(0, &[3, 1])).unwrap();
+        w[1].write_all(&weights_frame(0, &[1, 3])).unwrap();
+        let data = pattern(1 << 20, 4);
+        send(&mut w, 0, &data, &[3, 1]);
+        let e = recv(&mut r, data.len()).unwrap_err();
+        assert!(e.message.contains("differ"), "{e}");
+    }
+}
