@@ -1,7 +1,8 @@
 //! Which interfaces a TCP connection stripes over (`RAILCC_RAILS`), and with what weights.
 //!
-//! - empty: the one interface chosen for the job (`RAILCC_SOCKET_IFNAME`, or the route to the
-//!   bootstrap root);
+//! - empty: as NCCL, every usable NIC of the best class (what `auto` finds) when the job's
+//!   interface (the route to the bootstrap root) is one of several such NICs; otherwise, or
+//!   when `RAILCC_SOCKET_IFNAME` names the interface, that one interface;
 //! - `auto`: the NICs the topology puts nearest this rank ([`railcc_core::topo`]);
 //! - `eth0:800,eth1:400`: these interfaces, weighted by the bandwidth given in Mb/s, else by
 //!   the link speed the kernel reports, else equally.
@@ -30,19 +31,36 @@ pub fn declared(cfg: &Config) -> bool {
 
 pub fn tcp_rails(cfg: &Config, iface: &Iface) -> Result<Vec<TcpRail>> {
     let spec = cfg.rails.trim();
+    let nearest = || -> Result<Vec<(String, Option<u32>)>> {
+        let topo = Topology::load(&cfg.topo_file, Vec::new(), Vec::new())?;
+        Ok(topo
+            .rails(None, my_numa_node(&topo), &[])
+            .into_iter()
+            .map(|r| (r.name, None))
+            .collect())
+    };
     if spec.is_empty() {
-        return Ok(vec![TcpRail {
+        let one = vec![TcpRail {
             name: iface.name.clone(),
             ip: iface.ip,
             weight: 1,
-        }]);
+        }];
+        if !cfg.socket_ifname.trim().is_empty() {
+            return Ok(one);
+        }
+        // A topology that cannot be read, or a job on an interface that is not one of the
+        // NICs (loopback), keeps to its one interface.
+        return match nearest() {
+            Ok(all) if all.len() > 1 && all.iter().any(|(n, _)| *n == iface.name) => {
+                let rails = with_addresses(all, iface)?;
+                tracing::info!("tcp rails: every NIC of the job's class: {}", describe(&rails));
+                Ok(rails)
+            }
+            _ => Ok(one),
+        };
     }
     let wanted: Vec<(String, Option<u32>)> = if spec == "auto" {
-        let topo = Topology::load(&cfg.topo_file, Vec::new(), Vec::new())?;
-        topo.rails(None, my_numa_node(&topo), &[])
-            .into_iter()
-            .map(|r| (r.name, None))
-            .collect()
+        nearest()?
     } else {
         spec.split(',')
             .map(|item| {
@@ -68,6 +86,11 @@ pub fn tcp_rails(cfg: &Config, iface: &Iface) -> Result<Vec<TcpRail>> {
             "RAILCC_RAILS={spec}: no interface to use"
         )));
     }
+    with_addresses(wanted, iface)
+}
+
+/// The rails `wanted` (name, declared Mb/s) with their addresses and starting weights.
+fn with_addresses(wanted: Vec<(String, Option<u32>)>, iface: &Iface) -> Result<Vec<TcpRail>> {
     let all = netif::list()?;
     wanted
         .into_iter()

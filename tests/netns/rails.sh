@@ -4,8 +4,9 @@
 # removed on exit, whatever the outcome. Traffic stays inside the namespaces.
 #  1. shaping holds: each rail alone carries about its rate, no more;
 #  2. striping: 2-node sendrecv and all_reduce over both rails reach >= 90% of the sum of the
-#     rates (best of up to 3 runs), with RAILCC_RAILS=auto (nothing declared: the split follows
-#     the measured rates) and with the bandwidths declared; an even split (capped at twice the
+#     rates (best of up to 3 runs), with RAILCC_RAILS unset (the default: every NIC of the
+#     job's class, as NCCL), =auto (nothing declared: the split follows the measured rates)
+#     and with the bandwidths declared; an even split (capped at twice the
 #     slow rail) is shown beside them; then rail 0 is re-shaped from 800 to 200 Mbit/s during
 #     checked all-reduces over auto rails: within 2 s they run at >= 85% of the new sum;
 #  3. railcc bench --compare over rail 0, rail 1, both even, both declared and both measured
@@ -138,10 +139,14 @@ echo "even split over both rails: sendrecv $even MB/s ($(pct $even $sum)% of $su
 # The shapers cap what a run can reach, so a slow run is noise from the 2-core host (one
 # 4 x 64 MB run has read 88-95% for sendrecv): up to 3 tries. Only a slow try is tried again:
 # run fails at once on a try that crashed, timed out or got a result wrong.
-for how in measured declared; do
+for how in default measured declared; do
   for c in sendrecv all_reduce; do
     for try in 1 2 3; do
-      if [ $how = measured ]; then run $c auto auto; cp $T-$c.0 $T-auto-$c.0; else run $c r0a:$R0,r1a:$R1 r0b:$R0,r1b:$R1; fi
+      case $how in
+        default) run $c "" ""; cp $T-$c.0 $T-default-$c.0 ;;
+        measured) run $c auto auto; cp $T-$c.0 $T-auto-$c.0 ;;
+        declared) run $c r0a:$R0,r1a:$R1 r0b:$R0,r1b:$R1 ;;
+      esac
       w=$MBS p=$(pct $MBS $sum)
       echo "$how split over both rails: $c $w MB/s per direction, $p% of the rails' $sum MB/s (try $try)"
       awk -v a=$w -v b=$sum 'BEGIN{exit !(a >= 0.9 * b)}' && break
@@ -151,7 +156,9 @@ for how in measured declared; do
     done
   done
 done
-grep -q "split by measured rates" $T-auto-all_reduce.0 || { cat $T-auto-all_reduce.0; fail "the auto run does not say it splits by measured rates"; }
+for f in $T-auto-all_reduce.0 $T-default-sendrecv.0; do
+  grep -q "tcp over r0a.* r1a.*, split by measured rates" $f || { cat $f; fail "$f: not over both rails split by measured rates"; }
+done
 # Re-shaping: checked 64 MB all-reduces over auto rails; 4 s in, rail 0 drops to R0L Mbit/s at
 # both ends. Node A's rail byte counters, read every 250 ms, give the rate per direction.
 R0L=200
