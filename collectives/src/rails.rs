@@ -53,7 +53,10 @@ pub fn tcp_rails(cfg: &Config, iface: &Iface) -> Result<Vec<TcpRail>> {
         return match nearest() {
             Ok(all) if all.len() > 1 && all.iter().any(|(n, _)| *n == iface.name) => {
                 let rails = with_addresses(all, iface)?;
-                tracing::info!("tcp rails: every NIC of the job's class: {}", describe(&rails));
+                tracing::info!(
+                    "tcp rails: every NIC of the job's class: {}",
+                    describe(&rails)
+                );
                 Ok(rails)
             }
             _ => Ok(one),
