@@ -1,9 +1,10 @@
 //! Which interfaces a TCP connection stripes over (`RAILCC_RAILS`), and with what weights.
 //!
-//! - empty: as NCCL, every usable NIC of the best class (what `auto` finds) when the job's
-//!   interface (the route to the bootstrap root) is one of several such NICs; otherwise, or
-//!   when `RAILCC_SOCKET_IFNAME` names the interface, that one interface;
-//! - `auto`: the NICs the topology puts nearest this rank ([`railcc_core::topo`]);
+//! - empty: as NCCL, what `auto` finds when the job's interface (the route to the bootstrap
+//!   root) is one of the machine's NICs; otherwise (loopback), or when `RAILCC_SOCKET_IFNAME`
+//!   names the interface, that one interface;
+//! - `auto`: the NICs the topology puts nearest this rank ([`railcc_core::topo`]): nearest its
+//!   GPU when it has one (`RAILCC_GPU_ORDINAL`, set by the GPU paths), else its NUMA node;
 //! - `eth0:800,eth1:400`: these interfaces, weighted by the bandwidth given in Mb/s, else by
 //!   the link speed the kernel reports, else equally.
 //!
@@ -31,13 +32,23 @@ pub fn declared(cfg: &Config) -> bool {
 
 pub fn tcp_rails(cfg: &Config, iface: &Iface) -> Result<Vec<TcpRail>> {
     let spec = cfg.rails.trim();
-    let nearest = || -> Result<Vec<(String, Option<u32>)>> {
-        let topo = Topology::load(&cfg.topo_file, Vec::new(), Vec::new())?;
-        Ok(topo
-            .rails(None, my_numa_node(&topo), &[])
+    // The nearest NICs, and whether the job's interface is one of the topology's NICs.
+    let nearest = || -> Result<(Vec<(String, Option<u32>)>, bool)> {
+        let topo = Topology::load(&cfg.topo_file, gpus_for(cfg), Vec::new())?;
+        // The rank's GPU, when it has one the topology knows: the NICs nearest it.
+        let gpu = usize::try_from(cfg.gpu_ordinal)
+            .ok()
+            .and_then(|o| topo.gpus.iter().position(|g| g.ordinal == o));
+        let on_nic = topo
+            .usable_nics()
+            .iter()
+            .any(|&i| topo.nics[i].name == iface.name);
+        let rails = topo
+            .rails(gpu, my_numa_node(&topo), &[])
             .into_iter()
             .map(|r| (r.name, None))
-            .collect())
+            .collect();
+        Ok((rails, on_nic))
     };
     if spec.is_empty() {
         let one = vec![TcpRail {
@@ -50,11 +61,12 @@ pub fn tcp_rails(cfg: &Config, iface: &Iface) -> Result<Vec<TcpRail>> {
         }
         // A topology that cannot be read, or a job on an interface that is not one of the
         // NICs (loopback), keeps to its one interface.
+        // Several NICs, or the one nearest this rank's GPU, when the job runs on a NIC.
         return match nearest() {
-            Ok(all) if all.len() > 1 && all.iter().any(|(n, _)| *n == iface.name) => {
+            Ok((all, true)) if all.len() > 1 || all.iter().any(|(n, _)| *n != iface.name) => {
                 let rails = with_addresses(all, iface)?;
                 tracing::info!(
-                    "tcp rails: every NIC of the job's class: {}",
+                    "tcp rails: the NICs nearest this rank: {}",
                     describe(&rails)
                 );
                 Ok(rails)
@@ -63,7 +75,7 @@ pub fn tcp_rails(cfg: &Config, iface: &Iface) -> Result<Vec<TcpRail>> {
         };
     }
     let wanted: Vec<(String, Option<u32>)> = if spec == "auto" {
-        nearest()?
+        nearest()?.0
     } else {
         spec.split(',')
             .map(|item| {
@@ -121,6 +133,27 @@ fn with_addresses(wanted: Vec<(String, Option<u32>)>, iface: &Iface) -> Result<V
             })
         })
         .collect()
+}
+
+/// The machine's GPUs for the topology, when this rank has one and no topology file says
+/// what the machine is (no driver: none, and rails fall back to the NUMA node's NICs).
+fn gpus_for(cfg: &Config) -> Vec<railcc_core::topo::Gpu> {
+    if cfg.gpu_ordinal < 0 || !cfg.topo_file.is_empty() {
+        return Vec::new();
+    }
+    railcc_cuda::driver::devices()
+        .map(|found| {
+            found
+                .iter()
+                .map(|g| railcc_core::topo::Gpu {
+                    ordinal: g.ordinal,
+                    name: g.name.clone(),
+                    pci_bus_id: g.pci_bus_id.clone(),
+                    place: railcc_core::topo::discover::place_of_pci(&g.pci_bus_id),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// The NUMA node of the CPU this thread runs on (bind ranks to keep it stable).

@@ -186,6 +186,10 @@ config! {
     /// Prints, when a GPU network communicator closes, where its calls' time went: time to
     /// enqueue, each piece's host part, and the stream's turnaround between pieces.
     gpu_net_trace: bool = false, "RAILCC_GPU_NET_TRACE";
+    /// The GPU this rank's data lives on (libnccl and the GPU paths set it; -1: none): its
+    /// rails between hosts are the NICs nearest that GPU (`railcc topo`), as rail-optimised
+    /// clusters are wired, instead of those nearest the rank's NUMA node.
+    gpu_ordinal: i64 = -1, "RAILCC_GPU_ORDINAL";
     /// RDMA queue pairs per connection (NCCL_IB_QPS_PER_CONNECTION): messages of 64 KB and
     /// more are split across them. The connecting (sending) side's value is used. 1 to 16.
     ib_qps_per_conn: u8 = 1, "RAILCC_IB_QPS_PER_CONN";

@@ -16,6 +16,8 @@
 #  5. (run before 3) rail loss partway through checked all-reduces: finished on the other
 #     rail; with failover off, an error naming the rail.
 #  6. (run before 3) a rank killed partway: every survivor on both nodes names it.
+#  7. (run before 4) GPU-NIC affinity: ranks on emulated GPU g (a topology file) send
+#     through rail g alone (byte counters).
 # Usage: [PLOT=out.svg] tests/netns/rails.sh path/to/railcc path/to/railcc-test-rank
 set -uo pipefail
 RAILCC=$(readlink -f "${1:-target/release/railcc}")
@@ -199,6 +201,45 @@ positive "$after" || fail "re-shaped rail: no rate measured 2-4 s after the re-s
 awk -v a=$after -v b=$new_sum 'BEGIN{exit !(a >= 0.85 * b)}' || fail "re-shaped rail: $after MB/s 2-4 s after the re-shape, below 85% of the new $new_sum MB/s"
 ip netns exec "$A" tc qdisc change dev r0a root tbf rate ${R0}mbit burst 1mb latency 200ms && \
   ip netns exec "$B" tc qdisc change dev r0b root tbf rate ${R0}mbit burst 1mb latency 200ms || fail "restore rail 0's shaping"
+# GPU-NIC affinity: each node described by a topology file (RAILCC_TOPO_FILE) with two
+# emulated GPUs, GPU i on the PCI switch of rail i (PIX). A rank that says it drives GPU g
+# (RAILCC_GPU_ORDINAL, as libnccl and the GPU paths set it) sends between the nodes through
+# rail g only, rail g meeting rail g, with RAILCC_RAILS unset: node A's rail counters.
+topo_file() { # NODE(a|b) HOSTBYTE: the topology of one node
+  local n=$1 h=$2
+  cat <<JSON
+{"numa": [{"id": 0, "cpus": "0-1"}], "rdma": [], "nvlinks": [],
+ "nics": [
+  {"name": "r0$n", "up": true, "addrs": ["10.201.0.$h"], "speed_mbps": null, "place": {"numa": null, "pci_path": "/sys/devices/pci0000:00/0000:00:01.0/0000:01:01.0"}},
+  {"name": "r1$n", "up": true, "addrs": ["10.202.0.$h"], "speed_mbps": null, "place": {"numa": null, "pci_path": "/sys/devices/pci0000:00/0000:00:02.0/0000:02:01.0"}}],
+ "gpus": [
+  {"ordinal": 0, "name": "emulated GPU 0", "pci_bus_id": "0000:01:00.0", "place": {"numa": null, "pci_path": "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0"}},
+  {"ordinal": 1, "name": "emulated GPU 1", "pci_bus_id": "0000:02:00.0", "place": {"numa": null, "pci_path": "/sys/devices/pci0000:00/0000:00:02.0/0000:02:00.0"}}]}
+JSON
+}
+topo_file a 1 > $T-topo-a.json; topo_file b 2 > $T-topo-b.json
+RAILCC_TOPO_FILE=$T-topo-a.json timeout 60 ip netns exec "$A" "$RAILCC" topo > $T-topo-gpu 2>&1 || { cat $T-topo-gpu; fail "railcc topo with the emulated GPUs"; }
+grep -q "rank on GPU1: rail 0 = r1a (PIX)" $T-topo-gpu || { cat $T-topo-gpu; fail "railcc topo: GPU 1's rail is not r1a (PIX)"; }
+for g in 0 1; do
+  port=$((port + 1))
+  declare -A before=(); for d in r0a r1a; do before[$d]=$(ip netns exec "$A" cat /sys/class/net/$d/statistics/tx_bytes); done
+  for r in 0 1; do
+    if [ $r = 0 ]; then ns=$A s=a; else ns=$B s=b; fi
+    start 120 $ns $T-aff$g.$r env RAILCC_TOPO_FILE=$T-topo-$s.json RAILCC_GPU_ORDINAL=$g RAILCC_HOSTID=node$r \
+      RAILCC_TIMEOUT_MS=30000 "$RAILCC" bench sendrecv --rank $r --nranks 2 --root-addr 10.201.0.1:$port \
+      -b 16M -e 16M -n 4 -w 1
+  done
+  reap
+  ranks_ok "affinity, GPU $g" $T-aff$g.0 $T-aff$g.1
+  table_ok "affinity, GPU $g" $T-aff$g.0
+  declare -A sent=(); for d in r0a r1a; do sent[$d]=$(( $(ip netns exec "$A" cat /sys/class/net/$d/statistics/tx_bytes) - ${before[$d]} )); done
+  mine=r${g}a other=r$((1 - g))a
+  echo "affinity: ranks on emulated GPU $g: node A sent ${sent[$mine]} B on $mine, ${sent[$other]} B on $other ($(grep -m1 -o "transport tcp over [^,]*" $T-aff$g.0))"
+  grep -q "transport tcp over $mine," $T-aff$g.0 || { cat $T-aff$g.0; fail "affinity: the rank on GPU $g does not run over $mine alone"; }
+  awk -v a=${sent[$mine]} -v b=${sent[$other]} 'BEGIN{exit !(a > 4 * 16777216 && b < 0.02 * a)}' \
+    || fail "affinity: GPU $g's bytes are not on $mine (${sent[$mine]} B there, ${sent[$other]} B on $other)"
+done
+
 # 4. Hierarchy: 4 ranks, 2 per node, dealt round-robin (ranks 0 and 2 on node A, 1 and 3 on
 #    B). The ring visits each node's ranks together, so 2 of its 4 edges cross the rails
 #    instead of all 4, and same-node pairs use local addresses, never a rail. Checked with

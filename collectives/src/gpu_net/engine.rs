@@ -131,7 +131,9 @@ impl GpuNet {
     /// connections) and the threads, for this rank's GPU `ordinal`. Collective: every rank of
     /// `parent` calls it.
     pub fn new(parent: &Communicator, ordinal: usize) -> Result<GpuNet> {
-        let cfg = parent.config().clone();
+        let mut cfg = parent.config().clone();
+        // The channels' rails: the NICs nearest this GPU.
+        cfg.gpu_ordinal = ordinal as i64;
         let (rank, nranks) = (parent.rank(), parent.nranks());
         let ctx = Arc::new(Ctx::new(ordinal)?);
         let nch = cfg.gpu_net_channels;
