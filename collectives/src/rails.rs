@@ -30,10 +30,13 @@ pub fn declared(cfg: &Config) -> bool {
     !spec.is_empty() && spec != "auto" && spec.split(',').all(|i| i.contains(':'))
 }
 
+/// Rails wanted by name, with the bandwidth declared for each (Mb/s), if any.
+type Wanted = Vec<(String, Option<u32>)>;
+
 pub fn tcp_rails(cfg: &Config, iface: &Iface) -> Result<Vec<TcpRail>> {
     let spec = cfg.rails.trim();
     // The nearest NICs, and whether the job's interface is one of the topology's NICs.
-    let nearest = || -> Result<(Vec<(String, Option<u32>)>, bool)> {
+    let nearest = || -> Result<(Wanted, bool)> {
         let topo = Topology::load(&cfg.topo_file, gpus_for(cfg), Vec::new())?;
         // The rank's GPU, when it has one the topology knows: the NICs nearest it.
         let gpu = usize::try_from(cfg.gpu_ordinal)
@@ -74,7 +77,7 @@ pub fn tcp_rails(cfg: &Config, iface: &Iface) -> Result<Vec<TcpRail>> {
             _ => Ok(one),
         };
     }
-    let wanted: Vec<(String, Option<u32>)> = if spec == "auto" {
+    let wanted: Wanted = if spec == "auto" {
         nearest()?.0
     } else {
         spec.split(',')
@@ -105,7 +108,7 @@ pub fn tcp_rails(cfg: &Config, iface: &Iface) -> Result<Vec<TcpRail>> {
 }
 
 /// The rails `wanted` (name, declared Mb/s) with their addresses and starting weights.
-fn with_addresses(wanted: Vec<(String, Option<u32>)>, iface: &Iface) -> Result<Vec<TcpRail>> {
+fn with_addresses(wanted: Wanted, iface: &Iface) -> Result<Vec<TcpRail>> {
     let all = netif::list()?;
     wanted
         .into_iter()
