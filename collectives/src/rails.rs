@@ -1,8 +1,8 @@
 //! Which interfaces a TCP connection stripes over (`RAILCC_RAILS`), and with what weights.
 //!
-//! - empty: as NCCL, what `auto` finds when the job's interface (the route to the bootstrap
-//!   root) is one of the machine's NICs; otherwise (loopback), or when `RAILCC_SOCKET_IFNAME`
-//!   names the interface, that one interface;
+//! - empty: as NCCL, what `auto` finds when those are PCI NICs and the job's interface (the
+//!   route to the bootstrap root) is one of the machine's NICs; otherwise (loopback, bridges,
+//!   veth), or when `RAILCC_SOCKET_IFNAME` names the interface, that one interface;
 //! - `auto`: the NICs the topology puts nearest this rank ([`railcc_core::topo`]): nearest its
 //!   GPU when it has one (`RAILCC_GPU_ORDINAL`, set by the GPU paths), else its NUMA node;
 //! - `eth0:800,eth1:400`: these interfaces, weighted by the bandwidth given in Mb/s, else by
@@ -35,7 +35,8 @@ type Wanted = Vec<(String, Option<u32>)>;
 
 pub fn tcp_rails(cfg: &Config, iface: &Iface) -> Result<Vec<TcpRail>> {
     let spec = cfg.rails.trim();
-    // The nearest NICs, and whether the job's interface is one of the topology's NICs.
+    // The nearest NICs, and whether they are all PCI devices with the job's interface one of
+    // the topology's NICs (the default takes them only then).
     let nearest = || -> Result<(Wanted, bool)> {
         let topo = Topology::load(&cfg.topo_file, gpus_for(cfg), Vec::new())?;
         // The rank's GPU, when it has one the topology knows: the NICs nearest it.
@@ -46,12 +47,14 @@ pub fn tcp_rails(cfg: &Config, iface: &Iface) -> Result<Vec<TcpRail>> {
             .usable_nics()
             .iter()
             .any(|&i| topo.nics[i].name == iface.name);
-        let rails = topo
-            .rails(gpu, my_numa_node(&topo), &[])
-            .into_iter()
-            .map(|r| (r.name, None))
-            .collect();
-        Ok((rails, on_nic))
+        let rails = topo.rails(gpu, my_numa_node(&topo), &[]);
+        // Bridges, container and tunnel interfaces (no PCI device) never join by default:
+        // a peer's docker0 has our docker0's address.
+        let physical = rails
+            .iter()
+            .all(|r| topo.nics[r.nic].place.pci_path.is_some());
+        let rails = rails.into_iter().map(|r| (r.name, None)).collect();
+        Ok((rails, on_nic && physical))
     };
     if spec.is_empty() {
         let one = vec![TcpRail {
@@ -62,9 +65,9 @@ pub fn tcp_rails(cfg: &Config, iface: &Iface) -> Result<Vec<TcpRail>> {
         if !cfg.socket_ifname.trim().is_empty() {
             return Ok(one);
         }
-        // A topology that cannot be read, or a job on an interface that is not one of the
-        // NICs (loopback), keeps to its one interface.
-        // Several NICs, or the one nearest this rank's GPU, when the job runs on a NIC.
+        // Several NICs, or the one nearest this rank's GPU, when the job runs on a NIC and
+        // they are PCI devices; a topology that cannot be read, a job on loopback or virtual
+        // interfaces keep to the job's one interface.
         return match nearest() {
             Ok((all, true)) if all.len() > 1 || all.iter().any(|(n, _)| *n != iface.name) => {
                 let rails = with_addresses(all, iface)?;

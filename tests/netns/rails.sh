@@ -111,15 +111,33 @@ timeout 60 ip netns exec "$A" "$RAILCC" topo > $T-topo 2>&1 || { cat $T-topo; fa
 grep -v "^#" $T-topo | grep -v "^$"
 grep -q "rail 0 = r0a (NODE), rail 1 = r1a (NODE)" $T-topo || fail "railcc topo: rails of node A not r0a, r1a"
 
+# Each node described by a topology file (RAILCC_TOPO_FILE) as a machine with its rails on
+# PCI: two emulated GPUs, GPU i on the PCI switch of rail i (PIX). The default rails (every
+# PCI NIC of the best class) and GPU-NIC affinity are tested with it.
+topo_file() { # NODE(a|b) HOSTBYTE: the topology of one node
+  local n=$1 h=$2
+  cat <<JSON
+{"numa": [{"id": 0, "cpus": "0-1"}], "rdma": [], "nvlinks": [],
+ "nics": [
+  {"name": "r0$n", "up": true, "addrs": ["10.201.0.$h"], "speed_mbps": null, "place": {"numa": null, "pci_path": "/sys/devices/pci0000:00/0000:00:01.0/0000:01:01.0"}},
+  {"name": "r1$n", "up": true, "addrs": ["10.202.0.$h"], "speed_mbps": null, "place": {"numa": null, "pci_path": "/sys/devices/pci0000:00/0000:00:02.0/0000:02:01.0"}}],
+ "gpus": [
+  {"ordinal": 0, "name": "emulated GPU 0", "pci_bus_id": "0000:01:00.0", "place": {"numa": null, "pci_path": "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0"}},
+  {"ordinal": 1, "name": "emulated GPU 1", "pci_bus_id": "0000:02:00.0", "place": {"numa": null, "pci_path": "/sys/devices/pci0000:00/0000:00:02.0/0000:02:00.0"}}]}
+JSON
+}
+topo_file a 1 > $T-topo-a.json; topo_file b 2 > $T-topo-b.json
 port=29700
-# run COLL RAILS_A RAILS_B: 2 ranks, one per node, 64 MB calls. Fails unless both ranks exit 0
+# run COLL RAILS_A RAILS_B: 2 ranks, one per node, 64 MB calls (with RUN_TOPO=1 each node
+# reads its topology file). Fails unless both ranks exit 0
 # within 120 s with every result right; MBS = MB/s per direction (1e6 bytes/s).
 run() {
   port=$((port + 1))
-  local log=$T-$1 what="$1 over '$2'" r ns rails
+  local log=$T-$1 what="$1 over '$2'" r ns rails topo
   for r in 0 1; do
-    if [ $r = 0 ]; then ns=$A rails=$2; else ns=$B rails=$3; fi
-    start 120 $ns $log.$r env RAILCC_RAILS="$rails" RAILCC_HOSTID=node$r RAILCC_TIMEOUT_MS=30000 \
+    if [ $r = 0 ]; then ns=$A rails=$2 topo=$T-topo-a.json; else ns=$B rails=$3 topo=$T-topo-b.json; fi
+    [ "${RUN_TOPO:-0}" = 1 ] || topo=
+    start 120 $ns $log.$r env RAILCC_TOPO_FILE="$topo" RAILCC_RAILS="$rails" RAILCC_HOSTID=node$r RAILCC_TIMEOUT_MS=30000 \
       "$RAILCC" bench $1 --rank $r --nranks 2 --root-addr 10.201.0.1:$port \
       -b 64M -e 64M -n 4 -w 1
   done
@@ -145,7 +163,7 @@ for how in default measured declared; do
   for c in sendrecv all_reduce; do
     for try in 1 2 3; do
       case $how in
-        default) run $c "" ""; cp $T-$c.0 $T-default-$c.0 ;;
+        default) RUN_TOPO=1 run $c "" ""; cp $T-$c.0 $T-default-$c.0 ;;
         measured) run $c auto auto; cp $T-$c.0 $T-auto-$c.0 ;;
         declared) run $c r0a:$R0,r1a:$R1 r0b:$R0,r1b:$R1 ;;
       esac
@@ -158,6 +176,11 @@ for how in default measured declared; do
     done
   done
 done
+# Without the topology file the rails are veth (no PCI device): the default keeps to the
+# job's one interface, as it would with bridges and container interfaces.
+run sendrecv "" ""
+grep -q "transport tcp over r0a," $T-sendrecv.0 || { cat $T-sendrecv.0; fail "default rails over virtual interfaces: not r0a alone"; }
+echo "default rails, veth only (no PCI): r0a alone, sendrecv $MBS MB/s"
 for f in $T-auto-all_reduce.0 $T-default-sendrecv.0; do
   grep -q "tcp over r0a.* r1a.*, split by measured rates" $f || { cat $f; fail "$f: not over both rails split by measured rates"; }
 done
@@ -201,23 +224,9 @@ positive "$after" || fail "re-shaped rail: no rate measured 2-4 s after the re-s
 awk -v a=$after -v b=$new_sum 'BEGIN{exit !(a >= 0.85 * b)}' || fail "re-shaped rail: $after MB/s 2-4 s after the re-shape, below 85% of the new $new_sum MB/s"
 ip netns exec "$A" tc qdisc change dev r0a root tbf rate ${R0}mbit burst 1mb latency 200ms && \
   ip netns exec "$B" tc qdisc change dev r0b root tbf rate ${R0}mbit burst 1mb latency 200ms || fail "restore rail 0's shaping"
-# GPU-NIC affinity: each node described by a topology file (RAILCC_TOPO_FILE) with two
-# emulated GPUs, GPU i on the PCI switch of rail i (PIX). A rank that says it drives GPU g
+# GPU-NIC affinity, with the topology files: a rank that says it drives GPU g
 # (RAILCC_GPU_ORDINAL, as libnccl and the GPU paths set it) sends between the nodes through
 # rail g only, rail g meeting rail g, with RAILCC_RAILS unset: node A's rail counters.
-topo_file() { # NODE(a|b) HOSTBYTE: the topology of one node
-  local n=$1 h=$2
-  cat <<JSON
-{"numa": [{"id": 0, "cpus": "0-1"}], "rdma": [], "nvlinks": [],
- "nics": [
-  {"name": "r0$n", "up": true, "addrs": ["10.201.0.$h"], "speed_mbps": null, "place": {"numa": null, "pci_path": "/sys/devices/pci0000:00/0000:00:01.0/0000:01:01.0"}},
-  {"name": "r1$n", "up": true, "addrs": ["10.202.0.$h"], "speed_mbps": null, "place": {"numa": null, "pci_path": "/sys/devices/pci0000:00/0000:00:02.0/0000:02:01.0"}}],
- "gpus": [
-  {"ordinal": 0, "name": "emulated GPU 0", "pci_bus_id": "0000:01:00.0", "place": {"numa": null, "pci_path": "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0"}},
-  {"ordinal": 1, "name": "emulated GPU 1", "pci_bus_id": "0000:02:00.0", "place": {"numa": null, "pci_path": "/sys/devices/pci0000:00/0000:00:02.0/0000:02:00.0"}}]}
-JSON
-}
-topo_file a 1 > $T-topo-a.json; topo_file b 2 > $T-topo-b.json
 RAILCC_TOPO_FILE=$T-topo-a.json timeout 60 ip netns exec "$A" "$RAILCC" topo > $T-topo-gpu 2>&1 || { cat $T-topo-gpu; fail "railcc topo with the emulated GPUs"; }
 grep -q "rank on GPU1: rail 0 = r1a (PIX)" $T-topo-gpu || { cat $T-topo-gpu; fail "railcc topo: GPU 1's rail is not r1a (PIX)"; }
 for g in 0 1; do
