@@ -47,8 +47,10 @@ verdict() {
   local tables oks rows wrong
   tables=$(grep -c "Out of bounds values" "$f")
   oks=$(grep -c "Out of bounds values : 0 OK" "$f")
-  rows=$(grep -cE '^ +[0-9]+ +[0-9]+ +[a-z0-9_]+ +[a-z]+ +-?[0-9]+ ' "$f")
-  wrong=$(awk '/^ +[0-9]+ +[0-9]+ +[a-z0-9_]+ +[a-z]+ +-?[0-9]+ / && (($9 != "0" && $9 != "N/A") || ($13 != "0" && $13 != "N/A"))' "$f" | wc -l)
+  # Rows with a reduction op, and rows without one (hypercube): #wrong sits one column earlier.
+  rows=$(grep -cE '^ +[0-9]+ +[0-9]+ +[a-z0-9_]+ +([a-z]+ +)?-?[0-9]+ +[0-9.]+ ' "$f")
+  wrong=$(awk '/^ +[0-9]+ +[0-9]+ +[a-z0-9_]+ +[a-z]+ +-?[0-9]+ / && (($9 != "0" && $9 != "N/A") || ($13 != "0" && $13 != "N/A"))
+    /^ +[0-9]+ +[0-9]+ +[a-z0-9_]+ +-?[0-9]+ +[0-9.]+ / && (($8 != "0" && $8 != "N/A") || ($12 != "0" && $12 != "N/A"))' "$f" | wc -l)
   if [ "$rc" != 0 ]; then why="exit $rc"
   elif [ "${4:-table}" = table ] && { [ "$tables" = 0 ] || [ "$oks" != "$tables" ]; }; then why="out of bounds: $oks of $tables tables OK"
   elif [ "${4:-table}" = table ] && [ "$rows" = 0 ]; then why="no result rows"
@@ -89,7 +91,7 @@ case " $PARTS " in *" unit "*)
   grep -E "wide accumulation|test result" /tmp/test-gpu-unit.log | sed 's/^/      /'
   # libnccl from C with a driver: ncclCommInitAll over the GPUs must work (CI checks the
   # clean error without one).
-  timeout 120 bash nccl-compat/tests/c_api.sh .device/lib driver > /tmp/test-gpu-capi.log 2>&1
+  timeout 120 bash nccl-compat/tests/c_api.sh .device/lib driver "$NG" > /tmp/test-gpu-capi.log 2>&1
   rc=$?
   grep -q "c_api: ok" /tmp/test-gpu-capi.log || rc=${rc/#0/97}
   verdict "unit: libnccl's C API with a driver (nccl-compat/tests/c_api.sh driver)" $rc /tmp/test-gpu-capi.log notable

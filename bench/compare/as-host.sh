@@ -3,10 +3,13 @@
 # RAILCC_HOSTID "host<N / AS_HOST_PER>", so railcc and NCCL treat ranks on one machine as
 # separate machines. AS_HOST_PER (default 1) ranks share each host; above 1, rank N also
 # drives GPU N mod AS_HOST_PER (NCCL_TESTS_DEVICE), so with 4 ranks on 2 GPUs each GPU holds
-# one rank of each host (the 2 x 2 layout on a 2-GPU machine).
+# one rank of each host (the 2 x 2 layout on a 2-GPU machine). AS_HOST_GPUS=1 (a machine of
+# one GPU) puts every rank on GPU 0: each emulated host's rank shares it with the others.
 r=${OMPI_COMM_WORLD_RANK:?as-host.sh runs under mpirun}
 per=${AS_HOST_PER:-1}
 h=host$((r / per))
 export NCCL_HOSTID=$h RAILCC_HOSTID=$h
-[ "$per" -gt 1 ] && export NCCL_TESTS_DEVICE=$((r % per))
+if [ "$per" -gt 1 ] || [ "${AS_HOST_GPUS:-0}" = 1 ]; then
+  export NCCL_TESTS_DEVICE=$(( (r % per) % ${AS_HOST_GPUS:-$per} ))
+fi
 exec "$@"

@@ -13,6 +13,11 @@ cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
 source bench/compare/tables.sh
 export RAILCC_TIMEOUT_MS=${RAILCC_TIMEOUT_MS:-30000} NCCL_SOCKET_IFNAME=lo RAILCC_SOCKET_IFNAME=lo
+# On a machine of one GPU (nvidia-h200, nvidia-h100-x1) every rank shares GPU 0: the emulated
+# hosts still move their data over TCP, NCCL's too (different NCCL_HOSTID, so no duplicate-GPU
+# refusal). Figures from such a run are labelled "1 GPU" in the logs.
+export AS_HOST_GPUS=$(nvidia-smi -L | wc -l)
+echo "# gpu-net.sh: $AS_HOST_GPUS GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs)"
 PARTS=${GPU_NET_PARTS:-bench nccl perf kill}
 # trace: where a call's time goes (RAILCC_GPU_NET_TRACE); x2: the 4-rank 2 x 2 layout.
 FAILS=0
@@ -44,7 +49,7 @@ case " $PARTS " in *" bench "*)
 NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
 [ -e "$NCCL_HOME/lib/libnccl.so" ] || ln -sf "$NCCL_HOME/lib/libnccl.so.2" "$NCCL_HOME/lib/libnccl.so"
 NTM=/tmp/nccl-tests-mpi
-MPIRUN="mpirun -np 2 --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_SOCKET_IFNAME -x RAILCC_SOCKET_IFNAME -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x NCCL_DEBUG -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD"
+MPIRUN="mpirun -np 2 --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_SOCKET_IFNAME -x RAILCC_SOCKET_IFNAME -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x NCCL_DEBUG -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD -x AS_HOST_GPUS"
 OURS="$PWD/.device/lib:/usr/local/cuda/lib64"
 case " $PARTS " in *" nccl "*|*" perf "*|*" x2 "*)
   if [ ! -x $NTM/build/all_reduce_perf ]; then

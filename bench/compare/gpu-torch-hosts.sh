@@ -32,10 +32,11 @@ run_hosts() {
   local name=$1 port=$2 i
   shift 2
   local pids=()
+  local NGPU; NGPU=$(nvidia-smi -L | wc -l)   # one GPU: both hosts share it
   rm -f "$OUT/hosts-$name.loss.txt" "$OUT/hosts-$name.fsdp.loss.txt"
   say "== torch 2 hosts on $name (master port $port): $*"
   for i in 0 1; do
-    env "$@" CUDA_VISIBLE_DEVICES=$i NCCL_HOSTID=host$i RAILCC_HOSTID=host$i \
+    env "$@" CUDA_VISIBLE_DEVICES=$((i % NGPU)) NCCL_HOSTID=host$i RAILCC_HOSTID=host$i \
         NCCL_SOCKET_IFNAME=lo RAILCC_SOCKET_IFNAME=lo OVERLAP=1 \
       timeout -k 10 "$LIMIT" python3 -m torch.distributed.run --nnodes 2 --node_rank $i \
         --nproc_per_node 1 --master_addr 127.0.0.1 --master_port "$port" \

@@ -185,7 +185,7 @@ config! {
     gpu_net_ring: usize = 8, "RAILCC_GPU_NET_RING";
     /// Prints, when a GPU network communicator closes, where its calls' time went: time to
     /// enqueue, each piece's host part, and the stream's turnaround between pieces.
-    gpu_net_trace: bool = false, "RAILCC_GPU_NET_TRACE";
+    gpu_net_trace: u8 = 0, "RAILCC_GPU_NET_TRACE";
     /// The GPU this rank's data lives on (libnccl and the GPU paths set it; -1: none): its
     /// rails between hosts are the NICs nearest that GPU (`railcc topo`), as rail-optimised
     /// clusters are wired, instead of those nearest the rank's NUMA node.

@@ -1,6 +1,7 @@
 /* Built against railcc's nccl.h and linked to its libnccl.so.2 (nccl-compat/tests/c_api.sh).
  * Without a CUDA driver, a GPU call must fail cleanly and say why; with one, it must work. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "nccl.h"
 
@@ -8,6 +9,9 @@
 
 int main(int argc, char** argv) {
   int has_driver = argc > 1 && strcmp(argv[1], "driver") == 0;
+  /* "driver N": the machine has N GPUs; the test uses up to two of them. */
+  int ngpu = argc > 2 ? atoi(argv[2]) : 2;
+  if (ngpu < 1 || ngpu > 2) ngpu = 2;
   int v = 0;
   EXPECT(ncclGetVersion(&v) == ncclSuccess);
   EXPECT(v == NCCL_VERSION_CODE && v == 21003);
@@ -18,7 +22,7 @@ int main(int argc, char** argv) {
   EXPECT(ncclGetUniqueId(&id) == ncclSuccess);
 
   ncclComm_t comms[2] = {NULL, NULL};
-  ncclResult_t r = ncclCommInitAll(comms, 2, NULL);
+  ncclResult_t r = ncclCommInitAll(comms, has_driver ? ngpu : 2, NULL);
   if (!has_driver) {
     EXPECT(r == ncclUnhandledCudaError);
     const char* why = ncclGetLastError(NULL);
@@ -28,10 +32,9 @@ int main(int argc, char** argv) {
   } else {
     EXPECT(r == ncclSuccess);
     int n = 0, rank = -1;
-    EXPECT(ncclCommCount(comms[1], &n) == ncclSuccess && n == 2);
-    EXPECT(ncclCommUserRank(comms[1], &rank) == ncclSuccess && rank == 1);
-    EXPECT(ncclCommDestroy(comms[0]) == ncclSuccess);
-    EXPECT(ncclCommDestroy(comms[1]) == ncclSuccess);
+    EXPECT(ncclCommCount(comms[ngpu - 1], &n) == ncclSuccess && n == ngpu);
+    EXPECT(ncclCommUserRank(comms[ngpu - 1], &rank) == ncclSuccess && rank == ngpu - 1);
+    for (int i = 0; i < ngpu; i++) EXPECT(ncclCommDestroy(comms[i]) == ncclSuccess);
   }
 
   /* Arguments are checked before anything touches a GPU. */

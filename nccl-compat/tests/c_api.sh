@@ -2,7 +2,7 @@
 # The C side of railcc's libnccl (issue 7), no GPU needed: the library exports every symbol of
 # tests/symbols.txt, a C program builds against include/nccl.h, links to libnccl.so.2 and
 # gets clean errors where a GPU would be needed.
-# Usage: bash nccl-compat/tests/c_api.sh [target dir with libnccl.so] [driver]
+# Usage: bash nccl-compat/tests/c_api.sh [target dir with libnccl.so] [driver [GPU count]]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 lib=${1:-$here/../../target/debug}
@@ -18,4 +18,4 @@ missing=$(grep -v '^#' "$here/symbols.txt" | sort | comm -23 - "$work/exported")
 [ -z "$missing" ] || { echo "FAIL: libnccl.so.2 does not export: $missing"; exit 1; }
 echo "symbols: all $(grep -vc '^#' "$here/symbols.txt") exported"
 cc -Wall -Werror -I "$here/../include" "$here/c_api.c" -L "$work" -lnccl -o "$work/c_api"
-LD_LIBRARY_PATH="$work" "$work/c_api" ${2:-}
+LD_LIBRARY_PATH="$work" "$work/c_api" ${2:-} ${3:-}

@@ -165,7 +165,7 @@ impl GpuNet {
             broken: Mutex::new(None),
             comms: comms.clone(),
             rank,
-            trace: Trace::new(cfg.gpu_net_trace, rank),
+            trace: Trace::new(cfg.gpu_net_trace != 0, rank),
         });
         let (done_tx, done_rx) = unbounded();
         let mut jobs = Vec::new();
