@@ -10,11 +10,12 @@
 #         every collective, dtype and op (exact inputs, unaligned buffers), random inputs
 #         (--fill random, error bound), CUDA graphs (-G: results checked after the last launch);
 #  nccl   nccl-tests against railcc's libnccl.so.2: -g N, -t N and mpirun -np N, -d all, -o all,
-#         and -G 10.
+#         and -G 10;
+#  split  torch new_group/split_group through ncclCommSplit (nccl-compat/tests/torch/split.sh).
 # A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
 # exit status 1 if any failed. Without a CUDA driver: a SKIP line, exit 0.
-# TEST_GPU_PARTS="unit bench nccl" picks parts (one 10-minute device call may not hold them all),
+# TEST_GPU_PARTS="unit bench nccl split" picks parts (one 10-minute device call may not hold them all),
 # TEST_GPU_COLLS the bench's collectives, RAILCC_BIN another railcc binary;
 # logs under $OUT (default /tmp/out): test-gpu.log (every line of every check).
 set -uo pipefail
@@ -37,7 +38,7 @@ source bench/compare/gpu-env.sh
 R=${RAILCC_BIN:-$R}   # another railcc binary (to see a broken build fail these checks)
 export RAILCC_TIMEOUT_MS=30000
 NG=${NG:-$(nvidia-smi -L | wc -l)}
-PARTS=${TEST_GPU_PARTS:-unit bench nccl}
+PARTS=${TEST_GPU_PARTS:-unit bench nccl split}
 PASSED=0 FAILED=0 FAILS=""
 : > "$LOG"
 
@@ -129,7 +130,7 @@ case " $PARTS " in *" nccl "*)
   verdict "nccl-tests build (plain and MPI)" $((s0 + s1)) /tmp/nccl-build-1.log notable
   OURS="$PWD/.device/lib"
   MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS"
-  for b in all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall; do
+  for b in all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall scatter gather hypercube; do
     ops=""
     case $b in all_reduce|reduce_scatter|reduce) ops="-o all" ;; esac
     F="-b 8 -e 4M -f 32 -n 2 -w 1 -c 1 -d all $ops"
@@ -138,6 +139,13 @@ case " $PARTS " in *" nccl "*)
     check "libnccl $b mpirun -np $NG $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $MPIRUN $NTM/build/${b}_perf $F -g 1
     check "libnccl $b -g $NG -G 10 $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $NT/build/${b}_perf $F -g $NG -G 10
   done
+;; esac
+
+case " $PARTS " in *" split "*)
+  # torch's new_group/split_group through ncclCommSplit, one host and two emulated hosts.
+  timeout 600 bash nccl-compat/tests/torch/split.sh > /tmp/test-gpu-split.log 2>&1
+  verdict "split: torch new_group/split_group on railcc's libnccl (nccl-compat/tests/torch/split.sh)" $? /tmp/test-gpu-split.log notable
+  grep -E "^(PASS|FAIL)" /tmp/test-gpu-split.log | sed 's/^/      /'
 ;; esac
 
 echo "test-gpu: $PASSED passed, $FAILED failed${FAILS:+ (${FAILS#; })}"

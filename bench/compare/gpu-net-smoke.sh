@@ -30,7 +30,7 @@ inc=$(mpicc --showme:incdirs 2>/dev/null | awk '{print $1}')
 build=$!
 run 45 $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 128M -f 8 -n 5 -w 1
 verdict "bench all_reduce --gpu-net 8 B-128 MB"
-grep -E "returned to the caller" /tmp/last.log | grep -E "  (8|134217728) B"
+grep -E "returned after" /tmp/last.log | grep -E "  (8|134217728) B"
 run 45 $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 64M -f 32 -d float,bfloat16 -n 3 -w 1 -G 3
 verdict "bench all_reduce --gpu-net -G 3, float and bfloat16, 8 B-64 MB"
 run 45 $R bench alltoall --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 16M -f 64 -n 2 -w 1 -d float,int8

@@ -19,6 +19,8 @@ export RAILCC_TIMEOUT_MS=${RAILCC_TIMEOUT_MS:-30000} NCCL_SOCKET_IFNAME=lo RAILC
 export AS_HOST_GPUS=$(nvidia-smi -L | wc -l)
 echo "# gpu-net.sh: $AS_HOST_GPUS GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs)"
 PARTS=${GPU_NET_PARTS:-bench nccl perf kill}
+# nccl-tests binaries of the nccl and x2 parts (GPU_NET_BINS picks some).
+BINS=${GPU_NET_BINS:-all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall scatter gather hypercube}
 # trace: where a call's time goes (RAILCC_GPU_NET_TRACE); x2: the 4-rank 2 x 2 layout.
 FAILS=0
 fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
@@ -43,7 +45,7 @@ case " $PARTS " in *" bench "*)
   done
   check "bench all_reduce --gpu-net --fill random: 8 B-256 MB, half and bfloat16" \
     $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 256M -f 8 -d half,bfloat16 -o sum,avg -n 3 -w 1 --fill random
-  grep -E "^# railcc|returned to the caller" $LOG | grep -E "railcc|134217728 B|268435456 B|  8 B" | head -12
+  grep -E "^# railcc|returned after" $LOG | grep -E "railcc|134217728 B|268435456 B|  8 B" | head -12
 ;; esac
 
 NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
@@ -62,7 +64,7 @@ case " $PARTS " in *" nccl "*|*" perf "*|*" x2 "*)
 
 case " $PARTS " in *" nccl "*)
   LOG=$OUT/gpu-net-nccl.log; : > $LOG
-  for b in all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall scatter gather hypercube; do
+  for b in $BINS; do
     ops=""; case $b in all_reduce|reduce_scatter|reduce) ops="-o all" ;; esac
     F="-b 8 -e 8M -f 8 -n 2 -w 1 -c 1 -d all $ops"
     check "libnccl $b mpirun -np 2, 2 emulated hosts, $F" env LD_LIBRARY_PATH="$OURS" $MPIRUN $AS_HOST $NTM/build/${b}_perf $F -g 1
@@ -90,7 +92,7 @@ case " $PARTS " in *" x2 "*)
   # 4 ranks, 2 emulated hosts of 2 GPUs each, each GPU holding one rank of each host.
   LOG=$OUT/gpu-net-x2.log; : > $LOG
   MPI4="${MPIRUN/-np 2/-np 4} -x AS_HOST_PER"
-  for b in all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall scatter gather hypercube; do
+  for b in $BINS; do
     ops=""; case $b in all_reduce|reduce_scatter|reduce) ops="-o all" ;; esac
     F="-b 8 -e 8M -f 64 -n 2 -w 1 -c 1 -d float,bfloat16,int8,double $ops"
     check "libnccl $b 2 hosts x 2 GPUs (4 ranks), $F" env AS_HOST_PER=2 LD_LIBRARY_PATH="$OURS" $MPI4 $AS_HOST $NTM/build/${b}_perf $F -g 1
@@ -103,7 +105,7 @@ case " $PARTS " in *" trace "*)
   for sz in 8 128M; do
     RAILCC_GPU_NET_TRACE=1 timeout 120 $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b $sz -e $sz -n 200 -w 20 -c 1 >> $LOG 2>&1
   done
-  grep -E "gpu net trace|returned to the caller|^ +(8|134217728) " $LOG
+  grep -E "gpu net trace|returned after|^ +(8|134217728) " $LOG
 ;; esac
 
 case " $PARTS " in *" kill "*)

@@ -1,7 +1,8 @@
 //! `railcc bench <collective> --device cuda --per-process --gpu-net`: GPU buffers across the
 //! network transport through the stream-ordered engine (`collectives::gpu_net::GpuNet`), one
 //! process per GPU, checked and timed as the NVLink path is (`-G` included). Each row is
-//! preceded by the times the timed calls took to return to the caller (median, slowest).
+//! preceded by the times calls took to return to the caller: on an idle stream (median of 5),
+//! and in the timed loop (median, slowest), where a full stream pushes back.
 
 use crate::args::BenchArgs;
 use crate::gpu::{
@@ -68,6 +69,21 @@ impl Runner for NetAsync<'_> {
         if a.check != 0 {
             (s.wrong, s.oob) = check(gpu, &p, args, me, a.fill)?;
         }
+        // How long a call takes to return when the stream is idle (nothing queued ahead of
+        // it): the timed loop below measures back-pressure once the stream is full.
+        let mut idle = Vec::new();
+        if a.graph_launches == 0 {
+            for _ in 0..5 {
+                gpu.synchronize().map_err(err)?;
+                self.comm.barrier().map_err(err)?;
+                returns.borrow_mut().clear();
+                launch()?;
+                idle.extend(returns.borrow().iter().copied());
+            }
+            gpu.synchronize().map_err(err)?;
+            self.broken()?;
+            idle.sort_by(f64::total_cmp);
+        }
         self.comm.barrier().map_err(err)?;
         returns.borrow_mut().clear();
         let streams = [(gpu, stream)];
@@ -94,10 +110,13 @@ impl Runner for NetAsync<'_> {
         if me == 0 && a.graph_launches == 0 {
             let at = |q: f64| returned.get(((returned.len() as f64 - 1.0) * q) as usize);
             if let (Some(mid), Some(max)) = (at(0.5), at(1.0)) {
+                let idle_mid = idle.get(idle.len() / 2).copied().unwrap_or(f64::NAN);
                 println!(
-                    "#  {} B {}: the timed calls returned to the caller after {:.1} us (median), {:.1} us (slowest)",
+                    "#  {} B {}: a call on an idle stream returned after {:.1} us (median of {}); the timed calls after {:.1} us (median), {:.1} us (slowest)",
                     args.count * args.dtype.size(),
                     if in_place { "in place" } else { "out of place" },
+                    idle_mid * 1e6,
+                    idle.len(),
                     mid * 1e6,
                     max * 1e6
                 );

@@ -64,9 +64,10 @@ fn init_rank(
 }
 
 impl Comm {
-    fn new(rank: usize, nranks: usize, device: i32) -> Comm {
+    pub(crate) fn new(rank: usize, nranks: usize, device: i32) -> Comm {
         Comm {
             backend: OnceLock::new(),
+            boot: OnceLock::new(),
             rank,
             nranks,
             device,
@@ -86,7 +87,8 @@ pub(crate) fn finish_init(comm: *const Comm, id: &railcc_core::bootstrap::Unique
     let c = unsafe { &*comm };
     let r = proc_backend::connect(id, c.rank, c.nranks, c.device, timeout());
     match r {
-        Ok(b) => {
+        Ok((b, boot)) => {
+            let _ = c.boot.set(boot);
             if std::env::var("NCCL_DEBUG").is_ok_and(|v| v.eq_ignore_ascii_case("INFO")) {
                 let path = match &b {
                     Backend::Local(_) => "every rank in this process, multi-GPU kernels",
@@ -297,27 +299,41 @@ comm_getter!(ncclCommCount, |c: &Comm| c.nranks as c_int);
 comm_getter!(ncclCommCuDevice, |c: &Comm| c.device);
 comm_getter!(ncclCommUserRank, |c: &Comm| c.rank as c_int);
 
-/// NCCL_SPLIT_NOCOLOR leaves the rank out (newcomm NULL); real splits are not implemented.
+/// NCCL_SPLIT_NOCOLOR: the rank takes part but gets no communicator.
+pub(crate) const SPLIT_NOCOLOR: c_int = -1;
+
+/// Splits `comm` as NCCL does: the ranks that pass the same color form a communicator, ranked
+/// by key and then by parent rank; NCCL_SPLIT_NOCOLOR leaves a rank out (`newcomm` NULL).
+/// Collective over `comm`. The new communicator runs on the parent's device and opens the
+/// GPU path that fits its own ranks (one process, one per process, or across hosts).
+/// `config.splitShare` is not used: a split communicator opens its own connections.
 ///
 /// # Safety
-/// `newcomm` NULL or writable.
+/// `comm` a live handle (or NULL); `newcomm` NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommSplit(
     comm: *mut Comm,
     color: c_int,
-    _key: c_int,
+    key: c_int,
     newcomm: *mut *mut Comm,
     _config: *const ConfigHead,
 ) -> NcclResult {
     if comm.is_null() || newcomm.is_null() {
         return invalid("ncclCommSplit: comm or newcomm is NULL");
     }
-    if color == -1 {
-        // SAFETY: checked non-NULL.
-        unsafe { *newcomm = std::ptr::null_mut() };
-        return SUCCESS;
+    // SAFETY: checked non-NULL; writable by the caller's contract.
+    unsafe { *newcomm = std::ptr::null_mut() };
+    // SAFETY: a handle from an init call, not yet destroyed (NCCL's contract).
+    let parent = unsafe { &*comm };
+    match split::split(parent, color, key) {
+        Ok(Some(c)) => {
+            // SAFETY: as above.
+            unsafe { *newcomm = c };
+            SUCCESS
+        }
+        Ok(None) => SUCCESS,
+        Err(code) => code,
     }
-    usage("ncclCommSplit: splitting a communicator is not implemented in railcc's libnccl")
 }
 
 /// NCCL 2.23's init from several ids (for scale); one id is all railcc's bootstrap needs.

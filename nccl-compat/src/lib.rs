@@ -24,6 +24,7 @@ mod init;
 mod memory;
 mod p2p;
 mod proc_backend;
+mod split;
 
 /// Where a communicator's ranks live.
 enum Backend {
@@ -52,6 +53,9 @@ use std::time::Duration;
 pub struct Comm {
     /// Set once init completes (at once, or at ncclGroupEnd).
     backend: OnceLock<Backend>,
+    /// The bootstrap's connections, open for the communicator's life (dropped after the
+    /// backend): ncclCommSplit exchanges colors and ids over them.
+    boot: OnceLock<railcc_collectives::Communicator>,
     rank: usize,
     nranks: usize,
     device: i32,

@@ -272,3 +272,125 @@ pub extern "C" fn ncclAlltoAll(
         first
     }
 }
+
+/// A rooted exchange as a group of sends and receives: the root moves one block per rank
+/// (`gather`: into its receive buffer, `scatter`: out of its send buffer) and every rank,
+/// the root included, sends (`gather`) or receives (`scatter`) one block.
+#[allow(clippy::too_many_arguments)]
+fn rooted(
+    what: &str,
+    gather: bool,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    root: c_int,
+    comm: *const Comm,
+    stream: *mut c_void,
+) -> NcclResult {
+    let Some(dt) = abi::dtype(dtype) else {
+        return invalid(format!(
+            "{what}: datatype {dtype} is not one railcc supports"
+        ));
+    };
+    let (nranks, me) = match with_comm(comm, what, |c| (c.nranks, c.rank)) {
+        Ok(v) => v,
+        Err(code) => return code,
+    };
+    if root < 0 || root as usize >= nranks {
+        return invalid(format!(
+            "{what}: root {root} is not a rank of this {nranks}-rank communicator"
+        ));
+    }
+    let block = count * dt.size();
+    group::start();
+    let mut first = SUCCESS;
+    let mut note = |x: NcclResult| {
+        if first == SUCCESS {
+            first = x;
+        }
+    };
+    if me == root as usize {
+        for r in 0..nranks {
+            note(if gather {
+                ncclRecv(
+                    (recv as *mut u8).wrapping_add(r * block) as *mut c_void,
+                    count,
+                    dtype,
+                    r as c_int,
+                    comm,
+                    stream,
+                )
+            } else {
+                ncclSend(
+                    (send as *const u8).wrapping_add(r * block) as *const c_void,
+                    count,
+                    dtype,
+                    r as c_int,
+                    comm,
+                    stream,
+                )
+            });
+        }
+    }
+    note(if gather {
+        ncclSend(send, count, dtype, root, comm, stream)
+    } else {
+        ncclRecv(recv, count, dtype, root, comm, stream)
+    });
+    let e = ncclGroupEnd();
+    if first == SUCCESS {
+        e
+    } else {
+        first
+    }
+}
+
+/// NCCL 2.24's gather: `count` elements from every rank into the root's receive buffer, in
+/// rank order.
+#[no_mangle]
+pub extern "C" fn ncclGather(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    root: c_int,
+    comm: *const Comm,
+    stream: *mut c_void,
+) -> NcclResult {
+    rooted(
+        "ncclGather",
+        true,
+        send,
+        recv,
+        count,
+        dtype,
+        root,
+        comm,
+        stream,
+    )
+}
+
+/// NCCL 2.24's scatter: block r of the root's send buffer (`count` elements) to rank r.
+#[no_mangle]
+pub extern "C" fn ncclScatter(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dtype: c_int,
+    root: c_int,
+    comm: *const Comm,
+    stream: *mut c_void,
+) -> NcclResult {
+    rooted(
+        "ncclScatter",
+        false,
+        send,
+        recv,
+        count,
+        dtype,
+        root,
+        comm,
+        stream,
+    )
+}

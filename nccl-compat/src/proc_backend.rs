@@ -33,16 +33,31 @@ pub fn serve_root(timeout: Duration, ifname: &str) -> Result<railcc_core::bootst
     Ok(id)
 }
 
-/// Joins the job `id` names and opens the GPU path that fits where the ranks live.
+/// Joins the job `id` names and opens the GPU path that fits where the ranks live. The
+/// bootstrap communicator comes back too: the communicator keeps it for its life (its
+/// connections carry ncclCommSplit's exchanges).
 pub(crate) fn connect(
     id: &railcc_core::bootstrap::UniqueId,
     rank: usize,
     nranks: usize,
     device: i32,
     timeout: Duration,
-) -> Result<Backend> {
+) -> Result<(Backend, Communicator)> {
     let cfg = crate::config()?;
     let boot = Communicator::init(cfg.clone(), id, rank, nranks)?;
+    let backend = open(&boot, &cfg, id, rank, nranks, device, timeout)?;
+    Ok((backend, boot))
+}
+
+fn open(
+    boot: &Communicator,
+    cfg: &railcc_core::Config,
+    id: &railcc_core::bootstrap::UniqueId,
+    rank: usize,
+    nranks: usize,
+    device: i32,
+    timeout: Duration,
+) -> Result<Backend> {
     let mine: Vec<u8> = [std::process::id().to_le_bytes(), device.to_le_bytes()].concat();
     let all = boot.oob_all_gather(&mine)?;
     let pids: Vec<u32> = all
@@ -65,8 +80,8 @@ pub(crate) fn connect(
                 "RAILCC_GPU_PATH=net needs one rank per process",
             ));
         }
-        let net = GpuNet::new(&boot, device.max(0) as usize)?;
-        return Ok(Backend::Net(Box::new(NetRank { net, _boot: boot })));
+        let net = GpuNet::new(boot, device.max(0) as usize)?;
+        return Ok(Backend::Net(Box::new(NetRank { net })));
     }
     if pids.iter().all(|&p| p == me) {
         let clique = Clique::get(id.secret.0, nranks, timeout)?;
@@ -98,19 +113,12 @@ pub(crate) fn connect(
         &mut ex,
     )?;
     gpu.ll_max_bytes = cfg.gpu_ll_max_bytes;
-    Ok(Backend::Proc(Box::new(ProcRank {
-        gpu,
-        _boot: boot,
-        rank,
-        nranks,
-    })))
+    Ok(Backend::Proc(Box::new(ProcRank { gpu, rank, nranks })))
 }
 
 /// This process's rank of a one-rank-per-process communicator.
 pub struct ProcRank {
     gpu: ProcGpu,
-    /// The bootstrap's connections stay open for the communicator's life.
-    _boot: Communicator,
     rank: usize,
     nranks: usize,
 }
@@ -220,8 +228,6 @@ impl ProcRank {
 /// through railcc's stream-ordered network engine (no CUDA IPC, no kernels).
 pub struct NetRank {
     pub net: GpuNet,
-    /// The bootstrap's connections stay open for the communicator's life.
-    _boot: Communicator,
 }
 
 impl NetRank {

@@ -45,6 +45,8 @@ int main(int argc, char** argv) {
   memset(&zero, 0, sizeof zero);
   EXPECT(ncclCommInitRank(&c, 2, zero, 0) == ncclInvalidArgument);
   EXPECT(ncclAllReduce(NULL, NULL, 1, ncclFloat, ncclSum, NULL, NULL) == ncclInvalidArgument);
+  EXPECT(ncclGather(NULL, NULL, 1, ncclFloat, 0, NULL, NULL) == ncclInvalidArgument);
+  EXPECT(ncclScatter(NULL, NULL, 1, ncclFloat, 0, NULL, NULL) == ncclInvalidArgument);
   EXPECT(ncclAllReduce(NULL, NULL, 1, (ncclDataType_t)10, ncclSum, NULL, NULL) == ncclInvalidArgument);
   EXPECT(ncclRedOpCreatePreMulSum(NULL, NULL, ncclFloat, ncclScalarHostImmediate, NULL) == ncclInvalidUsage);
   printf("premulsum: %s\n", ncclGetLastError(NULL));

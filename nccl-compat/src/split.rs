@@ -1,0 +1,164 @@
+//! ncclCommSplit's exchange: every parent rank's color and key, then each new communicator's
+//! bootstrap id from its rank 0, both over the parent's bootstrap connections.
+
+use super::*;
+use crate::init::finish_init;
+
+/// A color and key as they travel: little-endian i32 each.
+fn encode(color: c_int, key: c_int) -> Vec<u8> {
+    [color.to_le_bytes(), key.to_le_bytes()].concat()
+}
+
+fn decode(b: &[u8]) -> Option<(c_int, c_int)> {
+    let c = c_int::from_le_bytes(b.get(..4)?.try_into().ok()?);
+    let k = c_int::from_le_bytes(b.get(4..8)?.try_into().ok()?);
+    Some((c, k))
+}
+
+/// The new rank and size of parent rank `me` among the ranks that passed `color`: ordered by
+/// key, then by parent rank. None for NCCL_SPLIT_NOCOLOR. `all[r]` is rank r's (color, key).
+pub(crate) fn place(all: &[(c_int, c_int)], me: usize) -> Option<(usize, Vec<usize>)> {
+    let color = all.get(me)?.0;
+    if color == super::init::SPLIT_NOCOLOR {
+        return None;
+    }
+    let mut members: Vec<(c_int, usize)> = all
+        .iter()
+        .enumerate()
+        .filter(|(_, ck)| ck.0 == color)
+        .map(|(r, ck)| (ck.1, r))
+        .collect();
+    members.sort_unstable();
+    let ranks: Vec<usize> = members.into_iter().map(|m| m.1).collect();
+    let at = ranks.iter().position(|&r| r == me)?;
+    Some((at, ranks))
+}
+
+fn broken(parent: &Comm, msg: String) -> NcclResult {
+    fail(
+        &Error::new(ErrorKind::InvalidArgument, msg)
+            .rank(parent.rank)
+            .op("ncclCommSplit"),
+    )
+}
+
+/// The split itself; Ok(None) for a rank left out. Every rank takes part in both exchanges,
+/// whatever it passed, so a bad color fails every rank at once instead of leaving the others
+/// waiting.
+pub(crate) fn split(
+    parent: &Comm,
+    color: c_int,
+    key: c_int,
+) -> Result<Option<*mut Comm>, NcclResult> {
+    if parent.backend.get().is_none() {
+        return Err(usage(
+            "ncclCommSplit: the parent communicator's init has not completed (call ncclGroupEnd first)",
+        ));
+    }
+    let Some(boot) = parent.boot.get() else {
+        return Err(usage(
+            "ncclCommSplit: the parent communicator has no bootstrap",
+        ));
+    };
+    let wire = |e: Error| fail(&e.rank(parent.rank).op("ncclCommSplit"));
+    let all = boot.oob_all_gather(&encode(color, key)).map_err(wire)?;
+    let mut cks = Vec::with_capacity(all.len());
+    for (r, b) in all.iter().enumerate() {
+        let Some(ck) = decode(b) else {
+            return Err(broken(
+                parent,
+                format!("rank {r} sent a malformed color and key"),
+            ));
+        };
+        if ck.0 < 0 && ck.0 != super::init::SPLIT_NOCOLOR {
+            return Err(broken(
+                parent,
+                format!(
+                    "rank {r} passed color {}: a color is >= 0 or NCCL_SPLIT_NOCOLOR ({})",
+                    ck.0,
+                    super::init::SPLIT_NOCOLOR
+                ),
+            ));
+        }
+        cks.push(ck);
+    }
+    let placed = place(&cks, parent.rank);
+    // The new rank 0 of each color serves its communicator's bootstrap root; its id travels
+    // to the others over the parent (1 and the id, or 0 and why the root failed).
+    let leads = placed.as_ref().is_some_and(|(at, _)| *at == 0);
+    let mut payload = Vec::new();
+    if leads {
+        let ifname = config().map(|c| c.socket_ifname).unwrap_or_default();
+        match proc_backend::serve_root(timeout(), &ifname) {
+            Ok(id) => {
+                payload.push(1);
+                payload.extend_from_slice(&id.to_bytes());
+            }
+            Err(e) => {
+                payload.push(0);
+                payload.extend_from_slice(e.to_string().as_bytes());
+            }
+        }
+    }
+    let ids = boot.oob_all_gather(&payload).map_err(wire)?;
+    let Some((new_rank, ranks)) = placed else {
+        return Ok(None);
+    };
+    let lead = ranks[0];
+    let id = match ids.get(lead).map(|b| b.split_first()) {
+        Some(Some((1, id))) => railcc_core::bootstrap::UniqueId::from_bytes(id).map_err(|_| {
+            broken(parent, format!("parent rank {lead} sent a malformed bootstrap id"))
+        })?,
+        Some(Some((_, why))) => {
+            return Err(broken(
+                parent,
+                format!(
+                    "parent rank {lead} (rank 0 of color {color}) could not start the new communicator's bootstrap: {}",
+                    String::from_utf8_lossy(why)
+                ),
+            ))
+        }
+        _ => return Err(broken(parent, format!("parent rank {lead} sent no bootstrap id"))),
+    };
+    if std::env::var("NCCL_DEBUG").is_ok_and(|v| v.eq_ignore_ascii_case("INFO")) {
+        eprintln!(
+            "NCCL INFO railcc libnccl ncclCommSplit: parent rank {} of {}, color {color} key {key}: rank {new_rank} of {} (parent ranks {ranks:?})",
+            parent.rank,
+            parent.nranks,
+            ranks.len()
+        );
+    }
+    let c = Box::into_raw(Box::new(Comm::new(new_rank, ranks.len(), parent.device)));
+    let code = finish_init(c, &id);
+    if code != SUCCESS {
+        // SAFETY: made by Box::into_raw above and never handed out.
+        drop(unsafe { Box::from_raw(c) });
+        return Err(code);
+    }
+    Ok(Some(c))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_follow_key_then_parent_rank() {
+        // Parent ranks 0..6: colors 0 1 0 1 -1 0, keys 5 0 5 1 0 -1.
+        let all = [(0, 5), (1, 0), (0, 5), (1, 1), (-1, 0), (0, -1)];
+        assert_eq!(place(&all, 0), Some((1, vec![5, 0, 2])));
+        assert_eq!(place(&all, 2), Some((2, vec![5, 0, 2])));
+        assert_eq!(place(&all, 5), Some((0, vec![5, 0, 2])));
+        assert_eq!(place(&all, 3), Some((1, vec![1, 3])));
+        assert_eq!(place(&all, 4), None);
+        // A color of its own: a one-rank communicator.
+        let all = [(7, 0), (0, 0)];
+        assert_eq!(place(&all, 0), Some((0, vec![0])));
+    }
+
+    #[test]
+    fn color_and_key_survive_the_wire() {
+        assert_eq!(decode(&encode(-1, i32::MIN)), Some((-1, i32::MIN)));
+        assert_eq!(decode(&[1, 2, 3]), None);
+    }
+}
