@@ -158,6 +158,12 @@ config! {
     /// RDMA ports to use, NCCL_IB_HCA style: a comma list of device names, `^` in front to
     /// exclude; empty: every active port. Several ports: local rank i takes the i-th.
     ib_hca: String = String::new(), "RAILCC_IB_HCA";
+    /// RDMA ports (rails) each rank stripes its connections over, from the active ports that
+    /// RAILCC_IB_HCA matches: local rank l takes ports l*n .. l*n+n-1 of that list (rail i
+    /// meets rail i on the peer); 0: every matching port. At most 4. Pieces are sized by each
+    /// rail's measured rate; with RAILCC_RAIL_FAILOVER=1 a rail that goes down hands its
+    /// pieces to the others.
+    ib_rails: usize = 1, "RAILCC_IB_RAILS";
     /// RDMA acknowledgement timeout exponent: a queue pair resends after 4.096 µs × 2^this
     /// (18: about 1.1 s; NCCL_IB_TIMEOUT's meaning). 1 to 31.
     ib_timeout: u8 = 18, "RAILCC_IB_TIMEOUT";
@@ -260,6 +266,12 @@ impl Config {
             return Err(Error::invalid(format!(
                 "RAILCC_GPU_NET_CHANNELS={} must be 1 to 32 and RAILCC_GPU_NET_CHUNK_BYTES={} at least 4096",
                 self.gpu_net_channels, self.gpu_net_chunk_bytes
+            )));
+        }
+        if self.ib_rails > 4 {
+            return Err(Error::invalid(format!(
+                "RAILCC_IB_RAILS={} must be 0 (every port) to 4",
+                self.ib_rails
             )));
         }
         if !(1..=16).contains(&self.ib_qps_per_conn) {

@@ -31,6 +31,7 @@ cp /bin/busybox $R/bin/busybox
 for a in sh mount insmod sleep cat echo poweroff sysctl ls grep head tail dmesg kill wait seq true false date; do ln -sf busybox $R/bin/$a; done
 copy_bin /usr/sbin/ip $R/usr/sbin/ip
 copy_bin /usr/bin/rdma $R/usr/bin/rdma
+copy_bin /usr/sbin/tc $R/usr/sbin/tc   # shaping the rails (tests/rdma-vm/rails.sh)
 for b in /usr/bin/ib_write_bw "$@"; do copy_bin "$b"; done
 # The rxe verbs provider (dlopened by libibverbs) and its driver file; glibc dlopens libgcc_s.
 mkdir -p $R/usr/lib/x86_64-linux-gnu/libibverbs
@@ -38,7 +39,7 @@ copy_bin /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so $R/usr/lib/x86_6
 cp /etc/libibverbs.d/rxe.driver $R/etc/libibverbs.d/
 copy_lib /lib/x86_64-linux-gnu/libgcc_s.so.1
 # Modules in dependency order (checked against modules.dep).
-MODS="kernel/crypto/crc32_generic kernel/arch/x86/crypto/crc32-pclmul kernel/net/ipv4/udp_tunnel kernel/net/ipv6/ip6_udp_tunnel kernel/drivers/infiniband/core/ib_core kernel/drivers/infiniband/core/ib_uverbs kernel/drivers/infiniband/sw/rxe/rdma_rxe kernel/drivers/net/veth"
+MODS="kernel/crypto/crc32_generic kernel/arch/x86/crypto/crc32-pclmul kernel/net/ipv4/udp_tunnel kernel/net/ipv6/ip6_udp_tunnel kernel/drivers/infiniband/core/ib_core kernel/drivers/infiniband/core/ib_uverbs kernel/drivers/infiniband/sw/rxe/rdma_rxe kernel/drivers/net/veth kernel/net/sched/sch_tbf"
 i=0
 for m in $MODS; do
     f=/lib/modules/$K/$m.ko

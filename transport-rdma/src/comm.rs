@@ -19,6 +19,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 
+mod rails;
 mod recv;
 mod send;
 pub use recv::RdmaRecvComm;
@@ -27,8 +28,20 @@ pub use send::RdmaSendComm;
 pub const DEPTH: u32 = 128;
 const SLOT: usize = 64;
 const MAX_WRITE: usize = 1 << 30;
-const SEQ_MASK: u32 = 0x7fff_ffff;
+/// An immediate: the message's sequence number (low 27 bits), the piece index (4 bits: a
+/// piece written twice after a queue pair died counts once) and the error bit.
+const SEQ_MASK: u32 = 0x07ff_ffff;
+const PIECE_SHIFT: u32 = 27;
+const PIECE_MASK: u32 = 0xf;
 const ERR_BIT: u32 = 0x8000_0000;
+/// Control messages with the error bit set carry their kind in the piece field: a mismatch
+/// report (receiver to sender... and back), a sender's question after a queue pair died
+/// (which pieces of this message arrived?) and the receiver's answer (a mask of pieces, or
+/// `ANSWER_DONE` when the message is already complete).
+const CTRL_MISMATCH: u32 = 0;
+const CTRL_QUERY: u32 = 1;
+const CTRL_ANSWER: u32 = 2;
+const ANSWER_DONE: u32 = 1 << 16;
 // wr_id kinds (top byte).
 const K_CTRL: u64 = 1 << 56;
 const K_RECV: u64 = 2 << 56;
@@ -40,6 +53,14 @@ const KIND: u64 = 0xff << 56;
 const QP_SHIFT: u32 = 48;
 const QP_BITS: u64 = 0xff << QP_SHIFT;
 const LOW_BITS: u64 = (1 << QP_SHIFT) - 1;
+/// A write's piece index (bits 40..48 of its id) and message sequence number (below).
+const WR_PIECE_SHIFT: u32 = 40;
+const WR_SEQ: u64 = (1 << WR_PIECE_SHIFT) - 1;
+/// Most ports (devices) one connection stripes over: the clear-to-send has room for one
+/// remote key per device.
+pub const MAX_RAILS: usize = 4;
+/// Where a clear-to-send holds the remote key of each of the receiver's devices.
+const CTS_RKEY_AT: [usize; MAX_RAILS] = [8, 12, 56, 60];
 /// Messages this large or larger are split across the connection's queue pairs.
 pub const SPLIT_MIN: usize = 64 * 1024;
 /// Most queue pairs one connection may have (the handshake refuses more).
@@ -167,6 +188,12 @@ struct Link {
     qp: Qp,
     /// The other queue pairs (none by default): later pieces of large messages.
     data: Vec<Qp>,
+    /// The devices (rails) the queue pairs live on, in order, and each queue pair's device.
+    devs: Vec<std::sync::Arc<crate::verbs::Ctx>>,
+    dev_of: Vec<usize>,
+    /// Queue pairs found dead (their port went down); with `failover`, the others carry on.
+    dead: Vec<bool>,
+    failover: bool,
     ctrl: Ctrl,
     stage: Staging,
     peer: usize,
@@ -178,10 +205,30 @@ struct Link {
 
 impl Link {
     /// `qps`: at least one; the first carries control messages.
-    fn new(mut qps: Vec<Qp>, peer: usize, control: TcpStream) -> Result<Link> {
+    fn new(mut qps: Vec<Qp>, peer: usize, control: TcpStream, failover: bool) -> Result<Link> {
         if qps.is_empty() {
             return Err(Error::invalid("rdma: a connection needs a queue pair").transport(NAME));
         }
+        let mut devs: Vec<std::sync::Arc<crate::verbs::Ctx>> = Vec::new();
+        let mut dev_of = Vec::with_capacity(qps.len());
+        for q in &qps {
+            let d = match devs.iter().position(|c| std::sync::Arc::ptr_eq(c, &q.ctx)) {
+                Some(d) => d,
+                None => {
+                    devs.push(q.ctx.clone());
+                    devs.len() - 1
+                }
+            };
+            dev_of.push(d);
+        }
+        if devs.len() > MAX_RAILS {
+            return Err(Error::invalid(format!(
+                "rdma: a connection over {} devices (at most {MAX_RAILS})",
+                devs.len()
+            ))
+            .transport(NAME));
+        }
+        let dead = vec![false; qps.len()];
         let data = qps.split_off(1);
         let qp = qps.remove(0);
         let ctrl = Ctrl::new(&qp)?;
@@ -190,6 +237,10 @@ impl Link {
         Ok(Link {
             qp,
             data,
+            devs,
+            dev_of,
+            dead,
+            failover,
             ctrl,
             stage,
             peer,
@@ -258,26 +309,57 @@ impl Link {
             return Err(self.fail(e));
         }
         for c in &comps {
-            if !c.ok {
-                let what = match c.wr_id & KIND {
-                    K_CTRL => "control message",
-                    K_RECV | K_DATA => "receive",
-                    _ => "RDMA write",
-                };
-                let e = Error::new(
-                    ErrorKind::PeerClosed,
-                    format!(
-                        "{what} (work request {:#x}, queue pair {} of {}) to rank {} on {} failed: {}",
-                        c.wr_id & LOW_BITS,
-                        (c.wr_id & QP_BITS) >> QP_SHIFT,
-                        self.nqps(),
-                        self.peer,
-                        self.qp.ctx.name,
-                        c.status
-                    ),
-                );
-                return Err(self.fail(e));
+            if c.ok {
+                continue;
             }
+            let kind = c.wr_id & KIND;
+            let q = ((c.wr_id & QP_BITS) >> QP_SHIFT) as usize;
+            // A write or data receive on a queue pair other than the first (which carries the
+            // control messages) fails that queue pair alone when another one lives: its
+            // pieces are written again elsewhere.
+            let others = (1..self.nqps()).any(|i| i != q && !self.dead[i]) || !self.dead[0];
+            if self.failover
+                && q != 0
+                && q < self.nqps()
+                && others
+                && (kind == K_WRITE || kind == K_DATA)
+            {
+                if !self.dead[q] {
+                    self.dead[q] = true;
+                    tracing::warn!(
+                        "rdma: queue pair {q} to rank {} on {} port {} failed ({}); its rail is out, the others carry on",
+                        self.peer,
+                        self.qp_at(q).ctx.name,
+                        self.qp_at(q).ctx.port,
+                        c.status
+                    );
+                }
+                continue;
+            }
+            let what = match kind {
+                K_CTRL => "control message",
+                K_RECV | K_DATA => "receive",
+                _ => "RDMA write",
+            };
+            let qc = &self.qp_at(q.min(self.nqps() - 1)).ctx;
+            let e = Error::new(
+                ErrorKind::PeerClosed,
+                format!(
+                    "{what} (work request {:#x}, queue pair {q} of {}) to rank {} on {} port {} failed: {}{}",
+                    c.wr_id & LOW_BITS,
+                    self.nqps(),
+                    self.peer,
+                    qc.name,
+                    qc.port,
+                    c.status,
+                    if self.devs.len() > 1 && !self.failover {
+                        " (RAILCC_RAIL_FAILOVER=0: a rail that fails ends the connection)"
+                    } else {
+                        ""
+                    }
+                ),
+            );
+            return Err(self.fail(e));
         }
         self.polls = self.polls.wrapping_add(1);
         if comps.is_empty() && self.polls.is_multiple_of(64) {
@@ -390,14 +472,14 @@ fn decode_tag_len(b: &[u8]) -> (MsgTag, u64) {
     (MsgTag::decode(&t), u64::from_le_bytes(l))
 }
 
-/// A registration held by one request: the caller's region, or our own for this request.
+/// A registration held by one request: the caller's region, or our own for this request; on
+/// each device of the connection (keys per device).
 enum Reg {
     Caller {
-        lkey: u32,
-        rkey: u32,
+        keys: Vec<(u32, u32)>,
     },
-    Own(Mr),
-    /// Staging slot `slot` (lkey, rkey of the staging region).
+    Own(Vec<Mr>),
+    /// Staging slot `slot` (lkey, rkey of the staging region, on the first device).
     Staged {
         slot: usize,
         lkey: u32,
@@ -408,53 +490,68 @@ enum Reg {
 
 impl Reg {
     fn get(
-        qp: &Qp,
+        devs: &[std::sync::Arc<crate::verbs::Ctx>],
         addr: usize,
         len: usize,
         mr: Option<&MemRegion>,
-        own: &HashMap<u64, Mr>,
+        own: &HashMap<u64, Vec<Mr>>,
     ) -> Result<Reg> {
         if len == 0 {
             return Ok(Reg::None);
         }
         if let Some(m) = mr {
-            if let Some(r) = own.get(&m.id) {
-                if addr >= r.addr && addr + len <= r.addr + r.len {
+            if let Some(rs) = own.get(&m.id) {
+                if rs
+                    .iter()
+                    .all(|r| addr >= r.addr && addr + len <= r.addr + r.len)
+                {
                     return Ok(Reg::Caller {
-                        lkey: r.lkey,
-                        rkey: r.rkey,
+                        keys: rs.iter().map(|r| (r.lkey, r.rkey)).collect(),
                     });
                 }
             }
         }
-        Ok(Reg::Own(qp.ctx.reg(addr, len)?))
+        Ok(Reg::Own(
+            devs.iter()
+                .map(|d| d.reg(addr, len))
+                .collect::<Result<Vec<_>>>()?,
+        ))
     }
-    fn keys(&self) -> (u32, u32) {
+    /// (lkey, rkey) on device `dev`.
+    fn keys(&self, dev: usize) -> (u32, u32) {
         match self {
-            Reg::Caller { lkey, rkey } => (*lkey, *rkey),
-            Reg::Own(m) => (m.lkey, m.rkey),
+            Reg::Caller { keys } => keys.get(dev).copied().unwrap_or((0, 0)),
+            Reg::Own(m) => m.get(dev).map_or((0, 0), |m| (m.lkey, m.rkey)),
             Reg::Staged { lkey, rkey, .. } => (*lkey, *rkey),
             Reg::None => (0, 0),
         }
     }
 }
 
-/// Regions the caller registered with `reg_mr` (kept until `dereg_mr`).
+/// Regions the caller registered with `reg_mr` (kept until `dereg_mr`), on every device.
 #[derive(Default)]
 struct Regions {
     next: u64,
-    map: HashMap<u64, Mr>,
+    map: HashMap<u64, Vec<Mr>>,
 }
 
 impl Regions {
-    fn reg(&mut self, qp: &Qp, addr: usize, len: usize) -> Result<MemRegion> {
-        let mr = qp.ctx.reg(addr, len)?;
-        Ok(self.keep(mr, addr, len))
+    fn reg(
+        &mut self,
+        devs: &[std::sync::Arc<crate::verbs::Ctx>],
+        addr: usize,
+        len: usize,
+    ) -> Result<MemRegion> {
+        let mrs = devs
+            .iter()
+            .map(|d| d.reg(addr, len))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(self.keep(mrs, addr, len))
     }
 
-    fn keep(&mut self, mr: Mr, addr: usize, len: usize) -> MemRegion {
+    fn keep(&mut self, mrs: Vec<Mr>, addr: usize, len: usize) -> MemRegion {
         self.next += 1;
-        self.map.insert(self.next, mr);
+        self.map.insert(self.next, mrs);
         MemRegion {
             id: self.next,
             addr,
@@ -465,21 +562,25 @@ impl Regions {
     /// an ordinary registration of the device address (peermem resolves it).
     fn reg_device(
         &mut self,
-        qp: &Qp,
+        devs: &[std::sync::Arc<crate::verbs::Ctx>],
         addr: usize,
         len: usize,
         fd: i32,
         offset: u64,
     ) -> Result<MemRegion> {
-        let mr = match qp.ctx.reg_dmabuf(fd, offset, len, addr) {
-            Ok(mr) => mr,
-            Err(e) if std::path::Path::new("/sys/module/nvidia_peermem").exists() => {
-                tracing::info!("{e}; registering through nvidia-peermem instead");
-                qp.ctx.reg(addr, len)?
-            }
-            Err(e) => return Err(e),
-        };
-        Ok(self.keep(mr, addr, len))
+        let mut mrs = Vec::with_capacity(devs.len());
+        for d in devs {
+            let mr = match d.reg_dmabuf(fd, offset, len, addr) {
+                Ok(mr) => mr,
+                Err(e) if std::path::Path::new("/sys/module/nvidia_peermem").exists() => {
+                    tracing::info!("{e}; registering through nvidia-peermem instead");
+                    d.reg(addr, len)?
+                }
+                Err(e) => return Err(e),
+            };
+            mrs.push(mr);
+        }
+        Ok(self.keep(mrs, addr, len))
     }
 
     fn dereg(&mut self, m: MemRegion) -> Result<()> {

@@ -93,10 +93,11 @@ fn read_hello(s: &mut TcpStream, deadline: Instant, what: &str) -> Result<(u32, 
     Ok((rank, channel, infos))
 }
 
-/// `n` new queue pairs, each with its starting PSN.
-fn new_qps(ctx: &Arc<Ctx>, n: usize) -> Result<Vec<(Qp, u32)>> {
+/// `n` new queue pairs, each with its starting PSN, spread over the rails in order: queue
+/// pair j on rail j * rails / n, so with both ends doing the same rail i meets rail i.
+fn new_qps(ctxs: &[Arc<Ctx>], n: usize) -> Result<Vec<(Qp, u32)>> {
     (0..n)
-        .map(|_| Ok((Qp::new(ctx, comm::DEPTH)?, psn())))
+        .map(|j| Ok((Qp::new(&ctxs[j * ctxs.len() / n], comm::DEPTH)?, psn())))
         .collect()
 }
 
@@ -125,56 +126,107 @@ fn connect_all(mine: Vec<(Qp, u32)>, theirs: &[QpInfo], peer: usize) -> Result<V
 /// The port this rank should use: the active ports matching `hca`, the `local_rank`-th of them
 /// (round robin), or `None` when there is none.
 pub fn choose(hca: &str, local_rank: usize) -> Option<RdmaPort> {
+    choose_rails(hca, local_rank, 1).into_iter().next()
+}
+
+/// The ports (rails) this rank stripes its connections over: `n` of the active ports matching
+/// `hca` (0: all of them), local rank l taking ports l*n .. l*n+n-1 (round robin), so ranks
+/// of a host share the ports out; at most `comm::MAX_RAILS`. Empty when there is none.
+pub fn choose_rails(hca: &str, local_rank: usize, n: usize) -> Vec<RdmaPort> {
     let ports = device::select(&device::list(), hca);
     if ports.is_empty() {
-        return None;
+        return Vec::new();
     }
-    Some(ports[local_rank % ports.len()].clone())
+    let n = if n == 0 {
+        ports.len()
+    } else {
+        n.min(ports.len())
+    };
+    let n = n.min(comm::MAX_RAILS);
+    (0..n)
+        .map(|i| ports[(local_rank * n + i) % ports.len()].clone())
+        .collect()
 }
 
 pub struct RdmaTransport {
-    ctx: Arc<Ctx>,
-    pub port: RdmaPort,
+    /// One opened device per rail, in rail order.
+    ctxs: Vec<Arc<Ctx>>,
+    pub ports: Vec<RdmaPort>,
     ip: IpAddr,
     secret: Secret,
     rank: usize,
 }
 
 impl RdmaTransport {
-    /// Opens `port`; control sockets listen on `ip` (the bootstrap interface).
+    /// Opens `ports` (the rails, at least one); control sockets listen on `ip` (the bootstrap
+    /// interface).
     pub fn open(
-        port: &RdmaPort,
+        ports: &[RdmaPort],
         ip: IpAddr,
         secret: Secret,
         rank: usize,
         tuning: RdmaTuning,
     ) -> Result<RdmaTransport> {
-        let ctx = Ctx::open(&port.device, port.port, port.gid_index, tuning)?;
+        if ports.is_empty() || ports.len() > comm::MAX_RAILS {
+            return Err(Error::invalid(format!(
+                "rdma: {} ports to open (1 to {})",
+                ports.len(),
+                comm::MAX_RAILS
+            ))
+            .transport(NAME));
+        }
+        let ctxs = ports
+            .iter()
+            .map(|p| Ctx::open(&p.device, p.port, p.gid_index, tuning))
+            .collect::<Result<Vec<_>>>()?;
         Ok(RdmaTransport {
-            ctx,
-            port: port.clone(),
+            ctxs,
+            ports: ports.to_vec(),
             ip,
             secret,
             rank,
         })
     }
 
-    /// One line for logs and bench headers: device, port, GID and rate.
+    fn tuning(&self) -> RdmaTuning {
+        self.ctxs[0].tuning
+    }
+
+    /// Queue pairs a connection this side opens: `qps_per_conn` per rail.
+    fn qps_per_conn(&self) -> usize {
+        (self.ctxs.len() * self.tuning().qps_per_conn.max(1) as usize).min(comm::MAX_QPS)
+    }
+
+    /// One line for logs and bench headers: device, port, GID and rate of each rail.
     pub fn describe(&self) -> String {
-        let p = &self.port;
+        let rails: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}:{} {} GID[{}] {}{} {} Gb/s",
+                    p.device,
+                    p.port,
+                    p.link_layer,
+                    p.gid_index,
+                    p.gid,
+                    p.netdev
+                        .as_deref()
+                        .map(|n| format!(" ({n})"))
+                        .unwrap_or_default(),
+                    p.rate_gbps
+                )
+            })
+            .collect();
         format!(
-            "{}:{} {} GID[{}] {}{} {} Gb/s, {} QP(s) per connection",
-            p.device,
-            p.port,
-            p.link_layer,
-            p.gid_index,
-            p.gid,
-            p.netdev
-                .as_deref()
-                .map(|n| format!(" ({n})"))
-                .unwrap_or_default(),
-            p.rate_gbps,
-            self.ctx.tuning.qps_per_conn
+            "{}, {} QP(s) per connection{}",
+            rails.join(" + "),
+            self.qps_per_conn(),
+            if self.ports.len() > 1 {
+                ", split by measured rates"
+            } else {
+                ""
+            }
         )
     }
 }
@@ -193,8 +245,12 @@ impl NetTransport for RdmaTransport {
     fn devices(&self) -> Result<Vec<NetProps>> {
         Ok(vec![NetProps {
             name: self.describe(),
-            speed_mbps: (self.port.rate_gbps * 1000.0) as u64,
-            pci_path: self.port.pci_path.clone(),
+            speed_mbps: self
+                .ports
+                .iter()
+                .map(|p| (p.rate_gbps * 1000.0) as u64)
+                .sum(),
+            pci_path: self.ports[0].pci_path.clone(),
             gpu_direct: false,
             max_comms: 65536,
         }])
@@ -206,7 +262,7 @@ impl NetTransport for RdmaTransport {
         }
         Ok(Box::new(RdmaListener {
             hs: HandshakeListener::bind(self.ip, NAME)?,
-            ctx: self.ctx.clone(),
+            ctxs: self.ctxs.clone(),
             secret: self.secret,
             rank: self.rank,
         }))
@@ -225,17 +281,20 @@ impl NetTransport for RdmaTransport {
         let addr = handle.addr(NAME)?;
         let mut s = connect_to_peer(None, addr, deadline).map_err(|e| e.transport(NAME))?;
         prove_client(&mut s, &self.secret, deadline).map_err(|e| e.transport(NAME))?;
-        let mine = new_qps(&self.ctx, self.ctx.tuning.qps_per_conn.max(1) as usize)?;
+        let mine = new_qps(&self.ctxs, self.qps_per_conn())?;
         let infos: Vec<QpInfo> = mine.iter().map(|(q, p)| q.info(*p)).collect();
         let hello = encode_hello(me.rank, me.channel, &infos);
         write_all_by(&mut s, &hello, deadline, "rdma hello")?;
-        let (peer, _, theirs) = read_hello(&mut s, deadline, "rdma hello reply")?;
+        // The reply's second word: how many rails the receiver spread its queue pairs over.
+        let (peer, peer_rails, theirs) = read_hello(&mut s, deadline, "rdma hello reply")?;
         let peer = peer as usize;
         let qps = connect_all(mine, &theirs, peer)?;
         let control = s
             .try_clone()
             .map_err(|e| Error::io("rdma: control socket", &e))?;
-        let comm = RdmaSendComm::new(qps, peer, control)?; // posts our receives
+        let failover = self.tuning().failover;
+        // Posts our receives.
+        let comm = RdmaSendComm::new(qps, peer, control, failover, peer_rails.max(1) as usize)?;
         write_all_by(&mut s, &[1], deadline, "rdma ready")?;
         Ok(Box::new(comm))
     }
@@ -243,7 +302,7 @@ impl NetTransport for RdmaTransport {
 
 pub struct RdmaListener {
     hs: HandshakeListener<(ConnIdent, RdmaRecvComm)>,
-    ctx: Arc<Ctx>,
+    ctxs: Vec<Arc<Ctx>>,
     secret: Secret,
     rank: usize,
 }
@@ -252,7 +311,7 @@ pub struct RdmaListener {
 /// connects and stalls delays nobody.
 fn serve(
     mut s: TcpStream,
-    ctx: &Arc<Ctx>,
+    ctxs: &[Arc<Ctx>],
     secret: &Secret,
     rank: usize,
 ) -> Result<(ConnIdent, RdmaRecvComm)> {
@@ -265,15 +324,18 @@ fn serve(
         rank: rank_in,
         channel,
     };
-    // The connecting side chose how many queue pairs; we make as many.
-    let mine = new_qps(ctx, theirs.len())?;
+    // The connecting side chose how many queue pairs; we make as many, over our rails.
+    let mine = new_qps(ctxs, theirs.len())?;
+    let rails = ctxs.len().min(theirs.len());
     let infos: Vec<QpInfo> = mine.iter().map(|(q, p)| q.info(*p)).collect();
     let qps = connect_all(mine, &theirs, who.rank as usize)?;
     let control = s
         .try_clone()
         .map_err(|e| Error::io("rdma: control socket", &e))?;
-    let comm = RdmaRecvComm::new(qps, who.rank as usize, control)?; // posts our receives
-    let reply = encode_hello(rank as u32, 0, &infos);
+    let failover = ctxs[0].tuning.failover;
+    // Posts our receives.
+    let comm = RdmaRecvComm::new(qps, who.rank as usize, control, failover)?;
+    let reply = encode_hello(rank as u32, rails as u32, &infos);
     write_all_by(&mut s, &reply, deadline, "rdma hello reply")?;
     let mut ready = [0u8; 1];
     read_exact_by(&mut s, &mut ready, deadline, "rdma ready")?;
@@ -286,8 +348,8 @@ impl NetListener for RdmaListener {
     }
 
     fn accept(&mut self, deadline: Instant) -> Result<Option<(ConnIdent, Box<dyn NetRecvComm>)>> {
-        let (ctx, secret, rank) = (self.ctx.clone(), self.secret, self.rank);
-        let shake = move |s: TcpStream| serve(s, &ctx, &secret, rank);
+        let (ctxs, secret, rank) = (self.ctxs.clone(), self.secret, self.rank);
+        let shake = move |s: TcpStream| serve(s, &ctxs, &secret, rank);
         loop {
             if let Some((who, comm)) = self.hs.poll(&shake) {
                 return Ok(Some((who, Box::new(comm))));

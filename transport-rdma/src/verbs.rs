@@ -41,6 +41,9 @@ pub struct RdmaTuning {
     pub retry_cnt: u8,
     pub eager_bytes: usize,
     pub qps_per_conn: u8,
+    /// With several rails: a queue pair that fails (its port went down) hands its pieces to
+    /// the others instead of failing the connection (RAILCC_RAIL_FAILOVER).
+    pub failover: bool,
 }
 
 // SAFETY: verbs objects may be used from any thread (libibverbs is thread-safe); Ctx is

@@ -21,15 +21,25 @@ pub(super) fn choose_transport(
         retry_cnt: cfg.ib_retry_cnt,
         eager_bytes: cfg.ib_eager_bytes,
         qps_per_conn: cfg.ib_qps_per_conn,
+        failover: cfg.rail_failover != 0,
     };
     if cfg.transport != "tcp" {
-        match railcc_transport_rdma::choose(&cfg.ib_hca, local_rank) {
-            None if cfg.ib_hca.is_empty() => why = "no active RDMA port".into(),
-            None => why = format!("no active RDMA port matches RAILCC_IB_HCA={}", cfg.ib_hca),
-            Some(p) => match RdmaTransport::open(&p, iface.ip, id.secret, rank, tuning) {
+        let ports = railcc_transport_rdma::choose_rails(&cfg.ib_hca, local_rank, cfg.ib_rails);
+        if ports.is_empty() && cfg.ib_hca.is_empty() {
+            why = "no active RDMA port".into();
+        } else if ports.is_empty() {
+            why = format!("no active RDMA port matches RAILCC_IB_HCA={}", cfg.ib_hca);
+        } else {
+            match RdmaTransport::open(&ports, iface.ip, id.secret, rank, tuning) {
                 Ok(t) => rdma = Some(t),
-                Err(e) => why = format!("{}:{} unusable: {e}", p.device, p.port),
-            },
+                Err(e) => {
+                    let names: Vec<String> = ports
+                        .iter()
+                        .map(|p| format!("{}:{}", p.device, p.port))
+                        .collect();
+                    why = format!("{} unusable: {e}", names.join(","));
+                }
+            }
         }
     }
     let mine = [u8::from(rdma.is_some())];

@@ -10,8 +10,10 @@ struct RecvReq {
     /// The caller's buffer (written directly, or copied into from a staging slot).
     dst: usize,
     reg: Reg,
-    /// Pieces not yet written (see `split`).
+    /// Pieces not yet written (see `split`), and which have been (a piece written again
+    /// after its queue pair died counts once).
     left: usize,
+    got: u16,
 }
 
 pub struct RdmaRecvComm {
@@ -20,11 +22,18 @@ pub struct RdmaRecvComm {
     next_seq: u64,
     pending: VecDeque<RecvReq>,
     results: HashMap<u64, Result<usize>>,
+    /// Answers to the sender's questions (sequence number, word) waiting for a control slot.
+    answers: VecDeque<(u32, u32)>,
 }
 
 impl RdmaRecvComm {
-    pub(crate) fn new(qps: Vec<Qp>, peer: usize, control: TcpStream) -> Result<RdmaRecvComm> {
-        let link = Link::new(qps, peer, control)?;
+    pub(crate) fn new(
+        qps: Vec<Qp>,
+        peer: usize,
+        control: TcpStream,
+        failover: bool,
+    ) -> Result<RdmaRecvComm> {
+        let link = Link::new(qps, peer, control, failover)?;
         link.post_data_recvs()?;
         Ok(RdmaRecvComm {
             link,
@@ -32,18 +41,26 @@ impl RdmaRecvComm {
             next_seq: 0,
             pending: VecDeque::new(),
             results: HashMap::new(),
+            answers: VecDeque::new(),
         })
     }
 
     fn progress(&mut self) -> Result<()> {
         let comps = self.link.poll()?;
+        let mut queries = Vec::new();
         for c in &comps {
             match c.wr_id & KIND {
                 K_CTRL => self.link.ctrl.free_tx.push((c.wr_id & !KIND) as usize),
                 K_RECV => {
                     let slot = (c.wr_id & !KIND) as usize;
                     let imm = c.imm.unwrap_or(0);
-                    let r = if imm & ERR_BIT != 0 {
+                    let kind = (imm >> PIECE_SHIFT) & PIECE_MASK;
+                    let r = if imm & ERR_BIT != 0 && kind == CTRL_QUERY {
+                        // Answered once every completion of this poll is in: a piece that
+                        // arrived on another queue pair in the same batch counts.
+                        queries.push(imm & SEQ_MASK);
+                        Ok(())
+                    } else if imm & ERR_BIT != 0 && kind == CTRL_MISMATCH {
                         let mismatch = decode_tag_len(self.link.ctrl.rx(slot));
                         self.sender_refused(imm, mismatch)
                     } else {
@@ -54,6 +71,8 @@ impl RdmaRecvComm {
                     }
                     r?;
                 }
+                // A data queue pair that died (failover): its receives come back flushed.
+                K_DATA if !c.ok => {}
                 K_DATA => {
                     self.link.repost_data(c.wr_id)?;
                     self.piece_arrived(c.imm.unwrap_or(0))?;
@@ -62,6 +81,36 @@ impl RdmaRecvComm {
             }
         }
         self.link.done_with(comps);
+        for seq in queries {
+            let word = match self.pending.iter().find(|r| r.seq as u32 & SEQ_MASK == seq) {
+                Some(r) => r.got as u32,
+                None => ANSWER_DONE,
+            };
+            self.answers.push_back((seq, word));
+        }
+        self.send_answers()
+    }
+
+    /// Tells the sender which pieces of a message arrived (it asks after a queue pair died,
+    /// and writes again only the missing ones, while the receive is still offered).
+    fn send_answers(&mut self) -> Result<()> {
+        while let Some(&(seq, word)) = self.answers.front() {
+            let Some(slot) = self.link.ctrl.free_tx.pop() else {
+                break;
+            };
+            self.answers.pop_front();
+            let o = slot * SLOT;
+            self.link.ctrl.buf[o..o + 4].copy_from_slice(&word.to_le_bytes());
+            let (a, lkey) = (self.link.ctrl.tx_addr(slot), self.link.ctrl.mr.lkey);
+            let imm = ERR_BIT | (CTRL_ANSWER << PIECE_SHIFT) | seq;
+            if let Err(e) =
+                self.link
+                    .qp
+                    .post_send(K_CTRL | slot as u64, a, 4, lkey, None, Some(imm), true)
+            {
+                return Err(self.link.fail(e));
+            }
+        }
         Ok(())
     }
 
@@ -90,8 +139,15 @@ impl RdmaRecvComm {
     /// One piece of a message was written; the last one completes the receive.
     fn piece_arrived(&mut self, imm: u32) -> Result<()> {
         let i = self.offered(imm)?;
-        self.pending[i].left -= 1;
-        if self.pending[i].left == 0 {
+        let bit = 1u16 << ((imm >> PIECE_SHIFT) & PIECE_MASK);
+        let r = &mut self.pending[i];
+        if r.got & bit != 0 {
+            // Written again on another queue pair after its first one died.
+            return Ok(());
+        }
+        r.got |= bit;
+        r.left = r.left.saturating_sub(1);
+        if r.left == 0 {
             if let Some(req) = self.pending.remove(i) {
                 let len = req.len;
                 self.finish(req, Ok(len));
@@ -143,7 +199,7 @@ impl RdmaRecvComm {
 
 impl railcc_core::net::NetRecvComm for RdmaRecvComm {
     fn reg_mr(&mut self, addr: usize, len: usize) -> Result<MemRegion> {
-        self.regions.reg(&self.link.qp, addr, len)
+        self.regions.reg(&self.link.devs, addr, len)
     }
 
     fn dereg_mr(&mut self, mr: MemRegion) -> Result<()> {
@@ -158,7 +214,7 @@ impl railcc_core::net::NetRecvComm for RdmaRecvComm {
         offset: u64,
     ) -> Result<MemRegion> {
         self.regions
-            .reg_device(&self.link.qp, addr, len, fd, offset)
+            .reg_device(&self.link.devs, addr, len, fd, offset)
             .map_err(|e| e.peer(self.link.peer))
     }
 
@@ -182,27 +238,34 @@ impl railcc_core::net::NetRecvComm for RdmaRecvComm {
             Some(staged) => staged,
             None => (
                 data as usize,
-                Reg::get(&self.link.qp, data as usize, len, mr, &self.regions.map)
+                Reg::get(&self.link.devs, data as usize, len, mr, &self.regions.map)
                     .map_err(|e| self.link.fail(e))?,
             ),
         };
         let seq = self.next_seq;
         self.next_seq += 1;
         let slot = self.link.ctrl.free_tx.pop().unwrap_or(0);
-        let (_, rkey) = reg.keys();
         let a = self.link.ctrl.tx_addr(slot);
         {
             let o = slot * SLOT;
             let b = &mut self.link.ctrl.buf[o..o + SLOT];
             b[..8].copy_from_slice(&(target as u64).to_le_bytes());
-            b[8..12].copy_from_slice(&rkey.to_le_bytes());
+            // One remote key per device: the writer uses the one of the queue pair it writes on.
+            for (d, at) in CTS_RKEY_AT.iter().enumerate() {
+                let rkey = if d < self.link.devs.len() {
+                    reg.keys(d).1
+                } else {
+                    0
+                };
+                b[*at..at + 4].copy_from_slice(&rkey.to_le_bytes());
+            }
             encode_tag_len(&mut b[16..], &tag, len as u64);
         }
         let lkey = self.link.ctrl.mr.lkey;
         if let Err(e) = self.link.qp.post_send(
             K_CTRL | slot as u64,
             a,
-            16 + TAG_BYTES as u32 + 8,
+            SLOT as u32,
             lkey,
             None,
             Some(seq as u32 & SEQ_MASK),
@@ -217,6 +280,7 @@ impl railcc_core::net::NetRecvComm for RdmaRecvComm {
             dst: data as usize,
             reg,
             left: split(len, self.link.nqps()).1,
+            got: 0,
         });
         Ok(ReqId(seq))
     }

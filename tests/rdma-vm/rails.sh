@@ -1,0 +1,119 @@
+# Inside the VM (run by tests/rdma-vm/vm.sh): one RDMA connection striped over two Soft-RoCE
+# ports per rank (issue 19). Two veth pairs are two rails: rail 0 a0-b0, rail 1 a1-b1; rank 0
+# has rxa0 (a0) and rxa1 (a1), rank 1 rxb0 and rxb1, so rail i meets rail i
+# (RAILCC_IB_RAILS=2: local rank l takes ports 2l and 2l+1 of the sorted list).
+#  1. every collective, 2 ranks, both rails, each result checked; both rails carry bytes;
+#  2. rails shaped 32 and 16 Mbit/s (tbf, both directions): ib_write_bw on each port alone,
+#     then railcc sendrecv over both: at least 90% of the sum, split by measured rates;
+#  3. rail 1 taken down during checked all-reduces: the run finishes on rail 0, 0 wrong; with
+#     RAILCC_RAIL_FAILOVER=0 the same loss fails both ranks naming the port.
+# Busybox ash. Every check runs in this shell (never inside $(...)).
+fail() {
+  echo "RAILS FAIL: $*"
+  read -r me _ < /proc/self/stat
+  [ "$me" = $$ ] || { echo "RAILS FAIL: $* (failed in a subshell)" >&2; kill -TERM $$; }
+  exit 1
+}
+isint() { case $1 in ''|*[!0-9]*) return 1;; esac; }
+why() { case $1 in 143) echo "timed out";; 137) echo "was killed";; *) echo "exited $1";; esac; }
+ip=/usr/sbin/ip
+# Two rails: veth pairs with an address at each end, a Soft-RoCE device on each end.
+$ip link add a0 type veth peer name b0
+$ip link add a1 type veth peer name b1
+$ip addr add 10.98.0.1/24 dev a0; $ip addr add 10.98.0.2/24 dev b0
+$ip addr add 10.97.0.1/24 dev a1; $ip addr add 10.97.0.2/24 dev b1
+for d in a0 b0 a1 b1; do
+  $ip link set $d up
+  sysctl -qw net.ipv4.conf.$d.rp_filter=0 net.ipv4.conf.$d.accept_local=1
+done
+rdma link add rxa0 type rxe netdev a0
+rdma link add rxb0 type rxe netdev b0
+rdma link add rxa1 type rxe netdev a1
+rdma link add rxb1 type rxe netdev b1
+sleep 1
+for d in rxa0 rxb0 rxa1 rxb1; do
+  rdma link show | grep -q "$d/1 state ACTIVE" || { rdma link show; fail "$d not active"; }
+done
+export RAILCC_TRANSPORT=rdma RAILCC_IB_HCA=rxa0,rxa1,rxb0,rxb1 RAILCC_IB_RAILS=2 RAILCC_TIMEOUT_MS=30000
+txb() { # V = bytes sent by veth $1
+  read -r V < /sys/class/net/$1/statistics/tx_bytes
+  isint "$V" || fail "cannot read $1's tx_bytes"
+}
+# table_ok LOG WHAT: rows, "Out of bounds values : 0 OK", 0 in both #wrong columns.
+table_ok() {
+  local w
+  w=$(awk '/^ +[0-9]/ { n++; if (NF < 14 || $9 != "0" || !($13 == "0" || $13 == "N/A")) bad++ }
+    /^# Out of bounds values : 0 OK/ { oob = 1 }
+    END { if (!n) print "no result rows"; else if (bad) print bad " rows wrong"; else if (!oob) print "no OOB line"; else print "ok" }' "$1")
+  [ "$w" = ok ] || { cat "$1"; fail "$2: $w"; }
+}
+
+# 1. Every collective over both rails.
+txb a0; r0=$V; txb a1; r1=$V
+for c in all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall; do
+  timeout 300 railcc bench $c --ranks 2 -b 1000 -e 3M -f 7 -n 1 -w 0 -R 0 > /tmp/$c.log 2>&1 \
+    || { s=$?; cat /tmp/$c.log; fail "$c over two rails: railcc bench $(why $s)"; }
+  table_ok /tmp/$c.log "$c over two rails"
+  echo "$c over two rails: $(grep -cE '^ +[0-9]' /tmp/$c.log) sizes, $(grep 'Out of bounds' /tmp/$c.log)"
+done
+grep -m1 "transport rdma" /tmp/all_reduce.log
+grep -q "rxa0:1.* + rxa1:1\|rxb0:1.* + rxb1:1" /tmp/all_reduce.log || { cat /tmp/all_reduce.log; fail "the bench did not run over two ports"; }
+txb a0; d0=$((V - r0)); txb a1; d1=$((V - r1))
+echo "bytes out of a0 (rail 0): $d0, a1 (rail 1): $d1"
+[ "$d0" -gt 4000000 ] && [ "$d1" -gt 4000000 ] || fail "both rails should carry bytes (rail 0 $d0 B, rail 1 $d1 B)"
+
+# 2. Shaped rails: each port alone with ib_write_bw, then railcc over both.
+for d in a0 b0; do tc qdisc add dev $d root tbf rate 32mbit burst 32kb limit 16mb || fail "tc on $d"; done
+for d in a1 b1; do tc qdisc add dev $d root tbf rate 16mbit burst 32kb limit 16mb || fail "tc on $d"; done
+wbw() { # V = ib_write_bw MB/s from device $1 (client) to $2 (server at address $3)
+  timeout 60 ib_write_bw -d $2 -x 1 -s 65536 -t 4 -D 4 -F > /tmp/wbw-s.log 2>&1 &
+  local srv=$! s
+  sleep 1
+  timeout 60 ib_write_bw -d $1 -x 1 -s 65536 -t 4 -D 4 -F $3 > /tmp/wbw-c.log 2>&1 \
+    || { s=$?; kill $srv 2>/dev/null; cat /tmp/wbw-c.log /tmp/wbw-s.log; fail "ib_write_bw $1 -> $2 $(why $s)"; }
+  wait $srv
+  V=$(awk '$1 == 65536 { print $4 }' /tmp/wbw-c.log | head -1)
+  case $V in ''|*[!0-9.]*) cat /tmp/wbw-c.log; fail "ib_write_bw $1 -> $2 printed no bandwidth";; esac
+}
+wbw rxb0 rxa0 10.98.0.1; w0=$V
+wbw rxb1 rxa1 10.97.0.1; w1=$V
+echo "ib_write_bw 64 KB, each port alone: rail 0 $w0 MB/s, rail 1 $w1 MB/s"
+RAILCC_IB_TIMEOUT=20 timeout 300 railcc bench sendrecv --ranks 2 -b 8M -e 8M -n 12 -w 3 -R 1 > /tmp/shaped.log 2>&1 \
+  || { s=$?; cat /tmp/shaped.log; fail "sendrecv over shaped rails: railcc bench $(why $s)"; }
+table_ok /tmp/shaped.log "sendrecv over shaped rails"
+grep -E "^ +8388608" /tmp/shaped.log
+# busbw (GB/s, out of place) against the sum of the two ports alone.
+V=$(awk '$1 == 8388608 { print $8 }' /tmp/shaped.log | head -1)
+echo "RATIO railcc sendrecv 8 MB over both rails: $V GB/s; sum of the ports alone $w0 + $w1 MB/s"
+awk -v b="$V" -v a="$w0" -v c="$w1" 'BEGIN { r = b * 1000 / (a + c); printf "RATIO %.2f of the sum\n", r; exit !(r >= 0.9) }' \
+  || fail "sendrecv over two shaped rails is below 90% of the sum of the ports"
+for d in a0 b0 a1 b1; do tc qdisc del dev $d root; done
+
+# 3. Rail 1 down during checked all-reduces.
+loss() { # failover(1|0): ST = both ranks' exit statuses
+  local r pids=
+  for r in 0 1; do
+    RAILCC_RANK=$r RAILCC_NRANKS=2 RAILCC_ROOT=127.0.0.1:2960$1 RAILCC_RAIL_FAILOVER=$1 \
+      RAILCC_IB_TIMEOUT=12 RAILCC_TEST_BYTES=4194304 RAILCC_TEST_ITERS=60 \
+      timeout 200 railcc-test-rank repeat > /tmp/loss$1.$r.log 2>&1 &
+    pids="$pids $!"
+  done
+  sleep 6
+  $ip link set a1 down; $ip link set b1 down
+  ST=
+  for r in $pids; do wait $r; ST="$ST $?"; done
+  ST=${ST# }
+  $ip link set a1 up; $ip link set b1 up
+  sleep 1
+}
+loss 1
+grep -hE "^ok|^error|failed" /tmp/loss1.*.log | cut -c1-240
+[ "$ST" = "0 0" ] || { cat /tmp/loss1.*.log; fail "rail 1 down with failover: ranks exited $ST"; }
+grep -q "its rail is out" /tmp/loss1.0.log /tmp/loss1.1.log || { cat /tmp/loss1.*.log; fail "rail 1 down with failover: no rank saw the rail fail (did it go down mid-run?)"; }
+echo "rail 1 down mid-run with failover: both ranks finished their checked all-reduces"
+loss 0
+grep -hE "^ok|^error" /tmp/loss0.*.log | cut -c1-240
+echo "$ST" | grep -q 1 || { cat /tmp/loss0.*.log; fail "rail 1 down without failover: ranks exited $ST (a failure was expected)"; }
+grep -q "rx.1 port 1" /tmp/loss0.0.log /tmp/loss0.1.log || { cat /tmp/loss0.*.log; fail "rail 1 down without failover: no error names the port"; }
+echo "rail 1 down with RAILCC_RAIL_FAILOVER=0: ranks exited $ST, naming the port"
+echo "RAILS PASS"

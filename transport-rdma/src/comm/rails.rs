@@ -1,0 +1,184 @@
+//! Striping one connection over several RDMA ports (rails): how a message's pieces are sized
+//! and placed, and the rates that size them.
+//!
+//! The receiver completes a message when it has seen `split(len, nqps).1` distinct pieces (the
+//! piece index travels in the immediate), whatever their sizes and queue pairs, so the sender
+//! alone decides the cut: sizes follow each queue pair's measured rate, and a piece whose
+//! queue pair died is written again on a live one (the same bytes to the same place; a second
+//! copy of its immediate is ignored).
+
+use std::time::{Duration, Instant};
+
+/// A rate needs this much busy time and this many bytes before it counts.
+const WINDOW: Duration = Duration::from_millis(50);
+const WINDOW_BYTES: u64 = 1 << 20;
+/// Each measured rate moves the estimate this far.
+const EWMA: f64 = 0.5;
+
+/// Bytes `len` cut into `weights.len()` pieces in proportion to the weights: page multiples
+/// except the last, every piece at least one page (at least one byte for the last), summing
+/// to `len`. `len` is at least one byte per piece.
+pub fn cut(len: usize, weights: &[f64]) -> Vec<usize> {
+    let k = weights.len().max(1);
+    let total: f64 = weights.iter().map(|w| w.max(1e-9)).sum();
+    let mut out = Vec::with_capacity(k);
+    let mut left = len;
+    for (i, w) in weights.iter().enumerate().take(k - 1) {
+        let want = (len as f64 * w.max(1e-9) / total) as usize / 4096 * 4096;
+        // Leave at least a byte for each piece after this one.
+        let room = left.saturating_sub(k - 1 - i);
+        let s = want.max(4096).min(room).max(1.min(room));
+        out.push(s);
+        left -= s;
+    }
+    out.push(left);
+    out
+}
+
+/// Where the `k` pieces of a message go: piece i on queue pair i while it lives, a dead one's
+/// on the fastest live queue pair. None when every queue pair is dead.
+pub fn placement(k: usize, live: &[bool], weights: &[f64]) -> Option<Vec<usize>> {
+    let best = (0..live.len())
+        .filter(|&q| live[q])
+        .max_by(|&a, &b| weights[a].total_cmp(&weights[b]))?;
+    Some(
+        (0..k)
+            .map(|i| if live.get(i) == Some(&true) { i } else { best })
+            .collect(),
+    )
+}
+
+/// Per queue pair: bytes acknowledged over the time it had writes outstanding.
+#[derive(Clone, Debug)]
+pub struct Meter {
+    /// Relative rate per queue pair (bytes per second once measured; equal at first).
+    pub weights: Vec<f64>,
+    outstanding: Vec<u64>,
+    since: Vec<Instant>,
+    busy: Vec<Duration>,
+    acked: Vec<u64>,
+    measured: Vec<bool>,
+}
+
+impl Meter {
+    pub fn new(nqps: usize) -> Meter {
+        let now = Instant::now();
+        Meter {
+            weights: vec![1.0; nqps],
+            outstanding: vec![0; nqps],
+            since: vec![now; nqps],
+            busy: vec![Duration::ZERO; nqps],
+            acked: vec![0; nqps],
+            measured: vec![false; nqps],
+        }
+    }
+
+    /// `n` bytes were posted on queue pair `q`.
+    pub fn posted(&mut self, q: usize, n: usize, now: Instant) {
+        if q >= self.outstanding.len() {
+            return;
+        }
+        if self.outstanding[q] == 0 {
+            self.since[q] = now;
+        }
+        self.outstanding[q] += n as u64;
+    }
+
+    /// `n` bytes on queue pair `q` were acknowledged.
+    pub fn acked(&mut self, q: usize, n: usize, now: Instant) {
+        if q >= self.outstanding.len() {
+            return;
+        }
+        self.busy[q] += now.saturating_duration_since(self.since[q]);
+        self.since[q] = now;
+        self.outstanding[q] = self.outstanding[q].saturating_sub(n as u64);
+        self.acked[q] += n as u64;
+        if self.busy[q] >= WINDOW && self.acked[q] >= WINDOW_BYTES {
+            let rate = self.acked[q] as f64 / self.busy[q].as_secs_f64();
+            if self.measured.iter().all(|m| !m) {
+                // The first rate measured sets the scale for the others' starting guesses.
+                for (i, w) in self.weights.iter_mut().enumerate() {
+                    if i != q {
+                        *w = rate;
+                    }
+                }
+            }
+            self.weights[q] = if self.measured[q] {
+                self.weights[q] * (1.0 - EWMA) + rate * EWMA
+            } else {
+                rate
+            };
+            self.measured[q] = true;
+            self.busy[q] = Duration::ZERO;
+            self.acked[q] = 0;
+        }
+    }
+
+    /// For logs: each queue pair's share, in percent.
+    pub fn shares(&self) -> String {
+        let total: f64 = self.weights.iter().sum();
+        self.weights
+            .iter()
+            .map(|w| format!("{:.0}%", 100.0 * w / total.max(1e-9)))
+            .collect::<Vec<_>>()
+            .join("/")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cuts_follow_weights_in_whole_pages_and_cover_the_message() {
+        for len in [65536usize, 65537, 1 << 20, 3_000_001, 64 << 20] {
+            for w in [
+                vec![1.0, 1.0],
+                vec![2.0, 1.0],
+                vec![1.0, 0.0],
+                vec![5.0, 1.0, 1.0, 1.0],
+            ] {
+                let c = cut(len, &w);
+                assert_eq!(c.len(), w.len());
+                assert_eq!(c.iter().sum::<usize>(), len, "{len} {w:?}");
+                assert!(c.iter().all(|&s| s >= 1), "{len} {w:?} {c:?}");
+                assert!(c[..c.len() - 1].iter().all(|s| s % 4096 == 0), "{c:?}");
+            }
+        }
+        let c = cut(12 << 20, &[2.0, 1.0]);
+        assert_eq!(c, vec![8 << 20, 4 << 20]);
+        // A dead queue pair's piece shrinks to a page.
+        assert_eq!(cut(1 << 20, &[1.0, 0.0]), vec![(1 << 20) - 4096, 4096]);
+    }
+
+    #[test]
+    fn dead_queue_pairs_hand_their_pieces_to_the_fastest_live_one() {
+        assert_eq!(placement(2, &[true, true], &[1.0, 1.0]), Some(vec![0, 1]));
+        assert_eq!(placement(2, &[true, false], &[1.0, 9.0]), Some(vec![0, 0]));
+        assert_eq!(
+            placement(3, &[false, true, true], &[1.0, 1.0, 3.0]),
+            Some(vec![2, 1, 2])
+        );
+        assert_eq!(placement(2, &[false, false], &[1.0, 1.0]), None);
+    }
+
+    #[test]
+    fn meter_learns_each_queue_pairs_rate_from_busy_time() {
+        let mut m = Meter::new(2);
+        let t0 = Instant::now();
+        // Queue pair 0 moves 8 MB in 100 ms, queue pair 1 moves 2 MB in 100 ms.
+        m.posted(0, 8 << 20, t0);
+        m.posted(1, 2 << 20, t0);
+        m.acked(0, 8 << 20, t0 + Duration::from_millis(100));
+        m.acked(1, 2 << 20, t0 + Duration::from_millis(100));
+        let r = m.weights[0] / m.weights[1];
+        assert!((r - 4.0).abs() < 0.01, "{r}");
+        // Idle time does not count: 2 MB more on queue pair 1 after a pause, in 100 ms.
+        let t1 = t0 + Duration::from_secs(5);
+        m.posted(1, 2 << 20, t1);
+        m.acked(1, 2 << 20, t1 + Duration::from_millis(100));
+        let r = m.weights[0] / m.weights[1];
+        assert!((r - 4.0).abs() < 0.01, "{r}");
+        assert_eq!(m.shares(), "80%/20%");
+    }
+}
