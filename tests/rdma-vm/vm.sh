@@ -39,7 +39,7 @@ copy_bin /usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so $R/usr/lib/x86_6
 cp /etc/libibverbs.d/rxe.driver $R/etc/libibverbs.d/
 copy_lib /lib/x86_64-linux-gnu/libgcc_s.so.1
 # Modules in dependency order (checked against modules.dep).
-MODS="kernel/crypto/crc32_generic kernel/arch/x86/crypto/crc32-pclmul kernel/net/ipv4/udp_tunnel kernel/net/ipv6/ip6_udp_tunnel kernel/drivers/infiniband/core/ib_core kernel/drivers/infiniband/core/ib_uverbs kernel/drivers/infiniband/sw/rxe/rdma_rxe kernel/drivers/net/veth kernel/net/sched/sch_tbf"
+MODS="kernel/crypto/crc32_generic kernel/arch/x86/crypto/crc32-pclmul kernel/net/ipv4/udp_tunnel kernel/net/ipv6/ip6_udp_tunnel kernel/drivers/infiniband/core/ib_core kernel/drivers/infiniband/core/ib_uverbs kernel/drivers/infiniband/sw/rxe/rdma_rxe kernel/drivers/net/veth kernel/net/sched/sch_tbf kernel/net/sched/sch_netem"
 i=0
 for m in $MODS; do
     f=/lib/modules/$K/$m.ko

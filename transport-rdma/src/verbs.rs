@@ -361,6 +361,15 @@ impl Qp {
         }
     }
 
+    /// Moves the queue pair to the error state: it sends and accepts nothing more, and its
+    /// outstanding work requests come back flushed (a rail given up on).
+    pub fn set_error(&self) -> Result<()> {
+        // SAFETY: a zeroed attribute struct is valid; only the state is set.
+        let mut a: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv_qp_state::IBV_QPS_ERR;
+        self.modify(&mut a, ibv_qp_attr_mask::IBV_QP_STATE, "ERR")
+    }
+
     fn modify(&self, a: &mut ibv_qp_attr, mask: ibv_qp_attr_mask, state: &str) -> Result<()> {
         // SAFETY: the QP is live; `a` is a valid attribute struct.
         let r = unsafe { ibv_modify_qp(self.qp, a, mask.0 as i32) };

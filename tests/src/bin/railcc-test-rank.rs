@@ -11,6 +11,14 @@ use std::process::ExitCode;
 const SEED: u64 = 77;
 
 fn main() -> ExitCode {
+    // Warnings (a rail given up on, say) on stderr, as railcc's own binary prints them.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("RAILCC_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let scenario = std::env::args().nth(1).unwrap_or_default();
     match run(&scenario) {
         Ok(msg) => {

@@ -14,6 +14,8 @@ const WINDOW: Duration = Duration::from_millis(50);
 const WINDOW_BYTES: u64 = 1 << 20;
 /// Each measured rate moves the estimate this far.
 const EWMA: f64 = 0.5;
+/// A queue pair is taken for dead after at least this long without progress (see `stalled`).
+pub const STALL_MIN: Duration = Duration::from_secs(2);
 
 /// Bytes `len` cut into `weights.len()` pieces in proportion to the weights: page multiples
 /// except the last, every piece at least one page (at least one byte for the last), summing
@@ -114,6 +116,25 @@ impl Meter {
         }
     }
 
+    /// How long queue pair `q` has had writes outstanding without an acknowledgement, when
+    /// that is past what its rate explains: four times the time its outstanding bytes need at
+    /// its measured rate, and at least `STALL_MIN`. A port that went down shows this way even
+    /// where the device's own resend limit never fires (Soft-RoCE).
+    pub fn stalled(&self, q: usize, now: Instant) -> Option<Duration> {
+        let out = *self.outstanding.get(q)?;
+        if out == 0 {
+            return None;
+        }
+        let idle = now.saturating_duration_since(self.since[q]);
+        let rate = if self.measured[q] {
+            self.weights[q]
+        } else {
+            1e6
+        };
+        let need = Duration::from_secs_f64(4.0 * out as f64 / rate.max(1.0));
+        (idle > need.max(STALL_MIN)).then_some(idle)
+    }
+
     /// For logs: each queue pair's share, in percent.
     pub fn shares(&self) -> String {
         let total: f64 = self.weights.iter().sum();
@@ -180,5 +201,14 @@ mod tests {
         let r = m.weights[0] / m.weights[1];
         assert!((r - 4.0).abs() < 0.01, "{r}");
         assert_eq!(m.shares(), "80%/20%");
+        // Outstanding bytes with no acknowledgement: a stall only past 4x their time at the
+        // measured rate (1 MB at 20 MB/s: 200 ms), and never under STALL_MIN.
+        let t2 = t1 + Duration::from_secs(1);
+        m.posted(1, 1 << 20, t2);
+        assert_eq!(m.stalled(1, t2 + Duration::from_millis(1500)), None);
+        assert!(m
+            .stalled(1, t2 + STALL_MIN + Duration::from_millis(10))
+            .is_some());
+        assert_eq!(m.stalled(0, t2 + Duration::from_secs(60)), None);
     }
 }

@@ -56,6 +56,11 @@ impl RdmaRecvComm {
                     let imm = c.imm.unwrap_or(0);
                     let kind = (imm >> PIECE_SHIFT) & PIECE_MASK;
                     let r = if imm & ERR_BIT != 0 && kind == CTRL_QUERY {
+                        // The queue pairs the sender gave up on: closed here first, so no
+                        // late piece lands after the answer.
+                        let b = self.link.ctrl.rx(slot);
+                        let mask = u32::from_le_bytes(b[..4].try_into().unwrap_or_default());
+                        self.close_dead(mask)?;
                         // Answered once every completion of this poll is in: a piece that
                         // arrived on another queue pair in the same batch counts.
                         queries.push(imm & SEQ_MASK);
@@ -89,6 +94,19 @@ impl RdmaRecvComm {
             self.answers.push_back((seq, word));
         }
         self.send_answers()
+    }
+
+    /// Closes the data queue pairs in `mask` (never the first: it carries control messages).
+    fn close_dead(&mut self, mask: u32) -> Result<()> {
+        for q in 1..self.link.nqps().min(32) {
+            if mask & (1 << q) != 0 && !self.link.dead[q] {
+                self.link.dead[q] = true;
+                if let Err(e) = self.link.qp_at(q).set_error() {
+                    return Err(self.link.fail(e));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Tells the sender which pieces of a message arrived (it asks after a queue pair died,

@@ -72,6 +72,8 @@ pub struct RdmaSendComm {
     resend: VecDeque<(u64, usize)>,
     /// Messages to ask the receiver about (which of their pieces arrived).
     queries: VecDeque<u64>,
+    /// Queue pairs given up on here, which the next question tells the receiver to close.
+    dead_told: Vec<usize>,
 }
 
 impl RdmaSendComm {
@@ -100,6 +102,7 @@ impl RdmaSendComm {
             results: HashMap::new(),
             resend: VecDeque::new(),
             queries: VecDeque::new(),
+            dead_told: Vec::new(),
         })
     }
 
@@ -201,6 +204,13 @@ impl RdmaSendComm {
                 break;
             };
             self.queries.pop_front();
+            // The question carries the queue pairs found dead here (a mask): the receiver
+            // closes them before it answers.
+            let mask: u32 = (0..self.link.nqps())
+                .filter(|&q| self.link.dead[q])
+                .fold(0, |m, q| m | 1 << q);
+            let o = slot * SLOT;
+            self.link.ctrl.buf[o..o + 4].copy_from_slice(&mask.to_le_bytes());
             let (a, lkey) = (self.link.ctrl.tx_addr(slot), self.link.ctrl.mr.lkey);
             let imm = ERR_BIT | (CTRL_QUERY << PIECE_SHIFT) | (seq as u32 & SEQ_MASK);
             self.sq_used[0] += 1;
@@ -270,7 +280,48 @@ impl RdmaSendComm {
             }
         }
         self.link.done_with(comps);
+        self.check_stalls()?;
         self.start_writes()
+    }
+
+    /// A queue pair (not the first) that stopped acknowledging is given up on: moved to the
+    /// error state, so its writes come back flushed and are asked about; the receiver is told
+    /// to close its end too, so nothing late lands after its answer. Without failover the
+    /// stall is the connection's error, naming the port.
+    fn check_stalls(&mut self) -> Result<()> {
+        let now = std::time::Instant::now();
+        for q in 1..self.link.nqps() {
+            if self.link.dead[q] {
+                continue;
+            }
+            let Some(idle) = self.meter.stalled(q, now) else {
+                continue;
+            };
+            let c = &self.link.qp_at(q).ctx;
+            let what = format!(
+                "queue pair {q} to rank {} on {} port {} has had writes unacknowledged for {:.1} s (its port or link is down?)",
+                self.link.peer,
+                c.name,
+                c.port,
+                idle.as_secs_f64()
+            );
+            if !self.link.failover {
+                let e = Error::new(
+                    ErrorKind::PeerClosed,
+                    format!(
+                        "{what} (RAILCC_RAIL_FAILOVER=0: a rail that fails ends the connection)"
+                    ),
+                );
+                return Err(self.link.fail(e));
+            }
+            tracing::warn!("rdma: {what}; its rail is out, the others carry on");
+            self.link.dead[q] = true;
+            self.dead_told.push(q);
+            if let Err(e) = self.link.qp_at(q).set_error() {
+                return Err(self.link.fail(e));
+            }
+        }
+        Ok(())
     }
 
     /// Posts piece `p` of in-flight message `i` on queue pair `q`: one write per `MAX_WRITE`
