@@ -35,6 +35,7 @@ if [ -z "${RAILCC_BIN:-}" ] && [ "$(cat .device/STAMP 2>/dev/null)" != "$(bash s
   exit 1
 fi
 source bench/compare/gpu-env.sh
+source bench/compare/tables.sh
 R=${RAILCC_BIN:-$R}   # another railcc binary (to see a broken build fail these checks)
 export RAILCC_TIMEOUT_MS=30000
 NG=${NG:-$(nvidia-smi -L | wc -l)}
@@ -48,10 +49,8 @@ verdict() {
   local tables oks rows wrong
   tables=$(grep -c "Out of bounds values" "$f")
   oks=$(grep -c "Out of bounds values : 0 OK" "$f")
-  # Rows with a reduction op, and rows without one (hypercube): #wrong sits one column earlier.
-  rows=$(grep -cE '^ +[0-9]+ +[0-9]+ +[a-z0-9_]+ +([a-z]+ +)?-?[0-9]+ +[0-9.]+ ' "$f")
-  wrong=$(awk '/^ +[0-9]+ +[0-9]+ +[a-z0-9_]+ +[a-z]+ +-?[0-9]+ / && (($9 != "0" && $9 != "N/A") || ($13 != "0" && $13 != "N/A"))
-    /^ +[0-9]+ +[0-9]+ +[a-z0-9_]+ +-?[0-9]+ +[0-9.]+ / && (($8 != "0" && $8 != "N/A") || ($12 != "0" && $12 != "N/A"))' "$f" | wc -l)
+  rows=$(table_rows "$f")
+  wrong=$(wrong_rows "$f")
   if [ "$rc" != 0 ]; then why="exit $rc"
   elif [ "${4:-table}" = table ] && { [ "$tables" = 0 ] || [ "$oks" != "$tables" ]; }; then why="out of bounds: $oks of $tables tables OK"
   elif [ "${4:-table}" = table ] && [ "$rows" = 0 ]; then why="no result rows"

@@ -240,31 +240,38 @@ pub extern "C" fn ncclAlltoAll(
         Err(code) => return code,
     };
     let block = count * dt.size();
+    grouped(|note| {
+        for r in 0..nranks {
+            note(ncclSend(
+                (send as *const u8).wrapping_add(r * block) as *const c_void,
+                count,
+                dtype,
+                r as c_int,
+                comm,
+                stream,
+            ));
+            note(ncclRecv(
+                (recv as *mut u8).wrapping_add(r * block) as *mut c_void,
+                count,
+                dtype,
+                r as c_int,
+                comm,
+                stream,
+            ));
+        }
+    })
+}
+
+/// Runs `calls` as one group of its own: `note` keeps the first failure among the calls it
+/// makes, which is returned in place of ncclGroupEnd's result.
+fn grouped(calls: impl FnOnce(&mut dyn FnMut(NcclResult))) -> NcclResult {
     group::start();
     let mut first = SUCCESS;
-    for r in 0..nranks {
-        let s = ncclSend(
-            (send as *const u8).wrapping_add(r * block) as *const c_void,
-            count,
-            dtype,
-            r as c_int,
-            comm,
-            stream,
-        );
-        let v = ncclRecv(
-            (recv as *mut u8).wrapping_add(r * block) as *mut c_void,
-            count,
-            dtype,
-            r as c_int,
-            comm,
-            stream,
-        );
-        for x in [s, v] {
-            if first == SUCCESS {
-                first = x;
-            }
+    calls(&mut |x| {
+        if first == SUCCESS {
+            first = x;
         }
-    }
+    });
     let e = ncclGroupEnd();
     if first == SUCCESS {
         e
@@ -303,47 +310,36 @@ fn rooted(
         ));
     }
     let block = count * dt.size();
-    group::start();
-    let mut first = SUCCESS;
-    let mut note = |x: NcclResult| {
-        if first == SUCCESS {
-            first = x;
+    grouped(|note| {
+        if me == root as usize {
+            for r in 0..nranks {
+                note(if gather {
+                    ncclRecv(
+                        (recv as *mut u8).wrapping_add(r * block) as *mut c_void,
+                        count,
+                        dtype,
+                        r as c_int,
+                        comm,
+                        stream,
+                    )
+                } else {
+                    ncclSend(
+                        (send as *const u8).wrapping_add(r * block) as *const c_void,
+                        count,
+                        dtype,
+                        r as c_int,
+                        comm,
+                        stream,
+                    )
+                });
+            }
         }
-    };
-    if me == root as usize {
-        for r in 0..nranks {
-            note(if gather {
-                ncclRecv(
-                    (recv as *mut u8).wrapping_add(r * block) as *mut c_void,
-                    count,
-                    dtype,
-                    r as c_int,
-                    comm,
-                    stream,
-                )
-            } else {
-                ncclSend(
-                    (send as *const u8).wrapping_add(r * block) as *const c_void,
-                    count,
-                    dtype,
-                    r as c_int,
-                    comm,
-                    stream,
-                )
-            });
-        }
-    }
-    note(if gather {
-        ncclSend(send, count, dtype, root, comm, stream)
-    } else {
-        ncclRecv(recv, count, dtype, root, comm, stream)
-    });
-    let e = ncclGroupEnd();
-    if first == SUCCESS {
-        e
-    } else {
-        first
-    }
+        note(if gather {
+            ncclSend(send, count, dtype, root, comm, stream)
+        } else {
+            ncclRecv(recv, count, dtype, root, comm, stream)
+        });
+    })
 }
 
 /// NCCL 2.24's gather: `count` elements from every rank into the root's receive buffer, in

@@ -315,15 +315,9 @@ impl Link {
             let kind = c.wr_id & KIND;
             let q = ((c.wr_id & QP_BITS) >> QP_SHIFT) as usize;
             // A write or data receive on a queue pair other than the first (which carries the
-            // control messages) fails that queue pair alone when another one lives: its
-            // pieces are written again elsewhere.
-            let others = (1..self.nqps()).any(|i| i != q && !self.dead[i]) || !self.dead[0];
-            if self.failover
-                && q != 0
-                && q < self.nqps()
-                && others
-                && (kind == K_WRITE || kind == K_DATA)
-            {
+            // control messages, so it lives as long as the connection) fails that queue pair
+            // alone: its pieces are written again elsewhere.
+            if self.failover && q != 0 && q < self.nqps() && (kind == K_WRITE || kind == K_DATA) {
                 if !self.dead[q] {
                     self.dead[q] = true;
                     tracing::warn!(
@@ -432,6 +426,23 @@ impl Link {
             fd: self.control.as_raw_fd(),
             write: false,
         });
+    }
+
+    /// SENDs a 4-byte control word from control slot `slot` on the first queue pair, with the
+    /// error bit, control kind `kind` and sequence number `seq` in the immediate (the
+    /// sender's questions and the receiver's answers after a queue pair died).
+    fn send_word(&mut self, slot: usize, word: u32, kind: u32, seq: u32) -> Result<()> {
+        let o = slot * SLOT;
+        self.ctrl.buf[o..o + 4].copy_from_slice(&word.to_le_bytes());
+        let (a, lkey) = (self.ctrl.tx_addr(slot), self.ctrl.mr.lkey);
+        let imm = ERR_BIT | (kind << PIECE_SHIFT) | (seq & SEQ_MASK);
+        match self
+            .qp
+            .post_send(K_CTRL | slot as u64, a, 4, lkey, None, Some(imm), true)
+        {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.fail(e)),
+        }
     }
 
     /// Best effort: the reason goes on the control socket, where the peer's next look finds it.

@@ -40,14 +40,19 @@ pub fn cut(len: usize, weights: &[f64]) -> Vec<usize> {
 /// Where the `k` pieces of a message go: piece i on queue pair i while it lives, a dead one's
 /// on the fastest live queue pair. None when every queue pair is dead.
 pub fn placement(k: usize, live: &[bool], weights: &[f64]) -> Option<Vec<usize>> {
-    let best = (0..live.len())
-        .filter(|&q| live[q])
-        .max_by(|&a, &b| weights[a].total_cmp(&weights[b]))?;
+    let best = fastest_live(live, weights)?;
     Some(
         (0..k)
             .map(|i| if live.get(i) == Some(&true) { i } else { best })
             .collect(),
     )
+}
+
+/// The live queue pair with the highest rate, if any lives.
+pub fn fastest_live(live: &[bool], weights: &[f64]) -> Option<usize> {
+    (0..live.len())
+        .filter(|&q| live[q])
+        .max_by(|&a, &b| weights[a].total_cmp(&weights[b]))
 }
 
 /// Per queue pair: bytes acknowledged over the time it had writes outstanding.

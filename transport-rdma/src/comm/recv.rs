@@ -117,17 +117,7 @@ impl RdmaRecvComm {
                 break;
             };
             self.answers.pop_front();
-            let o = slot * SLOT;
-            self.link.ctrl.buf[o..o + 4].copy_from_slice(&word.to_le_bytes());
-            let (a, lkey) = (self.link.ctrl.tx_addr(slot), self.link.ctrl.mr.lkey);
-            let imm = ERR_BIT | (CTRL_ANSWER << PIECE_SHIFT) | seq;
-            if let Err(e) =
-                self.link
-                    .qp
-                    .post_send(K_CTRL | slot as u64, a, 4, lkey, None, Some(imm), true)
-            {
-                return Err(self.link.fail(e));
-            }
+            self.link.send_word(slot, word, CTRL_ANSWER, seq)?;
         }
         Ok(())
     }

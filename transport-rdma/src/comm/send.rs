@@ -72,8 +72,6 @@ pub struct RdmaSendComm {
     resend: VecDeque<(u64, usize)>,
     /// Messages to ask the receiver about (which of their pieces arrived).
     queries: VecDeque<u64>,
-    /// Queue pairs given up on here, which the next question tells the receiver to close.
-    dead_told: Vec<usize>,
 }
 
 impl RdmaSendComm {
@@ -102,7 +100,6 @@ impl RdmaSendComm {
             results: HashMap::new(),
             resend: VecDeque::new(),
             queries: VecDeque::new(),
-            dead_told: Vec::new(),
         })
     }
 
@@ -132,14 +129,19 @@ impl RdmaSendComm {
         self.meter.acked(q, n, std::time::Instant::now());
         w.left -= 1;
         if w.left == 0 {
-            if let Some(w) = self.inflight.remove(i) {
-                if let Reg::Staged { slot, .. } = w.reg {
-                    self.link.stage.free.push(slot);
-                }
-                self.results.insert(w.seq, Ok(w.len));
-            }
+            self.finish(i);
         }
         Ok(())
+    }
+
+    /// In-flight message `i` has every piece acknowledged (or reported arrived).
+    fn finish(&mut self, i: usize) {
+        if let Some(w) = self.inflight.remove(i) {
+            if let Reg::Staged { slot, .. } = w.reg {
+                self.link.stage.free.push(slot);
+            }
+            self.results.insert(w.seq, Ok(w.len));
+        }
     }
 
     /// A write of piece `p` of message `seq` failed on queue pair `q`, which is dead now. It
@@ -185,12 +187,7 @@ impl RdmaSendComm {
             }
         }
         if w.left == 0 {
-            if let Some(w) = self.inflight.remove(i) {
-                if let Reg::Staged { slot, .. } = w.reg {
-                    self.link.stage.free.push(slot);
-                }
-                self.results.insert(w.seq, Ok(w.len));
-            }
+            self.finish(i);
         }
     }
 
@@ -209,18 +206,9 @@ impl RdmaSendComm {
             let mask: u32 = (0..self.link.nqps())
                 .filter(|&q| self.link.dead[q])
                 .fold(0, |m, q| m | 1 << q);
-            let o = slot * SLOT;
-            self.link.ctrl.buf[o..o + 4].copy_from_slice(&mask.to_le_bytes());
-            let (a, lkey) = (self.link.ctrl.tx_addr(slot), self.link.ctrl.mr.lkey);
-            let imm = ERR_BIT | (CTRL_QUERY << PIECE_SHIFT) | (seq as u32 & SEQ_MASK);
             self.sq_used[0] += 1;
-            if let Err(e) =
-                self.link
-                    .qp
-                    .post_send(K_CTRL | slot as u64, a, 4, lkey, None, Some(imm), true)
-            {
-                return Err(self.link.fail(e));
-            }
+            self.link
+                .send_word(slot, mask, CTRL_QUERY, seq as u32 & SEQ_MASK)?;
         }
         Ok(())
     }
@@ -316,7 +304,6 @@ impl RdmaSendComm {
             }
             tracing::warn!("rdma: {what}; its rail is out, the others carry on");
             self.link.dead[q] = true;
-            self.dead_told.push(q);
             if let Err(e) = self.link.qp_at(q).set_error() {
                 return Err(self.link.fail(e));
             }
@@ -375,9 +362,7 @@ impl RdmaSendComm {
                 self.resend.pop_front();
                 continue;
             };
-            let best = (0..self.link.nqps())
-                .filter(|&q| !self.link.dead[q])
-                .max_by(|&a, &b| self.meter.weights[a].total_cmp(&self.meter.weights[b]));
+            let best = rails::fastest_live(&self.live(), &self.meter.weights);
             let Some(q) = best else {
                 let e = Error::new(
                     ErrorKind::PeerClosed,
