@@ -11,6 +11,8 @@
 #         (--fill random, error bound), CUDA graphs (-G: results checked after the last launch);
 #  nccl   nccl-tests against railcc's libnccl.so.2: -g N, -t N and mpirun -np N, -d all, -o all,
 #         and -G 10;
+#  shared two ranks sharing GPU 0 on one host (mpirun -np 2, NCCL_TESTS_DEVICE=0): the
+#         per-process path on a one-GPU machine, -d all (fp8), -o all (mulsum), -G 10;
 #  split  torch new_group/split_group through ncclCommSplit (nccl-compat/tests/torch/split.sh).
 # A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
@@ -86,9 +88,11 @@ case " $PARTS " in *" unit "*)
     [ $rc != 0 ] || rc=$r
   done
   if [ $rc = 0 ] && grep -q "SKIP" /tmp/test-gpu-unit.log; then rc=99; echo "a GPU test skipped on a GPU machine" >> /tmp/test-gpu-unit.log; fi
-  grep -q "wide accumulation bfloat16" /tmp/test-gpu-unit.log || rc=98
+  for line in "wide accumulation bfloat16" "fp8 f8e5m2 max: 0 of 65536" "scale kernel: f32 host"; do
+    grep -q "$line" /tmp/test-gpu-unit.log || rc=98
+  done
   verdict "unit: cuda and transport-nvlink tests with a driver (wide accumulation, NVRTC, dma-buf)" $rc /tmp/test-gpu-unit.log notable
-  grep -E "wide accumulation|test result" /tmp/test-gpu-unit.log | sed 's/^/      /'
+  grep -E "wide accumulation|fp8 f8|scale kernel|test result" /tmp/test-gpu-unit.log | sed 's/^/      /'
   # libnccl from C with a driver: ncclCommInitAll over the GPUs must work (CI checks the
   # clean error without one).
   timeout 120 bash nccl-compat/tests/c_api.sh .device/lib driver "$NG" > /tmp/test-gpu-capi.log 2>&1
@@ -113,20 +117,25 @@ case " $PARTS " in *" bench "*)
   done
 ;; esac
 
-case " $PARTS " in *" nccl "*)
+# nccl-tests, built once per machine: plain (-g, -t) and with MPI (mpirun), both at once.
+NTM=/tmp/nccl-tests-mpi
+build_nccl_tests() {
   NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
   [ -e "$NCCL_HOME/lib/libnccl.so" ] || ln -sf "$NCCL_HOME/lib/libnccl.so.2" "$NCCL_HOME/lib/libnccl.so"
   inc=$(mpicc --showme:incdirs 2>/dev/null | awk '{print $1}')
   MPI_HOME=${MPI_HOME:-$(dirname "${inc:-/usr/include}")}
-  NTM=/tmp/nccl-tests-mpi
+  [ -d $NT ] || cp -r .device/nccl-tests $NT
   [ -d $NTM ] || cp -r .device/nccl-tests $NTM
-  # Two builds at once: plain (-g, -t) and with MPI (mpirun).
   build() { make -C "$1" -j8 MPI="$2" MPI_HOME="$MPI_HOME" CUDA_HOME=/usr/local/cuda NCCL_HOME="$NCCL_HOME" \
       NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" src.build > "/tmp/nccl-build-$2.log" 2>&1; }
   [ -x $NT/build/all_reduce_perf ] || build $NT 0 & b0=$!
   [ -x $NTM/build/all_reduce_perf ] || build $NTM 1 & b1=$!
   wait $b0; s0=$?; wait $b1; s1=$?
   verdict "nccl-tests build (plain and MPI)" $((s0 + s1)) /tmp/nccl-build-1.log notable
+}
+
+case " $PARTS " in *" nccl "*)
+  build_nccl_tests
   OURS="$PWD/.device/lib"
   MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS"
   for b in all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall scatter gather hypercube; do
@@ -137,6 +146,22 @@ case " $PARTS " in *" nccl "*)
     check "libnccl $b -t $NG $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $NT/build/${b}_perf $F -t $NG -g 1
     check "libnccl $b mpirun -np $NG $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $MPIRUN $NTM/build/${b}_perf $F -g 1
     check "libnccl $b -g $NG -G 10 $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $NT/build/${b}_perf $F -g $NG -G 10
+  done
+;; esac
+
+case " $PARTS " in *" shared "*)
+  # Two ranks on one host sharing GPU 0 (NCCL_TESTS_DEVICE=0; the test-only layout of a
+  # one-GPU machine): railcc's per-process path (CUDA IPC) with every dtype (fp8 included)
+  # and op (premultiplied sums included), eager and -G 10.
+  build_nccl_tests
+  OURS="$PWD/.device/lib"
+  MPIRUN="mpirun -np 2 --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x NCCL_TESTS_DEVICE=0"
+  for b in ${TEST_GPU_SHARED_BINS:-all_reduce reduce_scatter reduce all_gather alltoall}; do
+    ops=""
+    case $b in all_reduce|reduce_scatter|reduce) ops="-o all" ;; esac
+    F="-b 8 -e 4M -f 32 -n 2 -w 1 -c 1 -d all $ops"
+    check "libnccl $b mpirun -np 2 on GPU 0 $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $MPIRUN $NTM/build/${b}_perf $F -g 1
+    check "libnccl $b mpirun -np 2 on GPU 0 -G 10 $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $MPIRUN $NTM/build/${b}_perf $F -g 1 -G 10
   done
 ;; esac
 

@@ -54,7 +54,7 @@ pub struct BenchArgs {
     /// Check results (1) or not (0).
     #[arg(short = 'c', long = "check", default_value_t = 1)]
     pub check: u8,
-    /// Data type: int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16, or all.
+    /// Data type: int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16, f8e4m3, f8e5m2, or all.
     #[arg(short = 'd', long = "datatype", default_value = "float")]
     pub dtype: String,
     /// Reduction: sum, prod, min, max, avg, or all.

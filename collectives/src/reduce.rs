@@ -1,9 +1,11 @@
 //! Host reduction kernels for every dtype and op. Each loop is a plain zip over two slices with
 //! the operator chosen outside the loop, so the compiler vectorizes it; f16 and bf16 are
-//! widened to f32 for the arithmetic. A two-input step rounds its result to the storage type
+//! widened to f32 for the arithmetic, as are fp8 (e4m3, e5m2; rounded back with CUDA's
+//! saturating conversion). A two-input step rounds its result to the storage type
 //! (as a partial sum that travels between ranks must be); [`reduce_slots_raw`] reduces many
-//! inputs in one step and, for f16/bf16, accumulates in f32 and rounds once.
+//! inputs in one step and, for f16/bf16/fp8, accumulates in f32 and rounds once.
 
+use float8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
 use railcc_core::{DataType, ReduceOp};
 
@@ -53,7 +55,7 @@ macro_rules! half_arith {
         }
     )*};
 }
-half_arith!(f16, bf16);
+half_arith!(f16, bf16, F8E4M3, F8E5M2);
 
 /// A binary operator as a type, so each (dtype, op) loop is monomorphized and vectorized.
 trait Bin<T> {
@@ -131,6 +133,8 @@ macro_rules! dispatch {
             DataType::Bf16 => $f::<bf16>($($args)*),
             DataType::F32 => $f::<f32>($($args)*),
             DataType::F64 => $f::<f64>($($args)*),
+            DataType::F8E4M3 => $f::<F8E4M3>($($args)*),
+            DataType::F8E5M2 => $f::<F8E5M2>($($args)*),
         }
     };
 }
@@ -258,6 +262,12 @@ pub unsafe fn reduce_slots_raw(
         DataType::Bf16 => {
             slots_wide::<bf16>(op, dst, src, n, slots, (bf16::to_f32, bf16::from_f32))
         }
+        DataType::F8E4M3 => {
+            slots_wide::<F8E4M3>(op, dst, src, n, slots, (|x| x.to_f32(), F8E4M3::from_f32))
+        }
+        DataType::F8E5M2 => {
+            slots_wide::<F8E5M2>(op, dst, src, n, slots, (|x| x.to_f32(), F8E5M2::from_f32))
+        }
         _ => dispatch!(dt, slots_typed, op, dst, src, n, slots),
     }
 }
@@ -329,6 +339,8 @@ mod tests {
             DataType::Bf16,
             DataType::F32,
             DataType::F64,
+            DataType::F8E4M3,
+            DataType::F8E5M2,
         ] {
             for op in ReduceOp::ALL {
                 let enc = |v: &[f32]| {

@@ -4,6 +4,7 @@
 //! intermediate exactly and results compare bit for bit whatever the reduction order.
 
 use crate::plan::CollArgs;
+use float8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
 use railcc_core::net::CollKind;
 use railcc_core::{DataType, ReduceOp};
@@ -32,6 +33,8 @@ pub fn decode(dt: DataType, b: &[u8]) -> Vec<f64> {
             .map(|x| f32::from_le_bytes([x[0], x[1], x[2], x[3]]) as f64)
             .collect(),
         DataType::F64 => c.map(|x| f64::from_le_bytes(arr8(x))).collect(),
+        DataType::F8E4M3 => c.map(|x| F8E4M3::from_bits(x[0]).to_f64()).collect(),
+        DataType::F8E5M2 => c.map(|x| F8E5M2::from_bits(x[0]).to_f64()).collect(),
     }
 }
 
@@ -54,14 +57,27 @@ pub fn encode(dt: DataType, v: &[f64]) -> Vec<u8> {
             DataType::Bf16 => out.extend_from_slice(&bf16::from_f64(x).to_le_bytes()),
             DataType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
             DataType::F64 => out.extend_from_slice(&x.to_le_bytes()),
+            DataType::F8E4M3 => out.push(F8E4M3::from_f64(x).to_bits()),
+            DataType::F8E5M2 => out.push(F8E5M2::from_f64(x).to_bits()),
         }
     }
     out
 }
 
-/// A small nonzero integer for element `i` of `rank`, chosen so that sums and products over up
-/// to 64 ranks stay exact in every dtype (products hold at most a few factors of 2).
-pub fn fill_value(dt: DataType, op: ReduceOp, rank: usize, i: usize, seed: u64) -> f64 {
+/// A small integer for element `i` of `rank`, chosen so that sums and products over up to 64
+/// ranks stay exact in every dtype (products hold at most a few factors of 2).
+///
+/// fp8 holds every integer only up to 16 (e4m3) or 8 (e5m2), so its reductions get +-1 (and
+/// a factor 2 from ranks below 8 for prod), and above 8 ranks each element draws nonzero values
+/// from at most 8 ranks (those with `rank % g == i % g`, `g = ceil(nranks / 8)`): every partial
+/// sum, in any order, stays within 8.
+pub fn fill_value(a: &CollArgs, rank: usize, i: usize, seed: u64) -> f64 {
+    let (dt, op) = (a.dtype, a.op);
+    let fp8 = matches!(dt, DataType::F8E4M3 | DataType::F8E5M2);
+    let reduces = matches!(
+        a.coll,
+        CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter
+    );
     let h = (rank as u64)
         .wrapping_mul(0x9e37_79b9)
         .wrapping_add((i as u64).wrapping_mul(2_654_435_761))
@@ -70,8 +86,19 @@ pub fn fill_value(dt: DataType, op: ReduceOp, rank: usize, i: usize, seed: u64) 
     let h = h ^ (h >> 15);
     let signed = !matches!(dt, DataType::U8 | DataType::U32 | DataType::U64);
     match op {
+        _ if fp8 && reduces && a.nranks > 8 && {
+            let g = a.nranks.div_ceil(8);
+            rank % g != i % g
+        } =>
+        {
+            0.0
+        }
         ReduceOp::Prod => {
-            let mag = if h.is_multiple_of(16) { 2.0 } else { 1.0 };
+            let mag = if h.is_multiple_of(16) && (!fp8 || rank < 8) {
+                2.0
+            } else {
+                1.0
+            };
             if signed && (h >> 8).is_multiple_of(2) {
                 -mag
             } else {
@@ -79,7 +106,11 @@ pub fn fill_value(dt: DataType, op: ReduceOp, rank: usize, i: usize, seed: u64) 
             }
         }
         _ => {
-            let v = (h % 4) as f64 + 1.0; // 1..=4
+            let v = if fp8 && reduces {
+                1.0
+            } else {
+                (h % 4) as f64 + 1.0 // 1..=4
+            };
             if signed && (h >> 8).is_multiple_of(2) {
                 -v
             } else {
@@ -92,9 +123,7 @@ pub fn fill_value(dt: DataType, op: ReduceOp, rank: usize, i: usize, seed: u64) 
 /// Every rank's input buffer for a call (the send buffer's contents).
 pub fn fill_input(a: &CollArgs, rank: usize, seed: u64) -> Vec<u8> {
     let n = a.send_elems();
-    let v: Vec<f64> = (0..n)
-        .map(|i| fill_value(a.dtype, a.op, rank, i, seed))
-        .collect();
+    let v: Vec<f64> = (0..n).map(|i| fill_value(a, rank, i, seed)).collect();
     encode(a.dtype, &v)
 }
 
@@ -132,7 +161,9 @@ fn reduce_all(dt: DataType, op: ReduceOp, vals: &[Vec<f64>]) -> Vec<f64> {
 fn avg_like_kernel(dt: DataType, sum: f64, n: usize) -> f64 {
     let wrapped = wrap(dt, sum);
     match dt {
-        DataType::F16 | DataType::Bf16 | DataType::F32 => (wrapped as f32 / n as f32) as f64,
+        DataType::F16 | DataType::Bf16 | DataType::F32 | DataType::F8E4M3 | DataType::F8E5M2 => {
+            (wrapped as f32 / n as f32) as f64
+        }
         DataType::F64 => wrapped / n as f64,
         _ => (wrapped as i128 / n as i128) as f64,
     }
@@ -183,6 +214,8 @@ pub fn wrap(dt: DataType, v: f64) -> f64 {
         DataType::Bf16 => bf16::from_f64(v).to_f64(),
         DataType::F32 => v as f32 as f64,
         DataType::F64 => v,
+        DataType::F8E4M3 => F8E4M3::from_f64(v).to_f64(),
+        DataType::F8E5M2 => F8E5M2::from_f64(v).to_f64(),
     }
 }
 
@@ -200,6 +233,8 @@ fn decode_at(dt: DataType, b: &[u8], i: usize) -> f64 {
         DataType::Bf16 => bf16::from_le_bytes([x[0], x[1]]).to_f64(),
         DataType::F32 => f32::from_le_bytes([x[0], x[1], x[2], x[3]]) as f64,
         DataType::F64 => f64::from_le_bytes(arr8(x)),
+        DataType::F8E4M3 => F8E4M3::from_bits(x[0]).to_f64(),
+        DataType::F8E5M2 => F8E5M2::from_bits(x[0]).to_f64(),
     }
 }
 
@@ -209,7 +244,7 @@ fn decode_at(dt: DataType, b: &[u8], i: usize) -> f64 {
 /// reduce's non-root receive buffer).
 pub fn expected_value(a: &CollArgs, rank: usize, i: usize, seed: u64) -> Option<f64> {
     let (dt, op, p, c) = (a.dtype, a.op, a.nranks, a.count);
-    let fill = |r: usize, j: usize| fill_value(dt, op, r, j, seed);
+    let fill = |r: usize, j: usize| fill_value(a, r, j, seed);
     let reduced = |j: usize| reduce_exact(dt, op, p, (0..p).map(|r| fill(r, j)));
     let v = match a.coll {
         CollKind::AllReduce => reduced(i),

@@ -17,10 +17,14 @@ pub enum DataType {
     F32 = 7,
     F64 = 8,
     Bf16 = 9,
+    /// fp8 with 4 exponent and 3 mantissa bits (NCCL's ncclFloat8e4m3, CUDA's __nv_fp8_e4m3).
+    F8E4M3 = 10,
+    /// fp8 with 5 exponent and 2 mantissa bits (ncclFloat8e5m2).
+    F8E5M2 = 11,
 }
 
 impl DataType {
-    pub const ALL: [DataType; 10] = [
+    pub const ALL: [DataType; 12] = [
         DataType::I8,
         DataType::U8,
         DataType::I32,
@@ -31,11 +35,13 @@ impl DataType {
         DataType::F32,
         DataType::F64,
         DataType::Bf16,
+        DataType::F8E4M3,
+        DataType::F8E5M2,
     ];
 
     pub fn size(self) -> usize {
         match self {
-            DataType::I8 | DataType::U8 => 1,
+            DataType::I8 | DataType::U8 | DataType::F8E4M3 | DataType::F8E5M2 => 1,
             DataType::F16 | DataType::Bf16 => 2,
             DataType::I32 | DataType::U32 | DataType::F32 => 4,
             DataType::I64 | DataType::U64 | DataType::F64 => 8,
@@ -55,13 +61,20 @@ impl DataType {
             DataType::F32 => "float",
             DataType::F64 => "double",
             DataType::Bf16 => "bfloat16",
+            DataType::F8E4M3 => "f8e4m3",
+            DataType::F8E5M2 => "f8e5m2",
         }
     }
 
     pub fn is_float(self) -> bool {
         matches!(
             self,
-            DataType::F16 | DataType::F32 | DataType::F64 | DataType::Bf16
+            DataType::F16
+                | DataType::F32
+                | DataType::F64
+                | DataType::Bf16
+                | DataType::F8E4M3
+                | DataType::F8E5M2
         )
     }
 
@@ -90,9 +103,11 @@ impl FromStr for DataType {
             "float" | "f32" | "float32" => DataType::F32,
             "double" | "f64" | "float64" => DataType::F64,
             "bfloat16" | "bf16" => DataType::Bf16,
+            "f8e4m3" | "fp8e4m3" | "float8_e4m3" => DataType::F8E4M3,
+            "f8e5m2" | "fp8e5m2" | "float8_e5m2" => DataType::F8E5M2,
             _ => {
                 return Err(format!(
-                "unknown data type '{s}' (expected int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16)"
+                "unknown data type '{s}' (expected int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16, f8e4m3, f8e5m2)"
             ))
             }
         };
@@ -166,7 +181,8 @@ macro_rules! element {
     ($($t:ty => $d:ident),*) => {$(impl Element for $t { const DTYPE: DataType = DataType::$d; })*};
 }
 element!(i8 => I8, u8 => U8, i32 => I32, u32 => U32, i64 => I64, u64 => U64,
-    half::f16 => F16, f32 => F32, f64 => F64, half::bf16 => Bf16);
+    half::f16 => F16, f32 => F32, f64 => F64, half::bf16 => Bf16,
+    float8::F8E4M3 => F8E4M3, float8::F8E5M2 => F8E5M2);
 
 #[cfg(test)]
 mod tests {

@@ -4,7 +4,7 @@
 use crate::compile;
 use crate::driver::{available, check, device, nvrtc_available};
 use crate::hostsync::Flags;
-use crate::kernels::{kernel_name, AREA_BYTES, SYNC_ABORT_OFFSET};
+use crate::kernels::{kernel_name, scale_name, AREA_BYTES, SYNC_ABORT_OFFSET};
 use cudarc::driver::sys;
 use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
 use std::collections::HashMap;
@@ -39,6 +39,7 @@ pub struct GpuCtx {
     pub stream: sys::CUstream,
     funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     ll_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
+    scale_funcs: HashMap<DataType, sys::CUfunction>,
     pub sms: i32,
     /// The word this context's kernels poll while they wait for peers (kernels.rs:
     /// `SYNC_ABORT`): set, they stop waiting and end.
@@ -101,6 +102,7 @@ impl GpuCtx {
             stream,
             funcs: HashMap::new(),
             ll_funcs: HashMap::new(),
+            scale_funcs: HashMap::new(),
             sms,
             abort,
         };
@@ -165,6 +167,7 @@ impl GpuCtx {
                 self.ll_funcs
                     .insert((dt, op), get(crate::ll::kernel_name(dt, op))?);
             }
+            self.scale_funcs.insert(dt, get(scale_name(dt))?);
         }
         Ok(())
     }
@@ -180,6 +183,13 @@ impl GpuCtx {
             .get(&(dt, op))
             .copied()
             .ok_or_else(|| Error::new(ErrorKind::Unsupported, "no low-latency kernel for dtype/op"))
+    }
+
+    pub fn scale_func(&self, dt: DataType) -> Result<sys::CUfunction> {
+        self.scale_funcs
+            .get(&dt)
+            .copied()
+            .ok_or_else(|| Error::new(ErrorKind::Unsupported, "no scale kernel for dtype"))
     }
 
     pub fn func(&self, dt: DataType, op: ReduceOp) -> Result<sys::CUfunction> {

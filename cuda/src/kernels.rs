@@ -47,6 +47,8 @@ pub(crate) fn ctype(dt: DataType) -> (&'static str, &'static str, &'static str, 
         DataType::Bf16 => ("unsigned short", "float", "b2f", "f2b"),
         DataType::F32 => ("float", "float", "", ""),
         DataType::F64 => ("double", "double", "", ""),
+        DataType::F8E4M3 => ("unsigned char", "float", "e4m3_f", "f_e4m3"),
+        DataType::F8E5M2 => ("unsigned char", "float", "e5m2_f", "f_e5m2"),
     }
 }
 
@@ -139,6 +141,41 @@ __device__ __forceinline__ unsigned short f2b(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return (unsigned short)(u >> 16);
 }
+// fp8, written out rather than taken from cuda_fp8.h so every architecture compiles the same
+// source: e4m3 (bias 7, no infinities, S.1111.111 is NaN) and e5m2 (f16's top byte). Stores
+// round to nearest even and saturate at the largest finite value, as CUDA's __NV_SATFINITE
+// does (and the host's float8 crate).
+__device__ __forceinline__ float e4m3_f(unsigned char x) {
+  unsigned int s = ((unsigned int)x & 0x80u) << 24, e = (x >> 3) & 15u, m = x & 7u;
+  if (e == 15u && m == 7u) return __uint_as_float(s | 0x7fc00000u);
+  float v = e == 0u ? (float)m * 0.001953125f : __uint_as_float(((e + 120u) << 23) | (m << 20));
+  return __uint_as_float(__float_as_uint(v) | s);
+}
+__device__ __forceinline__ unsigned char f_e4m3(float f) {
+  unsigned int s = (__float_as_uint(f) >> 24) & 0x80u;
+  float a = fabsf(f);
+  if (a != a) return (unsigned char)(s | 0x7fu);
+  // Below 2^-6: a multiple of 2^-9 (subnormal; 8 of them is the smallest normal, bits 0x08).
+  if (a < 0.015625f) return (unsigned char)(s | (unsigned int)rintf(a * 512.0f));
+  unsigned int v = __float_as_uint(a);
+  v += 0x7ffffu + ((v >> 20) & 1u);
+  unsigned int e = (v >> 23) - 120u, m = (v >> 20) & 7u;
+  if (e > 15u || (e == 15u && m == 7u)) return (unsigned char)(s | 0x7eu);
+  return (unsigned char)(s | (e << 3) | m);
+}
+__device__ __forceinline__ float e5m2_f(unsigned char x) { return h2f((unsigned short)((unsigned int)x << 8)); }
+__device__ __forceinline__ unsigned char f_e5m2(float f) {
+  unsigned int s = (__float_as_uint(f) >> 24) & 0x80u;
+  float a = fabsf(f);
+  if (a != a) return (unsigned char)(s | 0x7fu);
+  // Below 2^-14: a multiple of 2^-16.
+  if (a < 6.103515625e-05f) return (unsigned char)(s | (unsigned int)rintf(a * 65536.0f));
+  unsigned int v = __float_as_uint(a);
+  v += 0xfffffu + ((v >> 21) & 1u);
+  unsigned int e = (v >> 23) - 112u, m = (v >> 21) & 3u;
+  if (e > 30u) return (unsigned char)(s | 0x7bu);
+  return (unsigned char)(s | (e << 2) | m);
+}
 "#,
     );
     for dt in DataType::ALL {
@@ -201,8 +238,35 @@ extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, int n, Ptrs o
             ));
             s.push_str(&crate::ll::kernel_source(dt, op));
         }
+        s.push_str(&scale_source(dt));
     }
     s
+}
+
+pub fn scale_name(dt: DataType) -> String {
+    format!("scale_{}", dt.name())
+}
+
+/// `dst[i] = src[i] * scalar` for `n` elements: the first step of a premultiplied sum
+/// (ncclRedOpCreatePreMulSum). The scalar is read from device memory at `sp` when the kernel
+/// runs (NCCL's ncclScalarDevice), or taken from `bits` (ncclScalarHostImmediate). Integers
+/// wrap; narrow floats multiply in f32 and round once.
+fn scale_source(dt: DataType) -> String {
+    let (t, acc, ld, st) = ctype(dt);
+    let name = scale_name(dt);
+    format!(
+        r#"
+extern "C" __global__ void __launch_bounds__(512) {name}(const {t}* src, {t}* dst, unsigned long long n, const {t}* sp, unsigned long long bits) {{
+  typedef {t} T;
+  T sv;
+  if (sp) sv = *sp; else sv = *(const T*)&bits;
+  const {acc} s = {ld}(sv);
+  unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += stride)
+    dst[i] = {st}(({acc})({ld}(src[i]) * s));
+}}
+"#
+    )
 }
 
 #[cfg(test)]
@@ -228,6 +292,7 @@ mod tests {
                     kernel_name(dt, op)
                 )));
             }
+            assert!(s.contains(&format!("void __launch_bounds__(512) {}(", scale_name(dt))));
         }
     }
 }

@@ -100,6 +100,64 @@ pub unsafe fn launch(
     }
 }
 
+/// Where a premultiplied sum's scalar lives (NCCL's ncclScalarResidence_t).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scalar {
+    /// Device memory, read when the kernel runs.
+    Device(u64),
+    /// The value's bytes, little-endian in the low bytes (read at op creation).
+    Host(u64),
+}
+
+/// Enqueues `dst[i] = src[i] * scalar` for `n` elements of `dt` on `stream` (`dst` may be
+/// `src`).
+///
+/// # Safety
+/// `src` and `dst` must be device memory of this GPU valid for `n` elements, and a
+/// `Scalar::Device` address valid for one element, until the stream passes the kernel.
+pub unsafe fn scale(
+    gpu: &GpuCtx,
+    stream: sys::CUstream,
+    dt: DataType,
+    src: u64,
+    dst: u64,
+    n: u64,
+    scalar: Scalar,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    gpu.bind()?;
+    let f = gpu.scale_func(dt)?;
+    let (mut sp, mut bits) = match scalar {
+        Scalar::Device(p) => (p, 0u64),
+        Scalar::Host(b) => (0u64, b),
+    };
+    let (mut src, mut dst, mut n_) = (src, dst, n);
+    let blocks = n
+        .div_ceil(THREADS as u64 * 8)
+        .clamp(1, gpu.sms.max(1) as u64 * 4) as u32;
+    let mut params: [*mut c_void; 5] = [
+        &mut src as *mut u64 as *mut c_void,
+        &mut dst as *mut u64 as *mut c_void,
+        &mut n_ as *mut u64 as *mut c_void,
+        &mut sp as *mut u64 as *mut c_void,
+        &mut bits as *mut u64 as *mut c_void,
+    ];
+    // SAFETY: the parameters match the scale kernel's signature (kernels.rs `scale_source`);
+    // the caller vouches for the pointers.
+    unsafe {
+        enqueue(
+            f,
+            blocks,
+            THREADS,
+            stream,
+            &mut params,
+            "cuLaunchKernel(scale)",
+        )
+    }
+}
+
 /// `cuLaunchKernel` of a 1-D grid with no dynamic shared memory.
 ///
 /// # Safety
@@ -202,6 +260,147 @@ mod gpu_tests {
                 got[0]
             );
             assert_eq!(bad, 0, "{dt}: first {}, want {wide}", got[0]);
+        }
+    }
+
+    /// On a GPU: the scale kernel (premultiplied sums) with a host scalar, a device scalar
+    /// and in place, for f32, i32 (wrapping) and fp8 (rounded). Without a driver: a skip line.
+    #[test]
+    fn scale_by_host_and_device_scalars() {
+        let gpus = match crate::driver::devices() {
+            Ok(g) if !g.is_empty() => g,
+            Ok(_) | Err(_) => {
+                println!("SKIP scale kernel on the GPU: no CUDA driver or GPU");
+                return;
+            }
+        };
+        let gpu = GpuCtx::new(gpus[0].ordinal, None).expect("context");
+        let n = 1000usize;
+        let run = |dt: DataType, src: &[u8], scalar: Scalar, in_place: bool| -> Vec<u8> {
+            let a = gpu.alloc(src.len()).expect("alloc");
+            let b = gpu.alloc(src.len()).expect("alloc");
+            gpu.upload(&a, 0, src).expect("upload");
+            let dst = if in_place { a.ptr } else { b.ptr };
+            // SAFETY: both allocations hold n elements and live until the synchronize.
+            unsafe { scale(&gpu, gpu.stream, dt, a.ptr, dst, n as u64, scalar) }.expect("scale");
+            gpu.synchronize().expect("kernel ran");
+            let mut out = vec![0u8; src.len()];
+            gpu.download(if in_place { &a } else { &b }, 0, &mut out)
+                .expect("download");
+            out
+        };
+        let f: Vec<f32> = (0..n).map(|i| i as f32 - 300.0).collect();
+        let fb: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let host = run(
+            DataType::F32,
+            &fb,
+            Scalar::Host(2.5f32.to_bits() as u64),
+            false,
+        );
+        let s3 = gpu.alloc(4).expect("alloc");
+        gpu.upload(&s3, 0, &3.0f32.to_le_bytes()).expect("upload");
+        let dev = run(DataType::F32, &fb, Scalar::Device(s3.ptr), true);
+        let dec = |b: &[u8]| -> Vec<f32> {
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        };
+        assert_eq!(dec(&host), f.iter().map(|v| v * 2.5).collect::<Vec<_>>());
+        assert_eq!(dec(&dev), f.iter().map(|v| v * 3.0).collect::<Vec<_>>());
+        let i: Vec<u8> = (0..n as i32)
+            .flat_map(|v| (v * 5_000_000).to_le_bytes())
+            .collect();
+        let got = run(DataType::I32, &i, Scalar::Host(1000), false);
+        let want: Vec<u8> = (0..n as i32)
+            .flat_map(|v| (v * 5_000_000).wrapping_mul(1000).to_le_bytes())
+            .collect();
+        assert_eq!(got, want, "i32 wraps");
+        let e: Vec<u8> = (0..n).map(|k| (k % 120) as u8).collect();
+        let two = float8::F8E4M3::from_f32(2.0).to_bits() as u64;
+        let got = run(DataType::F8E4M3, &e, Scalar::Host(two), false);
+        let want: Vec<u8> = e
+            .iter()
+            .map(|&x| {
+                float8::F8E4M3::from_f32(float8::F8E4M3::from_bits(x).to_f32() * 2.0).to_bits()
+            })
+            .collect();
+        assert_eq!(got, want, "e4m3 times 2");
+        println!("scale kernel: f32 host and device scalars, i32 wrapping, e4m3 rounding: ok");
+    }
+
+    /// On a GPU: the sum kernel over every pair of fp8 values (65,536 pairs, NaN codes left
+    /// out) equals the host's float8 rounding of the f32 sum (nearest even, saturating), and
+    /// prod and max likewise. Without a driver: a skip line.
+    #[test]
+    fn fp8_matches_the_host_rounding() {
+        use float8::{F8E4M3, F8E5M2};
+        let gpus = match crate::driver::devices() {
+            Ok(g) if !g.is_empty() => g,
+            Ok(_) | Err(_) => {
+                println!("SKIP fp8 rounding on the GPU: no CUDA driver or GPU");
+                return;
+            }
+        };
+        let gpu = GpuCtx::new(gpus[0].ordinal, None).expect("context");
+        let a: Vec<u8> = (0..65536u32).map(|i| (i >> 8) as u8).collect();
+        let b: Vec<u8> = (0..65536u32).map(|i| i as u8).collect();
+        let (da, db, out) = (
+            gpu.alloc(a.len()).expect("alloc"),
+            gpu.alloc(b.len()).expect("alloc"),
+            gpu.alloc(a.len()).expect("alloc"),
+        );
+        gpu.upload(&da, 0, &a).expect("upload");
+        gpu.upload(&db, 0, &b).expect("upload");
+        for dt in [DataType::F8E4M3, DataType::F8E5M2] {
+            let to = |x: u8| match dt {
+                DataType::F8E4M3 => F8E4M3::from_bits(x).to_f32(),
+                _ => F8E5M2::from_bits(x).to_f32(),
+            };
+            let from = |v: f32| match dt {
+                DataType::F8E4M3 => F8E4M3::from_f32(v).to_bits(),
+                _ => F8E5M2::from_f32(v).to_bits(),
+            };
+            for op in [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max] {
+                let s = Spec {
+                    ins: vec![da.ptr, db.ptr],
+                    outs: vec![out.ptr],
+                    range: (0, a.len() as u64),
+                };
+                let shape = CallShape {
+                    dt,
+                    op,
+                    syncs: &[gpu.sync.ptr],
+                    avg_n: 2,
+                    blocks: 8,
+                    timeout_ns: 10_000_000_000,
+                };
+                // SAFETY: three live allocations of 65,536 bytes on this GPU, kept until the
+                // synchronize below.
+                unsafe { launch(&gpu, gpu.stream, 0, &s, &shape) }.expect("launch");
+                gpu.synchronize().expect("kernel ran");
+                let mut got = vec![0u8; a.len()];
+                gpu.download(&out, 0, &mut got).expect("download");
+                let mut bad = 0;
+                for i in 0..a.len() {
+                    let (x, y) = (to(a[i]), to(b[i]));
+                    if x.is_nan() || y.is_nan() {
+                        continue;
+                    }
+                    let want = match op {
+                        ReduceOp::Sum => from(x + y),
+                        ReduceOp::Prod => from(x * y),
+                        _ => from(if y > x { y } else { x }),
+                    };
+                    if got[i] != want {
+                        if bad < 5 {
+                            println!("{dt} {op}: {x} . {y} = {:#04x} on the GPU, {want:#04x} on the host", got[i]);
+                        }
+                        bad += 1;
+                    }
+                }
+                println!("fp8 {dt} {op}: {bad} of 65536 pairs differ from the host");
+                assert_eq!(bad, 0, "{dt} {op}");
+            }
         }
     }
 }

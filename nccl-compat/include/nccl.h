@@ -8,8 +8,8 @@
 #include <limits.h>
 
 #define NCCL_MAJOR 2
-#define NCCL_MINOR 10
-#define NCCL_PATCH 3
+#define NCCL_MINOR 28
+#define NCCL_PATCH 9
 #define NCCL_SUFFIX "railcc"
 #define NCCL_VERSION(X, Y, Z) (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
 #define NCCL_VERSION_CODE NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH)
@@ -69,7 +69,9 @@ typedef enum {
   ncclFloat32 = 7, ncclFloat = 7,
   ncclFloat64 = 8, ncclDouble = 8,
   ncclBfloat16 = 9,
-  ncclNumTypes = 10
+  ncclFloat8e4m3 = 10,
+  ncclFloat8e5m2 = 11,
+  ncclNumTypes = 12
 } ncclDataType_t;
 
 typedef enum {

@@ -14,15 +14,16 @@ pub const INVALID_USAGE: NcclResult = 5;
 pub const REMOTE_ERROR: NcclResult = 6;
 pub const IN_PROGRESS: NcclResult = 7;
 
-/// The NCCL API level we implement, as `ncclGetVersion` reports it: 2.10.3. nccl-tests and
-/// PyTorch gate features on it; 2.10 has avg and bfloat16, and is below premultiplied sums
-/// (2.11), fp8 (2.24) and symmetric windows and ncclAlltoAll (2.27-2.28), which railcc does
-/// not implement, so callers fall back (all-to-all becomes grouped send/recv) instead of
-/// failing.
-pub const VERSION_CODE: c_int = 21003;
-pub const VERSION_STRING: &str = "2.10.3";
+/// The NCCL API level we implement, as `ncclGetVersion` reports it: 2.28.9, the NCCL our
+/// measurements compare with. nccl-tests and PyTorch gate features on it: avg and bfloat16
+/// (2.10), premultiplied sums (2.11), fp8 (2.24) and ncclAlltoAll (2.28) are implemented; what
+/// 2.28 declares and railcc does not implement (symmetric windows, the device API,
+/// ncclCommShrink) fails with ncclInvalidUsage and says why in ncclGetLastError.
+pub const VERSION_CODE: c_int = 22809;
+pub const VERSION_STRING: &str = "2.28.9";
 
-/// ncclDataType_t: ncclInt8 0 .. ncclBfloat16 9, the order of railcc's DataType.
+/// ncclDataType_t: ncclInt8 0 .. ncclBfloat16 9, ncclFloat8e4m3 10, ncclFloat8e5m2 11: the
+/// order of railcc's DataType.
 pub fn dtype(v: c_int) -> Option<DataType> {
     usize::try_from(v)
         .ok()
@@ -100,10 +101,12 @@ mod tests {
         assert_eq!(dtype(6), Some(DataType::F16));
         assert_eq!(dtype(7), Some(DataType::F32));
         assert_eq!(dtype(9), Some(DataType::Bf16));
-        assert_eq!(dtype(10), None); // fp8: not implemented
+        assert_eq!(dtype(10), Some(DataType::F8E4M3));
+        assert_eq!(dtype(11), Some(DataType::F8E5M2));
+        assert_eq!(dtype(12), None);
         assert_eq!(dtype(-1), None);
         assert_eq!(red_op(4), Some(ReduceOp::Avg));
-        assert_eq!(red_op(5), None); // ncclNumOps / premulsum handles
+        assert_eq!(red_op(5), None); // ncclNumOps and up: premultiplied-sum handles
         assert_eq!(std::mem::size_of::<UniqueId>(), 128);
     }
 }

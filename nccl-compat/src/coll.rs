@@ -1,7 +1,9 @@
 //! The collectives' entry points: argument checks, then now or at ncclGroupEnd; user
-//! reduction ops.
+//! reduction ops (premultiplied sums, premul.rs).
 
 use super::*;
+use railcc_core::ReduceOp;
+use railcc_cuda::launch::Scalar;
 
 /// Checks a call's arguments and runs it now, or holds it for ncclGroupEnd.
 #[allow(clippy::too_many_arguments)]
@@ -19,15 +21,26 @@ fn collective(
 ) -> NcclResult {
     let Some(dt) = abi::dtype(dtype) else {
         return invalid(format!(
-            "{name}: datatype {dtype} is not one railcc supports (int8..bfloat16; no fp8)"
+            "{name}: datatype {dtype} is not one railcc supports (int8..bfloat16, f8e4m3, f8e5m2)"
         ));
     };
-    let Some(op) = red_op(op) else {
-        return usage(format!("{name}: reduction op {op} is not sum, prod, max, min or avg (premultiplied sums are not implemented)"));
-    };
-    let nranks = match with_comm(comm, name, |c| c.nranks) {
+    let (nranks, premul) = match with_comm(comm, name, |c| (c.nranks, c.user_ops.get(op))) {
         Ok(n) => n,
         Err(code) => return code,
+    };
+    let reduces = matches!(
+        coll,
+        CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter
+    );
+    let red = match (red_op(op), premul) {
+        (Some(o), _) => o,
+        (None, Some(_)) => ReduceOp::Sum,
+        (None, None) if !reduces => ReduceOp::Sum,
+        (None, None) => {
+            return invalid(format!(
+                "{name}: reduction op {op} is neither built in (sum, prod, max, min, avg) nor a premultiplied sum made on this communicator"
+            ))
+        }
     };
     if root < 0 || root as usize >= nranks {
         return invalid(format!(
@@ -42,16 +55,23 @@ fn collective(
     {
         return invalid(format!("{name}: NULL buffer with count {count}"));
     }
-    let call = Call {
+    let mut call = Call {
         coll,
         send: send as u64,
         recv: recv as u64,
         count,
         dtype: dt,
-        op,
+        op: red,
         root: root as usize,
         stream: stream as usize,
     };
+    if let (Some(p), true) = (premul, reduces) {
+        // SAFETY: checked non-NULL by with_comm above; a live handle (NCCL's contract).
+        let c = unsafe { &*comm };
+        if let Err(e) = c.user_ops.prepare(c, &mut call, p) {
+            return fail(&e.rank(c.rank).op(name));
+        }
+    }
     if group::in_group() {
         group::defer(group::Pending::Coll(comm, call));
         return SUCCESS;
@@ -208,22 +228,71 @@ pub extern "C" fn ncclReduceScatter(
     )
 }
 
-/// Premultiplied sums are not implemented (we report NCCL 2.10, before them).
+/// A premultiplied sum: each rank's input times `scalar`, summed (see premul.rs). The handle
+/// is valid for calls on `comm` with `datatype` until ncclRedOpDestroy.
+///
+/// # Safety
+/// `op` must be NULL or point to an ncclRedOp_t; `scalar` NULL or an element of `datatype` in
+/// host memory (ncclScalarHostImmediate) or device memory of the communicator's GPU
+/// (ncclScalarDevice), the latter valid while calls using the op run.
 #[no_mangle]
-pub extern "C" fn ncclRedOpCreatePreMulSum(
-    _op: *mut c_int,
-    _scalar: *mut c_void,
-    _dtype: c_int,
-    _residence: c_int,
-    _comm: *mut Comm,
+pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
+    op: *mut c_int,
+    scalar: *mut c_void,
+    dtype: c_int,
+    residence: c_int,
+    comm: *mut Comm,
 ) -> NcclResult {
-    usage("ncclRedOpCreatePreMulSum: premultiplied sums are not implemented in railcc's libnccl")
+    const NAME: &str = "ncclRedOpCreatePreMulSum";
+    let Some(dt) = abi::dtype(dtype) else {
+        return invalid(format!(
+            "{NAME}: datatype {dtype} is not one railcc supports"
+        ));
+    };
+    if op.is_null() || scalar.is_null() {
+        return invalid(format!("{NAME}: op or scalar is NULL"));
+    }
+    let scalar = match residence {
+        0 => Scalar::Device(scalar as u64),
+        1 => {
+            let mut b = [0u8; 8];
+            // SAFETY: the caller passes an element of `dt` (at most 8 bytes) in host memory.
+            unsafe {
+                std::ptr::copy_nonoverlapping(scalar as *const u8, b.as_mut_ptr(), dt.size())
+            };
+            Scalar::Host(u64::from_le_bytes(b))
+        }
+        r => {
+            return invalid(format!(
+            "{NAME}: residence {r} is neither ncclScalarDevice (0) nor ncclScalarHostImmediate (1)"
+        ))
+        }
+    };
+    let made = with_comm(comm, NAME, |c| {
+        c.user_ops
+            .create(c.device, premul::PreMul { dtype: dt, scalar })
+            .map_err(|e| fail(&e.rank(c.rank).op(NAME)))
+    });
+    match made {
+        Ok(Ok(h)) => {
+            // SAFETY: checked non-NULL above; the caller's out-pointer.
+            unsafe { *op = h };
+            SUCCESS
+        }
+        Ok(Err(code)) | Err(code) => code,
+    }
 }
 
 #[no_mangle]
-pub extern "C" fn ncclRedOpDestroy(op: c_int, _comm: *mut Comm) -> NcclResult {
+pub extern "C" fn ncclRedOpDestroy(op: c_int, comm: *mut Comm) -> NcclResult {
     if red_op(op).is_some() {
         return invalid(format!("ncclRedOpDestroy: op {op} is a built-in operation"));
     }
-    usage("ncclRedOpDestroy: no user-defined ops exist in railcc's libnccl")
+    match with_comm(comm, "ncclRedOpDestroy", |c| c.user_ops.destroy(op)) {
+        Ok(true) => SUCCESS,
+        Ok(false) => invalid(format!(
+            "ncclRedOpDestroy: op {op} was not made on this communicator (or is destroyed already)"
+        )),
+        Err(code) => code,
+    }
 }

@@ -17,6 +17,8 @@ pub enum Pending {
 struct State {
     depth: usize,
     pending: Vec<Pending>,
+    /// Outermost groups this thread has closed.
+    closed: u64,
 }
 
 thread_local! {
@@ -36,12 +38,20 @@ pub fn end() -> Result<Option<Vec<Pending>>, ()> {
             return Err(());
         }
         s.depth -= 1;
+        if s.depth == 0 {
+            s.closed += 1;
+        }
         Ok((s.depth == 0).then(|| std::mem::take(&mut s.pending)))
     })
 }
 
 pub fn in_group() -> bool {
     STATE.with(|s| s.borrow().depth > 0)
+}
+
+/// Which group of this thread the calls made now belong to (counts closed groups).
+pub fn generation() -> u64 {
+    STATE.with(|s| s.borrow().closed)
 }
 
 pub fn defer(p: Pending) {

@@ -74,6 +74,7 @@ impl Comm {
             seq: AtomicU64::new(0),
             p2p_seq: Mutex::new(HashMap::new()),
             broken: Mutex::new(None),
+            user_ops: premul::UserOps::default(),
         }
     }
 }

@@ -9,6 +9,7 @@
 //! - `gpus`: the launches and copies;
 //! - `group`: the calls held between ncclGroupStart and End;
 //! - `proc_backend`: joining over the bootstrap and choosing the path;
+//! - `premul`: premultiplied sums (a scale kernel, then a plain sum);
 //! - the entry points by concern: `init` (ids, init, split, destroy), `coll` (collectives),
 //!   `p2p` (groups, send/recv, all-to-all), `memory`, `errors` (versions, errors, what is not
 //!   implemented). This file holds the communicator, error reporting and the dispatch of a
@@ -23,6 +24,7 @@ mod group;
 mod init;
 mod memory;
 mod p2p;
+mod premul;
 mod proc_backend;
 mod split;
 
@@ -65,6 +67,8 @@ pub struct Comm {
     p2p_seq: Mutex<HashMap<(usize, bool), u64>>,
     /// A failure that leaves the ranks out of step (a timeout): every later call returns it.
     broken: Mutex<Option<Error>>,
+    /// Premultiplied-sum ops made on this communicator, and their scratch.
+    user_ops: premul::UserOps,
 }
 
 static LAST_ERROR: Mutex<String> = Mutex::new(String::new());

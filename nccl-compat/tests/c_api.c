@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
   if (ngpu < 1 || ngpu > 2) ngpu = 2;
   int v = 0;
   EXPECT(ncclGetVersion(&v) == ncclSuccess);
-  EXPECT(v == NCCL_VERSION_CODE && v == 21003);
+  EXPECT(v == NCCL_VERSION_CODE && v == 22809);
   EXPECT(ncclGetVersion(NULL) == ncclInvalidArgument);
   EXPECT(strlen(ncclGetErrorString(ncclInvalidArgument)) > 0);
   EXPECT(strcmp(ncclGetErrorString(ncclSuccess), "no error") == 0);
@@ -34,6 +34,18 @@ int main(int argc, char** argv) {
     int n = 0, rank = -1;
     EXPECT(ncclCommCount(comms[ngpu - 1], &n) == ncclSuccess && n == ngpu);
     EXPECT(ncclCommUserRank(comms[ngpu - 1], &rank) == ncclSuccess && rank == ngpu - 1);
+    /* Premultiplied-sum handles: made, used up, reused; a stale or foreign one is refused. */
+    float two = 2.0f;
+    ncclRedOp_t op1, op2;
+    EXPECT(ncclRedOpCreatePreMulSum(&op1, &two, ncclFloat, ncclScalarHostImmediate, comms[0]) == ncclSuccess);
+    EXPECT((int)op1 >= (int)ncclNumOps);
+    EXPECT(ncclRedOpDestroy(op1, comms[0]) == ncclSuccess);
+    EXPECT(ncclRedOpDestroy(op1, comms[0]) == ncclInvalidArgument);
+    printf("destroyed twice: %s\n", ncclGetLastError(NULL));
+    EXPECT(ncclRedOpCreatePreMulSum(&op2, &two, ncclFloat, ncclScalarHostImmediate, comms[0]) == ncclSuccess);
+    EXPECT(op2 == op1);
+    EXPECT(ncclRedOpDestroy(ncclSum, comms[0]) == ncclInvalidArgument);
+    EXPECT(ncclRedOpDestroy(op2, comms[0]) == ncclSuccess);
     for (int i = 0; i < ngpu; i++) EXPECT(ncclCommDestroy(comms[i]) == ncclSuccess);
   }
 
@@ -47,9 +59,19 @@ int main(int argc, char** argv) {
   EXPECT(ncclAllReduce(NULL, NULL, 1, ncclFloat, ncclSum, NULL, NULL) == ncclInvalidArgument);
   EXPECT(ncclGather(NULL, NULL, 1, ncclFloat, 0, NULL, NULL) == ncclInvalidArgument);
   EXPECT(ncclScatter(NULL, NULL, 1, ncclFloat, 0, NULL, NULL) == ncclInvalidArgument);
-  EXPECT(ncclAllReduce(NULL, NULL, 1, (ncclDataType_t)10, ncclSum, NULL, NULL) == ncclInvalidArgument);
-  EXPECT(ncclRedOpCreatePreMulSum(NULL, NULL, ncclFloat, ncclScalarHostImmediate, NULL) == ncclInvalidUsage);
+  EXPECT(ncclAllReduce(NULL, NULL, 1, (ncclDataType_t)ncclNumTypes, ncclSum, NULL, NULL) == ncclInvalidArgument);
+  printf("datatype %d: %s\n", (int)ncclNumTypes, ncclGetLastError(NULL));
+  EXPECT(strstr(ncclGetLastError(NULL), "datatype 12") != NULL);
+  EXPECT(ncclAllReduce(NULL, NULL, 0, ncclFloat8e5m2, ncclSum, NULL, NULL) == ncclInvalidArgument);
+  EXPECT(strstr(ncclGetLastError(NULL), "comm is NULL") != NULL);
+  float one = 1.0f;
+  ncclRedOp_t op;
+  EXPECT(ncclRedOpCreatePreMulSum(NULL, &one, ncclFloat, ncclScalarHostImmediate, NULL) == ncclInvalidArgument);
   printf("premulsum: %s\n", ncclGetLastError(NULL));
+  EXPECT(ncclRedOpCreatePreMulSum(&op, &one, ncclFloat, (ncclScalarResidence_t)7, NULL) == ncclInvalidArgument);
+  EXPECT(strstr(ncclGetLastError(NULL), "residence 7") != NULL);
+  EXPECT(ncclRedOpCreatePreMulSum(&op, &one, ncclFloat, ncclScalarHostImmediate, NULL) == ncclInvalidArgument);
+  EXPECT(strstr(ncclGetLastError(NULL), "comm is NULL") != NULL);
   EXPECT(ncclGroupEnd() == ncclInvalidUsage);
   EXPECT(ncclGroupStart() == ncclSuccess && ncclGroupEnd() == ncclSuccess);
   printf("c_api: ok\n");
