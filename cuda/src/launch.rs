@@ -328,9 +328,9 @@ mod gpu_tests {
         println!("scale kernel: f32 host and device scalars, i32 wrapping, e4m3 rounding: ok");
     }
 
-    /// On a GPU: the sum kernel over every pair of fp8 values (65,536 pairs, NaN codes left
-    /// out) equals the host's float8 rounding of the f32 sum (nearest even, saturating), and
-    /// prod and max likewise. Without a driver: a skip line.
+    /// On a GPU: the sum kernel over every pair of fp8 values (65,536 pairs, NaN inputs left
+    /// out) equals the host's float8 rounding of the f32 sum (nearest even, saturating; any
+    /// NaN matches any NaN), and prod and max likewise. Without a driver: a skip line.
     #[test]
     fn fp8_matches_the_host_rounding() {
         use float8::{F8E4M3, F8E5M2};
@@ -391,7 +391,8 @@ mod gpu_tests {
                         ReduceOp::Prod => from(x * y),
                         _ => from(if y > x { y } else { x }),
                     };
-                    if got[i] != want {
+                    // inf + -inf: both sides give a NaN, encoded with different signs.
+                    if got[i] != want && !(to(got[i]).is_nan() && to(want).is_nan()) {
                         if bad < 5 {
                             println!("{dt} {op}: {x} . {y} = {:#04x} on the GPU, {want:#04x} on the host", got[i]);
                         }

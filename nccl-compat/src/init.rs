@@ -31,7 +31,7 @@ fn init_rank(
     nranks: c_int,
     id: UniqueId,
     rank: c_int,
-    _max_ctas: Option<usize>,
+    blocking: bool,
 ) -> NcclResult {
     if out.is_null() {
         return invalid("ncclCommInitRank: comm is NULL");
@@ -51,8 +51,6 @@ fn init_rank(
         Ok(d) => d,
         Err(e) => return fail(&e),
     };
-    // config.maxCTAs is not applied: blocks per GPU are one setting for the whole
-    // communicator (RAILCC_GPU_MAX_BLOCKS), since every rank's kernel waits for the others'.
     let comm = Box::into_raw(Box::new(Comm::new(rank as usize, nranks as usize, device)));
     // SAFETY: checked non-NULL; NCCL hands the handle back even before init completes.
     unsafe { *out = comm };
@@ -60,7 +58,44 @@ fn init_rank(
         group::defer(group::Pending::Init(comm, boot_id));
         return SUCCESS;
     }
-    finish_init(comm, &boot_id)
+    if blocking {
+        return finish_init(comm, &boot_id);
+    }
+    // Non-blocking (NCCL's config.blocking = 0): join on a thread and return ncclInProgress;
+    // ncclCommGetAsyncError says ncclInProgress until the join ends, then its result. Calls
+    // made earlier wait for it; destroy and abort wait for it (the join ends within the
+    // deadline, RAILCC_TIMEOUT_MS).
+    let addr = comm as usize;
+    let ctx = current_context();
+    let spawned = std::thread::Builder::new()
+        .name(format!("railcc-init-{rank}"))
+        .spawn(move || {
+            if let Some(ctx) = ctx {
+                // SAFETY: the caller's context, retained by CUDA for the process (primary).
+                unsafe { sys::cuCtxSetCurrent(ctx as sys::CUcontext) };
+            }
+            // finish_init records a failure in the communicator (ncclCommGetAsyncError).
+            let _ = finish_init(addr as *const Comm, &boot_id);
+        });
+    match spawned {
+        Ok(h) => {
+            // SAFETY: made above, not yet handed to anyone who could destroy it.
+            *unsafe { &*comm }.joining.lock() = Some(h);
+            IN_PROGRESS
+        }
+        Err(e) => fail(&Error::new(
+            ErrorKind::Io,
+            format!("ncclCommInitRankConfig: no thread for the non-blocking init: {e}"),
+        )),
+    }
+}
+
+/// The CUDA context current on this thread (cudaSetDevice's), for a thread acting for it.
+fn current_context() -> Option<usize> {
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the driver was initialized by current_device.
+    unsafe { sys::cuCtxGetCurrent(&mut ctx) };
+    (!ctx.is_null()).then_some(ctx as usize)
 }
 
 impl Comm {
@@ -75,6 +110,7 @@ impl Comm {
             p2p_seq: Mutex::new(HashMap::new()),
             broken: Mutex::new(None),
             user_ops: premul::UserOps::default(),
+            joining: Mutex::new(None),
         }
     }
 }
@@ -121,7 +157,7 @@ pub unsafe extern "C" fn ncclCommInitRank(
     id: UniqueId,
     rank: c_int,
 ) -> NcclResult {
-    init_rank(comm, nranks, id, rank, None)
+    init_rank(comm, nranks, id, rank, true)
 }
 
 /// # Safety
@@ -136,22 +172,20 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
     config: *const ConfigHead,
 ) -> NcclResult {
     // SAFETY: the caller passes NULL or a valid config; only its head is read, after its size
-    // says the head is there.
-    let max_ctas = match unsafe { config.as_ref() } {
-        None => None,
+    // says the head is there. config.maxCTAs is not applied: blocks per GPU are one setting
+    // for the whole communicator (RAILCC_GPU_MAX_BLOCKS), since every rank's kernel waits for
+    // the others'.
+    let blocking = match unsafe { config.as_ref() } {
+        None => true,
         Some(c) if c.magic != CONFIG_MAGIC => {
             return invalid(
                 "ncclCommInitRankConfig: config was not made with NCCL_CONFIG_INITIALIZER",
             );
         }
-        Some(c) if c.size >= std::mem::size_of::<ConfigHead>() && c.max_ctas > 0 => {
-            Some(c.max_ctas as usize)
-        }
-        Some(_) => None,
+        Some(c) if c.size >= std::mem::size_of::<ConfigHead>() => c.blocking != 0,
+        Some(_) => true,
     };
-    // Non-blocking configs (blocking = 0) are served blocking: calls return ncclSuccess once
-    // done, which such callers accept as well as ncclInProgress.
-    init_rank(comm, nranks, id, rank, max_ctas)
+    init_rank(comm, nranks, id, rank, blocking)
 }
 
 /// # Safety
@@ -218,6 +252,8 @@ pub unsafe extern "C" fn ncclCommDestroy(comm: *mut Comm) -> NcclResult {
     if comm.is_null() {
         return invalid("ncclCommDestroy: comm is NULL");
     }
+    // SAFETY: a live communicator (NCCL's contract); its init thread uses it until joined.
+    unsafe { &*comm }.wait_init();
     // SAFETY: made by Box::into_raw; the caller gives it up.
     drop(unsafe { Box::from_raw(comm) });
     SUCCESS
@@ -256,13 +292,17 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(
     out: *mut NcclResult,
 ) -> NcclResult {
     let r = match with_comm(comm, "ncclCommGetAsyncError", |c| {
-        c.broken.lock().clone().or_else(|| match c.backend.get() {
+        if c.init_in_progress() {
+            return Err(IN_PROGRESS);
+        }
+        Ok(c.broken.lock().clone().or_else(|| match c.backend.get() {
             Some(Backend::Net(n)) => n.net.async_error(),
             Some(Backend::Proc(p)) => p.async_error(),
             _ => None,
-        })
+        }))
     }) {
-        Ok(b) => b.map_or(SUCCESS, |e| result_of(e.kind, &e.to_string())),
+        Ok(Ok(b)) => b.map_or(SUCCESS, |e| result_of(e.kind, &e.to_string())),
+        Ok(Err(in_progress)) => in_progress,
         Err(code) => return code,
     };
     // SAFETY: NULL or writable.

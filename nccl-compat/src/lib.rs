@@ -69,6 +69,26 @@ pub struct Comm {
     broken: Mutex<Option<Error>>,
     /// Premultiplied-sum ops made on this communicator, and their scratch.
     user_ops: premul::UserOps,
+    /// A non-blocking init (`config.blocking = 0`) still joining on its own thread.
+    joining: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Comm {
+    /// Whether a non-blocking init is still joining the ranks.
+    fn init_in_progress(&self) -> bool {
+        self.joining
+            .lock()
+            .as_ref()
+            .is_some_and(|h| !h.is_finished())
+    }
+
+    /// Waits for a non-blocking init to end (calls made before it did wait here).
+    fn wait_init(&self) {
+        let h = self.joining.lock().take();
+        if let Some(h) = h {
+            let _ = h.join();
+        }
+    }
 }
 
 static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
@@ -157,6 +177,7 @@ fn with_comm<T>(
 
 fn submit(comm: *const Comm, call: Call) -> Result<Ticket, NcclResult> {
     with_comm(comm, call.coll.name(), |c| {
+        c.wait_init();
         if let Some(e) = c.broken.lock().clone() {
             return Err(fail(&e));
         }
@@ -177,6 +198,7 @@ fn submit(comm: *const Comm, call: Call) -> Result<Ticket, NcclResult> {
 
 fn submit_p2p(comm: *const Comm, peer: usize, send: bool, h: Half) -> Result<Ticket, NcclResult> {
     with_comm(comm, if send { "ncclSend" } else { "ncclRecv" }, |c| {
+        c.wait_init();
         if let Some(e) = c.broken.lock().clone() {
             return Err(fail(&e));
         }

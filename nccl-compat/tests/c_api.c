@@ -3,7 +3,26 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <dlfcn.h>
 #include "nccl.h"
+
+/* cudaSetDevice without the CUDA headers: the driver's primary context of GPU `d` made
+ * current, as the runtime does (libcuda is loaded by libnccl already). */
+static int cudaSetDeviceForTest(int d) {
+  typedef int (*get_t)(int*, int);
+  typedef int (*retain_t)(void**, int);
+  typedef int (*set_t)(void*);
+  void* cu = dlopen("libcuda.so.1", RTLD_NOW);
+  if (!cu) return -1;
+  get_t get = (get_t)dlsym(cu, "cuDeviceGet");
+  retain_t retain = (retain_t)dlsym(cu, "cuDevicePrimaryCtxRetain");
+  set_t set = (set_t)dlsym(cu, "cuCtxSetCurrent");
+  int dev = 0;
+  void* ctx = NULL;
+  if (!get || !retain || !set || get(&dev, d) || retain(&ctx, dev) || set(ctx)) return -1;
+  return 0;
+}
 
 #define EXPECT(c) do { if (!(c)) { printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #c); return 1; } } while (0)
 
@@ -47,6 +66,37 @@ int main(int argc, char** argv) {
     EXPECT(ncclRedOpDestroy(ncclSum, comms[0]) == ncclInvalidArgument);
     EXPECT(ncclRedOpDestroy(op2, comms[0]) == ncclSuccess);
     for (int i = 0; i < ngpu; i++) EXPECT(ncclCommDestroy(comms[i]) == ncclSuccess);
+
+    /* Non-blocking init (config.blocking = 0), ngpu ranks from this one thread: each call
+     * returns at once (ncclInProgress) although the others have not joined yet (a blocking
+     * init would wait for them here until the deadline); ncclCommGetAsyncError then turns to
+     * ncclSuccess, bounded in time. */
+    ncclUniqueId nid;
+    EXPECT(ncclGetUniqueId(&nid) == ncclSuccess);
+    ncclComm_t nb[2] = {NULL, NULL};
+    int in_progress = 0;
+    for (int i = 0; i < ngpu; i++) {
+      ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+      cfg.blocking = 0;
+      EXPECT(cudaSetDeviceForTest(i) == 0);
+      ncclResult_t ir = ncclCommInitRankConfig(&nb[i], ngpu, nid, i, &cfg);
+      EXPECT(ir == ncclInProgress || ir == ncclSuccess);
+      in_progress += ir == ncclInProgress;
+      EXPECT(nb[i] != NULL);
+    }
+    if (ngpu == 2) EXPECT(in_progress >= 1);
+    for (int i = 0; i < ngpu; i++) {
+      ncclResult_t st = ncclInProgress;
+      for (int t = 0; t < 6000 && st == ncclInProgress; t++) {
+        EXPECT(ncclCommGetAsyncError(nb[i], &st) == ncclSuccess);
+        if (st == ncclInProgress) usleep(10000);
+      }
+      EXPECT(st == ncclSuccess);
+      int n = 0;
+      EXPECT(ncclCommCount(nb[i], &n) == ncclSuccess && n == ngpu);
+    }
+    printf("non-blocking init of %d rank(s): %d returned ncclInProgress, then ncclSuccess\n", ngpu, in_progress);
+    for (int i = 0; i < ngpu; i++) EXPECT(ncclCommDestroy(nb[i]) == ncclSuccess);
   }
 
   /* Arguments are checked before anything touches a GPU. */

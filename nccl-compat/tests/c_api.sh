@@ -17,5 +17,5 @@ nm -D --defined-only "$work/libnccl.so.2" | awk '{print $NF}' | sort > "$work/ex
 missing=$(grep -v '^#' "$here/symbols.txt" | sort | comm -23 - "$work/exported")
 [ -z "$missing" ] || { echo "FAIL: libnccl.so.2 does not export: $missing"; exit 1; }
 echo "symbols: all $(grep -vc '^#' "$here/symbols.txt") exported"
-cc -Wall -Werror -I "$here/../include" "$here/c_api.c" -L "$work" -lnccl -o "$work/c_api"
+cc -Wall -Werror -I "$here/../include" "$here/c_api.c" -L "$work" -lnccl -ldl -o "$work/c_api"
 LD_LIBRARY_PATH="$work" "$work/c_api" ${2:-} ${3:-}
