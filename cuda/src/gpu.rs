@@ -298,6 +298,33 @@ impl GpuCtx {
     }
 }
 
+/// Enqueues "the u64 at device address `addr` = `v`" on `stream`, after the work before it
+/// (whose writes are visible first). `addr` may be a peer's memory mapped by IPC.
+///
+/// # Safety
+/// `addr` must be device memory this context can write, live until the stream passes this.
+pub unsafe fn write_u64_on(stream: Stream, addr: u64, v: u64) -> Result<()> {
+    let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
+    // SAFETY: the caller's contract.
+    check(
+        unsafe { sys::cuStreamWriteValue64_v2(stream, addr, v, flags) },
+        "cuStreamWriteValue64",
+    )
+}
+
+/// Enqueues "wait until the u64 at `addr` >= `v`" (cyclically) on `stream`.
+///
+/// # Safety
+/// `addr` must be device memory this context can read, live until the stream passes this.
+pub unsafe fn wait_u64_geq_on(stream: Stream, addr: u64, v: u64) -> Result<()> {
+    let how = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
+    // SAFETY: the caller's contract.
+    check(
+        unsafe { sys::cuStreamWaitValue64_v2(stream, addr, v, how) },
+        "cuStreamWaitValue64",
+    )
+}
+
 /// Makes stream `waiter` (of `waiter_gpu`) wait for the work enqueued so far on stream `on`
 /// (of `on_gpu`), without blocking the host: an event recorded on `on` and waited on by
 /// `waiter`, then destroyed (the driver frees it once it completes). The two may be streams of

@@ -26,6 +26,12 @@ const _: () = assert!(SYNC_ABORT_OFFSET + 8 <= SYNC_BYTES);
 /// Where the low-latency scratch starts in each GPU's area (see ll.rs).
 pub const SCRATCH_OFFSET: usize = 128 * 1024;
 const _: () = assert!(SYNC_BYTES <= SCRATCH_OFFSET);
+/// Point-to-point flags between processes (railcc_transport_nvlink's proc p2p), two u64
+/// counters per peer p: word p holds the last message from p whose data is ready (p writes
+/// it), word MAX_PEERS + p the last message to p that p has copied (p writes it). Stream
+/// memory operations write and wait on them.
+pub const P2P_OFFSET: usize = 96 * 1024;
+const _: () = assert!(SYNC_BYTES <= P2P_OFFSET && P2P_OFFSET + 16 * MAX_PEERS <= SCRATCH_OFFSET);
 /// The whole per-GPU area that peers reach: sync words, then the low-latency scratch.
 pub const AREA_BYTES: usize = SCRATCH_OFFSET + crate::ll::SCRATCH_BYTES;
 

@@ -82,6 +82,14 @@ impl Comm {
             .is_some_and(|h| !h.is_finished())
     }
 
+    /// The number of the next message to (send) or from `peer`, from 0; both ends count alike.
+    fn next_p2p_seq(&self, peer: usize, send: bool) -> u64 {
+        let mut m = self.p2p_seq.lock();
+        let s = m.entry((peer, send)).or_insert(0);
+        *s += 1;
+        *s - 1
+    }
+
     /// Waits for a non-blocking init to end (calls made before it did wait here).
     fn wait_init(&self) {
         let h = self.joining.lock().take();
@@ -202,16 +210,11 @@ fn submit_p2p(comm: *const Comm, peer: usize, send: bool, h: Half) -> Result<Tic
         if let Some(e) = c.broken.lock().clone() {
             return Err(fail(&e));
         }
-        let seq = {
-            let mut m = c.p2p_seq.lock();
-            let s = m.entry((peer, send)).or_insert(0);
-            *s += 1;
-            *s - 1
-        };
+        let seq = c.next_p2p_seq(peer, send);
         let (src, dst) = if send { (c.rank, peer) } else { (peer, c.rank) };
         match c.backend.get() {
             Some(Backend::Local(clique)) => Ok(clique.submit_p2p(src, dst, seq, send, h)),
-            Some(Backend::Proc(p)) => Ok(Ticket::Done(p.p2p(src, h))),
+            Some(Backend::Proc(p)) => Ok(Ticket::Done(p.p2p(&[(peer, send, h, seq + 1)]))),
             Some(Backend::Net(n)) => Ok(Ticket::Done(n.p2p(&[(peer, send, h)]))),
             None => Err(usage("send/recv: communicator not initialized")),
         }

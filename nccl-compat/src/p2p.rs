@@ -58,29 +58,30 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
             group::Pending::P2p(c, peer, send, h) => p2ps.push((c, peer, send, h)),
         }
     }
-    // Sends and receives after the collectives. On the per-process path each runs as a
-    // broadcast rooted at the sender, so every rank must take them in the same order: by
-    // sending rank (program order kept among one sender's messages); a rank's messages to
-    // itself are copies.
-    p2ps.sort_by_key(|&(c, peer, send, _)| {
-        // SAFETY: handles in a group are live (NCCL's contract).
-        let me = unsafe { (*c).rank };
-        if send {
-            me
-        } else {
-            peer
-        }
-    });
+    // Sends and receives after the collectives, in program order; a rank's messages to
+    // itself are copies. On the per-process and network paths a communicator's sends and
+    // receives of the group are one batch (which orders them so that no two ranks wait on
+    // each other); in one process, the clique pairs them.
     let mut self_sends: HashMap<usize, std::collections::VecDeque<Half>> = HashMap::new();
     let mut self_recvs: Vec<(*const Comm, Half)> = Vec::new();
-    // Across hosts a communicator's sends and receives of the group are one engine call.
     let mut net_groups: Vec<(*const Comm, Vec<NetP2p>)> = Vec::new();
+    let mut proc_groups: Vec<(*const Comm, Vec<ProcP2p>)> = Vec::new();
     for (c, peer, send, h) in p2ps {
         // SAFETY: handles in a group are live (NCCL's contract).
         if matches!(unsafe { (*c).backend.get() }, Some(Backend::Net(_))) {
             match net_groups.iter_mut().find(|g| std::ptr::eq(g.0, c)) {
                 Some(g) => g.1.push((peer, send, h)),
                 None => net_groups.push((c, vec![(peer, send, h)])),
+            }
+            continue;
+        }
+        // SAFETY: as above.
+        let cr = unsafe { &*c };
+        if matches!(cr.backend.get(), Some(Backend::Proc(_))) && peer != cr.rank {
+            let op = (peer, send, h, cr.next_p2p_seq(peer, send) + 1);
+            match proc_groups.iter_mut().find(|g| std::ptr::eq(g.0, c)) {
+                Some(g) => g.1.push(op),
+                None => proc_groups.push((c, vec![op])),
             }
             continue;
         }
@@ -103,6 +104,17 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
             Ok(t) => tickets.push((c, t)),
             Err(r) => note(r),
         }
+    }
+    for (c, ops) in proc_groups {
+        // SAFETY: as above.
+        let res = match unsafe { (*c).backend.get() } {
+            Some(Backend::Proc(p)) => p.p2p(&ops),
+            _ => Err(Error::new(
+                ErrorKind::Aborted,
+                "communicator not initialized",
+            )),
+        };
+        tickets.push((c, Ticket::Done(res)));
     }
     for (c, ops) in net_groups {
         // SAFETY: as above.
@@ -143,6 +155,8 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
 
 /// (peer, is_send, buffer) of one send or receive across hosts.
 type NetP2p = (usize, bool, Half);
+/// (peer, is_send, buffer, message number between the two in that direction, from 1)
+type ProcP2p = (usize, bool, Half, u64);
 
 #[allow(clippy::too_many_arguments)]
 fn p2p(

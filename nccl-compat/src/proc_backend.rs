@@ -11,9 +11,8 @@ use crate::Backend;
 use railcc_collectives::gpu_net::{GpuNet, NetOp, P2pOp};
 use railcc_collectives::plan::{CollArgs, P2pKind};
 use railcc_collectives::Communicator;
-use railcc_core::net::CollKind;
 use railcc_core::{Error, ErrorKind, Result};
-use railcc_transport_nvlink::proc::ProcGpu;
+use railcc_transport_nvlink::proc::{P2p, ProcGpu};
 use std::time::Duration;
 
 /// Roots served by this process, kept until it exits (each stops once its job has met).
@@ -113,14 +112,12 @@ fn open(
         &mut ex,
     )?;
     gpu.ll_max_bytes = cfg.gpu_ll_max_bytes;
-    Ok(Backend::Proc(Box::new(ProcRank { gpu, rank, nranks })))
+    Ok(Backend::Proc(Box::new(ProcRank { gpu })))
 }
 
 /// This process's rank of a one-rank-per-process communicator.
 pub struct ProcRank {
     gpu: ProcGpu,
-    rank: usize,
-    nranks: usize,
 }
 
 // SAFETY: ProcGpu holds driver handles that any thread may use (CUDA's driver API is thread
@@ -200,27 +197,23 @@ impl ProcRank {
 
     /// A send or receive between the two ranks of a 2-rank communicator: a broadcast rooted at
     /// the sender, in place on both sides (the receiver's buffer gets the sender's bytes).
-    pub fn p2p(&self, src: usize, h: Half) -> Result<()> {
-        if self.nranks != 2 {
-            return Err(Error::new(
-                ErrorKind::Unsupported,
-                format!(
-                    "send/recv across processes works between the 2 ranks of a 2-rank communicator; this one has {}",
-                    self.nranks
-                ),
-            ));
-        }
-        let _ = self.rank;
-        self.collective(&Call {
-            coll: CollKind::Broadcast,
-            send: h.ptr,
-            recv: h.ptr,
-            count: h.bytes,
-            dtype: railcc_core::DataType::U8,
-            op: railcc_core::ReduceOp::Sum,
-            root: src,
-            stream: h.stream,
-        })
+    /// Sends and receives of one group (or one call) with other processes: (peer, is_send,
+    /// buffer, message number between the two in that direction, from 1).
+    pub fn p2p(&self, ops: &[(usize, bool, Half, u64)]) -> Result<()> {
+        let list: Vec<P2p> = ops
+            .iter()
+            .map(|&(peer, send, h, seq)| P2p {
+                peer,
+                send,
+                ptr: h.ptr,
+                bytes: h.bytes,
+                stream: h.stream as cudarc::driver::sys::CUstream,
+                seq,
+            })
+            .collect();
+        // SAFETY: NCCL's contract: device buffers of this rank's GPU (cudaMalloc/cuMemAlloc,
+        // so CUDA IPC can export them), sized as given, live until the streams pass the ops.
+        unsafe { self.gpu.p2p(&list) }
     }
 }
 

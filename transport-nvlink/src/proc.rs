@@ -6,6 +6,8 @@
 //! buffers in the table, reads the peers' (which also catches mismatched calls), maps any
 //! allocation not seen before, and enqueues the same kernel as the one-process path on the
 //! caller's stream. The call returns once every rank has published, without waiting for any GPU.
+//! Sends and receives go through the same table (a mailbox per pair of ranks) and copy
+//! straight from the sender's buffer (`ProcGpu::p2p`).
 //!
 //! A watcher thread checks every 20 ms that the peers' processes live (`/proc/<pid>/stat`,
 //! with the start time each reported, so a reused pid is not taken for the peer). When one
@@ -102,6 +104,7 @@ fn watch(
             tracing::warn!("{e}");
             broken.lock().get_or_insert(e);
             gpu.abort_kernels();
+            ProcGpu::release_p2p_waits(&gpu);
             return;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -328,6 +331,7 @@ impl ProcGpu {
                 .transport(crate::NAME)
         });
         self.gpu.abort_kernels();
+        ProcGpu::release_p2p_waits(&self.gpu);
     }
 
     fn check_alive(&self) -> Result<()> {
@@ -446,6 +450,109 @@ impl ProcGpu {
             blocks_per_gpu: shape.blocks,
             threads_per_block: THREADS,
         })
+    }
+}
+
+/// One send or receive of a group (or one eager call) between processes.
+#[derive(Debug, Clone, Copy)]
+pub struct P2p {
+    pub peer: usize,
+    pub send: bool,
+    pub ptr: u64,
+    pub bytes: usize,
+    pub stream: sys::CUstream,
+    /// The message's number between this rank and `peer` in its direction (1, 2, ...): both
+    /// ends count the same.
+    pub seq: u64,
+}
+
+impl ProcGpu {
+    /// Sends and receives between processes, any rank count, stream-ordered, by CUDA IPC:
+    /// the sender posts its buffer in the table's mailbox and, on its stream, marks the data
+    /// ready in the receiver's flags (`P2P_OFFSET`); the receiver's stream waits for that,
+    /// copies straight from the sender's buffer and marks it copied in the sender's flags;
+    /// the sender's stream waits for that before anything after the send may touch the
+    /// buffer. In one batch every send is marked ready before any receive and any wait for a
+    /// copy, so two ranks that exchange in one group never wait on each other. Only a
+    /// receive waits on the host (for its send to be posted; a send waits only when its
+    /// receiver is MAIL_DEPTH messages behind).
+    ///
+    /// # Safety
+    /// Each op's buffer must be device memory of this GPU from cudaMalloc/cuMemAlloc with
+    /// `bytes`, and its stream a stream of this GPU, valid until the stream passes the op.
+    pub unsafe fn p2p(&self, ops: &[P2p]) -> Result<()> {
+        use railcc_cuda::gpu::{wait_u64_geq_on, write_u64_on};
+        use railcc_cuda::kernels::P2P_OFFSET;
+        self.check_alive()?;
+        self.gpu.bind()?;
+        let me = self.rank;
+        if let Some(o) = ops.iter().find(|o| o.peer >= self.nranks || o.peer == me) {
+            return Err(Error::invalid(format!(
+                "send/recv: peer {} of {} ranks (a rank's messages to itself are copies)",
+                o.peer, self.nranks
+            ))
+            .rank(me));
+        }
+        let deadline = Instant::now() + self.timeout;
+        let broken = || self.async_error();
+        let ready = |area: u64, from: usize| area + (P2P_OFFSET + 8 * from) as u64;
+        let copied = |area: u64, by: usize| area + (P2P_OFFSET + 8 * (MAX_PEERS + by)) as u64;
+        for o in ops.iter().filter(|o| o.send) {
+            let desc = export(o.ptr)?;
+            self.table
+                .post(me, o.peer, o.seq, (o.bytes as u64, desc), deadline, &broken)
+                .map_err(|e| e.rank(me))?;
+            // SAFETY: the peer's area is mapped by IPC for the communicator's life.
+            unsafe { write_u64_on(o.stream, ready(self.syncs[o.peer], me), o.seq)? };
+        }
+        for o in ops.iter().filter(|o| !o.send) {
+            let (bytes, desc) = self
+                .table
+                .take(o.peer, me, o.seq, deadline, &broken)
+                .map_err(|e| e.rank(me))?;
+            if bytes != o.bytes as u64 {
+                return Err(Error::new(
+                    ErrorKind::Mismatch,
+                    format!(
+                        "message {} from rank {}: it sends {bytes} bytes, rank {me} receives {}",
+                        o.seq, o.peer, o.bytes
+                    ),
+                )
+                .peer(o.peer)
+                .rank(me)
+                .transport(crate::NAME));
+            }
+            let src = self.imports.lock().map(o.peer, &desc)?;
+            // SAFETY: our own area; the sender's buffer is mapped by IPC and stays valid until
+            // its stream passes the copy (its stream waits for the flag written after it).
+            unsafe {
+                wait_u64_geq_on(o.stream, ready(self.gpu.sync.ptr, o.peer), o.seq)?;
+                if o.bytes > 0 {
+                    railcc_cuda::driver::check(
+                        sys::cuMemcpyAsync(o.ptr, src, o.bytes, o.stream),
+                        "cuMemcpyAsync (receive from a peer process)",
+                    )?;
+                }
+                write_u64_on(o.stream, copied(self.syncs[o.peer], me), o.seq)?;
+            }
+        }
+        for o in ops.iter().filter(|o| o.send) {
+            // SAFETY: our own area.
+            unsafe { wait_u64_geq_on(o.stream, copied(self.gpu.sync.ptr, o.peer), o.seq)? };
+        }
+        Ok(())
+    }
+
+    /// Lets every stream waiting on a peer's point-to-point flag go (the peer died or the
+    /// communicator was aborted): the flags jump past any message number.
+    fn release_p2p_waits(gpu: &GpuCtx) {
+        let at = gpu.sync.ptr + railcc_cuda::kernels::P2P_OFFSET as u64;
+        // SAFETY: the words lie in our own area (kernels.rs asserts the layout); our own
+        // stream, so no caller's stream is needed.
+        unsafe {
+            let _ = gpu.bind();
+            let _ = sys::cuMemsetD32Async(at, 0x3fff_ffff, 4 * MAX_PEERS, gpu.stream);
+        }
     }
 }
 

@@ -27,9 +27,26 @@ struct Slot {
 const SLOT_BYTES: usize = 256;
 const _: () = assert!(std::mem::size_of::<Slot>() <= SLOT_BYTES);
 
+/// A sent message's buffer, for its receiver: the message number (written last), the size,
+/// and whether the receiver has read the entry (so the sender may reuse it).
+#[repr(C)]
+struct Mail {
+    seq: AtomicU64,
+    taken: AtomicU64,
+    bytes: u64,
+    buf: BufDesc,
+}
+
+const MAIL_BYTES: usize = 128;
+const _: () = assert!(std::mem::size_of::<Mail>() <= MAIL_BYTES);
+/// Messages a sender may post to one receiver before that receiver's process has asked for
+/// the first of them.
+pub const MAIL_DEPTH: u64 = 64;
+
 /// A POSIX shared-memory table of two slots per rank (alternating by call parity: a rank can
 /// only reach call k+2 once every peer has published call k+1, which it does after reading
-/// call k, so a slot is never overwritten while a peer still reads it).
+/// call k, so a slot is never overwritten while a peer still reads it), then a mailbox of
+/// MAIL_DEPTH entries per (sender, receiver) for send/recv.
 pub struct ShmTable {
     base: *mut u8,
     bytes: usize,
@@ -43,7 +60,7 @@ unsafe impl Sync for ShmTable {}
 impl ShmTable {
     /// Creates (`create`) or opens the segment `name` (like "/railcc-..."), sized for `nranks`.
     pub fn open(name: &str, nranks: usize, create: bool) -> Result<ShmTable> {
-        let bytes = 2 * nranks * SLOT_BYTES;
+        let bytes = 2 * nranks * SLOT_BYTES + nranks * nranks * MAIL_DEPTH as usize * MAIL_BYTES;
         let cname = CString::new(name).map_err(|_| Error::invalid("shm name has a NUL byte"))?;
         let flags = if create {
             libc::O_RDWR | libc::O_CREAT | libc::O_EXCL
@@ -115,6 +132,92 @@ impl ShmTable {
         }
     }
 
+    fn mail(&self, src: usize, dst: usize, seq: u64) -> *mut Mail {
+        let i = (src * self.nranks + dst) * MAIL_DEPTH as usize + (seq % MAIL_DEPTH) as usize;
+        // SAFETY: src, dst < nranks, so the entry lies inside the mapping.
+        unsafe { self.base.add(2 * self.nranks * SLOT_BYTES + i * MAIL_BYTES) as *mut Mail }
+    }
+
+    /// Posts message `seq` (1, 2, ...) from `src` to `dst`: its buffer and size. Waits (to
+    /// the deadline) while the entry still holds message `seq - MAIL_DEPTH` not yet read.
+    pub fn post(
+        &self,
+        src: usize,
+        dst: usize,
+        seq: u64,
+        (bytes, buf): (u64, BufDesc),
+        deadline: Instant,
+        broken: &dyn Fn() -> Option<Error>,
+    ) -> Result<()> {
+        let m = self.mail(src, dst, seq);
+        let prev = seq.saturating_sub(MAIL_DEPTH);
+        // SAFETY: the entry lies in the mapping; its counters are only accessed atomically.
+        wait_until(
+            deadline,
+            broken,
+            || unsafe { (*m).taken.load(Ordering::Acquire) } >= prev,
+        )
+        .map_err(|e| {
+            e.unwrap_or_else(|| {
+                Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "rank {dst} did not take {MAIL_DEPTH} messages from rank {src} in time"
+                    ),
+                )
+                .peer(dst)
+                .transport(crate::NAME)
+            })
+        })?;
+        // SAFETY: the receiver is done with the entry (taken >= prev) and reads it again only
+        // once `seq` says so.
+        unsafe {
+            std::ptr::addr_of_mut!((*m).bytes).write_volatile(bytes);
+            std::ptr::addr_of_mut!((*m).buf).write_volatile(buf);
+            (*m).seq.store(seq, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Waits until `src` has posted message `seq` to `dst`, then reads it (size, buffer) and
+    /// marks it taken.
+    pub fn take(
+        &self,
+        src: usize,
+        dst: usize,
+        seq: u64,
+        deadline: Instant,
+        broken: &dyn Fn() -> Option<Error>,
+    ) -> Result<(u64, BufDesc)> {
+        let m = self.mail(src, dst, seq);
+        // SAFETY: as in post.
+        wait_until(
+            deadline,
+            broken,
+            || unsafe { (*m).seq.load(Ordering::Acquire) } == seq,
+        )
+        .map_err(|e| {
+            e.unwrap_or_else(|| {
+                Error::new(
+                    ErrorKind::Timeout,
+                    format!("rank {src} did not send message {seq} to rank {dst} in time"),
+                )
+                .peer(src)
+                .transport(crate::NAME)
+            })
+        })?;
+        // SAFETY: posted (Acquire above); the sender rewrites it only after `taken` moves.
+        let got = unsafe {
+            (
+                std::ptr::addr_of!((*m).bytes).read_volatile(),
+                std::ptr::addr_of!((*m).buf).read_volatile(),
+            )
+        };
+        // SAFETY: as above.
+        unsafe { (*m).taken.store(seq, Ordering::Release) };
+        Ok(got)
+    }
+
     /// Waits until `peer` has published `call`, then reads its entry. `abort` is polled.
     pub fn read(
         &self,
@@ -124,30 +227,24 @@ impl ShmTable {
         broken: &dyn Fn() -> Option<Error>,
     ) -> Result<([u64; 5], [BufDesc; 2])> {
         let s = self.slot(call, peer);
-        // Busy-wait first: peers normally publish within microseconds, and a sleeping host
-        // falls behind the GPU it feeds. Sleep only once a peer is clearly late.
-        let spin_until = Instant::now() + Duration::from_micros(500);
-        let mut spins = 0u32;
+        // Busy-wait first (wait_until): peers normally publish within microseconds, and a
+        // sleeping host falls behind the GPU it feeds.
         // SAFETY: the slot lies in the mapping; `seq` is only accessed atomically.
-        while unsafe { (*s).seq.load(Ordering::Acquire) } != call {
-            spins = spins.wrapping_add(1);
-            if spins.is_multiple_of(256) && Instant::now() > spin_until {
-                if let Some(e) = broken() {
-                    return Err(e);
-                }
-                if Instant::now() > deadline {
-                    return Err(Error::new(
-                        ErrorKind::Timeout,
-                        format!("rank {peer} did not reach GPU call {call} in time"),
-                    )
-                    .peer(peer)
-                    .transport(crate::NAME));
-                }
-                std::thread::sleep(Duration::from_micros(20));
-            } else {
-                std::hint::spin_loop();
-            }
-        }
+        wait_until(
+            deadline,
+            broken,
+            || unsafe { (*s).seq.load(Ordering::Acquire) } == call,
+        )
+        .map_err(|e| {
+            e.unwrap_or_else(|| {
+                Error::new(
+                    ErrorKind::Timeout,
+                    format!("rank {peer} did not reach GPU call {call} in time"),
+                )
+                .peer(peer)
+                .transport(crate::NAME)
+            })
+        })?;
         // SAFETY: published (Acquire above) and not rewritten until we publish call + 1.
         unsafe {
             Ok((
@@ -156,6 +253,32 @@ impl ShmTable {
             ))
         }
     }
+}
+
+/// Spins, then sleeps, until `ready()`; Err(Some(e)) when `broken` says so, Err(None) at the
+/// deadline.
+fn wait_until(
+    deadline: Instant,
+    broken: &dyn Fn() -> Option<Error>,
+    ready: impl Fn() -> bool,
+) -> std::result::Result<(), Option<Error>> {
+    let spin_until = Instant::now() + Duration::from_micros(500);
+    let mut spins = 0u32;
+    while !ready() {
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(256) && Instant::now() > spin_until {
+            if let Some(e) = broken() {
+                return Err(Some(e));
+            }
+            if Instant::now() > deadline {
+                return Err(None);
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    Ok(())
 }
 
 impl Drop for ShmTable {
@@ -209,5 +332,52 @@ mod tests {
             ShmTable::open(&name, 2, false).is_err(),
             "name was unlinked"
         );
+    }
+
+    #[test]
+    fn mailbox_passes_messages_in_order_and_bounds_the_backlog() {
+        let name = format!("/railcc-test-mail-{}", std::process::id());
+        let a = ShmTable::open(&name, 3, true).unwrap();
+        let b = ShmTable::open(&name, 3, false).unwrap();
+        ShmTable::unlink(&name);
+        let later = || Instant::now() + Duration::from_secs(5);
+        for k in 1..=MAIL_DEPTH {
+            a.post(2, 1, k, (k * 10, desc(k as u8)), later(), &|| None)
+                .unwrap();
+        }
+        // The backlog is full: message DEPTH + 1 waits for the receiver, here to a deadline.
+        let e = a
+            .post(
+                2,
+                1,
+                MAIL_DEPTH + 1,
+                (1, desc(0)),
+                Instant::now() + Duration::from_millis(50),
+                &|| None,
+            )
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Timeout);
+        assert!(e.to_string().contains("rank 1 did not take"), "{e}");
+        for k in 1..=3 {
+            assert_eq!(
+                b.take(2, 1, k, later(), &|| None).unwrap(),
+                (k * 10, desc(k as u8))
+            );
+        }
+        a.post(2, 1, MAIL_DEPTH + 1, (7, desc(9)), later(), &|| None)
+            .unwrap();
+        // Another pair's entries are apart; an unsent message is a named timeout.
+        let e = b
+            .take(0, 1, 1, Instant::now() + Duration::from_millis(50), &|| {
+                None
+            })
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("rank 0 did not send message 1"),
+            "{e}"
+        );
+        let gone = || Some(Error::new(ErrorKind::PeerClosed, "rank 0 died"));
+        let e = b.take(0, 1, 1, later(), &gone).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::PeerClosed);
     }
 }
