@@ -11,8 +11,9 @@
 #         (--fill random, error bound), CUDA graphs (-G: results checked after the last launch);
 #  nccl   nccl-tests against railcc's libnccl.so.2: -g N, -t N and mpirun -np N, -d all, -o all,
 #         and -G 10;
-#  shared two ranks sharing GPU 0 on one host (mpirun -np 2, NCCL_TESTS_DEVICE=0): the
-#         per-process path on a one-GPU machine, -d all (fp8), -o all (mulsum), -G 10;
+#  shared 2 and 4 ranks sharing GPU 0 on one host (mpirun -np N, NCCL_TESTS_DEVICE=0): the
+#         per-process path on a one-GPU machine (send/recv by CUDA IPC for any rank count),
+#         -d all (fp8), -o all (mulsum), -G 10;
 #  split  torch new_group/split_group through ncclCommSplit (nccl-compat/tests/torch/split.sh).
 # A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
@@ -151,18 +152,20 @@ case " $PARTS " in *" nccl "*)
 ;; esac
 
 case " $PARTS " in *" shared "*)
-  # Two ranks on one host sharing GPU 0 (NCCL_TESTS_DEVICE=0; the test-only layout of a
+  # 2 and 4 ranks on one host sharing GPU 0 (NCCL_TESTS_DEVICE=0; the test-only layout of a
   # one-GPU machine): railcc's per-process path (CUDA IPC) with every dtype (fp8 included)
   # and op (premultiplied sums included), eager and -G 10.
   build_nccl_tests
   OURS="$PWD/.device/lib"
-  MPIRUN="mpirun -np 2 --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x NCCL_TESTS_DEVICE=0"
-  for b in ${TEST_GPU_SHARED_BINS:-all_reduce reduce_scatter reduce all_gather alltoall}; do
-    ops=""
-    case $b in all_reduce|reduce_scatter|reduce) ops="-o all" ;; esac
-    F="-b 8 -e 4M -f 32 -n 2 -w 1 -c 1 -d all $ops"
-    check "libnccl $b mpirun -np 2 on GPU 0 $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $MPIRUN $NTM/build/${b}_perf $F -g 1
-    check "libnccl $b mpirun -np 2 on GPU 0 -G 10 $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $MPIRUN $NTM/build/${b}_perf $F -g 1 -G 10
+  for np in ${TEST_GPU_SHARED_NP:-2 4}; do
+    MPIRUN="mpirun -np $np --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x NCCL_TESTS_DEVICE=0"
+    for b in ${TEST_GPU_SHARED_BINS:-all_reduce reduce_scatter reduce all_gather sendrecv alltoall scatter gather hypercube}; do
+      ops=""
+      case $b in all_reduce|reduce_scatter|reduce) ops="-o all" ;; esac
+      F="-b 8 -e 4M -f 32 -n 2 -w 1 -c 1 -d all $ops"
+      check "libnccl $b mpirun -np $np on GPU 0 $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $MPIRUN $NTM/build/${b}_perf $F -g 1
+      check "libnccl $b mpirun -np $np on GPU 0 -G 10 $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $MPIRUN $NTM/build/${b}_perf $F -g 1 -G 10
+    done
   done
 ;; esac
 

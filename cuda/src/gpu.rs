@@ -40,6 +40,8 @@ pub struct GpuCtx {
     funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     ll_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     scale_funcs: HashMap<DataType, sys::CUfunction>,
+    /// The p2p kernels, in kernels::P2P_KERNELS' order.
+    p2p_funcs: Vec<sys::CUfunction>,
     pub sms: i32,
     /// The word this context's kernels poll while they wait for peers (kernels.rs:
     /// `SYNC_ABORT`): set, they stop waiting and end.
@@ -103,6 +105,7 @@ impl GpuCtx {
             funcs: HashMap::new(),
             ll_funcs: HashMap::new(),
             scale_funcs: HashMap::new(),
+            p2p_funcs: Vec::new(),
             sms,
             abort,
         };
@@ -169,6 +172,10 @@ impl GpuCtx {
             }
             self.scale_funcs.insert(dt, get(scale_name(dt))?);
         }
+        self.p2p_funcs = crate::kernels::P2P_KERNELS
+            .iter()
+            .map(|n| get(n.to_string()))
+            .collect::<Result<_>>()?;
         Ok(())
     }
 
@@ -183,6 +190,14 @@ impl GpuCtx {
             .get(&(dt, op))
             .copied()
             .ok_or_else(|| Error::new(ErrorKind::Unsupported, "no low-latency kernel for dtype/op"))
+    }
+
+    /// p2p kernel `i` of kernels::P2P_KERNELS.
+    pub fn p2p_func(&self, i: usize) -> Result<sys::CUfunction> {
+        self.p2p_funcs
+            .get(i)
+            .copied()
+            .ok_or_else(|| Error::new(ErrorKind::Unsupported, "no p2p kernel"))
     }
 
     pub fn scale_func(&self, dt: DataType) -> Result<sys::CUfunction> {
@@ -296,33 +311,6 @@ impl GpuCtx {
         }
         Ok(Timer { ev })
     }
-}
-
-/// Enqueues "the u64 at device address `addr` = `v`" on `stream`, after the work before it
-/// (whose writes are visible first). `addr` may be a peer's memory mapped by IPC.
-///
-/// # Safety
-/// `addr` must be device memory this context can write, live until the stream passes this.
-pub unsafe fn write_u64_on(stream: Stream, addr: u64, v: u64) -> Result<()> {
-    let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as u32;
-    // SAFETY: the caller's contract.
-    check(
-        unsafe { sys::cuStreamWriteValue64_v2(stream, addr, v, flags) },
-        "cuStreamWriteValue64",
-    )
-}
-
-/// Enqueues "wait until the u64 at `addr` >= `v`" (cyclically) on `stream`.
-///
-/// # Safety
-/// `addr` must be device memory this context can read, live until the stream passes this.
-pub unsafe fn wait_u64_geq_on(stream: Stream, addr: u64, v: u64) -> Result<()> {
-    let how = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as u32;
-    // SAFETY: the caller's contract.
-    check(
-        unsafe { sys::cuStreamWaitValue64_v2(stream, addr, v, how) },
-        "cuStreamWaitValue64",
-    )
 }
 
 /// Makes stream `waiter` (of `waiter_gpu`) wait for the work enqueued so far on stream `on`

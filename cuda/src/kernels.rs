@@ -26,12 +26,21 @@ const _: () = assert!(SYNC_ABORT_OFFSET + 8 <= SYNC_BYTES);
 /// Where the low-latency scratch starts in each GPU's area (see ll.rs).
 pub const SCRATCH_OFFSET: usize = 128 * 1024;
 const _: () = assert!(SYNC_BYTES <= SCRATCH_OFFSET);
-/// Point-to-point flags between processes (railcc_transport_nvlink's proc p2p), two u64
-/// counters per peer p: word p holds the last message from p whose data is ready (p writes
-/// it), word MAX_PEERS + p the last message to p that p has copied (p writes it). Stream
-/// memory operations write and wait on them.
+/// Point-to-point counters between processes (railcc_transport_nvlink's proc p2p), u64
+/// words from here, four per peer p: READY[p] (word p, written by p: its messages to us whose
+/// data is ready), COPIED[p] (8 + p, written by p: our messages to p it has copied), SENT[p]
+/// and RECVD[p] (16 + p, 24 + p: our own counts of messages to and from p). The p2p kernels
+/// count on the GPU, so a captured CUDA graph replays correctly.
 pub const P2P_OFFSET: usize = 96 * 1024;
-const _: () = assert!(SYNC_BYTES <= P2P_OFFSET && P2P_OFFSET + 16 * MAX_PEERS <= SCRATCH_OFFSET);
+const _: () = assert!(SYNC_BYTES <= P2P_OFFSET && P2P_OFFSET + 32 * MAX_PEERS <= SCRATCH_OFFSET);
+
+/// The p2p kernels (one thread each), in the order a message uses them.
+pub const P2P_KERNELS: [&str; 4] = [
+    "p2p_ready",
+    "p2p_wait_ready",
+    "p2p_copied",
+    "p2p_wait_copied",
+];
 /// The whole per-GPU area that peers reach: sync words, then the low-latency scratch.
 pub const AREA_BYTES: usize = SCRATCH_OFFSET + crate::ll::SCRATCH_BYTES;
 
@@ -184,6 +193,47 @@ __device__ __forceinline__ unsigned char f_e5m2(float f) {
 }
 "#,
     );
+    s.push_str(&format!(
+        r#"
+// Send/recv between processes (P2P_OFFSET in kernels.rs). The sender's stream runs
+// p2p_ready (its data is written: tell the receiver) and later p2p_wait_copied (the receiver
+// has copied it: the buffer may change); the receiver's runs p2p_wait_ready, its copy, then
+// p2p_copied. Each side numbers the messages on the GPU, so graphs replay correctly.
+#define P2P_W ({p2p}ull / 8)
+__device__ __forceinline__ volatile unsigned long long* p2p_words(unsigned long long area) {{ return (volatile unsigned long long*)area + P2P_W; }}
+__device__ void p2p_wait(unsigned long long area, int word, unsigned long long e, unsigned long long timeout_ns) {{
+  volatile unsigned long long* w = p2p_words(area);
+  unsigned long long t0 = now_ns();
+  unsigned int spins = 0;
+  while ((long long)(w[word] - e) < 0) {{
+    if (now_ns() - t0 > timeout_ns) __trap(); // the peer never came: fail loudly, never hang
+    if ((++spins & 255u) == 0 && aborted(area)) return;
+  }}
+}}
+extern "C" __global__ void p2p_ready(unsigned long long mine, unsigned long long theirs, int me, int peer, unsigned long long timeout_ns) {{
+  volatile unsigned long long* w = p2p_words(mine);
+  unsigned long long e = w[16 + peer] + 1;
+  w[16 + peer] = e;
+  __threadfence_system();
+  p2p_words(theirs)[me] = e;
+}}
+extern "C" __global__ void p2p_wait_ready(unsigned long long mine, unsigned long long theirs, int me, int peer, unsigned long long timeout_ns) {{
+  volatile unsigned long long* w = p2p_words(mine);
+  unsigned long long e = w[24 + peer] + 1;
+  w[24 + peer] = e;
+  p2p_wait(mine, peer, e, timeout_ns);
+  __threadfence_system();
+}}
+extern "C" __global__ void p2p_copied(unsigned long long mine, unsigned long long theirs, int me, int peer, unsigned long long timeout_ns) {{
+  __threadfence_system();
+  p2p_words(theirs)[8 + me] = p2p_words(mine)[24 + peer];
+}}
+extern "C" __global__ void p2p_wait_copied(unsigned long long mine, unsigned long long theirs, int me, int peer, unsigned long long timeout_ns) {{
+  p2p_wait(mine, 8 + peer, p2p_words(mine)[16 + peer], timeout_ns);
+}}
+"#,
+        p2p = P2P_OFFSET
+    ));
     for dt in DataType::ALL {
         let (t, acc, ld, st) = ctype(dt);
         for op in ReduceOp::ALL {

@@ -100,6 +100,46 @@ pub unsafe fn launch(
     }
 }
 
+/// A step of a send or receive between processes (kernels::P2P_KERNELS, in order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum P2pStep {
+    /// Sender: the data is written; tell the receiver.
+    Ready = 0,
+    /// Receiver: wait until the sender's data is ready.
+    WaitReady = 1,
+    /// Receiver: the copy is done; tell the sender.
+    Copied = 2,
+    /// Sender: wait until the receiver has copied.
+    WaitCopied = 3,
+}
+
+/// Enqueues one p2p step (a one-thread kernel) on `stream`: `mine` is this GPU's area,
+/// `theirs` the peer's as this GPU addresses it.
+///
+/// # Safety
+/// Both areas must be live for the communicator's life (the peer's mapped by IPC).
+pub unsafe fn p2p_step(
+    gpu: &GpuCtx,
+    stream: sys::CUstream,
+    step: P2pStep,
+    (mine, theirs): (u64, u64),
+    (me, peer): (usize, usize),
+    timeout_ns: u64,
+) -> Result<()> {
+    let f = gpu.p2p_func(step as usize)?;
+    let (mut a, mut b, mut m, mut p, mut t) = (mine, theirs, me as i32, peer as i32, timeout_ns);
+    let mut params: [*mut c_void; 5] = [
+        &mut a as *mut u64 as *mut c_void,
+        &mut b as *mut u64 as *mut c_void,
+        &mut m as *mut i32 as *mut c_void,
+        &mut p as *mut i32 as *mut c_void,
+        &mut t as *mut u64 as *mut c_void,
+    ];
+    // SAFETY: the parameters match the p2p kernels' common signature (kernels.rs); the
+    // caller vouches for the areas.
+    unsafe { enqueue(f, 1, 1, stream, &mut params, "cuLaunchKernel(p2p)") }
+}
+
 /// Where a premultiplied sum's scalar lives (NCCL's ncclScalarResidence_t).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scalar {

@@ -104,7 +104,6 @@ fn watch(
             tracing::warn!("{e}");
             broken.lock().get_or_insert(e);
             gpu.abort_kernels();
-            ProcGpu::release_p2p_waits(&gpu);
             return;
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -331,7 +330,6 @@ impl ProcGpu {
                 .transport(crate::NAME)
         });
         self.gpu.abort_kernels();
-        ProcGpu::release_p2p_waits(&self.gpu);
     }
 
     fn check_alive(&self) -> Result<()> {
@@ -469,10 +467,10 @@ pub struct P2p {
 impl ProcGpu {
     /// Sends and receives between processes, any rank count, stream-ordered, by CUDA IPC:
     /// the sender posts its buffer in the table's mailbox and, on its stream, marks the data
-    /// ready in the receiver's flags (`P2P_OFFSET`); the receiver's stream waits for that,
-    /// copies straight from the sender's buffer and marks it copied in the sender's flags;
-    /// the sender's stream waits for that before anything after the send may touch the
-    /// buffer. In one batch every send is marked ready before any receive and any wait for a
+    /// ready in the receiver's counters (`P2P_OFFSET`, one-thread kernels that count on the
+    /// GPU, so CUDA graphs replay); the receiver's stream waits for that, copies straight from
+    /// the sender's buffer (a copy engine) and marks it copied in the sender's counters; the
+    /// sender's stream waits for that before anything after the send may touch the buffer. In one batch every send is marked ready before any receive and any wait for a
     /// copy, so two ranks that exchange in one group never wait on each other. Only a
     /// receive waits on the host (for its send to be posted; a send waits only when its
     /// receiver is MAIL_DEPTH messages behind).
@@ -481,8 +479,7 @@ impl ProcGpu {
     /// Each op's buffer must be device memory of this GPU from cudaMalloc/cuMemAlloc with
     /// `bytes`, and its stream a stream of this GPU, valid until the stream passes the op.
     pub unsafe fn p2p(&self, ops: &[P2p]) -> Result<()> {
-        use railcc_cuda::gpu::{wait_u64_geq_on, write_u64_on};
-        use railcc_cuda::kernels::P2P_OFFSET;
+        use railcc_cuda::launch::{p2p_step, P2pStep};
         self.check_alive()?;
         self.gpu.bind()?;
         let me = self.rank;
@@ -495,15 +492,24 @@ impl ProcGpu {
         }
         let deadline = Instant::now() + self.timeout;
         let broken = || self.async_error();
-        let ready = |area: u64, from: usize| area + (P2P_OFFSET + 8 * from) as u64;
-        let copied = |area: u64, by: usize| area + (P2P_OFFSET + 8 * (MAX_PEERS + by)) as u64;
+        let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
+        let areas = |p: usize| (self.gpu.sync.ptr, self.syncs[p]);
         for o in ops.iter().filter(|o| o.send) {
             let desc = export(o.ptr)?;
             self.table
                 .post(me, o.peer, o.seq, (o.bytes as u64, desc), deadline, &broken)
                 .map_err(|e| e.rank(me))?;
-            // SAFETY: the peer's area is mapped by IPC for the communicator's life.
-            unsafe { write_u64_on(o.stream, ready(self.syncs[o.peer], me), o.seq)? };
+            // SAFETY: both areas live for the communicator's life (the peer's mapped by IPC).
+            unsafe {
+                p2p_step(
+                    &self.gpu,
+                    o.stream,
+                    P2pStep::Ready,
+                    areas(o.peer),
+                    (me, o.peer),
+                    timeout_ns,
+                )?
+            };
         }
         for o in ops.iter().filter(|o| !o.send) {
             let (bytes, desc) = self
@@ -523,36 +529,44 @@ impl ProcGpu {
                 .transport(crate::NAME));
             }
             let src = self.imports.lock().map(o.peer, &desc)?;
-            // SAFETY: our own area; the sender's buffer is mapped by IPC and stays valid until
-            // its stream passes the copy (its stream waits for the flag written after it).
-            unsafe {
-                wait_u64_geq_on(o.stream, ready(self.gpu.sync.ptr, o.peer), o.seq)?;
-                if o.bytes > 0 {
-                    railcc_cuda::driver::check(
-                        sys::cuMemcpyAsync(o.ptr, src, o.bytes, o.stream),
-                        "cuMemcpyAsync (receive from a peer process)",
-                    )?;
+            let step = |s| {
+                // SAFETY: as above.
+                unsafe {
+                    p2p_step(
+                        &self.gpu,
+                        o.stream,
+                        s,
+                        areas(o.peer),
+                        (me, o.peer),
+                        timeout_ns,
+                    )
                 }
-                write_u64_on(o.stream, copied(self.syncs[o.peer], me), o.seq)?;
+            };
+            step(P2pStep::WaitReady)?;
+            if o.bytes > 0 {
+                // SAFETY: the sender's buffer is mapped by IPC and stays valid until its stream
+                // passes p2p_wait_copied, which waits for the p2p_copied after this copy.
+                railcc_cuda::driver::check(
+                    unsafe { sys::cuMemcpyAsync(o.ptr, src, o.bytes, o.stream) },
+                    "cuMemcpyAsync (receive from a peer process)",
+                )?;
             }
+            step(P2pStep::Copied)?;
         }
         for o in ops.iter().filter(|o| o.send) {
-            // SAFETY: our own area.
-            unsafe { wait_u64_geq_on(o.stream, copied(self.gpu.sync.ptr, o.peer), o.seq)? };
+            // SAFETY: as above.
+            unsafe {
+                p2p_step(
+                    &self.gpu,
+                    o.stream,
+                    P2pStep::WaitCopied,
+                    areas(o.peer),
+                    (me, o.peer),
+                    timeout_ns,
+                )?
+            };
         }
         Ok(())
-    }
-
-    /// Lets every stream waiting on a peer's point-to-point flag go (the peer died or the
-    /// communicator was aborted): the flags jump past any message number.
-    fn release_p2p_waits(gpu: &GpuCtx) {
-        let at = gpu.sync.ptr + railcc_cuda::kernels::P2P_OFFSET as u64;
-        // SAFETY: the words lie in our own area (kernels.rs asserts the layout); our own
-        // stream, so no caller's stream is needed.
-        unsafe {
-            let _ = gpu.bind();
-            let _ = sys::cuMemsetD32Async(at, 0x3fff_ffff, 4 * MAX_PEERS, gpu.stream);
-        }
     }
 }
 
