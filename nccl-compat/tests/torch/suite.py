@@ -29,6 +29,8 @@ SKIPPED = []
 
 def check(name, fn):
     global OK
+    if os.environ.get("SUITE_VERBOSE"):
+        print(f"suite: rank {dist.get_rank()}: {name} ...", flush=True)
     try:
         fn()
     except (TypeError, ValueError, NotImplementedError, RuntimeError) as e:

@@ -11,7 +11,8 @@
 # loss curves of the railcc runs must equal NCCL's within 1e-5, and the FSDP2 (bf16 reduce)
 # curves within 2e-2 (bf16 sums in another order round differently). Figures and SKIP lines
 # (what torch itself refuses) are printed. Prepare with bench/compare/gpu-prepare.sh and carry
-# .device. Logs: $OUT/suite-*.log. Exit 1 if anything failed.
+# .device. Logs: $OUT/suite-*.log. Exit 1 if anything failed. SUITE_RUNS picks runs (the
+# loss comparison needs nccl-hosts); SUITE_VERBOSE=1 names each check as it starts.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 source bench/compare/gpu-env.sh
@@ -39,12 +40,15 @@ verdict() {
   [ -z "$skips" ] || echo "$skips" | sed 's/^/  /'
 }
 
+RUNS=${SUITE_RUNS:-railcc-host railcc-hosts nccl-hosts}
+case " $RUNS " in *" railcc-host "*)
 log=$OUT/suite-railcc-host.log
 LD_PRELOAD=$LIB timeout -k 10 "$LIMIT" python3 -m torch.distributed.run --nproc_per_node 4 \
   --master_addr 127.0.0.1 --master_port 29541 "$PY" "$OUT/suite-railcc-host" > "$log" 2>&1
 RCS=$?
 verdict railcc-host "$log"
 pkill -9 -f "$PY" 2>/dev/null
+;; esac
 
 # hosts NAME PORT [VAR=VALUE...]: 4 one-rank nodes, each its own emulated host.
 hosts() {
@@ -64,8 +68,8 @@ hosts() {
   pkill -9 -f "$PY" 2>/dev/null
   verdict "$name" "$OUT"/suite-$name.node?.log
 }
-hosts railcc-hosts 29542 LD_PRELOAD="$LIB"
-hosts nccl-hosts 29543
+case " $RUNS " in *" railcc-hosts "*) hosts railcc-hosts 29542 LD_PRELOAD="$LIB" ;; esac
+case " $RUNS " in *" nccl-hosts "*) hosts nccl-hosts 29543 ;; esac
 
 # Value printing apart from the verdict: max |difference| of two loss files, or "missing".
 loss_diff() {
