@@ -196,9 +196,11 @@ __device__ __forceinline__ unsigned char f_e5m2(float f) {
     s.push_str(&format!(
         r#"
 // Send/recv between processes (P2P_OFFSET in kernels.rs). The sender's stream runs
-// p2p_ready (its data is written: tell the receiver) and later p2p_wait_copied (the receiver
-// has copied it: the buffer may change); the receiver's runs p2p_wait_ready, its copy, then
-// p2p_copied. Each side numbers the messages on the GPU, so graphs replay correctly.
+// p2p_ready (its data is written: tell the receiver) and p2p_wait_copied (until the receiver
+// has copied every message but the last `lag`: after p2p_ready with lag 0, the buffer may
+// change; before a staging slot is refilled, with lag = slots - 1); the receiver's runs
+// p2p_wait_ready, its copy, then p2p_copied. Each side numbers the messages on the GPU, so
+// graphs replay correctly.
 #define P2P_W ({p2p}ull / 8)
 __device__ __forceinline__ volatile unsigned long long* p2p_words(unsigned long long area) {{ return (volatile unsigned long long*)area + P2P_W; }}
 __device__ void p2p_wait(unsigned long long area, int word, unsigned long long e, unsigned long long timeout_ns) {{
@@ -210,26 +212,26 @@ __device__ void p2p_wait(unsigned long long area, int word, unsigned long long e
     if ((++spins & 255u) == 0 && aborted(area)) return;
   }}
 }}
-extern "C" __global__ void p2p_ready(unsigned long long mine, unsigned long long theirs, int me, int peer, unsigned long long timeout_ns) {{
+extern "C" __global__ void p2p_ready(unsigned long long mine, unsigned long long theirs, int me, int peer, unsigned long long timeout_ns, unsigned long long lag) {{
   volatile unsigned long long* w = p2p_words(mine);
   unsigned long long e = w[16 + peer] + 1;
   w[16 + peer] = e;
   __threadfence_system();
   p2p_words(theirs)[me] = e;
 }}
-extern "C" __global__ void p2p_wait_ready(unsigned long long mine, unsigned long long theirs, int me, int peer, unsigned long long timeout_ns) {{
+extern "C" __global__ void p2p_wait_ready(unsigned long long mine, unsigned long long theirs, int me, int peer, unsigned long long timeout_ns, unsigned long long lag) {{
   volatile unsigned long long* w = p2p_words(mine);
   unsigned long long e = w[24 + peer] + 1;
   w[24 + peer] = e;
   p2p_wait(mine, peer, e, timeout_ns);
   __threadfence_system();
 }}
-extern "C" __global__ void p2p_copied(unsigned long long mine, unsigned long long theirs, int me, int peer, unsigned long long timeout_ns) {{
+extern "C" __global__ void p2p_copied(unsigned long long mine, unsigned long long theirs, int me, int peer, unsigned long long timeout_ns, unsigned long long lag) {{
   __threadfence_system();
   p2p_words(theirs)[8 + me] = p2p_words(mine)[24 + peer];
 }}
-extern "C" __global__ void p2p_wait_copied(unsigned long long mine, unsigned long long theirs, int me, int peer, unsigned long long timeout_ns) {{
-  p2p_wait(mine, 8 + peer, p2p_words(mine)[16 + peer], timeout_ns);
+extern "C" __global__ void p2p_wait_copied(unsigned long long mine, unsigned long long theirs, int me, int peer, unsigned long long timeout_ns, unsigned long long lag) {{
+  p2p_wait(mine, 8 + peer, p2p_words(mine)[16 + peer] - lag, timeout_ns);
 }}
 "#,
         p2p = P2P_OFFSET

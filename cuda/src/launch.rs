@@ -114,26 +114,29 @@ pub enum P2pStep {
 }
 
 /// Enqueues one p2p step (a one-thread kernel) on `stream`: `mine` is this GPU's area,
-/// `theirs` the peer's as this GPU addresses it.
+/// `theirs` the peer's as this GPU addresses it. `lag` (WaitCopied only): how many of this
+/// rank's latest messages to the peer may still be uncopied.
 ///
 /// # Safety
 /// Both areas must be live for the communicator's life (the peer's mapped by IPC).
 pub unsafe fn p2p_step(
     gpu: &GpuCtx,
     stream: sys::CUstream,
-    step: P2pStep,
+    (step, lag): (P2pStep, u64),
     (mine, theirs): (u64, u64),
     (me, peer): (usize, usize),
     timeout_ns: u64,
 ) -> Result<()> {
     let f = gpu.p2p_func(step as usize)?;
-    let (mut a, mut b, mut m, mut p, mut t) = (mine, theirs, me as i32, peer as i32, timeout_ns);
-    let mut params: [*mut c_void; 5] = [
+    let (mut a, mut b, mut m, mut p, mut t, mut l) =
+        (mine, theirs, me as i32, peer as i32, timeout_ns, lag);
+    let mut params: [*mut c_void; 6] = [
         &mut a as *mut u64 as *mut c_void,
         &mut b as *mut u64 as *mut c_void,
         &mut m as *mut i32 as *mut c_void,
         &mut p as *mut i32 as *mut c_void,
         &mut t as *mut u64 as *mut c_void,
+        &mut l as *mut u64 as *mut c_void,
     ];
     // SAFETY: the parameters match the p2p kernels' common signature (kernels.rs); the
     // caller vouches for the areas.

@@ -43,6 +43,8 @@ pub struct ProcGpu {
     syncs: Vec<u64>,
     table: ShmTable,
     imports: Mutex<Imports>,
+    /// Per peer, the staging slots of buffered sends (made on first use).
+    stages: Mutex<std::collections::HashMap<usize, railcc_cuda::gpu::DevBuf>>,
     calls: AtomicU64,
     pub timeout: Duration,
     pub max_blocks: u32,
@@ -308,6 +310,7 @@ impl ProcGpu {
             syncs,
             table,
             imports: Mutex::new(Imports::default()),
+            stages: Mutex::new(std::collections::HashMap::new()),
             calls: AtomicU64::new(0),
             timeout,
             max_blocks,
@@ -451,6 +454,11 @@ impl ProcGpu {
     }
 }
 
+/// Bytes of one staging slot of a buffered send (larger sends rendezvous).
+const STAGE_SLOT_BYTES: usize = 2 << 20;
+/// Staging slots per peer, used in turn.
+const STAGE_SLOTS: u64 = 2;
+
 /// One send or receive of a group (or one eager call) between processes.
 #[derive(Debug, Clone, Copy)]
 pub struct P2p {
@@ -468,9 +476,14 @@ impl ProcGpu {
     /// Sends and receives between processes, any rank count, stream-ordered, by CUDA IPC:
     /// the sender posts its buffer in the table's mailbox and, on its stream, marks the data
     /// ready in the receiver's counters (`P2P_OFFSET`, one-thread kernels that count on the
-    /// GPU, so CUDA graphs replay); the receiver's stream waits for that, copies straight from
-    /// the sender's buffer (a copy engine) and marks it copied in the sender's counters; the
-    /// sender's stream waits for that before anything after the send may touch the buffer. In one batch every send is marked ready before any receive and any wait for a
+    /// GPU, so CUDA graphs replay); the receiver's stream waits for that, copies from the
+    /// posted buffer (a copy engine) and marks it copied in the sender's counters. A send of
+    /// up to STAGE_SLOT_BYTES is first copied into one of STAGE_SLOTS staging slots per peer
+    /// and is then done on the sender's stream (as NCCL's sends that fit its buffers are), so
+    /// unbatched sends and receives in a ring, as PyTorch issues them, do not wait on each
+    /// other; the slot is refilled once the receiver copied it. A larger send is read from the
+    /// caller's buffer, and the sender's stream waits for the copy before anything after the
+    /// send may touch the buffer. In one batch every send is marked ready before any receive and any wait for a
     /// copy, so two ranks that exchange in one group never wait on each other. Only a
     /// receive waits on the host (for its send to be posted; a send waits only when its
     /// receiver is MAIL_DEPTH messages behind).
@@ -494,22 +507,56 @@ impl ProcGpu {
         let broken = || self.async_error();
         let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
         let areas = |p: usize| (self.gpu.sync.ptr, self.syncs[p]);
-        for o in ops.iter().filter(|o| o.send) {
-            let desc = export(o.ptr)?;
-            self.table
-                .post(me, o.peer, o.seq, (o.bytes as u64, desc), deadline, &broken)
-                .map_err(|e| e.rank(me))?;
+        let step = |o: &P2p, s: P2pStep, lag: u64| {
             // SAFETY: both areas live for the communicator's life (the peer's mapped by IPC).
             unsafe {
                 p2p_step(
                     &self.gpu,
                     o.stream,
-                    P2pStep::Ready,
+                    (s, lag),
                     areas(o.peer),
                     (me, o.peer),
                     timeout_ns,
-                )?
+                )
+            }
+        };
+        let copy = |dst: u64, src: u64, o: &P2p, what: &str| {
+            if o.bytes == 0 {
+                return Ok(());
+            }
+            // SAFETY: both ranges hold `bytes` (the caller's buffer, our staging slot, or the
+            // sender's buffer or slot mapped by IPC), live until the stream passes the copy.
+            railcc_cuda::driver::check(
+                unsafe { sys::cuMemcpyAsync(dst, src, o.bytes, o.stream) },
+                what,
+            )
+        };
+        // Sends first: buffered ones are complete on the stream once copied to a slot.
+        let mut buffered = std::collections::HashMap::<usize, u64>::new();
+        let mut waits = Vec::new();
+        for o in ops.iter().filter(|o| o.send) {
+            let n = buffered.entry(o.peer).or_insert(0);
+            let slot = if *n < STAGE_SLOTS {
+                self.stage_slot(o)?
+            } else {
+                None
             };
+            let desc = match slot {
+                Some(slot) => {
+                    *n += 1;
+                    step(o, P2pStep::WaitCopied, STAGE_SLOTS - 1)?;
+                    copy(slot, o.ptr, o, "cuMemcpyAsync (send into a staging slot)")?;
+                    export(slot)?
+                }
+                None => {
+                    waits.push(*o);
+                    export(o.ptr)?
+                }
+            };
+            self.table
+                .post(me, o.peer, o.seq, (o.bytes as u64, desc), deadline, &broken)
+                .map_err(|e| e.rank(me))?;
+            step(o, P2pStep::Ready, 0)?;
         }
         for o in ops.iter().filter(|o| !o.send) {
             let (bytes, desc) = self
@@ -529,44 +576,44 @@ impl ProcGpu {
                 .transport(crate::NAME));
             }
             let src = self.imports.lock().map(o.peer, &desc)?;
-            let step = |s| {
-                // SAFETY: as above.
-                unsafe {
-                    p2p_step(
-                        &self.gpu,
-                        o.stream,
-                        s,
-                        areas(o.peer),
-                        (me, o.peer),
-                        timeout_ns,
-                    )
-                }
-            };
-            step(P2pStep::WaitReady)?;
-            if o.bytes > 0 {
-                // SAFETY: the sender's buffer is mapped by IPC and stays valid until its stream
-                // passes p2p_wait_copied, which waits for the p2p_copied after this copy.
-                railcc_cuda::driver::check(
-                    unsafe { sys::cuMemcpyAsync(o.ptr, src, o.bytes, o.stream) },
-                    "cuMemcpyAsync (receive from a peer process)",
-                )?;
-            }
-            step(P2pStep::Copied)?;
+            step(o, P2pStep::WaitReady, 0)?;
+            copy(o.ptr, src, o, "cuMemcpyAsync (receive from a peer process)")?;
+            step(o, P2pStep::Copied, 0)?;
         }
-        for o in ops.iter().filter(|o| o.send) {
-            // SAFETY: as above.
-            unsafe {
-                p2p_step(
-                    &self.gpu,
-                    o.stream,
-                    P2pStep::WaitCopied,
-                    areas(o.peer),
-                    (me, o.peer),
-                    timeout_ns,
-                )?
-            };
+        // Sends straight from the caller's buffer end when the receiver has copied them.
+        for o in &waits {
+            step(o, P2pStep::WaitCopied, 0)?;
         }
         Ok(())
+    }
+
+    /// The staging slot for send `o` (slot `seq mod STAGE_SLOTS` of the peer's staging
+    /// buffer, made on first use), or None where the send goes straight from its buffer: too
+    /// large, or the stream is being captured (a captured slot would be refilled on replay
+    /// without the rotation; nothing can be allocated then either).
+    fn stage_slot(&self, o: &P2p) -> Result<Option<u64>> {
+        if o.bytes > STAGE_SLOT_BYTES {
+            return Ok(None);
+        }
+        let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: the caller's stream of this GPU and a valid out-pointer.
+        railcc_cuda::driver::check(
+            unsafe { sys::cuStreamIsCapturing(o.stream, &mut st) },
+            "cuStreamIsCapturing",
+        )?;
+        if st != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Ok(None);
+        }
+        let mut stages = self.stages.lock();
+        let b = match stages.entry(o.peer) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(self.gpu.alloc(STAGE_SLOT_BYTES * STAGE_SLOTS as usize)?)
+            }
+        };
+        Ok(Some(
+            b.ptr + (o.seq % STAGE_SLOTS) * STAGE_SLOT_BYTES as u64,
+        ))
     }
 }
 
