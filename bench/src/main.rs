@@ -64,17 +64,37 @@ fn main() -> ExitCode {
 
 fn print_config() -> Result<(), String> {
     let env = |k: &str| std::env::var(k).ok();
-    let cfg = Config::default()
-        .apply_vars(env)
-        .map_err(|e| e.to_string())?;
+    let cfg = Config::from_env().map_err(|e| e.to_string())?;
+    let nccl = |k: &str| railcc_core::nccl_env::lookup(&env, k);
     println!("{:<28} {:<14} {:<8} meaning", "variable", "value", "source");
-    for row in cfg.describe(env) {
+    for row in cfg.describe(nccl) {
+        let source = match (row.from_env, env(row.var).is_some()) {
+            (false, _) => "default",
+            (true, true) => "env",
+            (true, false) => "NCCL_*",
+        };
         println!(
             "{:<28} {:<14} {:<8} {}",
-            row.var,
-            row.value,
-            if row.from_env { "env" } else { "default" },
-            row.doc
+            row.var, row.value, source, row.doc
+        );
+    }
+    println!();
+    println!(
+        "NCCL variables (read where the RAILCC_ variable is unset; libnccl and railcc alike):"
+    );
+    let set = railcc_core::nccl_env::report(&env);
+    for v in railcc_core::nccl_env::all() {
+        let now = set
+            .iter()
+            .find(|s| s.0 == v.nccl)
+            .map(|s| format!("= {}: {}", s.1, s.2))
+            .unwrap_or_else(|| "(unset)".into());
+        println!(
+            "{:<28} -> {:<24} {}; {}",
+            v.nccl,
+            v.railcc.unwrap_or("-"),
+            v.effect,
+            now
         );
     }
     Ok(())

@@ -206,7 +206,8 @@ config! {
 impl Config {
     /// Defaults overridden by the process environment.
     pub fn from_env() -> Result<Config> {
-        Config::default().apply_vars(|k| std::env::var(k).ok())
+        let env = |k: &str| std::env::var(k).ok();
+        Config::default().apply_vars(|k| crate::nccl_env::lookup(&env, k))
     }
 
     pub fn timeout(&self) -> Duration {

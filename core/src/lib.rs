@@ -17,6 +17,7 @@ pub mod dtype;
 pub mod error;
 pub mod handshake;
 pub mod launch;
+pub mod nccl_env;
 pub mod net;
 pub mod netif;
 pub mod topo;

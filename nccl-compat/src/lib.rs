@@ -128,23 +128,10 @@ fn invalid(msg: impl Into<String>) -> NcclResult {
     fail(&Error::new(ErrorKind::InvalidArgument, msg.into()))
 }
 
-/// railcc's configuration from the RAILCC_* variables (`railcc config` lists them).
+/// railcc's configuration from the RAILCC_* variables, or the NCCL ones that map to them
+/// (`railcc_core::nccl_env`; `railcc config` lists both).
 pub(crate) fn config() -> Result<railcc_core::Config, Error> {
-    railcc_core::Config::default().apply_vars(|k| {
-        std::env::var(k)
-            .ok()
-            .or_else(|| nccl_alias(k).and_then(|n| std::env::var(n).ok()))
-    })
-}
-
-/// The NCCL variable a railcc setting falls back to when the RAILCC_ one is unset.
-fn nccl_alias(railcc: &str) -> Option<&'static str> {
-    Some(match railcc {
-        "RAILCC_HOSTID" => "NCCL_HOSTID",
-        "RAILCC_SOCKET_IFNAME" => "NCCL_SOCKET_IFNAME",
-        "RAILCC_IB_HCA" => "NCCL_IB_HCA",
-        _ => return None,
-    })
+    railcc_core::Config::from_env()
 }
 
 /// The deadline of every wait (RAILCC_TIMEOUT_MS).
