@@ -1,4 +1,5 @@
-//! Which interfaces a TCP connection stripes over (`RAILCC_RAILS`), and with what weights.
+//! Which interfaces a TCP connection stripes over (`RAILCC_RAILS`), and with what weights;
+//! which RDMA ports an RDMA connection stripes over ([`rdma_rails`]).
 //!
 //! - empty: as NCCL, what `auto` finds when those are PCI NICs and the job's interface (the
 //!   route to the bootstrap root) is one of the machine's NICs; otherwise (loopback, bridges,
@@ -18,6 +19,7 @@
 use railcc_core::netif::{self, Iface};
 use railcc_core::topo::Topology;
 use railcc_core::{Config, Error, Result};
+use railcc_transport_rdma::device::RdmaPort;
 use railcc_transport_tcp::TcpRail;
 
 /// Weight of a rail whose bandwidth nobody declared and the kernel does not report.
@@ -143,6 +145,76 @@ fn with_addresses(wanted: Wanted, iface: &Iface) -> Result<Vec<TcpRail>> {
 
 /// The machine's GPUs for the topology, when this rank has one and no topology file says
 /// what the machine is (no driver: none, and rails fall back to the NUMA node's NICs).
+/// The RDMA ports (rails) this rank stripes its connections over, from the active ports that
+/// `RAILCC_IB_HCA` matches: `RAILCC_IB_RAILS` of them, or by default (0) an equal share, the
+/// ports over the ranks of this host (at least 1, at most 4), so one rank per host uses them
+/// all, as NCCL does, and eight ranks on eight ports one each.
+///
+/// Which ones: with a GPU the topology knows (`RAILCC_GPU_ORDINAL`, which the GPU network
+/// engine sets for its channels) and ports it places, the ports nearest that GPU, so each
+/// GPU's traffic leaves through its own NIC (rail i meets rail i on a rail-optimised cluster);
+/// several equally near share out by local rank. Otherwise local rank l takes ports l*n ..
+/// l*n+n-1 in name order.
+pub fn rdma_rails(cfg: &Config, local_rank: usize, local_ranks: usize) -> Vec<RdmaPort> {
+    let ports =
+        railcc_transport_rdma::device::select(&railcc_transport_rdma::device::list(), &cfg.ib_hca);
+    if ports.is_empty() {
+        return ports;
+    }
+    let n = match cfg.ib_rails {
+        0 => (ports.len() / local_ranks.max(1)).max(1),
+        n => n,
+    }
+    .min(ports.len())
+    .min(railcc_transport_rdma::comm::MAX_RAILS);
+    match nearest_gpu_ports(cfg, &ports) {
+        Some(order) => {
+            let best = order[0].1;
+            let tied: Vec<RdmaPort> = order
+                .iter()
+                .filter(|o| o.1 == best)
+                .map(|o| o.0.clone())
+                .collect();
+            let chosen: Vec<RdmaPort> = if tied.len() >= n {
+                railcc_transport_rdma::share(&tied, local_rank, n)
+            } else {
+                order.iter().take(n).map(|o| o.0.clone()).collect()
+            };
+            tracing::info!(
+                "rdma rails: GPU {} is {best:?} from {}",
+                cfg.gpu_ordinal,
+                chosen
+                    .iter()
+                    .map(|p| format!("{}:{}", p.device, p.port))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
+            chosen
+        }
+        None => railcc_transport_rdma::share(&ports, local_rank, n),
+    }
+}
+
+/// `ports` by path class from this rank's GPU, nearest first (name order among equals), when
+/// the topology knows the GPU and places every port's device; else None.
+fn nearest_gpu_ports(
+    cfg: &Config,
+    ports: &[RdmaPort],
+) -> Option<Vec<(RdmaPort, railcc_core::topo::PathClass)>> {
+    let o = usize::try_from(cfg.gpu_ordinal).ok()?;
+    let topo = Topology::load(&cfg.topo_file, gpus_for(cfg), Vec::new()).ok()?;
+    let gpu = topo.gpus.iter().find(|g| g.ordinal == o)?;
+    let mut order = ports
+        .iter()
+        .map(|p| {
+            let dev = topo.rdma.iter().find(|d| d.name == p.device)?;
+            Some((p.clone(), topo.place_class(&gpu.place, &dev.place)))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    order.sort_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.device.cmp(&b.0.device)));
+    Some(order)
+}
+
 fn gpus_for(cfg: &Config) -> Vec<railcc_core::topo::Gpu> {
     if cfg.gpu_ordinal < 0 || !cfg.topo_file.is_empty() {
         return Vec::new();

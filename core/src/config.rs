@@ -159,11 +159,12 @@ config! {
     /// exclude; empty: every active port. Several ports: local rank i takes the i-th.
     ib_hca: String = String::new(), "RAILCC_IB_HCA";
     /// RDMA ports (rails) each rank stripes its connections over, from the active ports that
-    /// RAILCC_IB_HCA matches: local rank l takes ports l*n .. l*n+n-1 of that list (rail i
-    /// meets rail i on the peer); 0: every matching port. At most 4. Pieces are sized by each
-    /// rail's measured rate; with RAILCC_RAIL_FAILOVER=1 a rail that goes down hands its
-    /// pieces to the others.
-    ib_rails: usize = 1, "RAILCC_IB_RAILS";
+    /// RAILCC_IB_HCA matches; 0: an equal share, the ports over this host's ranks (one rank
+    /// per host uses them all, as NCCL does). A rank with a GPU the topology places takes the
+    /// ports nearest it; else local rank l takes ports l*n .. l*n+n-1 (rail i meets rail i on
+    /// the peer). At most 4. Pieces are sized by each rail's measured rate; with
+    /// RAILCC_RAIL_FAILOVER=1 a rail that goes down hands its pieces to the others.
+    ib_rails: usize = 0, "RAILCC_IB_RAILS";
     /// RDMA acknowledgement timeout exponent: a queue pair resends after 4.096 µs × 2^this
     /// (18: about 1.1 s; NCCL_IB_TIMEOUT's meaning). 1 to 31.
     ib_timeout: u8 = 18, "RAILCC_IB_TIMEOUT";
@@ -271,7 +272,7 @@ impl Config {
         }
         if self.ib_rails > 4 {
             return Err(Error::invalid(format!(
-                "RAILCC_IB_RAILS={} must be 0 (every port) to 4",
+                "RAILCC_IB_RAILS={} must be 0 (a share of the ports) to 4",
                 self.ib_rails
             )));
         }

@@ -1,12 +1,16 @@
 # Inside the VM (run by tests/rdma-vm/vm.sh): one RDMA connection striped over two Soft-RoCE
 # ports per rank (issue 19). Two veth pairs are two rails: rail 0 a0-b0, rail 1 a1-b1; rank 0
 # has rxa0 (a0) and rxa1 (a1), rank 1 rxb0 and rxb1, so rail i meets rail i
-# (RAILCC_IB_RAILS=2: local rank l takes ports 2l and 2l+1 of the sorted list).
+# (RAILCC_IB_RAILS unset: 4 ports over the host's 2 ranks, 2 each; local rank l takes ports
+# 2l and 2l+1 of the sorted list).
 #  1. every collective, 2 ranks, both rails, each result checked; both rails carry bytes;
 #  2. rails shaped 32 and 16 Mbit/s (tbf, both directions): ib_write_bw on each port alone,
 #     then railcc sendrecv over both: at least 90% of the sum, split by measured rates;
 #  3. rail 1 taken down during checked all-reduces: the run finishes on rail 0, 0 wrong; with
-#     RAILCC_RAIL_FAILOVER=0 the same loss fails both ranks naming the port.
+#     RAILCC_RAIL_FAILOVER=0 the same loss fails both ranks naming the port;
+#  4. GPU-NIC affinity: each rank its own emulated host with a topology file (RAILCC_TOPO_FILE)
+#     that puts GPU 0 beside port 1 and GPU 1 beside port 0; a rank on GPU g with one rail
+#     sends through the port beside g (crossed, so it is not the ports' order).
 # Busybox ash. Every check runs in this shell (never inside $(...)).
 fail() {
   echo "RAILS FAIL: $*"
@@ -35,7 +39,7 @@ sleep 1
 for d in rxa0 rxb0 rxa1 rxb1; do
   rdma link show | grep -q "$d/1 state ACTIVE" || { rdma link show; fail "$d not active"; }
 done
-export RAILCC_TRANSPORT=rdma RAILCC_IB_HCA=rxa0,rxa1,rxb0,rxb1 RAILCC_IB_RAILS=2 RAILCC_TIMEOUT_MS=30000
+export RAILCC_TRANSPORT=rdma RAILCC_IB_HCA=rxa0,rxa1,rxb0,rxb1 RAILCC_TIMEOUT_MS=30000
 txb() { # V = bytes sent by veth $1
   read -r V < /sys/class/net/$1/statistics/tx_bytes
   isint "$V" || fail "cannot read $1's tx_bytes"
@@ -141,4 +145,43 @@ grep -hE "^ok|^error" /tmp/loss0.*.log | cut -c1-240
 echo "$ST" | grep -q 1 || { cat /tmp/loss0.*.log; fail "rail 1 down without failover: ranks exited $ST (a failure was expected)"; }
 grep -q "rx.1 port 1" /tmp/loss0.0.log /tmp/loss0.1.log || { cat /tmp/loss0.*.log; fail "rail 1 down without failover: no error names the port"; }
 echo "rail 1 down with RAILCC_RAIL_FAILOVER=0: ranks exited $ST, naming the port"
+
+# 4. GPU-NIC affinity. Node X (a or b): two emulated GPUs and its two ports on PCI, GPU 0 on
+#    the switch of port 1 (PIX), GPU 1 on the switch of port 0.
+topo_file() { # X
+  cat <<JSON
+{"numa": [{"id": 0, "cpus": "0-1"}], "nics": [], "nvlinks": [],
+ "rdma": [
+  {"name": "rx${1}0", "netdev": "${1}0", "ports": [{"port": 1, "state": "ACTIVE", "rate_gbps": 10.0, "link_layer": "Ethernet"}], "place": {"numa": null, "pci_path": "/sys/devices/pci0000:00/0000:00:01.0/0000:01:01.0"}},
+  {"name": "rx${1}1", "netdev": "${1}1", "ports": [{"port": 1, "state": "ACTIVE", "rate_gbps": 10.0, "link_layer": "Ethernet"}], "place": {"numa": null, "pci_path": "/sys/devices/pci0000:00/0000:00:02.0/0000:02:01.0"}}],
+ "gpus": [
+  {"ordinal": 0, "name": "emulated GPU 0", "pci_bus_id": "0000:02:00.0", "place": {"numa": null, "pci_path": "/sys/devices/pci0000:00/0000:00:02.0/0000:02:00.0"}},
+  {"ordinal": 1, "name": "emulated GPU 1", "pci_bus_id": "0000:01:00.0", "place": {"numa": null, "pci_path": "/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0"}}]}
+JSON
+}
+topo_file a > /tmp/topo-a.json; topo_file b > /tmp/topo-b.json
+for g in 0 1; do
+  mine=$((1 - g))
+  txb a0; b0=$V; txb a1; b1=$V
+  pids=
+  for r in 0 1; do
+    if [ $r = 0 ]; then x=a; else x=b; fi
+    RAILCC_TOPO_FILE=/tmp/topo-$x.json RAILCC_GPU_ORDINAL=$g RAILCC_HOSTID=node$r RAILCC_IB_RAILS=1 \
+      RAILCC_IB_HCA=rx${x}0,rx${x}1 RAILCC_LOG=info \
+      timeout 200 railcc bench sendrecv --rank $r --nranks 2 --root-addr 127.0.0.1:2971$g \
+      -b 4M -e 4M -n 4 -w 1 > /tmp/aff$g.$r.log 2>&1 &
+    pids="$pids $!"
+  done
+  ST=
+  for p in $pids; do wait $p; ST="$ST $?"; done
+  [ "$ST" = " 0 0" ] || { cat /tmp/aff$g.0.log /tmp/aff$g.1.log; fail "affinity, GPU $g: ranks exited$ST"; }
+  table_ok /tmp/aff$g.0.log "affinity, GPU $g"
+  txb a0; s0=$((V - b0)); txb a1; s1=$((V - b1))
+  if [ $mine = 0 ]; then on=$s0 off=$s1; else on=$s1 off=$s0; fi
+  echo "affinity: ranks on emulated GPU $g: a$mine (beside it) sent $on B, a$((1 - mine)) sent $off B ($(grep -m1 -o 'transport rdma [^,]*' /tmp/aff$g.0.log))"
+  grep -q "rxa$mine:1" /tmp/aff$g.0.log && ! grep -q "rxa$((1 - mine)):1 " /tmp/aff$g.0.log \
+    || { cat /tmp/aff$g.0.log; fail "affinity: the rank on GPU $g does not use rxa$mine alone"; }
+  awk -v a=$on -v b=$off 'BEGIN { exit !(a > 4 * 4194304 && b < 0.05 * a) }' \
+    || fail "affinity: GPU $g's bytes are not on a$mine ($on B there, $off B on a$((1 - mine)))"
+done
 echo "RAILS PASS"

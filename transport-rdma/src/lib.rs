@@ -133,7 +133,12 @@ pub fn choose(hca: &str, local_rank: usize) -> Option<RdmaPort> {
 /// `hca` (0: all of them), local rank l taking ports l*n .. l*n+n-1 (round robin), so ranks
 /// of a host share the ports out; at most `comm::MAX_RAILS`. Empty when there is none.
 pub fn choose_rails(hca: &str, local_rank: usize, n: usize) -> Vec<RdmaPort> {
-    let ports = device::select(&device::list(), hca);
+    share(&device::select(&device::list(), hca), local_rank, n)
+}
+
+/// `n` of `ports` (0: all) for local rank `local_rank`: ports l*n .. l*n+n-1, round robin;
+/// at most `comm::MAX_RAILS`.
+pub fn share(ports: &[RdmaPort], local_rank: usize, n: usize) -> Vec<RdmaPort> {
     if ports.is_empty() {
         return Vec::new();
     }

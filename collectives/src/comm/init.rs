@@ -62,8 +62,19 @@ impl Communicator {
             .iter()
             .filter(|h| h.as_slice() == host.as_bytes())
             .count();
-        let (transport, transport_desc) =
-            choose_transport(&cfg, id, rank, local_rank, &iface, &mut bootstrap).map_err(ctx)?;
+        let local_ranks = hosts
+            .iter()
+            .filter(|h| h.as_slice() == host.as_bytes())
+            .count();
+        let (transport, transport_desc) = choose_transport(
+            &cfg,
+            id,
+            rank,
+            (local_rank, local_ranks),
+            &iface,
+            &mut bootstrap,
+        )
+        .map_err(ctx)?;
         let listener = transport.listen(0).map_err(ctx)?;
         let handles = bootstrap.all_gather(&listener.handle().0)?;
         let handles = handles
@@ -73,10 +84,6 @@ impl Communicator {
         let conns = Connections::new(rank, nranks, transport, listener, handles).map_err(ctx)?;
         // When ranks on this host outnumber the cores, waiting ranks sleep in poll(2) at once
         // instead of spinning, so the rank with work gets the core.
-        let local_ranks = hosts
-            .iter()
-            .filter(|h| h.as_slice() == host.as_bytes())
-            .count();
         let cores = host_cores();
         let spin = if local_ranks > cores {
             Duration::ZERO

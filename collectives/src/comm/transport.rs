@@ -10,7 +10,7 @@ pub(super) fn choose_transport(
     cfg: &Config,
     id: &UniqueId,
     rank: usize,
-    local_rank: usize,
+    (local_rank, local_ranks): (usize, usize),
     iface: &netif::Iface,
     bootstrap: &mut Bootstrap,
 ) -> Result<(Arc<dyn NetTransport>, String)> {
@@ -24,7 +24,7 @@ pub(super) fn choose_transport(
         failover: cfg.rail_failover != 0,
     };
     if cfg.transport != "tcp" {
-        let ports = railcc_transport_rdma::choose_rails(&cfg.ib_hca, local_rank, cfg.ib_rails);
+        let ports = crate::rails::rdma_rails(cfg, local_rank, local_ranks);
         if ports.is_empty() && cfg.ib_hca.is_empty() {
             why = "no active RDMA port".into();
         } else if ports.is_empty() {
