@@ -43,8 +43,6 @@ macro_rules! not_implemented {
         }
     };
 }
-not_implemented!(ncclCommShrink, "shrinking a communicator is not implemented",
-    comm: *mut Comm, exclude: *mut c_int, n: c_int, newcomm: *mut *mut Comm, config: *const ConfigHead, flags: c_int);
 not_implemented!(ncclCommWindowRegister, "symmetric windows are not implemented",
     comm: *mut Comm, buff: *mut c_void, size: usize, win: *mut *mut c_void, flags: c_int);
 not_implemented!(ncclCommWindowDeregister, "symmetric windows are not implemented",

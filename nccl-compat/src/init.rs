@@ -377,6 +377,45 @@ pub unsafe extern "C" fn ncclCommSplit(
     }
 }
 
+/// Shrinks `comm` to its ranks less `exclude` (NCCL 2.27): only the survivors call it; the
+/// new communicator keeps their parent order. `flags` NCCL_SHRINK_ABORT (1) abandons the
+/// parent's outstanding work first (after a failure); the parent stays to be destroyed.
+///
+/// # Safety
+/// `comm` a live handle (or NULL); `exclude` NULL or `n` ints; `newcomm` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn ncclCommShrink(
+    comm: *mut Comm,
+    exclude: *mut c_int,
+    n: c_int,
+    newcomm: *mut *mut Comm,
+    _config: *const ConfigHead,
+    flags: c_int,
+) -> NcclResult {
+    if comm.is_null() || newcomm.is_null() || n < 0 || (n > 0 && exclude.is_null()) {
+        return invalid("ncclCommShrink: comm or newcomm is NULL, or the exclude list is missing");
+    }
+    // SAFETY: checked non-NULL; writable by the caller's contract.
+    unsafe { *newcomm = std::ptr::null_mut() };
+    let list: &[c_int] = if n == 0 {
+        &[]
+    } else {
+        // SAFETY: `exclude` holds `n` ints (the caller's contract).
+        unsafe { std::slice::from_raw_parts(exclude, n as usize) }
+    };
+    // SAFETY: a handle from an init call, not yet destroyed (NCCL's contract).
+    let parent = unsafe { &*comm };
+    parent.wait_init();
+    match split::shrink(parent, list, flags) {
+        Ok(c) => {
+            // SAFETY: as above.
+            unsafe { *newcomm = c };
+            SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
 /// NCCL 2.23's init from several ids (for scale); one id is all railcc's bootstrap needs.
 ///
 /// # Safety

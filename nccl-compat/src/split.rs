@@ -1,5 +1,6 @@
 //! ncclCommSplit's exchange: every parent rank's color and key, then each new communicator's
-//! bootstrap id from its rank 0, both over the parent's bootstrap connections.
+//! bootstrap id from its rank 0, both over the parent's bootstrap connections; ncclCommShrink,
+//! which only the survivors call.
 
 use super::*;
 use crate::init::finish_init;
@@ -138,6 +139,117 @@ pub(crate) fn split(
     Ok(Some(c))
 }
 
+/// NCCL_SHRINK_ABORT: the parent had an error; its outstanding operations are abandoned.
+const SHRINK_ABORT: c_int = 1;
+/// What the new rank 0 tells each survivor: a status byte, then the id or why not.
+const SHRINK_MSG_BYTES: usize = 1 + 512;
+
+/// The survivors of a shrink, in parent rank order: every rank not in `exclude`. Errors name
+/// an excluded rank out of range, twice, or the caller itself.
+pub(crate) fn survivors(nranks: usize, me: usize, exclude: &[c_int]) -> Result<Vec<usize>, String> {
+    let mut out = vec![true; nranks];
+    for &x in exclude {
+        let r = usize::try_from(x)
+            .ok()
+            .filter(|&r| r < nranks)
+            .ok_or_else(|| format!("excluded rank {x} is not a rank of {nranks}"))?;
+        if !out[r] {
+            return Err(format!("rank {x} is excluded twice"));
+        }
+        out[r] = false;
+    }
+    if !out[me] {
+        return Err(format!(
+            "rank {me} is in its own exclude list (excluded ranks do not call ncclCommShrink)"
+        ));
+    }
+    Ok((0..nranks).filter(|&r| out[r]).collect())
+}
+
+/// ncclCommShrink: a communicator of the parent's ranks less `exclude`, in parent rank order,
+/// made by the survivors only (the excluded may be dead). The new rank 0 serves its bootstrap
+/// and sends the id to each survivor over the parent's bootstrap connections, which never
+/// touch an excluded rank. With NCCL_SHRINK_ABORT the parent's outstanding work is abandoned
+/// first (its GPU waits end), as after a failure.
+pub(crate) fn shrink(
+    parent: &Comm,
+    exclude: &[c_int],
+    flags: c_int,
+) -> Result<*mut Comm, NcclResult> {
+    const OP: &str = "ncclCommShrink";
+    let Some(boot) = parent.boot.get() else {
+        return Err(usage(format!(
+            "{OP}: the parent communicator has no bootstrap (made by ncclCommInitAll?)"
+        )));
+    };
+    let ranks = survivors(parent.nranks, parent.rank, exclude)
+        .map_err(|m| broken(parent, format!("{OP}: {m}")))?;
+    if flags & SHRINK_ABORT != 0 {
+        match parent.backend.get() {
+            Some(Backend::Net(n)) => n.net.abort(),
+            Some(Backend::Proc(p)) => p.abort(),
+            _ => {}
+        }
+    }
+    let wire = |e: Error| fail(&e.rank(parent.rank).op(OP));
+    let new_rank = ranks.iter().position(|&r| r == parent.rank).unwrap_or(0);
+    let lead = ranks[0];
+    let id = if new_rank == 0 {
+        let ifname = config().map(|c| c.socket_ifname).unwrap_or_default();
+        let served = proc_backend::serve_root(timeout(), &ifname);
+        let mut msg = vec![0u8; SHRINK_MSG_BYTES];
+        match &served {
+            Ok(id) => {
+                msg[0] = 1;
+                msg[1..129].copy_from_slice(&id.to_bytes());
+            }
+            Err(e) => {
+                let why = e.to_string();
+                let n = why.len().min(SHRINK_MSG_BYTES - 1);
+                msg[1..1 + n].copy_from_slice(&why.as_bytes()[..n]);
+            }
+        }
+        for &r in &ranks[1..] {
+            boot.send(&msg, r).map_err(wire)?;
+        }
+        served.map_err(wire)?
+    } else {
+        let mut msg = vec![0u8; SHRINK_MSG_BYTES];
+        boot.recv(&mut msg, lead).map_err(wire)?;
+        if msg[0] != 1 {
+            let why = String::from_utf8_lossy(&msg[1..])
+                .trim_end_matches('\0')
+                .to_string();
+            return Err(broken(
+                parent,
+                format!("{OP}: parent rank {lead} could not start the new communicator's bootstrap: {why}"),
+            ));
+        }
+        railcc_core::bootstrap::UniqueId::from_bytes(&msg[1..129]).map_err(|_| {
+            broken(
+                parent,
+                format!("{OP}: parent rank {lead} sent a malformed bootstrap id"),
+            )
+        })?
+    };
+    if std::env::var("NCCL_DEBUG").is_ok_and(|v| v.eq_ignore_ascii_case("INFO")) {
+        eprintln!(
+            "NCCL INFO railcc libnccl {OP}: parent rank {} of {}: rank {new_rank} of {} (parent ranks {ranks:?})",
+            parent.rank,
+            parent.nranks,
+            ranks.len()
+        );
+    }
+    let c = Box::into_raw(Box::new(Comm::new(new_rank, ranks.len(), parent.device)));
+    let code = finish_init(c, &id);
+    if code != SUCCESS {
+        // SAFETY: made by Box::into_raw above and never handed out.
+        drop(unsafe { Box::from_raw(c) });
+        return Err(code);
+    }
+    Ok(c)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,6 +266,24 @@ mod tests {
         // A color of its own: a one-rank communicator.
         let all = [(7, 0), (0, 0)];
         assert_eq!(place(&all, 0), Some((0, vec![0])));
+    }
+
+    #[test]
+    fn shrink_keeps_the_others_in_order_and_names_bad_lists() {
+        assert_eq!(survivors(5, 0, &[3, 1]), Ok(vec![0, 2, 4]));
+        assert_eq!(survivors(3, 2, &[]), Ok(vec![0, 1, 2]));
+        assert!(survivors(3, 0, &[3])
+            .unwrap_err()
+            .contains("excluded rank 3 is not a rank of 3"));
+        assert!(survivors(3, 0, &[-1])
+            .unwrap_err()
+            .contains("excluded rank -1"));
+        assert!(survivors(3, 0, &[1, 1])
+            .unwrap_err()
+            .contains("excluded twice"));
+        assert!(survivors(3, 1, &[1])
+            .unwrap_err()
+            .contains("its own exclude list"));
     }
 
     #[test]

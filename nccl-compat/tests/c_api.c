@@ -122,6 +122,8 @@ int main(int argc, char** argv) {
   EXPECT(strstr(ncclGetLastError(NULL), "residence 7") != NULL);
   EXPECT(ncclRedOpCreatePreMulSum(&op, &one, ncclFloat, ncclScalarHostImmediate, NULL) == ncclInvalidArgument);
   EXPECT(strstr(ncclGetLastError(NULL), "comm is NULL") != NULL);
+  int ex[1] = {1};
+  EXPECT(ncclCommShrink(NULL, ex, 1, &c, NULL, NCCL_SHRINK_DEFAULT) == ncclInvalidArgument);
   EXPECT(ncclGroupEnd() == ncclInvalidUsage);
   EXPECT(ncclGroupStart() == ncclSuccess && ncclGroupEnd() == ncclSuccess);
   printf("c_api: ok\n");
