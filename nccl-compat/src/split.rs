@@ -121,22 +121,40 @@ pub(crate) fn split(
         }
         _ => return Err(broken(parent, format!("parent rank {lead} sent no bootstrap id"))),
     };
+    join(
+        parent,
+        &format!(
+            "ncclCommSplit: parent rank {} of {}, color {color} key {key}",
+            parent.rank, parent.nranks
+        ),
+        (new_rank, &ranks),
+        &id,
+    )
+    .map(Some)
+}
+
+/// Makes the child communicator: rank `new_rank` of `ranks` (parent ranks), joining the
+/// bootstrap `id`; `what` heads the NCCL_DEBUG=INFO line.
+fn join(
+    parent: &Comm,
+    what: &str,
+    (new_rank, ranks): (usize, &[usize]),
+    id: &railcc_core::bootstrap::UniqueId,
+) -> Result<*mut Comm, NcclResult> {
     if std::env::var("NCCL_DEBUG").is_ok_and(|v| v.eq_ignore_ascii_case("INFO")) {
         eprintln!(
-            "NCCL INFO railcc libnccl ncclCommSplit: parent rank {} of {}, color {color} key {key}: rank {new_rank} of {} (parent ranks {ranks:?})",
-            parent.rank,
-            parent.nranks,
+            "NCCL INFO railcc libnccl {what}: rank {new_rank} of {} (parent ranks {ranks:?})",
             ranks.len()
         );
     }
     let c = Box::into_raw(Box::new(Comm::new(new_rank, ranks.len(), parent.device)));
-    let code = finish_init(c, &id);
+    let code = finish_init(c, id);
     if code != SUCCESS {
         // SAFETY: made by Box::into_raw above and never handed out.
         drop(unsafe { Box::from_raw(c) });
         return Err(code);
     }
-    Ok(Some(c))
+    Ok(c)
 }
 
 /// NCCL_SHRINK_ABORT: the parent had an error; its outstanding operations are abandoned.
@@ -232,22 +250,11 @@ pub(crate) fn shrink(
             )
         })?
     };
-    if std::env::var("NCCL_DEBUG").is_ok_and(|v| v.eq_ignore_ascii_case("INFO")) {
-        eprintln!(
-            "NCCL INFO railcc libnccl {OP}: parent rank {} of {}: rank {new_rank} of {} (parent ranks {ranks:?})",
-            parent.rank,
-            parent.nranks,
-            ranks.len()
-        );
-    }
-    let c = Box::into_raw(Box::new(Comm::new(new_rank, ranks.len(), parent.device)));
-    let code = finish_init(c, &id);
-    if code != SUCCESS {
-        // SAFETY: made by Box::into_raw above and never handed out.
-        drop(unsafe { Box::from_raw(c) });
-        return Err(code);
-    }
-    Ok(c)
+    let what = format!(
+        "ncclCommShrink: parent rank {} of {}",
+        parent.rank, parent.nranks
+    );
+    join(parent, &what, (new_rank, &ranks), &id)
 }
 
 #[cfg(test)]

@@ -70,9 +70,28 @@ INIT
 chmod +x $R/init $R/test.sh
 (cd $R && find . | cpio -o -H newc --quiet | gzip -1) > $WORK/initrd.gz
 LOG=$WORK/console.log
+BOOT_S=${RAILCC_VM_BOOT_S:-240}
 set +e
-timeout "${RAILCC_VM_TIMEOUT:-600}" qemu-system-x86_64 -accel tcg -cpu max -m 2G -smp 2 -nographic -no-reboot -nic none \
-    -kernel "$VMLINUZ" -initrd $WORK/initrd.gz -append "console=ttyS0 quiet panic=-1 loglevel=3" > $LOG 2>&1
+# The emulator boots in 20-60 s; once in CI it sat at "Booting from ROM..." until the deadline.
+# A boot that shows no "VM: ready" within BOOT_S is killed and started once more (a stuck
+# emulator, not the test: nothing of the test has run by then).
+for try in 1 2; do
+    timeout "${RAILCC_VM_TIMEOUT:-600}" qemu-system-x86_64 -accel tcg -cpu max -m 2G -smp 2 -nographic -no-reboot -nic none \
+        -kernel "$VMLINUZ" -initrd $WORK/initrd.gz -append "console=ttyS0 quiet panic=-1 loglevel=3" > $LOG 2>&1 &
+    qpid=$!
+    waited=0
+    while kill -0 $qpid 2>/dev/null && ! grep -aq "VM: ready" $LOG && [ $waited -lt "$BOOT_S" ]; do
+        sleep 2; waited=$((waited + 2))
+    done
+    if grep -aq "VM: ready" $LOG || ! kill -0 $qpid 2>/dev/null; then
+        break
+    fi
+    kill $qpid; wait $qpid 2>/dev/null
+    echo "vm.sh: the VM showed no 'VM: ready' within $BOOT_S s (boot $try of 2); its console:" >&2
+    cat $LOG >&2
+    if [ $try = 2 ]; then echo "vm.sh: the VM did not boot" >&2; exit 124; fi
+done
+wait $qpid
 rc=$?
 set -e
 cat $LOG
