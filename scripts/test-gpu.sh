@@ -14,11 +14,12 @@
 #  shared 2 and 4 ranks sharing GPU 0 on one host (mpirun -np N, NCCL_TESTS_DEVICE=0): the
 #         per-process path on a one-GPU machine (send/recv by CUDA IPC for any rank count),
 #         -d all (fp8), -o all (mulsum), -G 10;
+#  shrink ncclCommShrink, 3 MPI ranks (nccl-compat/tests/mpi/shrink.sh);
 #  split  torch new_group/split_group through ncclCommSplit (nccl-compat/tests/torch/split.sh).
 # A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
 # exit status 1 if any failed. Without a CUDA driver: a SKIP line, exit 0.
-# TEST_GPU_PARTS="unit bench nccl split" picks parts (one 10-minute device call may not hold them all),
+# TEST_GPU_PARTS="unit bench nccl shared shrink split" picks parts (one 10-minute device call may not hold them all),
 # TEST_GPU_COLLS the bench's collectives, RAILCC_BIN another railcc binary;
 # logs under $OUT (default /tmp/out): test-gpu.log (every line of every check).
 set -uo pipefail
@@ -42,7 +43,7 @@ source bench/compare/tables.sh
 R=${RAILCC_BIN:-$R}   # another railcc binary (to see a broken build fail these checks)
 export RAILCC_TIMEOUT_MS=30000
 NG=${NG:-$(nvidia-smi -L | wc -l)}
-PARTS=${TEST_GPU_PARTS:-unit bench nccl split}
+PARTS=${TEST_GPU_PARTS:-unit bench nccl shared shrink split}
 PASSED=0 FAILED=0 FAILS=""
 : > "$LOG"
 
@@ -167,6 +168,13 @@ case " $PARTS " in *" shared "*)
       check "libnccl $b mpirun -np $np on GPU 0 -G 10 $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $MPIRUN $NTM/build/${b}_perf $F -g 1 -G 10
     done
   done
+;; esac
+
+case " $PARTS " in *" shrink "*)
+  # ncclCommShrink: 3 MPI ranks, ranks 0 and 1 shrink away rank 2 and all-reduce.
+  timeout 200 bash nccl-compat/tests/mpi/shrink.sh > /tmp/test-gpu-shrink.log 2>&1
+  verdict "shrink: ncclCommShrink with 3 MPI ranks (nccl-compat/tests/mpi/shrink.sh)" $? /tmp/test-gpu-shrink.log notable
+  grep -E "^(PASS|FAIL)|excluding" /tmp/test-gpu-shrink.log | sed 's/^/      /'
 ;; esac
 
 case " $PARTS " in *" split "*)
