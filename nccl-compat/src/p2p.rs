@@ -64,35 +64,16 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
     // each other); in one process, the clique pairs them.
     let mut self_sends: HashMap<usize, std::collections::VecDeque<Half>> = HashMap::new();
     let mut self_recvs: Vec<(*const Comm, Half)> = Vec::new();
-    let mut net_groups: Vec<(*const Comm, Vec<NetP2p>)> = Vec::new();
-    let mut proc_groups: Vec<(*const Comm, Vec<ProcP2p>)> = Vec::new();
+    let mut batches: Vec<(*const Comm, Vec<ProcP2p>)> = Vec::new();
     for (c, peer, send, h) in p2ps {
         // SAFETY: handles in a group are live (NCCL's contract).
-        if matches!(unsafe { (*c).backend.get() }, Some(Backend::Net(_))) {
-            match net_groups.iter_mut().find(|g| std::ptr::eq(g.0, c)) {
-                Some(g) => g.1.push((peer, send, h)),
-                None => net_groups.push((c, vec![(peer, send, h)])),
-            }
-            continue;
-        }
-        // SAFETY: as above.
         let cr = unsafe { &*c };
-        if matches!(cr.backend.get(), Some(Backend::Proc(_))) && peer != cr.rank {
-            let op = (peer, send, h, cr.next_p2p_seq(peer, send) + 1);
-            match proc_groups.iter_mut().find(|g| std::ptr::eq(g.0, c)) {
-                Some(g) => g.1.push(op),
-                None => proc_groups.push((c, vec![op])),
-            }
-            continue;
-        }
-        // SAFETY: as above.
-        let (me, proc_path) = unsafe {
-            (
-                (*c).rank,
-                matches!((*c).backend.get(), Some(Backend::Proc(_))),
-            )
+        let (net, proc_path) = match cr.backend.get() {
+            Some(Backend::Net(_)) => (true, false),
+            Some(Backend::Proc(_)) => (false, true),
+            _ => (false, false),
         };
-        if proc_path && peer == me {
+        if proc_path && peer == cr.rank {
             if send {
                 self_sends.entry(c as usize).or_default().push_back(h);
             } else {
@@ -100,26 +81,32 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
             }
             continue;
         }
-        match submit_p2p(c, peer, send, h) {
-            Ok(t) => tickets.push((c, t)),
-            Err(r) => note(r),
+        if !(net || proc_path) {
+            match submit_p2p(c, peer, send, h) {
+                Ok(t) => tickets.push((c, t)),
+                Err(r) => note(r),
+            }
+            continue;
+        }
+        // The message number matters only between processes of one host.
+        let seq = if proc_path {
+            cr.next_p2p_seq(peer, send) + 1
+        } else {
+            0
+        };
+        match batches.iter_mut().find(|g| std::ptr::eq(g.0, c)) {
+            Some(g) => g.1.push((peer, send, h, seq)),
+            None => batches.push((c, vec![(peer, send, h, seq)])),
         }
     }
-    for (c, ops) in proc_groups {
+    for (c, ops) in batches {
         // SAFETY: as above.
         let res = match unsafe { (*c).backend.get() } {
             Some(Backend::Proc(p)) => p.p2p(&ops),
-            _ => Err(Error::new(
-                ErrorKind::Aborted,
-                "communicator not initialized",
-            )),
-        };
-        tickets.push((c, Ticket::Done(res)));
-    }
-    for (c, ops) in net_groups {
-        // SAFETY: as above.
-        let res = match unsafe { (*c).backend.get() } {
-            Some(Backend::Net(n)) => n.p2p(&ops),
+            Some(Backend::Net(n)) => {
+                let ops: Vec<NetP2p> = ops.iter().map(|&(p, s, h, _)| (p, s, h)).collect();
+                n.p2p(&ops)
+            }
             _ => Err(Error::new(
                 ErrorKind::Aborted,
                 "communicator not initialized",
