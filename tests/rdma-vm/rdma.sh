@@ -148,7 +148,14 @@ echo "rxe0 rcvd_pkts $p0 -> $q0, rxe1 rcvd_pkts $p1 -> $q1"
 #    instead of spinning (RAILCC_SPIN_US=0) to leave the CPUs to rxe, and are pinned one per
 #    CPU (--bind core): a rank that wakes on another CPU sends from another backlog, rxe sees
 #    packets out of order and resends.
-ibw() { # ib_write_bw [-b] at 1 MB from rxe1 to rxe0: V = the average MB/s (2^20 bytes)
+ibw() { # ib_write_bw [-b] at 1 MB from rxe1 to rxe0: V = the average MB/s (2^20 bytes). A
+  # baseline that came out 0.00 (the emulated link stalled; once in CI) is taken again, up to
+  # 3 times: it is perftest's figure, not railcc's.
+  local t
+  for t in 1 2 3; do ibw_once "$1"; positive "$V" && return; done
+  cat /tmp/cli.log; fail "ib_write_bw${1:+ $1}: no average MB/s in its output in 3 tries (read '$V')"
+}
+ibw_once() {
   local srv s
   timeout 120 ib_write_bw $1 -d rxe0 -x 1 -s 1048576 -n 50 -F > /tmp/srv.log 2>&1 &
   srv=$!
@@ -157,7 +164,6 @@ ibw() { # ib_write_bw [-b] at 1 MB from rxe1 to rxe0: V = the average MB/s (2^20
     || { s=$?; kill $srv 2>/dev/null; cat /tmp/cli.log /tmp/srv.log; fail "ib_write_bw${1:+ $1}: the client $(why $s)"; }
   wait $srv || { s=$?; cat /tmp/srv.log; fail "ib_write_bw${1:+ $1}: the server $(why $s)"; }
   V=$(grep -E "^ +1048576" /tmp/cli.log | head -1 | awk '{print $4}')
-  positive "$V" || { cat /tmp/cli.log; fail "ib_write_bw${1:+ $1}: no average MB/s in its output (read '$V')"; }
 }
 rcc() { # railcc bench $1 at 1 MB on 2 ranks with $2 queue pairs: V = MB/s (2^20 bytes) per rank
   RAILCC_IB_QPS_PER_CONN=$2 RAILCC_SPIN_US=0 bench /tmp/$1-bw.log "$1 bench with $2 QP(s)" $1 --ranks 2 --bind core -b 1M -e 1M -n 30 -w 3
