@@ -98,6 +98,21 @@ case " $PARTS " in *" x2 "*)
     check "libnccl $b 2 hosts x 2 GPUs (4 ranks), $F" env AS_HOST_PER=2 LD_LIBRARY_PATH="$OURS" $MPI4 $AS_HOST $NTM/build/${b}_perf $F -g 1
   done
   check "libnccl all_reduce 2 hosts x 2 GPUs, -G 10, 8 B-32 MB" env AS_HOST_PER=2 LD_LIBRARY_PATH="$OURS" $MPI4 $AS_HOST $NTM/build/all_reduce_perf -b 8 -e 32M -f 8 -n 2 -w 1 -c 1 -g 1 -G 10
+  # Every rank must have taken the hierarchical path (NVLink inside a host, the network between).
+  env AS_HOST_PER=2 LD_LIBRARY_PATH="$OURS" NCCL_DEBUG=INFO $MPI4 $AS_HOST $NTM/build/all_reduce_perf -b 8 -e 8 -n 1 -w 0 -g 1 > /tmp/x2-path.log 2>&1
+  grep "railcc libnccl" /tmp/x2-path.log | tee -a $LOG
+  hier=$(grep "railcc libnccl" /tmp/x2-path.log | grep -c "hierarchical: 2 hosts x 2 GPUs")
+  if [ "$hier" = 4 ]; then echo "PASS  x2 path: 4 of 4 ranks hierarchical"; else fail "x2 path: $hier of 4 ranks say hierarchical"; fi
+  # The same layout, hierarchical against every call on the network (RAILCC_GPU_PATH=net) and
+  # NCCL (4 ranks, 2 NCCL_HOSTIDs). On one GPU the four processes time-slice it: no speed claim.
+  P="-b 8 -e 128M -f 8 -n 10 -w 3 -c 0 -g 1"
+  for path in auto net; do
+    echo "== railcc libnccl 2 x 2, RAILCC_GPU_PATH=$path" >> $LOG
+    timeout 200 env AS_HOST_PER=2 RAILCC_GPU_PATH=$path LD_LIBRARY_PATH="$OURS" ${MPI4} -x RAILCC_GPU_PATH $AS_HOST $NTM/build/all_reduce_perf $P >> $LOG 2>&1
+  done
+  echo "== NCCL 2 x 2 defaults" >> $LOG
+  timeout 200 env AS_HOST_PER=2 LD_LIBRARY_PATH="$NCCL_HOME/lib:/usr/local/cuda/lib64" NCCL_DEBUG=INFO $MPI4 $AS_HOST $NTM/build/all_reduce_perf $P >> $LOG 2>&1
+  grep -E "^== |nNodes [0-9]|^ +(8|131072|8388608|134217728) " $LOG | grep -v "INFO Channel" | head -40
 ;; esac
 
 case " $PARTS " in *" trace "*)

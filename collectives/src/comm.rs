@@ -14,6 +14,8 @@ mod run;
 mod transport;
 mod typed;
 
+pub(crate) use init::host_id;
+
 use crate::conn::Connections;
 use crate::cost::{HostEffects, Link, Machine};
 use crate::exec::{Buffers, Compiled, Exec, RawBuf, Workspace};

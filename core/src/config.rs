@@ -178,8 +178,9 @@ config! {
     /// an RDMA NIC together); 0 stages every GPU transfer through pinned host memory.
     gpu_direct: u8 = 0, "RAILCC_GPU_DIRECT";
     /// Where GPU data goes between ranks of different processes: auto (peer access over
-    /// NVLink/PCIe between ranks of one host, the network between hosts) or net (the network
-    /// between every pair, for tests and comparisons on one machine).
+    /// NVLink/PCIe between ranks of one host, the network between hosts; with several GPUs on
+    /// every host, collectives as a hierarchy of both) or net (the network between every pair,
+    /// no hierarchy, for tests and comparisons).
     gpu_path: String = "auto".to_string(), "RAILCC_GPU_PATH";
     /// GPU collectives across the network are split over this many channels, each with its own
     /// connections and thread (NCCL's channels and proxy threads). 1 to 32.

@@ -28,6 +28,12 @@ impl Drop for DevBuf {
     }
 }
 
+// SAFETY: a device address and its context handle; the driver API takes both from any
+// thread, and drop binds the context before freeing.
+unsafe impl Send for DevBuf {}
+// SAFETY: as above; shared references only read the fields.
+unsafe impl Sync for DevBuf {}
+
 /// A CUDA stream handle (the caller's, or ours).
 pub type Stream = sys::CUstream;
 

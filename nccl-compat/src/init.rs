@@ -130,7 +130,7 @@ pub(crate) fn finish_init(comm: *const Comm, id: &railcc_core::bootstrap::Unique
                 let path = match &b {
                     Backend::Local(_) => "every rank in this process, multi-GPU kernels",
                     Backend::Proc(_) => "one rank per process, peers by CUDA IPC",
-                    Backend::Net(n) => n.net.describe(),
+                    Backend::Net(n) => n.describe(),
                 };
                 eprintln!(
                     "NCCL INFO railcc libnccl {VERSION_STRING}: rank {} of {} on CUDA device {}: {path}",
@@ -266,7 +266,7 @@ pub unsafe extern "C" fn ncclCommAbort(comm: *mut Comm) -> NcclResult {
     // SAFETY: NULL or a live communicator (NCCL's contract).
     match unsafe { comm.as_ref() }.and_then(|c| c.backend.get()) {
         // Streams waiting on the network are let go at once instead of at the deadline.
-        Some(Backend::Net(n)) => n.net.abort(),
+        Some(Backend::Net(n)) => n.abort(),
         // Kernels waiting on peers stop at once.
         Some(Backend::Proc(p)) => p.abort(),
         _ => {}
@@ -296,7 +296,7 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(
             return Err(IN_PROGRESS);
         }
         Ok(c.broken.lock().clone().or_else(|| match c.backend.get() {
-            Some(Backend::Net(n)) => n.net.async_error(),
+            Some(Backend::Net(n)) => n.async_error(),
             Some(Backend::Proc(p)) => p.async_error(),
             _ => None,
         }))

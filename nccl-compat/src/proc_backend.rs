@@ -8,6 +8,7 @@
 
 use crate::clique::{Call, Clique, Half};
 use crate::Backend;
+use railcc_collectives::gpu_hier::HierGpu;
 use railcc_collectives::gpu_net::{GpuNet, NetOp, P2pOp};
 use railcc_collectives::plan::{CollArgs, P2pKind};
 use railcc_collectives::Communicator;
@@ -79,8 +80,17 @@ fn open(
                 "RAILCC_GPU_PATH=net needs one rank per process",
             ));
         }
-        let net = GpuNet::new(boot, device.max(0) as usize)?;
-        return Ok(Backend::Net(Box::new(NetRank { net })));
+        let ordinal = device.max(0) as usize;
+        // Several GPUs on each of several hosts: NVLink inside a host, the network between
+        // (RAILCC_GPU_PATH=net keeps every call on the network).
+        let hier = match cfg.gpu_path.as_str() {
+            "auto" => HierGpu::layout(boot)?
+                .map(|l| HierGpu::new(boot, l, ordinal))
+                .transpose()?,
+            _ => None,
+        };
+        let net = GpuNet::new(boot, ordinal)?;
+        return Ok(Backend::Net(Box::new(NetRank { net, hier })));
     }
     if pids.iter().all(|&p| p == me) {
         let clique = Clique::get(id.secret.0, nranks, timeout)?;
@@ -217,13 +227,36 @@ impl ProcRank {
     }
 }
 
-/// This process's rank of a communicator whose ranks sit on several hosts: every call goes
-/// through railcc's stream-ordered network engine (no CUDA IPC, no kernels).
+/// This process's rank of a communicator whose ranks sit on several hosts. With several GPUs
+/// on every host, collectives run as a hierarchy (`hier`: NVLink inside a host, the network
+/// between hosts); the rest (and everything with one GPU per host) goes through railcc's
+/// stream-ordered network engine (no CUDA IPC, no kernels).
 pub struct NetRank {
     pub net: GpuNet,
+    pub hier: Option<HierGpu>,
 }
 
 impl NetRank {
+    pub fn describe(&self) -> &str {
+        match &self.hier {
+            Some(h) => h.describe(),
+            None => self.net.describe(),
+        }
+    }
+
+    pub fn async_error(&self) -> Option<Error> {
+        self.net
+            .async_error()
+            .or_else(|| self.hier.as_ref().and_then(HierGpu::async_error))
+    }
+
+    pub fn abort(&self) {
+        self.net.abort();
+        if let Some(h) = &self.hier {
+            h.abort();
+        }
+    }
+
     pub fn collective(&self, c: &Call) -> Result<()> {
         let a = CollArgs {
             coll: c.coll,
@@ -233,6 +266,11 @@ impl NetRank {
             op: c.op,
             root: c.root,
         };
+        if let Some(h) = self.hier.as_ref().filter(|h| h.takes(&a)) {
+            // SAFETY: NCCL's contract: device buffers of this rank's GPU (cudaMalloc, so CUDA
+            // IPC can export them) sized for the call, live until the stream passes it.
+            return unsafe { h.enqueue(&a, c.send, c.recv, c.stream as railcc_cuda::gpu::Stream) };
+        }
         let op = NetOp::Coll {
             a,
             send: c.send,

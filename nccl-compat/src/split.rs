@@ -204,7 +204,7 @@ pub(crate) fn shrink(
         .map_err(|m| broken(parent, format!("{OP}: {m}")))?;
     if flags & SHRINK_ABORT != 0 {
         match parent.backend.get() {
-            Some(Backend::Net(n)) => n.net.abort(),
+            Some(Backend::Net(n)) => n.abort(),
             Some(Backend::Proc(p)) => p.abort(),
             _ => {}
         }

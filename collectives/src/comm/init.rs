@@ -134,7 +134,7 @@ impl Communicator {
     }
 }
 /// Identifies this host: `RAILCC_HOSTID`, else the kernel's boot id, else the hostname.
-fn host_id(cfg: &Config) -> String {
+pub(crate) fn host_id(cfg: &Config) -> String {
     if !cfg.hostid.is_empty() {
         return cfg.hostid.clone();
     }

@@ -131,10 +131,28 @@ impl GpuNet {
     /// connections) and the threads, for this rank's GPU `ordinal`. Collective: every rank of
     /// `parent` calls it.
     pub fn new(parent: &Communicator, ordinal: usize) -> Result<GpuNet> {
+        let all: Vec<usize> = (0..parent.nranks()).collect();
+        GpuNet::among(parent, ordinal, &all)
+    }
+
+    /// As [`GpuNet::new`], over the ranks `members` of `parent` only (this rank among them;
+    /// their order gives the engine's ranks). Every rank of `parent` calls it together, each
+    /// with its own group (the groups do not overlap): the hierarchical path's one engine per
+    /// local index.
+    pub fn among(parent: &Communicator, ordinal: usize, members: &[usize]) -> Result<GpuNet> {
         let mut cfg = parent.config().clone();
         // The channels' rails: the NICs nearest this GPU.
         cfg.gpu_ordinal = ordinal as i64;
-        let (rank, nranks) = (parent.rank(), parent.nranks());
+        let rank = members
+            .iter()
+            .position(|&r| r == parent.rank())
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "gpu net: rank {} is not in the group {members:?}",
+                    parent.rank()
+                ))
+            })?;
+        let nranks = members.len();
         let ctx = Arc::new(Ctx::new(ordinal)?);
         let nch = cfg.gpu_net_channels;
         // Rank 0 serves one rendezvous per channel; everyone learns their ids.
@@ -149,7 +167,11 @@ impl GpuNet {
             }
         }
         let all = parent.oob_all_gather(&mine)?;
-        let ids = all.first().map(Vec::as_slice).unwrap_or_default();
+        let ids = members
+            .first()
+            .and_then(|&r| all.get(r))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
         let mut comms = Vec::with_capacity(nch);
         for c in 0..nch {
             let b = ids

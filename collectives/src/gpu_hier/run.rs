@@ -1,0 +1,353 @@
+//! [`HierGpu`]: runs the hierarchical plans on GPUs. Every step goes on the caller's stream:
+//! local steps are the per-process NVLink kernels among the host's ranks, cross steps the
+//! stream-ordered network engine among the ranks of this local index, copies are device
+//! copies. So a call returns once its steps are enqueued (a local step first waits on the
+//! host for the host's other ranks to make the same call, as every per-process call does).
+
+use super::plan::{plan, takes, At, Buf, Layout, Step};
+use crate::comm::{host_id, Communicator};
+use crate::gpu_net::{GpuNet, NetOp};
+use crate::plan::CollArgs;
+use cudarc::driver::sys;
+use parking_lot::Mutex;
+use railcc_core::{Error, ErrorKind, Result};
+use railcc_cuda::driver::check;
+use railcc_cuda::gpu::{DevBuf, Stream};
+use railcc_transport_nvlink::proc::ProcGpu;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Per stream, the scratch the plans use (reduce_scatter and all_gather reorder blocks in
+/// it); outgrown buffers are kept until the end, since enqueued work may still use them.
+#[derive(Default)]
+struct Scratch {
+    live: HashMap<usize, DevBuf>,
+    retired: Vec<DevBuf>,
+}
+
+pub struct HierGpu {
+    layout: Layout,
+    rank: usize,
+    host: usize,
+    index: usize,
+    local: Arc<ProcGpu>,
+    cross: Arc<GpuNet>,
+    scratch: Mutex<Scratch>,
+    desc: String,
+    watcher: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
+}
+
+/// Whether every rank succeeded at a step of init; the first failure comes back everywhere.
+fn agree(parent: &Communicator, r: Result<()>) -> Result<()> {
+    let mine = match &r {
+        Ok(()) => Vec::new(),
+        Err(e) => e.to_string().into_bytes(),
+    };
+    let all = parent.oob_all_gather(&mine)?;
+    r?;
+    match all.iter().position(|b| !b.is_empty()) {
+        Some(p) => Err(Error::new(
+            ErrorKind::Io,
+            format!(
+                "rank {p} failed hierarchical GPU setup: {}",
+                String::from_utf8_lossy(&all[p])
+            ),
+        )
+        .peer(p)),
+        None => Ok(()),
+    }
+}
+
+impl HierGpu {
+    /// The layout of `parent`'s ranks when a hierarchy helps: several hosts, several ranks on
+    /// each, the same number everywhere. Collective over `parent`.
+    pub fn layout(parent: &Communicator) -> Result<Option<Layout>> {
+        let ids = parent.oob_all_gather(host_id(parent.config()).as_bytes())?;
+        Ok(Layout::from_host_ids(&ids).filter(|l| l.nhosts() > 1 && l.local() > 1))
+    }
+
+    /// Opens the host's NVLink path and this local index's network engine, for this rank's
+    /// GPU `ordinal`. Collective over every rank of `parent`, which `layout` describes.
+    pub fn new(parent: &Communicator, layout: Layout, ordinal: usize) -> Result<HierGpu> {
+        let rank = parent.rank();
+        let (host, index) = layout.position(rank).ok_or_else(|| {
+            Error::invalid(format!("rank {rank} is not in the hierarchical layout")).rank(rank)
+        })?;
+        let cfg = parent.config();
+        let mates = layout.hosts[host].clone();
+        let mut ex = |b: &[u8]| -> Result<Vec<Vec<u8>>> {
+            let all = parent.oob_all_gather(b)?;
+            mates
+                .iter()
+                .map(|&r| {
+                    all.get(r)
+                        .cloned()
+                        .ok_or_else(|| Error::invalid("bootstrap all-gather too short"))
+                })
+                .collect()
+        };
+        let cache = std::env::var_os("RAILCC_CACHE_DIR").map(std::path::PathBuf::from);
+        let local = ProcGpu::new(
+            ordinal,
+            index,
+            layout.local(),
+            cache.as_deref(),
+            cfg.timeout(),
+            cfg.gpu_max_blocks,
+            &mut ex,
+        );
+        let local = agree(parent, local.as_ref().map(|_| ()).map_err(Clone::clone))
+            .and(local)
+            .map_err(|e| e.rank(rank).op("hierarchical init: the host's GPUs"))?;
+        let mut local = local;
+        local.ll_max_bytes = cfg.gpu_ll_max_bytes;
+        let group: Vec<usize> = layout.hosts.iter().map(|rs| rs[index]).collect();
+        let cross = GpuNet::among(parent, ordinal, &group);
+        let cross = agree(parent, cross.as_ref().map(|_| ()).map_err(Clone::clone))
+            .and(cross)
+            .map_err(|e| {
+                e.rank(rank)
+                    .op("hierarchical init: the network between hosts")
+            })?;
+        let desc = format!(
+            "hierarchical: {} hosts x {} GPUs; inside a host the NVLink kernels, between hosts local index {index}'s engine ({})",
+            layout.nhosts(),
+            layout.local(),
+            cross.describe()
+        );
+        let (local, cross) = (Arc::new(local), Arc::new(cross));
+        let stop = Arc::new(AtomicBool::new(false));
+        let watcher = {
+            let (l, c, s) = (local.clone(), cross.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("railcc-hier-watch".into())
+                .spawn(move || watch(&l, &c, &s))
+                .map_err(|e| Error::io("starting the hierarchical watcher", &e))?
+        };
+        Ok(HierGpu {
+            layout,
+            rank,
+            host,
+            index,
+            local,
+            cross,
+            scratch: Mutex::new(Scratch::default()),
+            desc,
+            watcher: Some((stop, watcher)),
+        })
+    }
+
+    pub fn describe(&self) -> &str {
+        &self.desc
+    }
+
+    /// Whether this path runs `a` (else the caller takes the flat network path).
+    pub fn takes(&self, a: &CollArgs) -> bool {
+        a.nranks == self.layout.nranks() && takes(a)
+    }
+
+    /// The error that broke either part, if any.
+    pub fn async_error(&self) -> Option<Error> {
+        self.local
+            .async_error()
+            .or_else(|| self.cross.async_error())
+    }
+
+    pub fn abort(&self) {
+        self.local.abort();
+        self.cross.abort();
+    }
+
+    /// Enqueues `a` on `stream` (send and receive buffers at device addresses `send`, `recv`).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this rank's GPU; `send` and `recv` are device memory of
+    /// this GPU from cudaMalloc/cuMemAlloc (CUDA IPC exports them), sized as `a` implies, valid
+    /// until the stream passes the call.
+    pub unsafe fn enqueue(&self, a: &CollArgs, send: u64, recv: u64, stream: Stream) -> Result<()> {
+        if !self.takes(a) {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("{}: no hierarchical schedule for {a:?}", a.coll.name()),
+            )
+            .rank(self.rank));
+        }
+        if a.root >= a.nranks {
+            return Err(Error::invalid(format!(
+                "{}: root {} out of range for {} ranks",
+                a.coll.name(),
+                a.root,
+                a.nranks
+            ))
+            .rank(self.rank));
+        }
+        if let Some(e) = self.async_error() {
+            return Err(Error::new(
+                e.kind,
+                format!("communicator is broken by an earlier error: {e}"),
+            )
+            .rank(self.rank));
+        }
+        let es = a.dtype.size();
+        let p = plan(a, &self.layout, self.rank);
+        let scratch = self.scratch(stream, p.scratch * es)?;
+        let addr = |at: At| {
+            let base = match at.buf {
+                Buf::Send => send,
+                Buf::Recv => recv,
+                Buf::Scratch => scratch,
+            };
+            base + (at.off * es) as u64
+        };
+        // SAFETY: the caller's contract covers `send`, `recv` and `stream`; the scratch is
+        // this GPU's and sized for the plan.
+        let r = p
+            .steps
+            .iter()
+            .try_for_each(|s| unsafe { self.step(s, a, &addr, stream) });
+        if let Err(e) = &r {
+            // Part of the call is enqueued and peers may wait on the rest: stop them all.
+            tracing::warn!("rank {}: hierarchical {}: {e}", self.rank, a.coll.name());
+            self.abort();
+        }
+        r
+    }
+
+    /// # Safety
+    /// As [`HierGpu::enqueue`], for the addresses `addr` gives.
+    unsafe fn step(
+        &self,
+        s: &Step,
+        a: &CollArgs,
+        addr: &dyn Fn(At) -> u64,
+        stream: Stream,
+    ) -> Result<()> {
+        match *s {
+            Step::Local { c, hosts } if hosts.has(self.host) => {
+                // SAFETY: the caller's buffers, stream and scratch (see enqueue).
+                unsafe {
+                    self.local.collective(
+                        stream,
+                        c.coll,
+                        addr(c.send),
+                        addr(c.recv),
+                        c.count,
+                        a.dtype,
+                        c.op,
+                        c.root,
+                    )
+                }
+                .map(|_| ())
+                .map_err(|e| {
+                    e.op(format!(
+                        "hierarchical {}: {} inside the host",
+                        a.coll.name(),
+                        c.coll.name()
+                    ))
+                })
+            }
+            Step::Cross { c, group } if group.is_none_or(|g| g == self.index) => {
+                let sub = CollArgs {
+                    coll: c.coll,
+                    nranks: self.layout.nhosts(),
+                    count: c.count,
+                    dtype: a.dtype,
+                    op: c.op,
+                    root: c.root,
+                };
+                let op = NetOp::Coll {
+                    a: sub,
+                    send: addr(c.send),
+                    recv: addr(c.recv),
+                };
+                let group: Vec<usize> = self.layout.hosts.iter().map(|rs| rs[self.index]).collect();
+                // SAFETY: as above.
+                unsafe { self.cross.enqueue(op, stream) }.map_err(|e| {
+                    e.op(format!(
+                        "hierarchical {}: {} between hosts (ranks {group:?})",
+                        a.coll.name(),
+                        c.coll.name()
+                    ))
+                })
+            }
+            Step::Copy { src, dst, count } => {
+                let (s, d) = (addr(src), addr(dst));
+                if s == d {
+                    return Ok(());
+                }
+                self.local.gpu.bind()?;
+                // SAFETY: both ranges lie in this GPU's buffers of the call (see enqueue).
+                check(
+                    unsafe { sys::cuMemcpyAsync(d, s, count * a.dtype.size(), stream) },
+                    "cuMemcpyAsync",
+                )
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// This stream's scratch of at least `bytes` (0 when none is needed).
+    fn scratch(&self, stream: Stream, bytes: usize) -> Result<u64> {
+        if bytes == 0 {
+            return Ok(0);
+        }
+        let mut s = self.scratch.lock();
+        let key = stream as usize;
+        if let Some(b) = s.live.get(&key).filter(|b| b.bytes >= bytes) {
+            return Ok(b.ptr);
+        }
+        let gpu = &self.local.gpu;
+        gpu.bind()?;
+        // SAFETY: the caller's live stream in this GPU's context.
+        if unsafe { railcc_cuda::hostsync::capturing(stream)? } {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "a hierarchical call needs {bytes} bytes of scratch while the stream is captured into a CUDA graph (memory cannot be allocated then); run the call once before capturing"
+                ),
+            )
+            .rank(self.rank));
+        }
+        let old = s.live.get(&key).map_or(0, |b| b.bytes);
+        let buf = gpu.alloc(bytes.max(2 * old))?;
+        let p = buf.ptr;
+        if let Some(o) = s.live.insert(key, buf) {
+            s.retired.push(o);
+        }
+        Ok(p)
+    }
+}
+
+/// Either part breaking breaks the other, so a peer that died on the host (the NVLink path
+/// sees its process go) also stops the network engine's streams, and the reverse.
+fn watch(local: &ProcGpu, cross: &GpuNet, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        if let Some(e) = local.async_error() {
+            tracing::warn!(
+                "hierarchical: the host's GPUs broke ({e}); stopping the network engine"
+            );
+            cross.abort();
+            return;
+        }
+        if let Some(e) = cross.async_error() {
+            tracing::warn!(
+                "hierarchical: the network engine broke ({e}); stopping the host's GPUs"
+            );
+            local.abort();
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+impl Drop for HierGpu {
+    fn drop(&mut self) {
+        if let Some((stop, h)) = self.watcher.take() {
+            stop.store(true, Ordering::Relaxed);
+            let _ = h.join();
+        }
+    }
+}
