@@ -71,6 +71,11 @@ pub struct BenchArgs {
     /// Start this many local processes (ignored under mpirun, srun or torchrun).
     #[arg(long, default_value_t = 2)]
     pub ranks: usize,
+    /// Split the --ranks local processes into this many emulated hosts (each a run of
+    /// consecutive ranks with its own RAILCC_HOSTID and local ranks from 0), so one machine
+    /// runs a multi-host job: the network between hosts, peer access inside one.
+    #[arg(long, default_value_t = 1)]
+    pub hosts: usize,
     /// This process's rank, for a hand-started job (with --nranks and --root-addr).
     #[arg(long)]
     pub rank: Option<usize>,

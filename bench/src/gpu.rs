@@ -14,13 +14,13 @@
 
 use crate::args::BenchArgs;
 use crate::report::bus_factor;
+use railcc_collectives::gpu_comm::GpuComm;
 use railcc_collectives::gpu_net::GpuOverNet;
 use railcc_collectives::plan::CollArgs;
 use railcc_collectives::precision::{count_wrong, fill_input, Fill};
 use railcc_collectives::{CollKind, Communicator, DataType, ReduceOp};
 use railcc_cuda::gpu::{begin_capture, end_capture, DevBuf, GpuCtx, Graph, Stream};
 use railcc_transport_nvlink::multi::MultiGpu;
-use railcc_transport_nvlink::proc::ProcGpu;
 
 const SEED: u64 = 0x5eed;
 /// Bytes after each buffer that must stay untouched, and their value.
@@ -317,50 +317,58 @@ impl Runner for Single {
 }
 
 struct PerProcess<'a> {
-    gpu: ProcGpu,
+    gpu: GpuComm,
+    /// This rank's GPU when the path has no kernels of its own (the network).
+    own: Option<GpuCtx>,
     comm: &'a Communicator,
 }
 
+impl PerProcess<'_> {
+    fn ctx(&self) -> Result<&GpuCtx, String> {
+        self.gpu
+            .peer_gpu()
+            .or(self.own.as_ref())
+            .ok_or_else(|| "no GPU context".to_string())
+    }
+}
+
 impl Runner for PerProcess<'_> {
+    fn all_to_all(&self) -> bool {
+        self.gpu.peer_gpu().is_none()
+    }
     fn ranks(&self) -> usize {
-        self.gpu.nranks
+        self.gpu.nranks()
     }
     fn prints(&self) -> bool {
-        self.gpu.rank == 0
+        self.gpu.rank() == 0
     }
     fn one(&self, args: &CollArgs, a: &BenchArgs, in_place: bool) -> Result<Sample, String> {
-        let (pg, me) = (&self.gpu, self.gpu.rank);
-        let p = place(&pg.gpu, args, me, in_place, a)?;
-        let stream = pg.stream();
+        let (pg, me) = (&self.gpu, self.gpu.rank());
+        let gpu = self.ctx()?;
+        let p = place(gpu, args, me, in_place, a)?;
+        let stream = gpu.stream;
         let launch = || -> Result<u32, String> {
             // SAFETY: the buffers are live cuMemAlloc allocations of the implied size (`place`),
             // kept until this function has synchronized.
-            let l = unsafe {
-                pg.collective(
-                    stream, args.coll, p.send_ptr, p.recv_ptr, args.count, args.dtype, args.op,
-                    args.root,
-                )
-            }
-            .map_err(err)?;
-            Ok(l.blocks_per_gpu)
+            unsafe { pg.collective(args, p.send_ptr, p.recv_ptr, stream) }.map_err(err)
         };
         let mut s = Sample {
             blocks: launch()?,
             ..Sample::default()
         };
-        pg.gpu.synchronize().map_err(err)?;
+        gpu.synchronize().map_err(err)?;
         // A peer that died stops the kernels early: its error, not wrong values.
         if let Some(e) = pg.async_error() {
             return Err(err(e));
         }
         if a.check != 0 {
-            (s.wrong, s.oob) = check(&pg.gpu, &p, args, me, a.fill)?;
+            (s.wrong, s.oob) = check(gpu, &p, args, me, a.fill)?;
         }
         // Peers write into our receive buffer: nobody reuses buffers until all have checked.
         self.comm.barrier().map_err(err)?;
-        let streams = [(&*pg.gpu, stream)];
-        s.secs = time_calls(a, &pg.gpu, &launch, &streams)?;
-        pg.gpu.synchronize().map_err(err)?;
+        let streams = [(gpu, stream)];
+        s.secs = time_calls(a, gpu, &launch, &streams)?;
+        gpu.synchronize().map_err(err)?;
         if let Some(e) = pg.async_error() {
             return Err(err(e));
         }
@@ -368,10 +376,10 @@ impl Runner for PerProcess<'_> {
             let calls = Calls {
                 launch: &launch,
                 streams: &streams,
-                sync: &|| pg.gpu.synchronize().map_err(err),
+                sync: &|| gpu.synchronize().map_err(err),
                 together: &|| self.comm.barrier().map_err(err),
             };
-            let (w, o) = check_graph(args, a.fill, in_place, &[(&pg.gpu, &p, me)], &calls)?;
+            let (w, o) = check_graph(args, a.fill, in_place, &[(gpu, &p, me)], &calls)?;
             s.wrong += w;
             s.oob += o;
             // Every rank has checked before anyone frees what peers write into.
@@ -529,29 +537,24 @@ pub fn run_rank(comm: &Communicator, a: &BenchArgs) -> Result<(), String> {
         };
         return sweep(&r, a);
     }
-    let mut ex = |b: &[u8]| comm.oob_all_gather(b);
-    let mut pg = ProcGpu::new(
-        ordinal,
-        comm.rank(),
-        comm.nranks(),
-        cache.as_deref(),
-        cfg.timeout(),
-        cfg.gpu_max_blocks,
-        &mut ex,
-    )
-    .map_err(err)?;
-    pg.ll_max_bytes = cfg.gpu_ll_max_bytes;
+    // railcc's GPU communicator: peer access on one host; across hosts (RAILCC_HOSTID) the
+    // network, as a hierarchy with several GPUs on every host.
+    let pg = GpuComm::new(comm, ordinal).map_err(err)?;
+    let own = match pg.peer_gpu() {
+        Some(_) => None,
+        None => Some(GpuCtx::new(ordinal, cache.as_deref()).map_err(err)?),
+    };
     if comm.rank() == 0 {
         println!(
-            "# railcc bench {} --device cuda --per-process: {} ranks, one GPU each, peers by CUDA IPC, up to {} blocks per GPU{}",
+            "# railcc bench {} --device cuda --per-process: {} ranks, one GPU each, {}{}",
             a.collective.kind().name(),
             comm.nranks(),
-            pg.max_blocks,
+            pg.describe(),
             graph_note(a)
         );
         describe_gpus(&gpus)?;
     }
-    sweep(&PerProcess { gpu: pg, comm }, a)
+    sweep(&PerProcess { gpu: pg, own, comm }, a)
 }
 
 pub(crate) fn graph_note(a: &BenchArgs) -> String {

@@ -9,7 +9,7 @@ use crate::gpu::{
     agree, check, check_graph, describe_gpus, err, graph_note, place, sweep, time_calls, Calls,
     Runner, Sample,
 };
-use railcc_collectives::gpu_net::{GpuNet, NetOp};
+use railcc_collectives::gpu_comm::GpuComm;
 use railcc_collectives::plan::CollArgs;
 use railcc_collectives::Communicator;
 use railcc_cuda::gpu::GpuCtx;
@@ -18,7 +18,7 @@ use std::time::Instant;
 
 struct NetAsync<'a> {
     gpu: GpuCtx,
-    net: GpuNet,
+    net: GpuComm,
     comm: &'a Communicator,
 }
 
@@ -48,14 +48,9 @@ impl Runner for NetAsync<'_> {
         let returns = RefCell::new(Vec::new());
         let launch = || -> Result<u32, String> {
             let t = Instant::now();
-            let op = NetOp::Coll {
-                a: *args,
-                send: p.send_ptr,
-                recv: p.recv_ptr,
-            };
             // SAFETY: the buffers are live allocations of the implied size (`place`), kept
             // until this function has synchronized the stream.
-            unsafe { self.net.enqueue(op, stream) }.map_err(err)?;
+            unsafe { self.net.collective(args, p.send_ptr, p.recv_ptr, stream) }.map_err(err)?;
             returns.borrow_mut().push(t.elapsed().as_secs_f64());
             // The network path runs no kernel: no thread blocks.
             Ok(0)
@@ -149,7 +144,7 @@ pub fn run_rank(
 ) -> Result<(), String> {
     let cache = railcc_cuda::compile::cache_dir(&comm.config().cache_dir);
     let gpu = GpuCtx::new(ordinal, cache.as_deref()).map_err(err)?;
-    let net = GpuNet::new(comm, ordinal).map_err(err)?;
+    let net = GpuComm::over_network(comm, ordinal).map_err(err)?;
     if comm.rank() == 0 {
         println!(
             "# railcc bench {} --device cuda --per-process --gpu-net: {} ranks, one GPU each, {}{}",

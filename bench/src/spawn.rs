@@ -76,6 +76,13 @@ fn spawn_local(a: &BenchArgs, cfg: &Config) -> Result<(), String> {
     if n == 0 || n > 1024 {
         return Err(format!("--ranks {n}: expected 1 to 1024"));
     }
+    if a.hosts == 0 || !n.is_multiple_of(a.hosts) {
+        return Err(format!(
+            "--hosts {}: expected a divisor of --ranks {n}",
+            a.hosts
+        ));
+    }
+    let per_host = n / a.hosts;
     let root = RootServer::start(
         "127.0.0.1:0".parse().map_err(|_| "bad address")?,
         cfg.timeout(),
@@ -84,13 +91,16 @@ fn spawn_local(a: &BenchArgs, cfg: &Config) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find own executable: {e}"))?;
     let mut kids: Vec<Child> = Vec::with_capacity(n);
     for r in 0..n {
-        let child = Command::new(&exe)
-            .args(std::env::args_os().skip(1))
+        let mut cmd = Command::new(&exe);
+        cmd.args(std::env::args_os().skip(1))
             .env("RAILCC_UNIQUE_ID", root.id.to_string())
             .env("RAILCC_RANK", r.to_string())
             .env("RAILCC_NRANKS", n.to_string())
-            .env("RAILCC_LOCAL_RANK", r.to_string())
-            .spawn();
+            .env("RAILCC_LOCAL_RANK", (r % per_host).to_string());
+        if a.hosts > 1 {
+            cmd.env("RAILCC_HOSTID", format!("bench-host{}", r / per_host));
+        }
+        let child = cmd.spawn();
         match child {
             Ok(c) => kids.push(c),
             Err(e) => {

@@ -5,6 +5,7 @@ pub mod comm;
 pub mod conn;
 pub mod cost;
 pub mod exec;
+pub mod gpu_comm;
 pub mod gpu_hier;
 pub mod gpu_net;
 pub mod plan;

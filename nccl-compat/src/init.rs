@@ -129,8 +129,7 @@ pub(crate) fn finish_init(comm: *const Comm, id: &railcc_core::bootstrap::Unique
             if std::env::var("NCCL_DEBUG").is_ok_and(|v| v.eq_ignore_ascii_case("INFO")) {
                 let path = match &b {
                     Backend::Local(_) => "every rank in this process, multi-GPU kernels",
-                    Backend::Proc(_) => "one rank per process, peers by CUDA IPC",
-                    Backend::Net(n) => n.describe(),
+                    Backend::Gpu(g) => g.comm.describe(),
                 };
                 eprintln!(
                     "NCCL INFO railcc libnccl {VERSION_STRING}: rank {} of {} on CUDA device {}: {path}",
@@ -264,12 +263,10 @@ pub unsafe extern "C" fn ncclCommDestroy(comm: *mut Comm) -> NcclResult {
 #[no_mangle]
 pub unsafe extern "C" fn ncclCommAbort(comm: *mut Comm) -> NcclResult {
     // SAFETY: NULL or a live communicator (NCCL's contract).
-    match unsafe { comm.as_ref() }.and_then(|c| c.backend.get()) {
-        // Streams waiting on the network are let go at once instead of at the deadline.
-        Some(Backend::Net(n)) => n.abort(),
-        // Kernels waiting on peers stop at once.
-        Some(Backend::Proc(p)) => p.abort(),
-        _ => {}
+    // Kernels waiting on peers stop, and streams waiting on the network are let go, at once
+    // instead of at the deadline.
+    if let Some(Backend::Gpu(g)) = unsafe { comm.as_ref() }.and_then(|c| c.backend.get()) {
+        g.comm.abort();
     }
     // SAFETY: forwarded.
     unsafe { ncclCommDestroy(comm) }
@@ -296,8 +293,7 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(
             return Err(IN_PROGRESS);
         }
         Ok(c.broken.lock().clone().or_else(|| match c.backend.get() {
-            Some(Backend::Net(n)) => n.async_error(),
-            Some(Backend::Proc(p)) => p.async_error(),
+            Some(Backend::Gpu(g)) => g.comm.async_error(),
             _ => None,
         }))
     }) {

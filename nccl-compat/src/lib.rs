@@ -32,17 +32,16 @@ mod split;
 enum Backend {
     /// All in this process: the clique's rendezvous and the multi-GPU kernels.
     Local(Arc<Clique>),
-    /// One per process (torchrun style): railcc's per-process GPU path (CUDA IPC).
-    Proc(Box<ProcRank>),
-    /// One per process on several hosts: the stream-ordered network engine.
-    Net(Box<NetRank>),
+    /// One per process (torchrun style): railcc's GPU communicator (peer access by CUDA IPC
+    /// on one host; the network, or a hierarchy of both, across hosts).
+    Gpu(Box<GpuRank>),
 }
 
 use abi::*;
 use clique::{Call, Clique, Half, Ticket};
 use cudarc::driver::sys;
 use parking_lot::Mutex;
-use proc_backend::{NetRank, ProcRank};
+use proc_backend::GpuRank;
 use railcc_core::net::CollKind;
 use railcc_core::{Error, ErrorKind};
 use std::collections::HashMap;
@@ -181,8 +180,7 @@ fn submit(comm: *const Comm, call: Call) -> Result<Ticket, NcclResult> {
                 let seq = c.seq.fetch_add(1, Ordering::Relaxed);
                 Ok(clique.submit(c.rank, seq, call))
             }
-            Some(Backend::Proc(p)) => Ok(Ticket::Done(p.collective(&call))),
-            Some(Backend::Net(n)) => Ok(Ticket::Done(n.collective(&call))),
+            Some(Backend::Gpu(g)) => Ok(Ticket::Done(g.collective(&call))),
             None => Err(usage(format!(
                 "{}: communicator not initialized",
                 call.coll.name()
@@ -201,8 +199,7 @@ fn submit_p2p(comm: *const Comm, peer: usize, send: bool, h: Half) -> Result<Tic
         let (src, dst) = if send { (c.rank, peer) } else { (peer, c.rank) };
         match c.backend.get() {
             Some(Backend::Local(clique)) => Ok(clique.submit_p2p(src, dst, seq, send, h)),
-            Some(Backend::Proc(p)) => Ok(Ticket::Done(p.p2p(&[(peer, send, h, seq + 1)]))),
-            Some(Backend::Net(n)) => Ok(Ticket::Done(n.p2p(&[(peer, send, h)]))),
+            Some(Backend::Gpu(g)) => Ok(Ticket::Done(g.p2p(&[(peer, send, h, seq + 1)]))),
             None => Err(usage("send/recv: communicator not initialized")),
         }
     })?

@@ -64,16 +64,18 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
     // each other); in one process, the clique pairs them.
     let mut self_sends: HashMap<usize, std::collections::VecDeque<Half>> = HashMap::new();
     let mut self_recvs: Vec<(*const Comm, Half)> = Vec::new();
-    let mut batches: Vec<(*const Comm, Vec<ProcP2p>)> = Vec::new();
+    let mut batches: Vec<(*const Comm, Vec<GpuP2p>)> = Vec::new();
     for (c, peer, send, h) in p2ps {
         // SAFETY: handles in a group are live (NCCL's contract).
         let cr = unsafe { &*c };
-        let (net, proc_path) = match cr.backend.get() {
-            Some(Backend::Net(_)) => (true, false),
-            Some(Backend::Proc(_)) => (false, true),
-            _ => (false, false),
+        let Some(Backend::Gpu(g)) = cr.backend.get() else {
+            match submit_p2p(c, peer, send, h) {
+                Ok(t) => tickets.push((c, t)),
+                Err(r) => note(r),
+            }
+            continue;
         };
-        if proc_path && peer == cr.rank {
+        if g.copies_to_self() && peer == cr.rank {
             if send {
                 self_sends.entry(c as usize).or_default().push_back(h);
             } else {
@@ -81,19 +83,7 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
             }
             continue;
         }
-        if !(net || proc_path) {
-            match submit_p2p(c, peer, send, h) {
-                Ok(t) => tickets.push((c, t)),
-                Err(r) => note(r),
-            }
-            continue;
-        }
-        // The message number matters only between processes of one host.
-        let seq = if proc_path {
-            cr.next_p2p_seq(peer, send) + 1
-        } else {
-            0
-        };
+        let seq = cr.next_p2p_seq(peer, send) + 1;
         match batches.iter_mut().find(|g| std::ptr::eq(g.0, c)) {
             Some(g) => g.1.push((peer, send, h, seq)),
             None => batches.push((c, vec![(peer, send, h, seq)])),
@@ -102,11 +92,7 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
     for (c, ops) in batches {
         // SAFETY: as above.
         let res = match unsafe { (*c).backend.get() } {
-            Some(Backend::Proc(p)) => p.p2p(&ops),
-            Some(Backend::Net(n)) => {
-                let ops: Vec<NetP2p> = ops.iter().map(|&(p, s, h, _)| (p, s, h)).collect();
-                n.p2p(&ops)
-            }
+            Some(Backend::Gpu(g)) => g.p2p(&ops),
             _ => Err(Error::new(
                 ErrorKind::Aborted,
                 "communicator not initialized",
@@ -121,7 +107,7 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
         // SAFETY: handles in a group are live (NCCL's contract).
         let backend = unsafe { (*c).backend.get() };
         let res = match (s, backend) {
-            (Some(s), Some(Backend::Proc(p))) => p.self_copy(s, r),
+            (Some(s), Some(Backend::Gpu(g))) => g.self_copy(s, r),
             _ => Err(Error::new(
                 ErrorKind::InvalidArgument,
                 "a receive from this rank itself without its send in the same group",
@@ -140,10 +126,8 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
     first
 }
 
-/// (peer, is_send, buffer) of one send or receive across hosts.
-type NetP2p = (usize, bool, Half);
 /// (peer, is_send, buffer, message number between the two in that direction, from 1)
-type ProcP2p = (usize, bool, Half, u64);
+type GpuP2p = (usize, bool, Half, u64);
 
 #[allow(clippy::too_many_arguments)]
 fn p2p(

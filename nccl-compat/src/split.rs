@@ -203,10 +203,8 @@ pub(crate) fn shrink(
     let ranks = survivors(parent.nranks, parent.rank, exclude)
         .map_err(|m| broken(parent, format!("{OP}: {m}")))?;
     if flags & SHRINK_ABORT != 0 {
-        match parent.backend.get() {
-            Some(Backend::Net(n)) => n.abort(),
-            Some(Backend::Proc(p)) => p.abort(),
-            _ => {}
+        if let Some(Backend::Gpu(g)) = parent.backend.get() {
+            g.comm.abort();
         }
     }
     let wire = |e: Error| fail(&e.rank(parent.rank).op(OP));

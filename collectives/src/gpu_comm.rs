@@ -1,0 +1,271 @@
+//! [`GpuComm`]: the one front door for GPU buffers of one rank per process, on top of a
+//! [`Communicator`]'s bootstrap, host grouping and transports. `railcc bench --per-process`
+//! and libnccl both open it; it decides, from where the ranks live, how data moves:
+//! - every rank on this host: peer access (NVLink/PCIe) through CUDA IPC, the per-process
+//!   kernels ([`ProcGpu`]);
+//! - ranks on several hosts: the stream-ordered network engine ([`GpuNet`]: RDMA, else TCP)
+//!   for everything, and with several GPUs on every host the collectives as a hierarchy
+//!   ([`HierGpu`]: peer access inside a host, the network between hosts);
+//! - `RAILCC_GPU_PATH=net`: the network between every pair (tests and comparisons).
+//!
+//! Several ranks driving GPUs from one process (`ncclCommInitAll`, `railcc bench --device
+//! cuda` without `--per-process`) use `railcc_transport_nvlink::multi::MultiGpu` instead.
+
+use crate::comm::Communicator;
+use crate::gpu_hier::HierGpu;
+use crate::gpu_net::{GpuNet, NetOp, P2pOp};
+use crate::plan::{CollArgs, P2pKind};
+use railcc_core::{Error, ErrorKind, Result};
+use railcc_cuda::gpu::{GpuCtx, Stream};
+use railcc_transport_nvlink::proc::{P2p, ProcGpu};
+
+/// How this rank reaches a peer's GPU memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reach {
+    /// This rank itself.
+    Me,
+    /// CUDA peer access on this host (NVLink or PCIe).
+    PeerAccess,
+    /// Only over the network.
+    Network,
+}
+
+// One per communicator: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+enum Path {
+    Peer(ProcGpu),
+    Net { net: GpuNet, hier: Option<HierGpu> },
+}
+
+/// One send or receive of a group, on a device buffer.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuP2p {
+    pub peer: usize,
+    pub send: bool,
+    pub ptr: u64,
+    pub bytes: usize,
+    pub stream: Stream,
+    /// The message's number between this rank and `peer` in its direction (1, 2, ...): both
+    /// ends count the same (the peer-access path pairs messages by it).
+    pub seq: u64,
+}
+
+pub struct GpuComm {
+    rank: usize,
+    nranks: usize,
+    path: Path,
+    reach: Vec<Reach>,
+    desc: String,
+}
+
+impl GpuComm {
+    /// Opens the path that fits where `boot`'s ranks live, for this rank's GPU `ordinal`.
+    /// Collective: every rank of `boot` calls it, one rank per process.
+    pub fn new(boot: &Communicator, ordinal: usize) -> Result<GpuComm> {
+        GpuComm::open(boot, ordinal, boot.config().gpu_path == "net")
+    }
+
+    /// As [`GpuComm::new`], every pair over the network (`railcc bench --gpu-net`).
+    pub fn over_network(boot: &Communicator, ordinal: usize) -> Result<GpuComm> {
+        GpuComm::open(boot, ordinal, true)
+    }
+
+    fn open(boot: &Communicator, ordinal: usize, net_only: bool) -> Result<GpuComm> {
+        let (rank, nranks) = (boot.rank(), boot.nranks());
+        let pids = boot.oob_all_gather(&std::process::id().to_le_bytes())?;
+        let mut sorted = pids.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        if sorted.len() != nranks {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "GPU ranks share processes: one rank per process here (one process driving several GPUs is railcc_transport_nvlink::multi::MultiGpu)",
+            )
+            .rank(rank));
+        }
+        let hosts = boot.oob_all_gather(crate::comm::host_id(boot.config()).as_bytes())?;
+        let reach: Vec<Reach> = hosts
+            .iter()
+            .enumerate()
+            .map(|(p, h)| match p {
+                _ if p == rank => Reach::Me,
+                _ if !net_only && *h == hosts[rank] => Reach::PeerAccess,
+                _ => Reach::Network,
+            })
+            .collect();
+        let several_hosts = boot.local_ranks() < nranks;
+        let path = if net_only || several_hosts {
+            let hier = match net_only {
+                false => HierGpu::layout(boot)?
+                    .map(|l| HierGpu::new(boot, l, ordinal))
+                    .transpose()?,
+                true => None,
+            };
+            let net = GpuNet::new(boot, ordinal)?;
+            Path::Net { net, hier }
+        } else {
+            let cfg = boot.config();
+            let cache = railcc_cuda::compile::cache_dir(&cfg.cache_dir);
+            let mut ex = |b: &[u8]| boot.oob_all_gather(b);
+            let mut pg = ProcGpu::new(
+                ordinal,
+                rank,
+                nranks,
+                cache.as_deref(),
+                cfg.timeout(),
+                cfg.gpu_max_blocks,
+                &mut ex,
+            )?;
+            pg.ll_max_bytes = cfg.gpu_ll_max_bytes;
+            Path::Peer(pg)
+        };
+        let desc = match &path {
+            Path::Peer(pg) => format!(
+                "one rank per process, peers by CUDA IPC, up to {} blocks per GPU",
+                pg.max_blocks
+            ),
+            Path::Net { hier: Some(h), .. } => h.describe().to_string(),
+            Path::Net { net, .. } => net.describe().to_string(),
+        };
+        Ok(GpuComm {
+            rank,
+            nranks,
+            path,
+            reach,
+            desc,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn nranks(&self) -> usize {
+        self.nranks
+    }
+
+    /// How data moves, for logs and bench headers.
+    pub fn describe(&self) -> &str {
+        &self.desc
+    }
+
+    /// How this rank reaches `peer`'s GPU memory.
+    pub fn reach(&self, peer: usize) -> Option<Reach> {
+        self.reach.get(peer).copied()
+    }
+
+    /// The per-process kernels' GPU when every peer is reached by peer access (for copies
+    /// between this rank's own streams).
+    pub fn peer_gpu(&self) -> Option<&GpuCtx> {
+        match &self.path {
+            Path::Peer(pg) => Some(&pg.gpu),
+            Path::Net { .. } => None,
+        }
+    }
+
+    /// The error that broke the communicator (a peer died, an abort), if any.
+    pub fn async_error(&self) -> Option<Error> {
+        match &self.path {
+            Path::Peer(pg) => pg.async_error(),
+            Path::Net { net, hier } => net
+                .async_error()
+                .or_else(|| hier.as_ref().and_then(|h| h.async_error())),
+        }
+    }
+
+    /// Stops every call now: kernels and waiting streams let go, later calls fail.
+    pub fn abort(&self) {
+        match &self.path {
+            Path::Peer(pg) => pg.abort(),
+            Path::Net { net, hier } => {
+                net.abort();
+                if let Some(h) = hier {
+                    h.abort();
+                }
+            }
+        }
+    }
+
+    /// Enqueues collective `a` on `stream` and returns; the thread blocks it takes on this
+    /// GPU (0: copy engines and host threads only).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this rank's GPU; `send` and `recv` are device memory of
+    /// that GPU from cudaMalloc/cuMemAlloc (CUDA IPC exports them), sized as `a` implies,
+    /// valid until the stream passes the call.
+    pub unsafe fn collective(
+        &self,
+        a: &CollArgs,
+        send: u64,
+        recv: u64,
+        stream: Stream,
+    ) -> Result<u32> {
+        if a.count == 0 {
+            return Ok(0);
+        }
+        match &self.path {
+            // SAFETY: the caller's contract.
+            Path::Peer(pg) => {
+                unsafe { pg.collective(stream, a.coll, send, recv, a.count, a.dtype, a.op, a.root) }
+                    .map(|l| l.blocks_per_gpu)
+            }
+            Path::Net { net, hier } => {
+                if let Some(h) = hier.as_ref().filter(|h| h.takes(a)) {
+                    // SAFETY: the caller's contract.
+                    return unsafe { h.enqueue(a, send, recv, stream) }.map(|_| 0);
+                }
+                let op = NetOp::Coll { a: *a, send, recv };
+                // SAFETY: the caller's contract.
+                unsafe { net.enqueue(op, stream) }.map(|_| 0)
+            }
+        }
+    }
+
+    /// Enqueues the sends and receives of one group (or one call) and returns.
+    ///
+    /// # Safety
+    /// Each op's buffer is device memory of this rank's GPU from cudaMalloc/cuMemAlloc with
+    /// `bytes`, and its stream a live stream of that GPU, valid until the stream passes it.
+    pub unsafe fn p2p(&self, ops: &[GpuP2p]) -> Result<()> {
+        match &self.path {
+            Path::Peer(pg) => {
+                let list: Vec<P2p> = ops
+                    .iter()
+                    .map(|o| P2p {
+                        peer: o.peer,
+                        send: o.send,
+                        ptr: o.ptr,
+                        bytes: o.bytes,
+                        stream: o.stream,
+                        seq: o.seq,
+                    })
+                    .collect();
+                // SAFETY: the caller's contract.
+                unsafe { pg.p2p(&list) }
+            }
+            Path::Net { net, .. } => {
+                let Some(stream) = ops.first().map(|o| o.stream) else {
+                    return Ok(());
+                };
+                if ops.iter().any(|o| o.stream != stream) {
+                    return Err(Error::new(
+                        ErrorKind::Unsupported,
+                        "sends and receives of one group on different streams (across hosts railcc takes one stream per group)",
+                    )
+                    .rank(self.rank));
+                }
+                let list = ops
+                    .iter()
+                    .map(|o| P2pOp {
+                        kind: if o.send { P2pKind::Send } else { P2pKind::Recv },
+                        peer: o.peer,
+                        addr: o.ptr,
+                        bytes: o.bytes,
+                    })
+                    .collect();
+                // SAFETY: the caller's contract.
+                unsafe { net.enqueue(NetOp::P2p(list), stream) }
+            }
+        }
+    }
+}
