@@ -6,8 +6,9 @@
 #  1. every collective, 2 ranks, both rails, each result checked; both rails carry bytes;
 #  2. rails shaped 32 and 16 Mbit/s (tbf, both directions): ib_write_bw on each port alone,
 #     then railcc sendrecv over both: at least 90% of the sum, split by measured rates;
-#  3. rail 1 taken down during checked all-reduces: the run finishes on rail 0, 0 wrong; with
-#     RAILCC_RAIL_FAILOVER=0 the same loss fails both ranks naming the port;
+#  3. rail 1, then rail 0 (control messages and first pieces), taken down during checked
+#     all-reduces: the run finishes on the other rail, 0 wrong; with RAILCC_RAIL_FAILOVER=0 the
+#     same loss fails both ranks naming the port;
 #  4. GPU-NIC affinity: each rank its own emulated host with a topology file (RAILCC_TOPO_FILE)
 #     that puts GPU 0 beside port 1 and GPU 1 beside port 0; a rank on GPU g with one rail
 #     sends through the port beside g (crossed, so it is not the ports' order).
@@ -104,47 +105,57 @@ done
 [ $ok = 1 ] || fail "sendrecv over two shaped rails stayed below 90% of the sum of the ports in 3 tries"
 for d in a0 b0 a1 b1; do $tc qdisc del dev $d root; done
 
-# 3. Rail 1 down during checked all-reduces.
-loss() { # failover(1|0): ST = both ranks' exit statuses
-  local r pids=
+# 3. Rail 1, then rail 0 (the first queue pair: control messages and first pieces), down
+#    during checked all-reduces.
+loss() { # rail(0|1) failover(1|0): ST = both ranks' exit statuses, logs /tmp/loss$1$2.$r.log
+  local r pids= o=$((1 - $1)) d
   for r in 0 1; do
-    RAILCC_RANK=$r RAILCC_NRANKS=2 RAILCC_ROOT=127.0.0.1:2960$1 RAILCC_RAIL_FAILOVER=$1 \
+    RAILCC_RANK=$r RAILCC_NRANKS=2 RAILCC_ROOT=127.0.0.1:29$((6 + 2 * $1))0$2 RAILCC_RAIL_FAILOVER=$2 \
       RAILCC_TEST_BYTES=4194304 RAILCC_TEST_ITERS=60 \
-      timeout 200 railcc-test-rank repeat > /tmp/loss$1.$r.log 2>&1 &
+      timeout 200 railcc-test-rank repeat > /tmp/loss$1$2.$r.log 2>&1 &
     pids="$pids $!"
   done
   sleep 5
-  txb a1; tb=$V
+  txb a$1; tb=$V; txb a$o; ob=$V
   sleep 1
   # The rail dies: every packet either way is dropped (netem). Soft-RoCE's own resend limit
   # never fires here (and short resend timers trip its resend path), so what sees the loss is
-  # railcc's watch: writes unacknowledged for 2 s and 4x what their rate explains.
-  txb a1; t0=$V
-  $tc qdisc add dev a1 root netem loss 100%; $tc qdisc add dev b1 root netem loss 100%
+  # railcc's watch: writes or control messages unacknowledged for 2 s (writes: and 4x what
+  # their rate explains).
+  txb a$1; t0=$V; txb a$o; o0=$V
+  $tc qdisc add dev a$1 root netem loss 100%; $tc qdisc add dev b$1 root netem loss 100%
+  date -u +%H:%M:%S > /tmp/loss$1$2.at
   sleep 1
-  txb a1; t1=$V
+  txb a$1; t1=$V
   ST=
   for r in $pids; do wait $r; ST="$ST $?"; done
   ST=${ST# }
-  txb a1; t2=$V
-  BEFORE=$((t0 - tb))
-  echo "rail 1 (a1) bytes out: $BEFORE in the second before the loss, $((t1 - t0)) in the second after it began, $((t2 - t1)) after that"
-  $tc qdisc del dev a1 root; $tc qdisc del dev b1 root
+  txb a$1; t2=$V; txb a$o; o2=$V
+  BEFORE=$((t0 - tb)); OTHER=$((o0 - ob))
+  echo "rail $1 (a$1) bytes out: $BEFORE in the second before the loss (a$o: $OTHER), $((t1 - t0)) in the second after it began, $((t2 - t1)) after that (a$o: $((o2 - o0)) after the loss began)"
+  $tc qdisc del dev a$1 root; $tc qdisc del dev b$1 root
   sleep 1
 }
-loss 1
-grep -hE "^ok|^error|its rail is out" /tmp/loss1.*.log | cut -c1-240
-[ "$ST" = "0 0" ] || { cat /tmp/loss1.*.log; fail "rail 1 down with failover: ranks exited $ST"; }
-# The loss came mid-run (rail 1 was carrying data the second before) and was seen: a rank
-# gave rail 1 up (Soft-RoCE's own resend limit never fires here; railcc's stall watch does).
-[ "$BEFORE" -gt 0 ] || { cat /tmp/loss1.*.log; fail "rail 1 down with failover: rail 1 carried nothing before the loss"; }
-grep -q "its rail is out" /tmp/loss1.0.log /tmp/loss1.1.log || { cat /tmp/loss1.*.log; fail "rail 1 down with failover: no rank gave rail 1 up"; }
-echo "rail 1 down mid-run with failover: both ranks finished their checked all-reduces"
-loss 0
-grep -hE "^ok|^error" /tmp/loss0.*.log | cut -c1-240
-echo "$ST" | grep -q 1 || { cat /tmp/loss0.*.log; fail "rail 1 down without failover: ranks exited $ST (a failure was expected)"; }
-grep -q "rx.1 port 1" /tmp/loss0.0.log /tmp/loss0.1.log || { cat /tmp/loss0.*.log; fail "rail 1 down without failover: no error names the port"; }
-echo "rail 1 down with RAILCC_RAIL_FAILOVER=0: ranks exited $ST, naming the port"
+for rail in 1 0; do
+  loss $rail 1
+  grep -hE "^ok|^error|its rail is out" /tmp/loss${rail}1.*.log | cut -c1-300
+  [ "$ST" = "0 0" ] || { cat /tmp/loss${rail}1.*.log; fail "rail $rail down with failover: ranks exited $ST"; }
+  # The loss came mid-run (the rail was carrying data the second before) and was seen: a rank
+  # gave the rail up (Soft-RoCE's own resend limit never fires here; railcc's stall watch does).
+  [ "$BEFORE" -gt 0 ] || { cat /tmp/loss${rail}1.*.log; fail "rail $rail down with failover: rail $rail carried nothing before the loss"; }
+  grep -q "queue pair $rail .*its rail is out" /tmp/loss${rail}1.0.log /tmp/loss${rail}1.1.log \
+    || { cat /tmp/loss${rail}1.*.log; fail "rail $rail down with failover: no rank gave rail $rail up"; }
+  grep -q "^ok: 60 all-reduces" /tmp/loss${rail}1.0.log && grep -q "^ok: 60 all-reduces" /tmp/loss${rail}1.1.log \
+    || { cat /tmp/loss${rail}1.*.log; fail "rail $rail down with failover: a rank did not check its 60 all-reduces"; }
+  echo "rail $rail down mid-run with failover: both ranks finished their checked all-reduces, 0 wrong (loss began at $(cat /tmp/loss${rail}1.at) UTC)"
+  loss $rail 0
+  grep -hE "^ok|^error" /tmp/loss${rail}0.*.log | cut -c1-300
+  case " $ST " in *" 0 "*|*" 124 "*|*" 137 "*|*" 143 "*) cat /tmp/loss${rail}0.*.log; fail "rail $rail down without failover: ranks exited $ST (both should fail, at once)";; esac
+  for r in 0 1; do
+    grep -q "rx.$rail port 1" /tmp/loss${rail}0.$r.log || { cat /tmp/loss${rail}0.*.log; fail "rail $rail down without failover: rank $r's error does not name the port"; }
+  done
+  echo "rail $rail down with RAILCC_RAIL_FAILOVER=0: ranks exited $ST, both naming the port"
+done
 
 # 4. GPU-NIC affinity. Node X (a or b): two emulated GPUs and its two ports on PCI, GPU 0 on
 #    the switch of port 1 (PIX), GPU 1 on the switch of port 0.

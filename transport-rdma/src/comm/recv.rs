@@ -9,6 +9,8 @@ struct RecvReq {
     tag: MsgTag,
     /// The caller's buffer (written directly, or copied into from a staging slot).
     dst: usize,
+    /// Where the sender writes (the caller's buffer or a staging slot).
+    target: usize,
     reg: Reg,
     /// Pieces not yet written (see `split`), and which have been (a piece written again
     /// after its queue pair died counts once).
@@ -22,8 +24,11 @@ pub struct RdmaRecvComm {
     next_seq: u64,
     pending: VecDeque<RecvReq>,
     results: HashMap<u64, Result<usize>>,
-    /// Answers to the sender's questions (sequence number, word) waiting for a control slot.
-    answers: VecDeque<(u32, u32)>,
+    /// Answers owed to the sender's questions (sequence numbers): each is worked out when a
+    /// control slot is free, from what has arrived by then.
+    answers: VecDeque<u32>,
+    /// Clear-to-sends to send again: their queue pair died under them.
+    rects: VecDeque<u64>,
 }
 
 impl RdmaRecvComm {
@@ -33,93 +38,154 @@ impl RdmaRecvComm {
         control: TcpStream,
         failover: bool,
     ) -> Result<RdmaRecvComm> {
-        let link = Link::new(qps, peer, control, failover)?;
-        link.post_data_recvs()?;
         Ok(RdmaRecvComm {
-            link,
+            link: Link::new(qps, peer, control, failover)?,
             regions: Regions::default(),
             next_seq: 0,
             pending: VecDeque::new(),
             results: HashMap::new(),
             answers: VecDeque::new(),
+            rects: VecDeque::new(),
         })
     }
 
     fn progress(&mut self) -> Result<()> {
         let comps = self.link.poll()?;
         let mut queries = Vec::new();
-        for c in &comps {
-            match c.wr_id & KIND {
-                K_CTRL => self.link.ctrl.free_tx.push((c.wr_id & !KIND) as usize),
-                K_RECV => {
-                    let slot = (c.wr_id & !KIND) as usize;
-                    let imm = c.imm.unwrap_or(0);
-                    let kind = (imm >> PIECE_SHIFT) & PIECE_MASK;
-                    let r = if imm & ERR_BIT != 0 && kind == CTRL_QUERY {
-                        // The queue pairs the sender gave up on: closed here first, so no
-                        // late piece lands after the answer.
-                        let b = self.link.ctrl.rx(slot);
-                        let mask = u32::from_le_bytes(b[..4].try_into().unwrap_or_default());
-                        self.close_dead(mask)?;
-                        // Answered once every completion of this poll is in: a piece that
-                        // arrived on another queue pair in the same batch counts.
-                        queries.push(imm & SEQ_MASK);
-                        Ok(())
-                    } else if imm & ERR_BIT != 0 && kind == CTRL_MISMATCH {
-                        let mismatch = decode_tag_len(self.link.ctrl.rx(slot));
-                        self.sender_refused(imm, mismatch)
-                    } else {
-                        self.piece_arrived(imm)
-                    };
-                    if let Err(e) = self.link.ctrl.repost(&self.link.qp, slot) {
-                        return Err(self.link.fail(e));
-                    }
-                    r?;
-                }
-                // A data queue pair that died (failover): its receives come back flushed.
-                K_DATA if !c.ok => {}
-                K_DATA => {
-                    self.link.repost_data(c.wr_id)?;
-                    self.piece_arrived(c.imm.unwrap_or(0))?;
-                }
-                _ => {}
-            }
-        }
+        let r = comps.iter().try_for_each(|c| self.handle(c, &mut queries));
         self.link.done_with(comps);
-        for seq in queries {
-            let word = match self.pending.iter().find(|r| r.seq as u32 & SEQ_MASK == seq) {
-                Some(r) => r.got as u32,
-                None => ANSWER_DONE,
-            };
-            self.answers.push_back((seq, word));
+        r?;
+        if !queries.is_empty() {
+            // The queue pairs the sender gave up were closed here; whatever landed on them
+            // before counts in the answer, so nothing arrives after it.
+            let mut more = Vec::new();
+            for q in 0..self.link.nqps() {
+                if self.link.dead[q] {
+                    self.link.drain(q, &mut more)?;
+                }
+            }
+            more.iter().try_for_each(|c| self.handle(c, &mut queries))?;
         }
-        self.send_answers()
+        self.answers.extend(queries);
+        self.link.check_ctrl_stalls(std::time::Instant::now())?;
+        self.send_queued()
     }
 
-    /// Closes the data queue pairs in `mask` (never the first: it carries control messages).
-    fn close_dead(&mut self, mask: u32) -> Result<()> {
-        for q in 1..self.link.nqps().min(32) {
-            if mask & (1 << q) != 0 && !self.link.dead[q] {
-                self.link.dead[q] = true;
-                if let Err(e) = self.link.qp_at(q).set_error() {
-                    return Err(self.link.fail(e));
-                }
+    /// One completion. Questions (their sequence numbers) go to `queries`.
+    fn handle(&mut self, c: &Completion, queries: &mut Vec<u32>) -> Result<()> {
+        match c.wr_id & KIND {
+            K_CTRL => match self.link.ctrl_completed(c) {
+                TxUse::Cts(seq) if !c.ok => self.rects.push_back(seq),
+                TxUse::Answer(seq) if !c.ok => self.answers.push_back(seq),
+                _ => {}
+            },
+            // Flushed: its queue pair was given up.
+            K_RECV if !c.ok => {}
+            K_RECV => {
+                let q = Link::qp_of(c.wr_id);
+                let slot = (c.wr_id & SLOT_BITS) as usize;
+                let imm = c.imm.unwrap_or(0);
+                let r = if imm & ERR_BIT != 0 {
+                    self.control(q, slot, imm, queries)
+                } else {
+                    self.piece_arrived(imm)
+                };
+                self.link.repost(c.wr_id)?;
+                r?;
             }
+            _ => {}
         }
         Ok(())
     }
 
-    /// Tells the sender which pieces of a message arrived (it asks after a queue pair died,
-    /// and writes again only the missing ones, while the receive is still offered).
-    fn send_answers(&mut self) -> Result<()> {
-        while let Some(&(seq, word)) = self.answers.front() {
+    /// A control message from the sender, in receive slot `slot` of queue pair `q`.
+    fn control(&mut self, q: usize, slot: usize, imm: u32, queries: &mut Vec<u32>) -> Result<()> {
+        self.link.control_seen(q)?;
+        match (imm >> PIECE_SHIFT) & PIECE_MASK {
+            // The queue pairs the sender gave up: closed here first, so no late piece lands
+            // after the answer. Answered once every completion of this poll is in.
+            CTRL_QUERY => {
+                self.link.close(self.link.ctrl.rx_word(q, slot, 0))?;
+                queries.push(imm & SEQ_MASK);
+                Ok(())
+            }
+            CTRL_CLOSED => self.link.close(self.link.ctrl.rx_word(q, slot, 0)),
+            CTRL_MISMATCH => {
+                let mismatch = decode_tag_len(self.link.ctrl.rx(q, slot));
+                self.sender_refused(imm, mismatch)
+            }
+            k => {
+                let e = Error::new(
+                    ErrorKind::Protocol,
+                    format!(
+                        "rdma: rank {} sent control message kind {k}",
+                        self.link.peer
+                    ),
+                );
+                Err(self.link.fail(e))
+            }
+        }
+    }
+
+    /// Sends what waits for a control slot: the notice of queue pairs given up, clear-to-sends
+    /// lost with their queue pair, and answers (which pieces of a message arrived: the sender
+    /// writes again only the missing ones, while the receive is still offered; with the
+    /// queue pairs closed here, whose pieces can no longer land).
+    fn send_queued(&mut self) -> Result<()> {
+        self.link.tell_peer()?;
+        while let Some(&seq) = self.rects.front() {
+            let Some(i) = self.pending.iter().position(|r| r.seq == seq) else {
+                self.rects.pop_front();
+                continue;
+            };
+            let Some(slot) = self.link.ctrl.free_tx.pop() else {
+                break;
+            };
+            self.rects.pop_front();
+            self.post_cts(slot, i)?;
+        }
+        while let Some(&seq) = self.answers.front() {
             let Some(slot) = self.link.ctrl.free_tx.pop() else {
                 break;
             };
             self.answers.pop_front();
-            self.link.send_word(slot, word, CTRL_ANSWER, seq)?;
+            let word = match self.pending.iter().find(|r| r.seq as u32 & SEQ_MASK == seq) {
+                Some(r) => r.got as u32,
+                None => ANSWER_DONE,
+            };
+            let closed = self.link.dead_mask();
+            self.link
+                .send_words(slot, [word, closed], CTRL_ANSWER, seq, TxUse::Answer(seq))?;
         }
         Ok(())
+    }
+
+    /// SENDs the clear-to-send of pending receive `i` from control slot `slot`.
+    fn post_cts(&mut self, slot: usize, i: usize) -> Result<()> {
+        let r = &self.pending[i];
+        let (seq, target, tag, len) = (r.seq, r.target, r.tag, r.len);
+        // One remote key per device: the writer uses the one of the queue pair it writes on.
+        let mut rkeys = [0u32; MAX_RAILS];
+        for (d, k) in rkeys.iter_mut().enumerate().take(self.link.devs.len()) {
+            *k = r.reg.keys(d).1;
+        }
+        let b = self.link.ctrl.tx_mut(slot);
+        b[..8].copy_from_slice(&(target as u64).to_le_bytes());
+        for (k, at) in rkeys.iter().zip(CTS_RKEY_AT) {
+            b[at..at + 4].copy_from_slice(&k.to_le_bytes());
+        }
+        encode_tag_len(&mut b[16..], &tag, len as u64);
+        let imm = seq as u32 & SEQ_MASK;
+        self.link
+            .send_ctrl(slot, SLOT as u32, imm, TxUse::Cts(seq))
+            .map(drop)
+    }
+
+    /// Message `imm` (its sequence number) was offered and is complete already.
+    fn finished_before(&self, imm: u32) -> bool {
+        let seq = imm & SEQ_MASK;
+        let d = (self.next_seq as u32).wrapping_sub(seq) & SEQ_MASK;
+        d != 0 && d <= SEQ_MASK / 2 && !self.pending.iter().any(|r| r.seq as u32 & SEQ_MASK == seq)
     }
 
     /// The offered receive for message `imm` (its low 31 bits), or a protocol error.
@@ -166,6 +232,9 @@ impl RdmaRecvComm {
 
     /// The sender found our receive does not match its send: fail it with the same cause.
     fn sender_refused(&mut self, imm: u32, (theirs, len): (MsgTag, u64)) -> Result<()> {
+        if self.finished_before(imm) {
+            return Ok(()); // a report sent again after its queue pair died: failed already
+        }
         let i = self.offered(imm)?;
         if let Some(req) = self.pending.remove(i) {
             let e = if theirs == req.tag {
@@ -253,43 +322,17 @@ impl railcc_core::net::NetRecvComm for RdmaRecvComm {
         let seq = self.next_seq;
         self.next_seq += 1;
         let slot = self.link.ctrl.free_tx.pop().unwrap_or(0);
-        let a = self.link.ctrl.tx_addr(slot);
-        {
-            let o = slot * SLOT;
-            let b = &mut self.link.ctrl.buf[o..o + SLOT];
-            b[..8].copy_from_slice(&(target as u64).to_le_bytes());
-            // One remote key per device: the writer uses the one of the queue pair it writes on.
-            for (d, at) in CTS_RKEY_AT.iter().enumerate() {
-                let rkey = if d < self.link.devs.len() {
-                    reg.keys(d).1
-                } else {
-                    0
-                };
-                b[*at..at + 4].copy_from_slice(&rkey.to_le_bytes());
-            }
-            encode_tag_len(&mut b[16..], &tag, len as u64);
-        }
-        let lkey = self.link.ctrl.mr.lkey;
-        if let Err(e) = self.link.qp.post_send(
-            K_CTRL | slot as u64,
-            a,
-            SLOT as u32,
-            lkey,
-            None,
-            Some(seq as u32 & SEQ_MASK),
-            true,
-        ) {
-            return Err(self.link.fail(e));
-        }
         self.pending.push_back(RecvReq {
             seq,
             len,
             tag,
             dst: data as usize,
+            target,
             reg,
             left: split(len, self.link.nqps()).1,
             got: 0,
         });
+        self.post_cts(slot, self.pending.len() - 1)?;
         Ok(ReqId(seq))
     }
 
@@ -327,7 +370,10 @@ impl railcc_core::net::NetRecvComm for RdmaRecvComm {
                 .unwrap_or_default(),
             self.link.ctrl.free_tx.len(),
             self.link.nqps()
-        )
+        ) + &match self.link.dead_mask() {
+            0 => String::new(),
+            m => format!(" (dead: mask {m:#x})"),
+        }
     }
 
     fn close(self: Box<Self>) -> Result<()> {

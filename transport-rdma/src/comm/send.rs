@@ -2,6 +2,8 @@
 
 use super::*;
 
+mod failover;
+
 struct SendReq {
     seq: u64,
     data: usize,
@@ -11,7 +13,6 @@ struct SendReq {
 }
 
 struct Cts {
-    seq: u32,
     addr: u64,
     /// The receiver's remote key on each of its devices.
     rkeys: [u32; MAX_RAILS],
@@ -28,6 +29,9 @@ const ASKING: usize = usize::MAX - 1;
 struct Piece {
     /// The queue pair it is on, or UNPLACED, or ASKING.
     qp: usize,
+    /// While ASKING: the queue pair it was lost on (an answer counts for it only once the
+    /// receiver has closed that one).
+    lost_on: usize,
     off: usize,
     n: usize,
     /// Send-queue entries it takes: one write per `MAX_WRITE` bytes (at least one).
@@ -58,7 +62,11 @@ pub struct RdmaSendComm {
     regions: Regions,
     next_seq: u64,
     queue: VecDeque<SendReq>,
-    cts: VecDeque<Cts>,
+    /// Clear-to-sends not yet matched, by message: they may come out of order (one sent
+    /// again on a live queue pair after its first died) or twice (seen once).
+    cts: HashMap<u64, Cts>,
+    /// Messages matched so far (the next clear-to-send to match is for this one).
+    matched: u64,
     inflight: VecDeque<InFlight>,
     /// Send-queue entries in use, per queue pair.
     sq_used: Vec<u32>,
@@ -72,6 +80,10 @@ pub struct RdmaSendComm {
     resend: VecDeque<(u64, usize)>,
     /// Messages to ask the receiver about (which of their pieces arrived).
     queries: VecDeque<u64>,
+    /// Mismatch reports (tag and length sent) not yet acknowledged, and those to send again
+    /// (their queue pair died).
+    reports: HashMap<u64, (MsgTag, u64)>,
+    rereport: VecDeque<u64>,
 }
 
 impl RdmaSendComm {
@@ -95,11 +107,14 @@ impl RdmaSendComm {
             regions: Regions::default(),
             next_seq: 0,
             queue: VecDeque::new(),
-            cts: VecDeque::new(),
+            cts: HashMap::new(),
+            matched: 0,
             inflight: VecDeque::new(),
             results: HashMap::new(),
             resend: VecDeque::new(),
             queries: VecDeque::new(),
+            reports: HashMap::new(),
+            rereport: VecDeque::new(),
         })
     }
 
@@ -144,171 +159,85 @@ impl RdmaSendComm {
         }
     }
 
-    /// A write of piece `p` of message `seq` failed on queue pair `q`, which is dead now. It
-    /// may have arrived all the same (its acknowledgement lost): the receiver is asked, and
-    /// only what it lacks is written again, on a live queue pair, while its receive is still
-    /// offered (a late second copy could land in a buffer already handed back).
-    fn piece_failed(&mut self, q: usize, seq: u64, p: usize) {
-        let Some(i) = self.find(seq) else { return };
-        let w = &mut self.inflight[i];
-        if let Some(piece) = w.pieces.get_mut(p) {
-            if !piece.done && piece.qp == q {
-                piece.qp = ASKING;
-                if !w.asked {
-                    w.asked = true;
-                    self.queries.push_back(w.seq);
-                }
-            }
-        }
-    }
-
-    /// The receiver's answer about message `seq`: the pieces it has (`word`'s low 16 bits), or
-    /// `ANSWER_DONE`. The others are written again.
-    fn answered(&mut self, seq: u32, word: u32) {
-        let Some(i) = self
-            .inflight
-            .iter()
-            .position(|w| w.seq as u32 & SEQ_MASK == seq)
-        else {
-            return;
-        };
-        let w = &mut self.inflight[i];
-        w.asked = false;
-        for (p, piece) in w.pieces.iter_mut().enumerate() {
-            if piece.qp != ASKING {
-                continue;
-            }
-            if word & ANSWER_DONE != 0 || word & (1 << p) != 0 {
-                piece.done = true;
-                w.left -= 1;
-            } else {
-                piece.qp = UNPLACED;
-                self.resend.push_back((w.seq, p));
-            }
-        }
-        if w.left == 0 {
-            self.finish(i);
-        }
-    }
-
-    /// Sends the questions queued by `piece_failed` on the first queue pair.
-    fn ask(&mut self) -> Result<()> {
-        while let Some(&seq) = self.queries.front() {
-            if self.sq_used[0] >= DEPTH {
-                break;
-            }
-            let Some(slot) = self.link.ctrl.free_tx.pop() else {
-                break;
-            };
-            self.queries.pop_front();
-            // The question carries the queue pairs found dead here (a mask): the receiver
-            // closes them before it answers.
-            let mask: u32 = (0..self.link.nqps())
-                .filter(|&q| self.link.dead[q])
-                .fold(0, |m, q| m | 1 << q);
-            self.sq_used[0] += 1;
-            self.link
-                .send_word(slot, mask, CTRL_QUERY, seq as u32 & SEQ_MASK)?;
-        }
-        Ok(())
-    }
-
     fn progress(&mut self) -> Result<()> {
         let comps = self.link.poll()?;
-        for c in &comps {
-            match c.wr_id & KIND {
-                K_CTRL => {
-                    self.link.ctrl.free_tx.push((c.wr_id & !KIND) as usize);
-                    self.sq_used[0] -= 1;
-                }
-                K_RECV if c.imm.unwrap_or(0) & ERR_BIT != 0 => {
-                    // The receiver's answer to a question about a message's pieces.
-                    let slot = (c.wr_id & !KIND) as usize;
-                    let imm = c.imm.unwrap_or(0);
-                    let b = self.link.ctrl.rx(slot);
-                    let word = u32::from_le_bytes(b[..4].try_into().unwrap_or_default());
-                    if (imm >> PIECE_SHIFT) & PIECE_MASK == CTRL_ANSWER {
-                        self.answered(imm & SEQ_MASK, word);
-                    }
-                    if let Err(e) = self.link.ctrl.repost(&self.link.qp, slot) {
-                        return Err(self.link.fail(e));
-                    }
-                }
-                K_RECV => {
-                    let slot = (c.wr_id & !KIND) as usize;
-                    let b = self.link.ctrl.rx(slot);
-                    let (tag, len) = decode_tag_len(&b[16..]);
-                    let mut rkeys = [0u32; MAX_RAILS];
-                    for (k, at) in rkeys.iter_mut().zip(CTS_RKEY_AT) {
-                        *k = u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or_default());
-                    }
-                    let cts = Cts {
-                        seq: c.imm.unwrap_or(0) & SEQ_MASK,
-                        addr: u64::from_le_bytes(b[..8].try_into().unwrap_or_default()),
-                        rkeys,
-                        len,
-                        tag,
-                    };
-                    self.cts.push_back(cts);
-                    if let Err(e) = self.link.ctrl.repost(&self.link.qp, slot) {
-                        return Err(self.link.fail(e));
-                    }
-                }
-                K_WRITE => {
-                    let q = ((c.wr_id & QP_BITS) >> QP_SHIFT) as usize;
-                    let p = ((c.wr_id & LOW_BITS) >> WR_PIECE_SHIFT) as usize;
-                    let seq = c.wr_id & WR_SEQ;
-                    if c.ok {
-                        self.piece_done(q, seq, p)?;
-                    } else {
-                        self.piece_failed(q, seq, p);
-                    }
-                }
-                _ => {}
-            }
-        }
+        let r = comps.iter().try_for_each(|c| self.handle(c));
         self.link.done_with(comps);
+        r?;
         self.check_stalls()?;
         self.start_writes()
     }
 
-    /// A queue pair (not the first) that stopped acknowledging is given up on: moved to the
-    /// error state, so its writes come back flushed and are asked about; the receiver is told
-    /// to close its end too, so nothing late lands after its answer. Without failover the
-    /// stall is the connection's error, naming the port.
-    fn check_stalls(&mut self) -> Result<()> {
-        let now = std::time::Instant::now();
-        for q in 1..self.link.nqps() {
-            if self.link.dead[q] {
-                continue;
+    fn handle(&mut self, c: &Completion) -> Result<()> {
+        let q = Link::qp_of(c.wr_id);
+        match c.wr_id & KIND {
+            K_CTRL => {
+                if let Some(u) = self.sq_used.get_mut(q) {
+                    *u = u.saturating_sub(1);
+                }
+                match (self.link.ctrl_completed(c), c.ok) {
+                    (TxUse::Report(seq), true) => drop(self.reports.remove(&seq)),
+                    (TxUse::Report(seq), false) => self.rereport.push_back(seq),
+                    (TxUse::Query(seq), false) => self.queries.push_back(seq),
+                    _ => {}
+                }
             }
-            let Some(idle) = self.meter.stalled(q, now) else {
-                continue;
-            };
-            let c = &self.link.qp_at(q).ctx;
-            let what = format!(
-                "queue pair {q} to rank {} on {} port {} has had writes unacknowledged for {:.1} s (its port or link is down?)",
-                self.link.peer,
-                c.name,
-                c.port,
-                idle.as_secs_f64()
-            );
-            if !self.link.failover {
-                let e = Error::new(
-                    ErrorKind::PeerClosed,
-                    format!(
-                        "{what} (RAILCC_RAIL_FAILOVER=0: a rail that fails ends the connection)"
-                    ),
-                );
-                return Err(self.link.fail(e));
+            // Flushed: its queue pair was given up.
+            K_RECV if !c.ok => {}
+            K_RECV => {
+                self.link.control_seen(q)?;
+                let slot = (c.wr_id & SLOT_BITS) as usize;
+                let imm = c.imm.unwrap_or(0);
+                if imm & ERR_BIT != 0 {
+                    let kind = (imm >> PIECE_SHIFT) & PIECE_MASK;
+                    let w = |at| self.link.ctrl.rx_word(q, slot, at);
+                    let (word, mask) = (w(0), w(4));
+                    if kind == CTRL_ANSWER {
+                        // The receiver's answer to a question about a message's pieces.
+                        self.answered(imm & SEQ_MASK, word, mask);
+                    } else if kind == CTRL_CLOSED {
+                        self.link.close(word)?;
+                    }
+                } else {
+                    self.cts_arrived(q, slot, imm & SEQ_MASK);
+                }
+                self.link.repost(c.wr_id)?;
             }
-            tracing::warn!("rdma: {what}; its rail is out, the others carry on");
-            self.link.dead[q] = true;
-            if let Err(e) = self.link.qp_at(q).set_error() {
-                return Err(self.link.fail(e));
+            K_WRITE => {
+                let p = ((c.wr_id & LOW_BITS) >> WR_PIECE_SHIFT) as usize;
+                let seq = c.wr_id & WR_SEQ;
+                if c.ok {
+                    self.piece_done(q, seq, p)?;
+                } else {
+                    self.piece_failed(q, seq, p);
+                }
             }
+            _ => {}
         }
         Ok(())
+    }
+
+    /// A clear-to-send for message `seq` (its low bits) in receive slot `slot` of queue pair
+    /// `q`; one for a message matched already (sent again after its queue pair died) is
+    /// dropped.
+    fn cts_arrived(&mut self, q: usize, slot: usize, seq: u32) {
+        let ahead = seq.wrapping_sub(self.matched as u32) & SEQ_MASK;
+        if ahead > SEQ_MASK / 2 {
+            return;
+        }
+        let b = self.link.ctrl.rx(q, slot);
+        let (tag, len) = decode_tag_len(&b[16..]);
+        let mut rkeys = [0u32; MAX_RAILS];
+        for (k, at) in rkeys.iter_mut().zip(CTS_RKEY_AT) {
+            *k = u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or_default());
+        }
+        let cts = Cts {
+            addr: u64::from_le_bytes(b[..8].try_into().unwrap_or_default()),
+            rkeys,
+            len,
+            tag,
+        };
+        self.cts.entry(self.matched + ahead as u64).or_insert(cts);
     }
 
     /// Posts piece `p` of in-flight message `i` on queue pair `q`: one write per `MAX_WRITE`
@@ -355,36 +284,12 @@ impl RdmaSendComm {
         self.link.dead.iter().map(|d| !d).collect()
     }
 
-    /// Writes again the missing pieces whose queue pair died, on the fastest live one.
-    fn resend_pieces(&mut self) -> Result<()> {
-        while let Some(&(seq, p)) = self.resend.front() {
-            let Some(i) = self.inflight.iter().position(|w| w.seq == seq) else {
-                self.resend.pop_front();
-                continue;
-            };
-            let best = rails::fastest_live(&self.live(), &self.meter.weights);
-            let Some(q) = best else {
-                let e = Error::new(
-                    ErrorKind::PeerClosed,
-                    format!("every queue pair to rank {} is down", self.link.peer),
-                );
-                return Err(self.link.fail(e));
-            };
-            if self.sq_used[q] + self.inflight[i].pieces[p].wrs > DEPTH {
-                break;
-            }
-            self.resend.pop_front();
-            self.post_piece(i, p, q)?;
-        }
-        Ok(())
-    }
-
     /// Pairs queued sends with clear-to-sends, in order, and writes.
     fn start_writes(&mut self) -> Result<()> {
         self.ask()?;
         self.resend_pieces()?;
         let nqps = self.link.nqps();
-        while let (Some(s), Some(c)) = (self.queue.front(), self.cts.front()) {
+        while let Some(s) = self.queue.front().filter(|s| self.cts.contains_key(&s.seq)) {
             let k = split(s.len, nqps).1;
             let live = self.live();
             let Some(on) = rails::placement(k, &live, &self.meter.weights) else {
@@ -407,41 +312,21 @@ impl RdmaSendComm {
                 need[*q] += wrs_of(*n);
             }
             let full = (0..nqps).any(|q| self.sq_used[q] + need[q] > DEPTH);
-            if full || self.sq_used[0] >= DEPTH || self.link.ctrl.free_tx.is_empty() {
+            let ctrl_full = self.link.ctrl_qp().is_none_or(|q| self.sq_used[q] >= DEPTH);
+            if full || ctrl_full || self.link.ctrl.free_tx.is_empty() {
                 break;
             }
-            if c.seq != s.seq as u32 & SEQ_MASK {
-                let e = Error::new(
-                    ErrorKind::Protocol,
-                    format!(
-                        "rank {} offered message {} where {} was next",
-                        self.link.peer, c.seq, s.seq
-                    ),
-                );
-                return Err(self.link.fail(e));
-            }
-            let (s, c) = match (self.queue.pop_front(), self.cts.pop_front()) {
-                (Some(s), Some(c)) => (s, c),
-                _ => break,
+            let (s, c) = match self.queue.pop_front() {
+                Some(s) => match self.cts.remove(&s.seq) {
+                    Some(c) => (s, c),
+                    None => break,
+                },
+                None => break,
             };
+            self.matched = s.seq + 1;
             if c.tag != s.tag || c.len != s.len as u64 {
                 // Tell the receiver what we sent, so it fails with the same cause.
-                let slot = self.link.ctrl.free_tx.pop().unwrap_or(0);
-                let o = slot * SLOT;
-                encode_tag_len(&mut self.link.ctrl.buf[o..o + SLOT], &s.tag, s.len as u64);
-                let (a, lkey) = (self.link.ctrl.tx_addr(slot), self.link.ctrl.mr.lkey);
-                self.sq_used[0] += 1;
-                if let Err(e) = self.link.qp.post_send(
-                    K_CTRL | slot as u64,
-                    a,
-                    (TAG_BYTES + 8) as u32,
-                    lkey,
-                    None,
-                    Some(ERR_BIT | (CTRL_MISMATCH << PIECE_SHIFT) | (s.seq as u32 & SEQ_MASK)),
-                    true,
-                ) {
-                    return Err(self.link.fail(e));
-                }
+                self.report(s.seq, &s.tag, s.len as u64)?;
                 let e = if c.tag == s.tag {
                     Error::new(
                         ErrorKind::Mismatch,
@@ -458,12 +343,12 @@ impl RdmaSendComm {
                 continue;
             }
             let (src, reg) = match self.link.stage.take_reg(s.len, s.mr.as_ref()) {
-                Some((addr, Reg::Staged { slot, lkey, rkey })) => {
+                Some((addr, Reg::Staged { slot, keys })) => {
                     // SAFETY: `isend`'s contract keeps the caller's `len` bytes at `data`
                     // valid until the send completes; the slot has room for `len <= eager`.
                     let from = unsafe { std::slice::from_raw_parts(s.data as *const u8, s.len) };
                     self.link.stage.slot_mut(slot)[..s.len].copy_from_slice(from);
-                    (addr, Reg::Staged { slot, lkey, rkey })
+                    (addr, Reg::Staged { slot, keys })
                 }
                 Some(other) => other,
                 None => (
@@ -483,6 +368,7 @@ impl RdmaSendComm {
             for n in &sizes {
                 pieces.push(Piece {
                     qp: UNPLACED,
+                    lost_on: UNPLACED,
                     off,
                     n: *n,
                     wrs: wrs_of(*n),
@@ -597,27 +483,5 @@ impl railcc_core::net::NetSendComm for RdmaSendComm {
 
     fn close(self: Box<Self>) -> Result<()> {
         Ok(())
-    }
-}
-
-impl RdmaSendComm {
-    /// With several queue pairs: their shares of each message, and which are dead.
-    fn rails_state(&self) -> String {
-        if self.link.nqps() < 2 {
-            return String::new();
-        }
-        let dead: Vec<usize> = (0..self.link.nqps())
-            .filter(|&q| self.link.dead[q])
-            .collect();
-        format!(
-            "; queue pairs on {} device(s), shares (measured) {}{}",
-            self.link.devs.len(),
-            self.meter.shares(),
-            if dead.is_empty() {
-                String::new()
-            } else {
-                format!(", dead {dead:?}")
-            }
-        )
     }
 }
