@@ -6,7 +6,9 @@
 # collective, dtype and op, in and out of place, -G), nccl (nccl-tests on railcc's libnccl
 # under mpirun -np 2 on two emulated hosts: every binary, -d all, -o all, -G 10), perf
 # (all_reduce 8 B-128 MB: railcc's libnccl, NCCL defaults, NCCL with 4 threads x 4 sockets,
-# same mpirun, same hosts), kill (a rank killed in a 256 MB all_reduce: the survivor's time).
+# same mpirun, same hosts), kill (a rank killed in a 256 MB all_reduce: the survivors' time; also
+# 2 hosts x 2 ranks, hierarchical), hier (railcc bench --per-process --ranks 4 --hosts 2: the
+# hierarchy, every collective checked).
 # Logs under $OUT: gpu-net-*.log. A failed check prints FAIL and the script exits 1.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -125,27 +127,44 @@ case " $PARTS " in *" trace "*)
 
 case " $PARTS " in *" kill "*)
   LOG=$OUT/gpu-net-kill.log; : > $LOG
-  for path in "--gpu-net" ""; do
-    RAILCC_TIMEOUT_MS=10000 timeout 120 $R bench all_reduce --device cuda --per-process $path --ranks 2 -b 256M -e 256M -n 100000 -w 1 -c 0 > /tmp/kill.out 2>&1 &
+  # CASE: label | bench flags | ranks | the rank killed. The 2 x 2 case kills rank 3 (host 1,
+  # local index 1): its host mate sees its process go, its network peer (rank 1) the
+  # connections close, and rank 0 hears of it through both.
+  for kcase in "network|--gpu-net|2|1" "CUDA IPC||2|1" "2 x 2 hierarchical|--hosts 2|4|3"; do
+    IFS='|' read -r label path nr victim_rank <<< "$kcase"
+    RAILCC_TIMEOUT_MS=10000 timeout 120 $R bench all_reduce --device cuda --per-process $path --ranks $nr -b 256M -e 256M -n 100000 -w 1 -c 0 > /tmp/kill.out 2>&1 &
     bpid=$!
-    sleep 8
-    victim=$(pgrep -f "railcc bench" | while read p; do tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx RAILCC_RANK=1 && echo $p; done | head -1)
-    [ -n "$victim" ] || { fail "kill ${path:-nvlink}: no rank 1 process"; continue; }
+    sleep 10
+    victim=$(pgrep -f "railcc bench" | while read p; do tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx RAILCC_RANK=$victim_rank && echo $p; done | head -1)
+    [ -n "$victim" ] || { fail "kill $label: no rank $victim_rank process"; kill $bpid; wait $bpid; continue; }
     t0=$(date +%s%N); kill -9 $victim
     wait $bpid; rc=$?; t1=$(date +%s%N)
     ms=$(( (t1 - t0) / 1000000 ))
-    { echo "== kill ${path:-(CUDA IPC)}: rank 1 killed, job exit $rc after $ms ms"; cat /tmp/kill.out; } >> $LOG
-    echo "kill ${path:-(CUDA IPC)}: exit $rc ${ms} ms after the kill: $(grep -m1 -iE 'error|fail' /tmp/kill.out | cut -c1-220)"
-    # The survivor must fail on its own, naming the dead rank, within a second.
-    if [ $rc != 0 ] && [ $ms -lt 1000 ] && grep -v "rank 1 failed (signal" /tmp/kill.out | grep -qE "rank 1\b|peer 1\b"; then
-      echo "PASS  kill ${path:-(CUDA IPC)}: survivor failed naming rank 1 in $ms ms"
+    { echo "== kill $label: rank $victim_rank killed, job exit $rc after $ms ms"; cat /tmp/kill.out; } >> $LOG
+    echo "kill $label: exit $rc ${ms} ms after the kill: $(grep -m1 -iE 'error|fail' /tmp/kill.out | cut -c1-300)"
+    # The survivors must fail on their own, naming the dead rank, within a second.
+    if [ $rc != 0 ] && [ $ms -lt 1000 ] && grep -v "rank $victim_rank failed (signal" /tmp/kill.out | grep -qE "rank $victim_rank\b|peer $victim_rank\b"; then
+      echo "PASS  kill $label: survivors failed naming rank $victim_rank in $ms ms"
     else
-      fail "kill ${path:-(CUDA IPC)}: exit $rc after $ms ms (want an error naming rank 1 within 1000 ms)"
+      fail "kill $label: exit $rc after $ms ms (want an error naming rank $victim_rank within 1000 ms)"
     fi
     nvidia-smi --query-gpu=index,memory.used --format=csv,noheader | tr '\n' ' '; echo
   done
   check "GPUs usable after the kills: bench all_reduce both paths" \
     bash -c "$R bench all_reduce --device cuda --per-process --ranks 2 -b 8 -e 16M -f 16 -n 2 -w 1 && $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 16M -f 16 -n 2 -w 1"
 ;; esac
+
+case " $PARTS " in *" hier "*)
+  # railcc bench's per-process path on 2 emulated hosts x 2 ranks: every collective through
+  # GpuComm's hierarchy, each result checked, in and out of place, -G.
+  LOG=$OUT/gpu-net-hier.log; : > $LOG
+  for c in all_reduce all_gather reduce_scatter broadcast reduce alltoall; do
+    check "bench $c --per-process --ranks 4 --hosts 2: every dtype/op, 8 B-16 MB, --offset 8" \
+      $R bench $c --device cuda --per-process --ranks 4 --hosts 2 -b 8 -e 16M -f 64 -d all -o all -n 1 -w 0 -r 1 --offset 8
+  done
+  check "bench all_reduce --hosts 2 -G 3" $R bench all_reduce --device cuda --per-process --ranks 4 --hosts 2 -b 8 -e 64M -f 32 -d float,bfloat16 -n 3 -w 1 -G 3
+  grep -m2 "^# railcc" $LOG
+;; esac
+
 echo "gpu-net.sh: $FAILS failed"
 [ $FAILS = 0 ]

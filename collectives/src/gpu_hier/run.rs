@@ -149,11 +149,40 @@ impl HierGpu {
         a.nranks == self.layout.nranks() && takes(a)
     }
 
-    /// The error that broke either part, if any.
+    /// The error that broke either part, if any, naming ranks as the communicator does.
     pub fn async_error(&self) -> Option<Error> {
         self.local
             .async_error()
-            .or_else(|| self.cross.async_error())
+            .map(|e| self.global(e, &self.layout.hosts[self.host]))
+            .or_else(|| {
+                self.cross
+                    .async_error()
+                    .map(|e| self.global(e, &self.group()))
+            })
+    }
+
+    /// The ranks of this local index's network engine, one per host in host order.
+    fn group(&self) -> Vec<usize> {
+        self.layout.hosts.iter().map(|rs| rs[self.index]).collect()
+    }
+
+    /// `e` from a part whose ranks are `members`, with its rank and peer as this
+    /// communicator's ranks.
+    fn global(&self, mut e: Error, members: &[usize]) -> Error {
+        if e.rank.is_some() {
+            e.rank = Some(self.rank);
+        }
+        if let Some((p, g)) = e.peer.and_then(|p| members.get(p).map(|&g| (p, g))) {
+            // The part's own message numbers its ranks from 0.
+            if p != g {
+                e.message = format!(
+                    "{} (its rank {p} is rank {g} of the communicator)",
+                    e.message
+                );
+            }
+            e.peer = Some(g);
+        }
+        e
     }
 
     pub fn abort(&self) {
@@ -242,7 +271,7 @@ impl HierGpu {
                 }
                 .map(|_| ())
                 .map_err(|e| {
-                    e.op(format!(
+                    self.global(e, &self.layout.hosts[self.host]).op(format!(
                         "hierarchical {}: {} inside the host",
                         a.coll.name(),
                         c.coll.name()
@@ -263,10 +292,10 @@ impl HierGpu {
                     send: addr(c.send),
                     recv: addr(c.recv),
                 };
-                let group: Vec<usize> = self.layout.hosts.iter().map(|rs| rs[self.index]).collect();
+                let group = self.group();
                 // SAFETY: as above.
                 unsafe { self.cross.enqueue(op, stream) }.map_err(|e| {
-                    e.op(format!(
+                    self.global(e, &group).op(format!(
                         "hierarchical {}: {} between hosts (ranks {group:?})",
                         a.coll.name(),
                         c.coll.name()
