@@ -85,3 +85,28 @@ pub fn split(len: usize, nqps: usize) -> (usize, usize) {
     let chunk = len.div_ceil(nqps).next_multiple_of(4096);
     (chunk, len.div_ceil(chunk))
 }
+
+/// The full sequence number of a clear-to-send whose low bits are `seq`, when `matched`
+/// messages have been matched: None for one already matched (a copy sent again after its
+/// queue pair died), whose low bits lie behind `matched`.
+fn cts_seq(seq: u32, matched: u64) -> Option<u64> {
+    let ahead = seq.wrapping_sub(matched as u32) & SEQ_MASK;
+    (ahead <= SEQ_MASK / 2).then_some(matched + ahead as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clear_to_sends_sent_again_are_placed_or_dropped_across_the_wrap() {
+        assert_eq!(cts_seq(5, 5), Some(5));
+        assert_eq!(cts_seq(7, 5), Some(7));
+        assert_eq!(cts_seq(4, 5), None);
+        // Low bits wrap: message 2^27 + 1 arrives as 1.
+        let m = SEQ_MASK as u64 + 1;
+        assert_eq!(cts_seq(1, m - 2), Some(m + 1));
+        assert_eq!(cts_seq(SEQ_MASK, m + 3), None);
+        assert_eq!(cts_seq(SEQ_MASK, m - 1), Some(m - 1));
+    }
+}

@@ -221,10 +221,9 @@ impl RdmaSendComm {
     /// `q`; one for a message matched already (sent again after its queue pair died) is
     /// dropped.
     fn cts_arrived(&mut self, q: usize, slot: usize, seq: u32) {
-        let ahead = seq.wrapping_sub(self.matched as u32) & SEQ_MASK;
-        if ahead > SEQ_MASK / 2 {
+        let Some(full) = cts_seq(seq, self.matched) else {
             return;
-        }
+        };
         let b = self.link.ctrl.rx(q, slot);
         let (tag, len) = decode_tag_len(&b[16..]);
         let mut rkeys = [0u32; MAX_RAILS];
@@ -237,7 +236,7 @@ impl RdmaSendComm {
             len,
             tag,
         };
-        self.cts.entry(self.matched + ahead as u64).or_insert(cts);
+        self.cts.entry(full).or_insert(cts);
     }
 
     /// Posts piece `p` of in-flight message `i` on queue pair `q`: one write per `MAX_WRITE`
