@@ -63,6 +63,8 @@ pub struct Communicator {
     transport_desc: String,
     state: Mutex<State>,
     abort: Arc<AtomicBool>,
+    /// Why the communicator was aborted, when the caller said ([`Communicator::abort_with`]).
+    abort_why: parking_lot::Mutex<Option<Error>>,
     spin: Duration,
     local_ranks: usize,
     /// Rings visit ranks in this order: each host's ranks together ([`host_order`]).
@@ -127,9 +129,19 @@ impl Communicator {
         self.abort.store(true, Ordering::Relaxed);
     }
 
+    /// As [`Communicator::abort`], with `why` as the error every waiter gets and the reason the
+    /// peers hear (so a failure seen here, such as a GPU peer's death, travels on).
+    pub fn abort_with(&self, why: Error) {
+        self.abort_why.lock().get_or_insert(why);
+        self.abort();
+    }
+
     /// The error that broke this communicator, if any (like `ncclCommGetAsyncError`).
     pub fn async_error(&self) -> Option<Error> {
         if self.abort.load(Ordering::Relaxed) {
+            if let Some(why) = self.abort_why.lock().clone() {
+                return Some(why);
+            }
             return Some(Error::new(ErrorKind::Aborted, "communicator aborted").rank(self.rank));
         }
         self.state.lock().broken.clone()

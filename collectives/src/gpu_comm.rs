@@ -115,6 +115,7 @@ impl GpuComm {
                 cfg.timeout(),
                 cfg.gpu_max_blocks,
                 &mut ex,
+                None,
             )?;
             pg.ll_max_bytes = cfg.gpu_ll_max_bytes;
             Path::Peer(pg)

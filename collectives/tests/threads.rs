@@ -144,6 +144,44 @@ fn abort_from_another_thread_unblocks_a_waiter_quickly() {
     });
 }
 
+#[test]
+fn an_abort_with_a_reason_reaches_the_peers() {
+    // The hierarchical GPU path aborts its network engine with the failure it saw on the host
+    // (a GPU peer's death): the waiter here and the peer across the connection both name it.
+    let cfg = Config {
+        timeout_ms: 5000,
+        ..Config::default()
+    };
+    with_ranks(2, cfg, |c| {
+        let c = Arc::new(c);
+        c.barrier().unwrap();
+        let mut buf = vec![0u8; 16];
+        if c.rank() == 0 {
+            let c2 = c.clone();
+            let aborter = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(200));
+                let why = railcc_collectives::Error::new(
+                    ErrorKind::PeerClosed,
+                    "rank 7 (pid 1) exited during GPU collectives",
+                )
+                .peer(7)
+                .rank(0);
+                c2.abort_with(why);
+            });
+            let e = c.recv(&mut buf, 1).unwrap_err();
+            aborter.join().unwrap();
+            assert_eq!(e.kind, ErrorKind::PeerClosed, "{e}");
+            assert!(e.to_string().contains("rank 7 (pid 1) exited"), "{e}");
+            assert!(c
+                .async_error()
+                .is_some_and(|a| a.to_string().contains("rank 7")));
+        } else {
+            let e = c.recv(&mut buf, 0).unwrap_err();
+            assert!(e.to_string().contains("rank 7"), "{e}");
+        }
+    });
+}
+
 /// f16/bf16 sums accumulate wider than their storage where one step reduces every input (the
 /// direct algorithm): 256 + 7 x 1 over 8 ranks is 263, 264 in bf16; adding one rank at a time
 /// in bf16 gives 256 (256 + 1 rounds back to 256). Ring and tree partial sums travel between

@@ -90,18 +90,24 @@ impl Proc {
 fn watch(
     me: usize,
     peers: Vec<(usize, Proc)>,
+    names: Vec<usize>,
     gpu: Arc<GpuCtx>,
     broken: Arc<Mutex<Option<Error>>>,
     stop: Arc<AtomicBool>,
 ) {
     while !stop.load(Ordering::Relaxed) {
         if let Some((r, p)) = peers.iter().find(|(_, p)| !p.alive()) {
+            let name = |x: usize| names.get(x).copied().unwrap_or(x);
             let e = Error::new(
                 ErrorKind::PeerClosed,
-                format!("rank {r} (pid {}) exited during GPU collectives", p.pid),
+                format!(
+                    "rank {} (pid {}) exited during GPU collectives",
+                    name(*r),
+                    p.pid
+                ),
             )
-            .peer(*r)
-            .rank(me)
+            .peer(name(*r))
+            .rank(name(me))
             .transport(crate::NAME);
             tracing::warn!("{e}");
             broken.lock().get_or_insert(e);
@@ -194,7 +200,9 @@ fn hostname() -> String {
 
 impl ProcGpu {
     /// Collective over `nranks` processes of one host, this one driving GPU `ordinal`.
-    /// `exchange` is the bootstrap's all-gather; every rank must call this together.
+    /// `exchange` is the bootstrap's all-gather; every rank must call this together. `names`:
+    /// how errors name ranks 0..nranks (a larger communicator's ranks; default themselves).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         ordinal: usize,
         rank: usize,
@@ -203,6 +211,7 @@ impl ProcGpu {
         timeout: Duration,
         want_blocks: usize,
         exchange: &mut Exchange<'_>,
+        names: Option<&[usize]>,
     ) -> Result<ProcGpu> {
         if nranks == 0 || nranks > MAX_PEERS || rank >= nranks {
             return Err(Error::invalid(format!(
@@ -298,9 +307,10 @@ impl ProcGpu {
         let stop = Arc::new(AtomicBool::new(false));
         let watcher = {
             let (g, b, s) = (gpu.clone(), broken.clone(), stop.clone());
+            let names = names.map_or_else(|| (0..nranks).collect(), <[usize]>::to_vec);
             std::thread::Builder::new()
                 .name("railcc-gpu-watch".into())
-                .spawn(move || watch(rank, peers, g, b, s))
+                .spawn(move || watch(rank, peers, names, g, b, s))
                 .map_err(|e| Error::io("starting the GPU peer watcher", &e))?
         };
         Ok(ProcGpu {
@@ -323,6 +333,12 @@ impl ProcGpu {
     /// The error that broke this communicator (a peer died, or it was aborted), if any.
     pub fn async_error(&self) -> Option<Error> {
         self.broken.lock().clone()
+    }
+
+    /// As [`ProcGpu::abort`], with `why` as the communicator's error.
+    pub fn abort_with(&self, why: Error) {
+        self.broken.lock().get_or_insert(why);
+        self.gpu.abort_kernels();
     }
 
     /// Stops every call now: kernels stop waiting, later calls fail.

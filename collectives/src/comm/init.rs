@@ -120,6 +120,7 @@ impl Communicator {
                 broken: None,
             }),
             abort: Arc::new(AtomicBool::new(false)),
+            abort_why: parking_lot::Mutex::new(None),
             spin,
             local_ranks,
             ring_order: host_order(&hosts),

@@ -115,6 +115,13 @@ impl Communicator {
             regions,
             ws,
         );
+        // An abort with a reason fails the call with that reason, which the peers then hear.
+        let r = match r {
+            Err(e) if e.kind == ErrorKind::Aborted => {
+                Err(self.abort_why.lock().clone().unwrap_or(e))
+            }
+            r => r,
+        };
         if let Err(e) = &r {
             tracing::error!("{e}");
             st.broken = Some(e.clone());

@@ -36,6 +36,9 @@ pub struct HierGpu {
     local: Arc<ProcGpu>,
     cross: Arc<GpuNet>,
     scratch: Mutex<Scratch>,
+    /// The first failure of either part, in the communicator's numbering: what every later
+    /// call and `async_error` report, and what the other part is aborted with.
+    cause: Arc<Mutex<Option<Error>>>,
     desc: String,
     watcher: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
 }
@@ -98,6 +101,7 @@ impl HierGpu {
             cfg.timeout(),
             cfg.gpu_max_blocks,
             &mut ex,
+            Some(&mates),
         );
         let local = agree(parent, local.as_ref().map(|_| ()).map_err(Clone::clone))
             .and(local)
@@ -120,11 +124,19 @@ impl HierGpu {
         );
         let (local, cross) = (Arc::new(local), Arc::new(cross));
         let stop = Arc::new(AtomicBool::new(false));
+        let cause = Arc::new(Mutex::new(None));
         let watcher = {
-            let (l, c, s) = (local.clone(), cross.clone(), stop.clone());
+            let w = Watch {
+                local: local.clone(),
+                cross: cross.clone(),
+                cause: cause.clone(),
+                group: layout.hosts.iter().map(|rs| rs[index]).collect(),
+                rank,
+            };
+            let s = stop.clone();
             std::thread::Builder::new()
                 .name("railcc-hier-watch".into())
-                .spawn(move || watch(&l, &c, &s))
+                .spawn(move || w.run(&s))
                 .map_err(|e| Error::io("starting the hierarchical watcher", &e))?
         };
         Ok(HierGpu {
@@ -135,6 +147,7 @@ impl HierGpu {
             local,
             cross,
             scratch: Mutex::new(Scratch::default()),
+            cause,
             desc,
             watcher: Some((stop, watcher)),
         })
@@ -151,38 +164,20 @@ impl HierGpu {
 
     /// The error that broke either part, if any, naming ranks as the communicator does.
     pub fn async_error(&self) -> Option<Error> {
-        self.local
-            .async_error()
-            .map(|e| self.global(e, &self.layout.hosts[self.host]))
-            .or_else(|| {
-                self.cross
-                    .async_error()
-                    .map(|e| self.global(e, &self.group()))
-            })
+        if let Some(e) = self.cause.lock().clone() {
+            return Some(e);
+        }
+        // The host's part names ranks as the communicator does (ProcGpu's names).
+        self.local.async_error().or_else(|| {
+            self.cross
+                .async_error()
+                .map(|e| to_global(e, &self.group(), self.rank))
+        })
     }
 
     /// The ranks of this local index's network engine, one per host in host order.
     fn group(&self) -> Vec<usize> {
         self.layout.hosts.iter().map(|rs| rs[self.index]).collect()
-    }
-
-    /// `e` from a part whose ranks are `members`, with its rank and peer as this
-    /// communicator's ranks.
-    fn global(&self, mut e: Error, members: &[usize]) -> Error {
-        if e.rank.is_some() {
-            e.rank = Some(self.rank);
-        }
-        if let Some((p, g)) = e.peer.and_then(|p| members.get(p).map(|&g| (p, g))) {
-            // The part's own message numbers its ranks from 0.
-            if p != g {
-                e.message = format!(
-                    "{} (its rank {p} is rank {g} of the communicator)",
-                    e.message
-                );
-            }
-            e.peer = Some(g);
-        }
-        e
     }
 
     pub fn abort(&self) {
@@ -271,7 +266,7 @@ impl HierGpu {
                 }
                 .map(|_| ())
                 .map_err(|e| {
-                    self.global(e, &self.layout.hosts[self.host]).op(format!(
+                    self.async_error().unwrap_or(e).op(format!(
                         "hierarchical {}: {} inside the host",
                         a.coll.name(),
                         c.coll.name()
@@ -295,11 +290,13 @@ impl HierGpu {
                 let group = self.group();
                 // SAFETY: as above.
                 unsafe { self.cross.enqueue(op, stream) }.map_err(|e| {
-                    self.global(e, &group).op(format!(
-                        "hierarchical {}: {} between hosts (ranks {group:?})",
-                        a.coll.name(),
-                        c.coll.name()
-                    ))
+                    self.async_error()
+                        .unwrap_or_else(|| to_global(e, &group, self.rank))
+                        .op(format!(
+                            "hierarchical {}: {} between hosts (ranks {group:?})",
+                            a.coll.name(),
+                            c.coll.name()
+                        ))
                 })
             }
             Step::Copy { src, dst, count } => {
@@ -350,25 +347,58 @@ impl HierGpu {
     }
 }
 
-/// Either part breaking breaks the other, so a peer that died on the host (the NVLink path
-/// sees its process go) also stops the network engine's streams, and the reverse.
-fn watch(local: &ProcGpu, cross: &GpuNet, stop: &AtomicBool) {
-    while !stop.load(Ordering::Relaxed) {
-        if let Some(e) = local.async_error() {
-            tracing::warn!(
-                "hierarchical: the host's GPUs broke ({e}); stopping the network engine"
+/// `e` from the network engine of the ranks `members` (its ranks number them from 0), with
+/// its rank and peer as the communicator's.
+fn to_global(mut e: Error, members: &[usize], rank: usize) -> Error {
+    if e.rank.is_some() {
+        e.rank = Some(rank);
+    }
+    if let Some((p, g)) = e.peer.and_then(|p| members.get(p).map(|&g| (p, g))) {
+        if p != g {
+            e.message = format!(
+                "{} (its rank {p} is rank {g} of the communicator)",
+                e.message
             );
-            cross.abort();
-            return;
         }
-        if let Some(e) = cross.async_error() {
-            tracing::warn!(
-                "hierarchical: the network engine broke ({e}); stopping the host's GPUs"
-            );
-            local.abort();
-            return;
+        e.peer = Some(g);
+    }
+    e
+}
+
+/// Either part breaking breaks the other with the same cause, so a peer that died on the host
+/// (the NVLink path sees its process go) also stops the network engine's streams and is
+/// named to the other hosts (the engine's abort carries the cause to its peers), and the
+/// reverse.
+struct Watch {
+    local: Arc<ProcGpu>,
+    cross: Arc<GpuNet>,
+    cause: Arc<Mutex<Option<Error>>>,
+    group: Vec<usize>,
+    rank: usize,
+}
+
+impl Watch {
+    fn run(&self, stop: &AtomicBool) {
+        while !stop.load(Ordering::Relaxed) {
+            if let Some(e) = self.local.async_error() {
+                tracing::warn!(
+                    "hierarchical: the host's GPUs broke ({e}); stopping the network engine"
+                );
+                self.cause.lock().get_or_insert(e.clone());
+                self.cross.abort_with(e);
+                return;
+            }
+            if let Some(e) = self.cross.async_error() {
+                let e = to_global(e, &self.group, self.rank);
+                tracing::warn!(
+                    "hierarchical: the network engine broke ({e}); stopping the host's GPUs"
+                );
+                self.cause.lock().get_or_insert(e.clone());
+                self.local.abort_with(e);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
         }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -97,11 +97,11 @@ impl Shared {
         let mut b = self.broken.lock();
         if b.is_none() {
             tracing::warn!("rank {}: gpu net: {e}", self.rank);
-            *b = Some(e);
+            *b = Some(e.clone());
         }
         drop(b);
         for c in &self.comms {
-            c.abort();
+            c.abort_with(e.clone());
         }
     }
 
@@ -255,6 +255,11 @@ impl GpuNet {
     /// The error that broke the engine, if any (ncclCommGetAsyncError).
     pub fn async_error(&self) -> Option<Error> {
         self.shared.broken()
+    }
+
+    /// As [`GpuNet::abort`], with `why` as the engine's error and the reason its peers hear.
+    pub fn abort_with(&self, why: Error) {
+        self.shared.fail(why);
     }
 
     /// Stops every call now: waiting streams are let go, later calls fail.
