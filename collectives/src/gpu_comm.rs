@@ -15,6 +15,7 @@ use crate::comm::Communicator;
 use crate::gpu_hier::HierGpu;
 use crate::gpu_net::{GpuNet, NetOp, P2pOp};
 use crate::plan::{CollArgs, P2pKind};
+use railcc_core::net::CollKind;
 use railcc_core::{Error, ErrorKind, Result};
 use railcc_cuda::gpu::{GpuCtx, Stream};
 use railcc_transport_nvlink::proc::{P2p, ProcGpu};
@@ -45,9 +46,6 @@ pub struct GpuP2p {
     pub ptr: u64,
     pub bytes: usize,
     pub stream: Stream,
-    /// The message's number between this rank and `peer` in its direction (1, 2, ...): both
-    /// ends count the same (the peer-access path pairs messages by it).
-    pub seq: u64,
 }
 
 pub struct GpuComm {
@@ -55,6 +53,9 @@ pub struct GpuComm {
     nranks: usize,
     path: Path,
     reach: Vec<Reach>,
+    /// Per (peer, is_send): messages so far over peer access, which pairs them by number
+    /// (both ends count the same).
+    seqs: parking_lot::Mutex<std::collections::HashMap<(usize, bool), u64>>,
     desc: String,
 }
 
@@ -133,6 +134,7 @@ impl GpuComm {
             nranks,
             path,
             reach,
+            seqs: parking_lot::Mutex::new(std::collections::HashMap::new()),
             desc,
         })
     }
@@ -211,6 +213,13 @@ impl GpuComm {
                     .map(|l| l.blocks_per_gpu)
             }
             Path::Net { net, hier } => {
+                if let Some(h) = hier
+                    .as_ref()
+                    .filter(|_| a.coll == CollKind::AllToAll && send != recv)
+                {
+                    // SAFETY: the caller's contract.
+                    return unsafe { self.all_to_all_split(h, a, send, recv, stream) }.map(|_| 0);
+                }
                 if let Some(h) = hier.as_ref().filter(|h| h.takes(a)) {
                     // SAFETY: the caller's contract.
                     return unsafe { h.enqueue(a, send, recv, stream) }.map(|_| 0);
@@ -222,51 +231,118 @@ impl GpuComm {
         }
     }
 
-    /// Enqueues the sends and receives of one group (or one call) and returns.
+    /// Enqueues the sends and receives of one group (or one call) and returns. Peers on this
+    /// host go by peer access when there is a path for it (one host, or the hierarchy's);
+    /// the rest over the network, enqueued first (it never waits on the host, and peer
+    /// access may, for a send to be posted).
     ///
     /// # Safety
     /// Each op's buffer is device memory of this rank's GPU from cudaMalloc/cuMemAlloc with
     /// `bytes`, and its stream a live stream of that GPU, valid until the stream passes it.
     pub unsafe fn p2p(&self, ops: &[GpuP2p]) -> Result<()> {
         match &self.path {
-            Path::Peer(pg) => {
-                let list: Vec<P2p> = ops
-                    .iter()
-                    .map(|o| P2p {
-                        peer: o.peer,
-                        send: o.send,
-                        ptr: o.ptr,
-                        bytes: o.bytes,
-                        stream: o.stream,
-                        seq: o.seq,
-                    })
-                    .collect();
+            // SAFETY: the caller's contract.
+            Path::Peer(pg) => unsafe { pg.p2p(&self.numbered(ops, Some)) },
+            Path::Net { net, hier } => {
+                let local =
+                    |o: &&GpuP2p| hier.is_some() && self.reach(o.peer) == Some(Reach::PeerAccess);
+                let (near, far): (Vec<&GpuP2p>, Vec<&GpuP2p>) = ops.iter().partition(local);
                 // SAFETY: the caller's contract.
-                unsafe { pg.p2p(&list) }
-            }
-            Path::Net { net, .. } => {
-                let Some(stream) = ops.first().map(|o| o.stream) else {
-                    return Ok(());
-                };
-                if ops.iter().any(|o| o.stream != stream) {
-                    return Err(Error::new(
-                        ErrorKind::Unsupported,
-                        "sends and receives of one group on different streams (across hosts railcc takes one stream per group)",
-                    )
-                    .rank(self.rank));
+                unsafe { self.net_p2p(net, &far) }?;
+                match hier {
+                    Some(h) if !near.is_empty() => {
+                        let near: Vec<GpuP2p> = near.into_iter().copied().collect();
+                        let list = self.numbered(&near, |p| h.local_index(p));
+                        // SAFETY: the caller's contract.
+                        unsafe { h.p2p_local(&list) }
+                    }
+                    _ => Ok(()),
                 }
-                let list = ops
-                    .iter()
-                    .map(|o| P2pOp {
-                        kind: if o.send { P2pKind::Send } else { P2pKind::Recv },
-                        peer: o.peer,
-                        addr: o.ptr,
-                        bytes: o.bytes,
-                    })
-                    .collect();
-                // SAFETY: the caller's contract.
-                unsafe { net.enqueue(NetOp::P2p(list), stream) }
             }
         }
+    }
+
+    /// The peer-access path's ops: peers as `index` numbers them, each message numbered.
+    fn numbered(&self, ops: &[GpuP2p], index: impl Fn(usize) -> Option<usize>) -> Vec<P2p> {
+        let mut seqs = self.seqs.lock();
+        ops.iter()
+            .map(|o| {
+                let n = seqs.entry((o.peer, o.send)).or_insert(0);
+                *n += 1;
+                P2p {
+                    peer: index(o.peer).unwrap_or(usize::MAX),
+                    send: o.send,
+                    ptr: o.ptr,
+                    bytes: o.bytes,
+                    stream: o.stream,
+                    seq: *n,
+                }
+            })
+            .collect()
+    }
+
+    /// # Safety
+    /// As for [`GpuComm::p2p`].
+    unsafe fn net_p2p(&self, net: &GpuNet, ops: &[&GpuP2p]) -> Result<()> {
+        let Some(stream) = ops.first().map(|o| o.stream) else {
+            return Ok(());
+        };
+        if ops.iter().any(|o| o.stream != stream) {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "sends and receives of one group on different streams (across hosts railcc takes one stream per group)",
+            )
+            .rank(self.rank));
+        }
+        let list = ops
+            .iter()
+            .map(|o| P2pOp {
+                kind: if o.send { P2pKind::Send } else { P2pKind::Recv },
+                peer: o.peer,
+                addr: o.ptr,
+                bytes: o.bytes,
+            })
+            .collect();
+        // SAFETY: the caller's contract.
+        unsafe { net.enqueue(NetOp::P2p(list), stream) }
+    }
+
+    /// An all-to-all as sends and receives, so peers on this host go by peer access (the
+    /// hierarchy's); the chunk to itself is a copy.
+    ///
+    /// # Safety
+    /// As for [`GpuComm::collective`].
+    unsafe fn all_to_all_split(
+        &self,
+        h: &HierGpu,
+        a: &CollArgs,
+        send: u64,
+        recv: u64,
+        stream: Stream,
+    ) -> Result<()> {
+        let chunk = a.count * a.dtype.size();
+        let mut ops = Vec::with_capacity(2 * a.nranks);
+        for p in (0..a.nranks).filter(|&p| p != self.rank) {
+            let at = (p * chunk) as u64;
+            ops.push(GpuP2p {
+                peer: p,
+                send: true,
+                ptr: send + at,
+                bytes: chunk,
+                stream,
+            });
+            ops.push(GpuP2p {
+                peer: p,
+                send: false,
+                ptr: recv + at,
+                bytes: chunk,
+                stream,
+            });
+        }
+        let me = (self.rank * chunk) as u64;
+        // SAFETY: the caller's buffers on its stream.
+        unsafe { h.copy(recv + me, send + me, chunk, stream) }?;
+        // SAFETY: the caller's contract.
+        unsafe { self.p2p(&ops) }
     }
 }

@@ -199,7 +199,7 @@ fn submit_p2p(comm: *const Comm, peer: usize, send: bool, h: Half) -> Result<Tic
         let (src, dst) = if send { (c.rank, peer) } else { (peer, c.rank) };
         match c.backend.get() {
             Some(Backend::Local(clique)) => Ok(clique.submit_p2p(src, dst, seq, send, h)),
-            Some(Backend::Gpu(g)) => Ok(Ticket::Done(g.p2p(&[(peer, send, h, seq + 1)]))),
+            Some(Backend::Gpu(g)) => Ok(Ticket::Done(g.p2p(&[(peer, send, h)]))),
             None => Err(usage("send/recv: communicator not initialized")),
         }
     })?

@@ -83,10 +83,9 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
             }
             continue;
         }
-        let seq = cr.next_p2p_seq(peer, send) + 1;
         match batches.iter_mut().find(|g| std::ptr::eq(g.0, c)) {
-            Some(g) => g.1.push((peer, send, h, seq)),
-            None => batches.push((c, vec![(peer, send, h, seq)])),
+            Some(g) => g.1.push((peer, send, h)),
+            None => batches.push((c, vec![(peer, send, h)])),
         }
     }
     for (c, ops) in batches {
@@ -126,8 +125,8 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
     first
 }
 
-/// (peer, is_send, buffer, message number between the two in that direction, from 1)
-type GpuP2p = (usize, bool, Half, u64);
+/// (peer, is_send, buffer)
+type GpuP2p = (usize, bool, Half);
 
 #[allow(clippy::too_many_arguments)]
 fn p2p(

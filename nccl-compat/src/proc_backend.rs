@@ -154,18 +154,16 @@ impl GpuRank {
         Ok(())
     }
 
-    /// Sends and receives of one group (or one call): (peer, is_send, buffer, message number
-    /// between the two in that direction, from 1).
-    pub fn p2p(&self, ops: &[(usize, bool, Half, u64)]) -> Result<()> {
+    /// Sends and receives of one group (or one call): (peer, is_send, buffer).
+    pub fn p2p(&self, ops: &[(usize, bool, Half)]) -> Result<()> {
         let list: Vec<GpuP2p> = ops
             .iter()
-            .map(|&(peer, send, h, seq)| GpuP2p {
+            .map(|&(peer, send, h)| GpuP2p {
                 peer,
                 send,
                 ptr: h.ptr,
                 bytes: h.bytes,
                 stream: h.stream as railcc_cuda::gpu::Stream,
-                seq,
             })
             .collect();
         // SAFETY: NCCL's contract: device buffers of this rank's GPU (cudaMalloc/cuMemAlloc,

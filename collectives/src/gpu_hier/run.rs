@@ -175,6 +175,39 @@ impl HierGpu {
         })
     }
 
+    /// `rank`'s local index when it shares this rank's host.
+    pub fn local_index(&self, rank: usize) -> Option<usize> {
+        self.layout.hosts[self.host].iter().position(|&r| r == rank)
+    }
+
+    /// Sends and receives with ranks of this host (peers as local indices) by peer access.
+    ///
+    /// # Safety
+    /// As for `ProcGpu::p2p`.
+    pub unsafe fn p2p_local(&self, ops: &[railcc_transport_nvlink::proc::P2p]) -> Result<()> {
+        if let Some(e) = self.async_error() {
+            return Err(e);
+        }
+        // SAFETY: the caller's contract.
+        unsafe { self.local.p2p(ops) }.map_err(|e| self.async_error().unwrap_or(e))
+    }
+
+    /// A device copy of `bytes` on `stream`.
+    ///
+    /// # Safety
+    /// `dst` and `src` are this GPU's memory of `bytes`, `stream` a live stream of it.
+    pub unsafe fn copy(&self, dst: u64, src: u64, bytes: usize, stream: Stream) -> Result<()> {
+        if bytes == 0 || dst == src {
+            return Ok(());
+        }
+        self.local.gpu.bind()?;
+        // SAFETY: the caller's contract.
+        check(
+            unsafe { sys::cuMemcpyAsync(dst, src, bytes, stream) },
+            "cuMemcpyAsync",
+        )
+    }
+
     /// The ranks of this local index's network engine, one per host in host order.
     fn group(&self) -> Vec<usize> {
         self.layout.hosts.iter().map(|rs| rs[self.index]).collect()
