@@ -119,7 +119,8 @@ case " $PARTS " in *" x2 "*)
 
 case " $PARTS " in *" trace "*)
   LOG=$OUT/gpu-net-trace.log; : > $LOG
-  # Repeated calls as CUDA graphs (the default) against every call's operations one by one.
+  # Repeated calls as CUDA graphs (RAILCC_GPU_NET_GRAPHS=1, experimental) against every
+  # call's operations one by one (the default).
   for g in 1 0; do
     for sz in 8 128M; do
       echo "== RAILCC_GPU_NET_GRAPHS=$g $sz" >> $LOG
