@@ -141,7 +141,7 @@ case " $PARTS " in *" nccl "*)
   build_nccl_tests
   OURS="$PWD/.device/lib"
   MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS"
-  for b in all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall scatter gather hypercube; do
+  for b in all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall alltoallv scatter gather hypercube; do
     ops=""
     case $b in all_reduce|reduce_scatter|reduce) ops="-o all" ;; esac
     F="-b 8 -e 4M -f 32 -n 2 -w 1 -c 1 -d all $ops"
@@ -160,7 +160,7 @@ case " $PARTS " in *" shared "*)
   OURS="$PWD/.device/lib"
   for np in ${TEST_GPU_SHARED_NP:-2 4}; do
     MPIRUN="mpirun -np $np --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x NCCL_TESTS_DEVICE=0"
-    for b in ${TEST_GPU_SHARED_BINS:-all_reduce reduce_scatter reduce all_gather sendrecv alltoall scatter gather hypercube}; do
+    for b in ${TEST_GPU_SHARED_BINS:-all_reduce reduce_scatter reduce all_gather sendrecv alltoall alltoallv scatter gather hypercube}; do
       ops=""
       case $b in all_reduce|reduce_scatter|reduce) ops="-o all" ;; esac
       F="-b 8 -e 4M -f 32 -n 2 -w 1 -c 1 -d all $ops"

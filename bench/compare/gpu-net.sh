@@ -22,7 +22,7 @@ export AS_HOST_GPUS=$(nvidia-smi -L | wc -l)
 echo "# gpu-net.sh: $AS_HOST_GPUS GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs)"
 PARTS=${GPU_NET_PARTS:-bench nccl perf kill}
 # nccl-tests binaries of the nccl and x2 parts (GPU_NET_BINS picks some).
-BINS=${GPU_NET_BINS:-all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall scatter gather hypercube}
+BINS=${GPU_NET_BINS:-all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall alltoallv scatter gather hypercube}
 # trace: where a call's time goes (RAILCC_GPU_NET_TRACE); x2: the 4-rank 2 x 2 layout.
 FAILS=0
 fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
