@@ -56,6 +56,10 @@ fn main() -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
+            // A rank of a job also logs when it stops (a timestamp to measure failure times by).
+            if let Ok(r) = std::env::var("RAILCC_RANK") {
+                tracing::error!("rank {r} stops: {e}");
+            }
             eprintln!("railcc: {e}");
             ExitCode::FAILURE
         }

@@ -266,9 +266,12 @@ impl HierGpu {
             .iter()
             .try_for_each(|s| unsafe { self.step(s, a, &addr, stream) });
         if let Err(e) = &r {
-            // Part of the call is enqueued and peers may wait on the rest: stop them all.
+            // Part of the call is enqueued and peers may wait on the rest: stop them all, with
+            // this error as the reason the other hosts hear.
             tracing::warn!("rank {}: hierarchical {}: {e}", self.rank, a.coll.name());
-            self.abort();
+            self.cause.lock().get_or_insert(e.clone());
+            self.local.abort_with(e.clone());
+            self.cross.abort_with(e.clone());
         }
         r
     }
