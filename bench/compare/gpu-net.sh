@@ -139,7 +139,10 @@ case " $PARTS " in *" kill "*)
     IFS='|' read -r label path nr victim_rank <<< "$kcase"
     RAILCC_TIMEOUT_MS=10000 timeout 120 $R bench all_reduce --device cuda --per-process $path --ranks $nr -b 256M -e 256M -n 100000 -w 1 -c 0 > /tmp/kill.out 2>&1 &
     bpid=$!
-    sleep 10
+    # Kill only once the calls run: the table's header is out (a cold machine spends seconds
+    # compiling kernels first), then 3 s into the 256 MB all_reduces. At most 90 s.
+    for _ in $(seq 180); do grep -q "^#  GPU" /tmp/kill.out 2>/dev/null && break; sleep 0.5; done
+    sleep 3
     victim=$(pgrep -f "railcc bench" | while read p; do tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx RAILCC_RANK=$victim_rank && echo $p; done | head -1)
     [ -n "$victim" ] || { fail "kill $label: no rank $victim_rank process"; kill $bpid; wait $bpid; continue; }
     t0=$(date +%s%N); kill -9 $victim
