@@ -34,6 +34,22 @@ unsafe impl Send for DevBuf {}
 // SAFETY: as above; shared references only read the fields.
 unsafe impl Sync for DevBuf {}
 
+/// A new non-blocking stream in the context bound to this thread (the caller destroys it).
+pub fn new_stream_current() -> Result<sys::CUstream> {
+    let mut stream: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: valid out-pointer in the current context.
+    check(
+        unsafe {
+            sys::cuStreamCreate(
+                &mut stream,
+                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+            )
+        },
+        "cuStreamCreate",
+    )?;
+    Ok(stream)
+}
+
 /// A CUDA stream handle (the caller's, or ours).
 pub type Stream = sys::CUstream;
 
@@ -87,17 +103,7 @@ impl GpuCtx {
         };
         let major = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
-        let mut stream: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: valid out-pointer in the current context.
-        check(
-            unsafe {
-                sys::cuStreamCreate(
-                    &mut stream,
-                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-                )
-            },
-            "cuStreamCreate",
-        )?;
+        let stream = new_stream_current()?;
         let abort = Flags::new_current(1)?;
         let mut g = GpuCtx {
             ordinal,

@@ -326,28 +326,7 @@ impl GpuNet {
             &self.ctx,
             &self.shared.comms,
         )?;
-        let mut runs = Vec::with_capacity(pieces.len());
-        let broken = || self.shared.broken();
-        for (k, piece) in pieces.into_iter().enumerate() {
-            match self.slots.take(captured, &broken, self.timeout) {
-                Ok(Taken { slot, token }) => runs.push(Run {
-                    slot,
-                    token,
-                    channel: k % self.cut.channels,
-                    piece,
-                }),
-                Err(e) => {
-                    for r in runs {
-                        if captured {
-                            self.slots.give_back_captured(r.slot);
-                        } else {
-                            self.slots.give_back(r.slot);
-                        }
-                    }
-                    return Err(e.rank(self.rank));
-                }
-            }
-        }
+        let runs = self.take_runs(pieces, captured)?;
         let call = Arc::new(Call {
             captured,
             runs,
@@ -454,24 +433,7 @@ impl GpuNet {
             &self.ctx,
             &self.shared.comms,
         )?;
-        let broken = || self.shared.broken();
-        let mut runs = Vec::with_capacity(pieces.len());
-        for (k, piece) in pieces.into_iter().enumerate() {
-            match self.slots.take(true, &broken, self.timeout) {
-                Ok(Taken { slot, token }) => runs.push(Run {
-                    slot,
-                    token,
-                    channel: k % self.cut.channels,
-                    piece,
-                }),
-                Err(e) => {
-                    for r in runs {
-                        self.slots.give_back_captured(r.slot);
-                    }
-                    return Err(e.rank(self.rank));
-                }
-            }
-        }
+        let runs = self.take_runs(pieces, true)?;
         let call = Arc::new(Call {
             captured: true,
             runs,
@@ -494,6 +456,34 @@ impl GpuNet {
                 Err(e)
             }
         }
+    }
+
+    /// A flag slot for each piece (of the captured pool for a graph), in order; none kept
+    /// when one cannot be had.
+    fn take_runs(&self, pieces: Vec<Piece>, captured: bool) -> Result<Vec<Run>> {
+        let broken = || self.shared.broken();
+        let mut runs = Vec::with_capacity(pieces.len());
+        for (k, piece) in pieces.into_iter().enumerate() {
+            match self.slots.take(captured, &broken, self.timeout) {
+                Ok(Taken { slot, token }) => runs.push(Run {
+                    slot,
+                    token,
+                    channel: k % self.cut.channels,
+                    piece,
+                }),
+                Err(e) => {
+                    for r in runs {
+                        if captured {
+                            self.slots.give_back_captured(r.slot);
+                        } else {
+                            self.slots.give_back(r.slot);
+                        }
+                    }
+                    return Err(e.rank(self.rank));
+                }
+            }
+        }
+        Ok(runs)
     }
 
     /// The copies and flag operations of `call` on `stream`.

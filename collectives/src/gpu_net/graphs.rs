@@ -17,7 +17,6 @@ use super::pieces::NetOp;
 use cudarc::driver::sys;
 use parking_lot::Mutex;
 use railcc_core::Result;
-use railcc_cuda::driver::check;
 use railcc_cuda::gpu::Graph;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -51,17 +50,7 @@ unsafe impl<C: Send + Sync> Sync for Graphs<C> {}
 impl<C> Graphs<C> {
     /// A cache with its capture stream, in the context bound to this thread.
     pub fn new() -> Result<Graphs<C>> {
-        let mut stream: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: valid out-pointer in the bound context; destroyed in Drop.
-        check(
-            unsafe {
-                sys::cuStreamCreate(
-                    &mut stream,
-                    sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
-                )
-            },
-            "cuStreamCreate",
-        )?;
+        let stream = railcc_cuda::gpu::new_stream_current()?;
         Ok(Graphs {
             map: Mutex::new(HashMap::new()),
             stream,
