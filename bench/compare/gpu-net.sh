@@ -119,13 +119,9 @@ case " $PARTS " in *" x2 "*)
 
 case " $PARTS " in *" trace "*)
   LOG=$OUT/gpu-net-trace.log; : > $LOG
-  # Repeated calls as CUDA graphs (RAILCC_GPU_NET_GRAPHS=1, experimental) against every
-  # call's operations one by one (the default).
-  for g in 1 0; do
-    for sz in 8 128M; do
-      echo "== RAILCC_GPU_NET_GRAPHS=$g $sz" >> $LOG
-      RAILCC_GPU_NET_GRAPHS=$g RAILCC_GPU_NET_TRACE=1 timeout 120 $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b $sz -e $sz -n 200 -w 20 -c 1 >> $LOG 2>&1
-    done
+  for sz in 8 128M; do
+    echo "== $sz" >> $LOG
+    RAILCC_GPU_NET_TRACE=1 timeout 120 $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b $sz -e $sz -n 200 -w 20 -c 1 >> $LOG 2>&1
   done
   grep -E "^== |gpu net trace|returned after|^ +(8|134217728) " $LOG
 ;; esac

@@ -194,11 +194,6 @@ config! {
     /// Prints, when a GPU network communicator closes, where its calls' time went: time to
     /// enqueue, each piece's host part, and the stream's turnaround between pieces.
     gpu_net_trace: u8 = 0, "RAILCC_GPU_NET_TRACE";
-    /// 1 (experimental): a GPU network call made a second time on the same stream and
-    /// buffers is kept as a CUDA graph and from then on enqueued as one graph launch (it
-    /// returns sooner). Off by default: on the device it left wrong values in the
-    /// hierarchical path and in in-place all-to-all under -G (bench/results/README.md).
-    gpu_net_graphs: u8 = 0, "RAILCC_GPU_NET_GRAPHS";
     /// The GPU this rank's data lives on (libnccl and the GPU paths set it; -1: none): its
     /// rails between hosts are the NICs nearest that GPU (`railcc topo`), as rail-optimised
     /// clusters are wired, instead of those nearest the rank's NUMA node.

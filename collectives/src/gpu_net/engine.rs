@@ -16,7 +16,6 @@
 //! is let go (its `done` set) so no stream waits forever; the caller sees the error on its
 //! next call and from [`GpuNet::async_error`].
 
-use super::graphs::{Entry, Graphs, CAP};
 use super::pieces::{pieces_in_order, stage_need, Cut, NetOp, Piece};
 use super::ring::{Ring, Rings};
 use super::slots::{Slots, Taken, CAPTURED_TOKEN};
@@ -27,7 +26,7 @@ use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 use parking_lot::Mutex;
 use railcc_core::bootstrap::{RootServer, UniqueId};
 use railcc_core::{Error, ErrorKind, Result};
-use railcc_cuda::gpu::{begin_capture_current, end_capture_current, Graph, Stream};
+use railcc_cuda::gpu::Stream;
 use railcc_cuda::hostsync::{capturing, d2h, h2d, on_graph_destroy, Ctx, Flags};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -70,9 +69,6 @@ impl Live {
             if flags.load(Slots::start(r.slot)) != r.token {
                 return false;
             }
-            // Consumed now, so a later launch of the same graph, queued right behind, does not
-            // take this launch's flag for its own.
-            flags.store(Slots::start(r.slot), 0);
             ready.push((self.call.clone(), self.next));
             self.next += 1;
         }
@@ -82,8 +78,6 @@ impl Live {
 
 enum ToProgress {
     Call(Arc<Call>),
-    /// A launch of a kept graph (`graphs.rs`): started in order, as an eager call.
-    Launch(Arc<Call>),
     /// The graph holding the captured call whose first piece has this slot was destroyed.
     Release(usize),
     Stop {
@@ -129,8 +123,6 @@ pub struct GpuNet {
     ring_depth: usize,
     timeout: Duration,
     desc: String,
-    /// Calls kept as CUDA graphs (`RAILCC_GPU_NET_GRAPHS`).
-    graphs: Option<Graphs<Call>>,
     _roots: Vec<RootServer>,
 }
 
@@ -219,18 +211,10 @@ impl GpuNet {
             .name("railcc-progress".into())
             .spawn(move || progress.run())
             .map_err(|e| Error::io("gpu net: starting the progress thread", &e))?;
-        let graphs = match cfg.gpu_net_graphs {
-            0 => None,
-            _ => {
-                ctx.bind()?;
-                Some(Graphs::new()?)
-            }
-        };
         let desc = format!(
-            "{nch} channel(s) over {}, staged through pinned host memory by copies on the caller's stream (about 8 pieces per call, {} KiB to 32 MiB each; repeated calls as CUDA graphs: {}); no thread blocks",
+            "{nch} channel(s) over {}, staged through pinned host memory by copies on the caller's stream (about 8 pieces per call, {} KiB to 32 MiB each); no thread blocks",
             parent.transport(),
-            cfg.gpu_net_chunk_bytes / 1024,
-            if graphs.is_some() { "on" } else { "off" }
+            cfg.gpu_net_chunk_bytes / 1024
         );
         Ok(GpuNet {
             rank,
@@ -251,7 +235,6 @@ impl GpuNet {
             ring_depth: cfg.gpu_net_ring,
             timeout: cfg.timeout(),
             desc,
-            graphs,
             _roots: roots,
         })
     }
@@ -307,15 +290,6 @@ impl GpuNet {
         self.ctx.bind()?;
         // SAFETY: the caller's stream (contract above).
         let captured = unsafe { capturing(stream) }?;
-        if let (false, Some(g)) = (captured, &self.graphs) {
-            // SAFETY: the caller's stream and buffers (contract above).
-            if unsafe { self.launch_kept(g, &op, stream) }? {
-                if let Some(t0) = t0 {
-                    self.shared.trace.enqueued(t0.elapsed(), Duration::ZERO);
-                }
-                return Ok(());
-            }
-        }
         let pieces = pieces_in_order(&op, self.rank, &self.cut);
         let (sb, rb) = stage_need(&pieces);
         let ring = self.rings.for_stream(
@@ -364,101 +338,7 @@ impl GpuNet {
         Ok(())
     }
 
-    /// A call seen before on this stream: launches its graph (capturing it the second time)
-    /// and queues it for the progress thread. False: the call goes the eager way.
-    ///
-    /// # Safety
-    /// As for [`GpuNet::enqueue`].
-    unsafe fn launch_kept(&self, g: &Graphs<Call>, op: &NetOp, stream: Stream) -> Result<bool> {
-        let key = (stream as usize, op.clone());
-        let mut map = g.map.lock();
-        let kept = match map.get(&key) {
-            None => {
-                if map.len() < CAP {
-                    map.insert(key, Entry::Seen);
-                }
-                return Ok(false);
-            }
-            Some(Entry::Seen) => {
-                // SAFETY: the caller's stream and buffers; the capture stream is ours.
-                match unsafe { self.capture(op, stream, g.stream) } {
-                    Ok((graph, call)) => {
-                        map.insert(key.clone(), Entry::Kept { graph, call });
-                    }
-                    Err(e) => {
-                        tracing::warn!(
-                            "rank {}: gpu net: a repeated call stays eager: {e}",
-                            self.rank
-                        );
-                        map.remove(&key);
-                        return Ok(false);
-                    }
-                }
-                map.get(&key)
-            }
-            kept => kept,
-        };
-        let Some(Entry::Kept { graph, call }) = kept else {
-            return Ok(false);
-        };
-        // SAFETY: a graph of this context, launched on the caller's stream, whose buffers it
-        // was captured with (the key); its staging ring lives in the call.
-        unsafe { graph.launch_current(stream) }?;
-        self.tx
-            .send(ToProgress::Launch(call.clone()))
-            .map_err(|_| {
-                Error::new(ErrorKind::Aborted, "gpu net: progress thread gone").rank(self.rank)
-            })?;
-        Ok(true)
-    }
-
-    /// Captures `op`'s stream operations for `stream` on the private stream `cap`, with flag
-    /// slots of the captured pool, into a graph.
-    ///
-    /// # Safety
-    /// As for [`GpuNet::enqueue`]; `cap` is a stream of this context not being captured.
-    unsafe fn capture(
-        &self,
-        op: &NetOp,
-        stream: Stream,
-        cap: Stream,
-    ) -> Result<(Graph, Arc<Call>)> {
-        let pieces = pieces_in_order(op, self.rank, &self.cut);
-        let (sb, rb) = stage_need(&pieces);
-        let ring = self.rings.for_stream(
-            stream as usize,
-            sb.max(rb),
-            self.ring_depth,
-            false,
-            &self.ctx,
-            &self.shared.comms,
-        )?;
-        let runs = self.take_runs(pieces, true)?;
-        let call = Arc::new(Call {
-            captured: true,
-            runs,
-            ring,
-        });
-        // SAFETY: `cap` is ours and idle; the ops are the caller's buffers and the ring.
-        let graph = unsafe {
-            begin_capture_current(cap).and_then(|()| {
-                let ops = self.stream_ops(&call, cap);
-                let g = end_capture_current(cap);
-                ops.and(g)
-            })
-        };
-        match graph {
-            Ok(g) => Ok((g, call)),
-            Err(e) => {
-                for r in &call.runs {
-                    self.slots.give_back_captured(r.slot);
-                }
-                Err(e)
-            }
-        }
-    }
-
-    /// A flag slot for each piece (of the captured pool for a graph), in order; none kept
+    /// A flag slot for each piece (of the captured pool when `captured`), in order; none kept
     /// when one cannot be had.
     fn take_runs(&self, pieces: Vec<Piece>, captured: bool) -> Result<Vec<Run>> {
         let broken = || self.shared.broken();
@@ -637,7 +517,6 @@ impl Progress {
                             queue.push_back(live);
                         }
                     }
-                    ToProgress::Launch(c) => queue.push_back(Live { call: c, next: 0 }),
                     ToProgress::Release(first) => {
                         if let Some(i) = held.iter().position(|h| h.0 == first) {
                             let (_, live) = held.remove(i);

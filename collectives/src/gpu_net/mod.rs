@@ -6,12 +6,10 @@
 //! - [`pieces`]: how a call is cut into pieces and spread over the channels;
 //! - [`host`], `worker`, `ring`, `slots`, `trace`: a piece's host call, a channel's thread,
 //!   the per-stream staging rings, the flag slots, where the time goes (`RAILCC_GPU_NET_TRACE`);
-//! - `graphs`: repeated calls kept as CUDA graphs, enqueued as one launch;
 //! - [`sync`]: [`GpuOverNet`], the older synchronous path (copy, host collective, copy back),
 //!   kept for GPUDirect RDMA send/recv of registered buffers (`RAILCC_GPU_DIRECT=1`).
 
 pub mod engine;
-mod graphs;
 pub mod host;
 pub mod pieces;
 mod ring;
