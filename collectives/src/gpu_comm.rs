@@ -73,18 +73,24 @@ impl GpuComm {
 
     fn open(boot: &Communicator, ordinal: usize, net_only: bool) -> Result<GpuComm> {
         let (rank, nranks) = (boot.rank(), boot.nranks());
+        let hosts = boot.oob_all_gather(crate::comm::host_id(boot.config()).as_bytes())?;
+        // One rank per process: (host, pid) pairs differ (hosts may reuse pids, containers
+        // always do).
         let pids = boot.oob_all_gather(&std::process::id().to_le_bytes())?;
-        let mut sorted = pids.clone();
-        sorted.sort_unstable();
-        sorted.dedup();
-        if sorted.len() != nranks {
+        let mut procs: Vec<(&[u8], &[u8])> = hosts
+            .iter()
+            .map(Vec::as_slice)
+            .zip(pids.iter().map(Vec::as_slice))
+            .collect();
+        procs.sort_unstable();
+        procs.dedup();
+        if procs.len() != nranks {
             return Err(Error::new(
                 ErrorKind::Unsupported,
                 "GPU ranks share processes: one rank per process here (one process driving several GPUs is railcc_transport_nvlink::multi::MultiGpu)",
             )
             .rank(rank));
         }
-        let hosts = boot.oob_all_gather(crate::comm::host_id(boot.config()).as_bytes())?;
         let reach: Vec<Reach> = hosts
             .iter()
             .enumerate()
@@ -240,6 +246,15 @@ impl GpuComm {
     /// Each op's buffer is device memory of this rank's GPU from cudaMalloc/cuMemAlloc with
     /// `bytes`, and its stream a live stream of that GPU, valid until the stream passes it.
     pub unsafe fn p2p(&self, ops: &[GpuP2p]) -> Result<()> {
+        // Checked before any message is numbered, so a refused group leaves both ends'
+        // counts equal.
+        if let Some(o) = ops.iter().find(|o| o.peer >= self.nranks) {
+            return Err(Error::invalid(format!(
+                "send/recv: peer {} out of range for {} ranks",
+                o.peer, self.nranks
+            ))
+            .rank(self.rank));
+        }
         match &self.path {
             // SAFETY: the caller's contract.
             Path::Peer(pg) => unsafe { pg.p2p(&self.numbered(ops, Some)) },
@@ -247,16 +262,33 @@ impl GpuComm {
                 let local =
                     |o: &&GpuP2p| hier.is_some() && self.reach(o.peer) == Some(Reach::PeerAccess);
                 let (near, far): (Vec<&GpuP2p>, Vec<&GpuP2p>) = ops.iter().partition(local);
+                let Some(h) = hier.as_ref().filter(|_| !near.is_empty()) else {
+                    // SAFETY: the caller's contract.
+                    return unsafe { self.net_p2p(net, &far) };
+                };
+                let mut near: Vec<GpuP2p> = near.into_iter().copied().collect();
+                // Both kinds in one group: the same-host ones go on a side stream forked from
+                // the caller's and joined back, so they run beside the network ones as NCCL
+                // runs a group's operations together (one after the other, a ring that
+                // crosses hosts twice would wait on itself).
+                let fork = match far.first() {
+                    Some(f) => Some((f.stream, h.side_stream(f.stream)?)),
+                    None => None,
+                };
+                if let Some((main, side)) = fork {
+                    near.iter_mut().for_each(|o| o.stream = side);
+                    // SAFETY: both are live streams of this rank's GPU.
+                    unsafe { h.stream_waits_for(side, main) }?;
+                }
                 // SAFETY: the caller's contract.
                 unsafe { self.net_p2p(net, &far) }?;
-                match hier {
-                    Some(h) if !near.is_empty() => {
-                        let near: Vec<GpuP2p> = near.into_iter().copied().collect();
-                        let list = self.numbered(&near, |p| h.local_index(p));
-                        // SAFETY: the caller's contract.
-                        unsafe { h.p2p_local(&list) }
-                    }
-                    _ => Ok(()),
+                let list = self.numbered(&near, |p| h.local_index(p));
+                // SAFETY: the caller's contract; the side stream is this GPU's.
+                unsafe { h.p2p_local(&list) }?;
+                match fork {
+                    // SAFETY: as above.
+                    Some((main, side)) => unsafe { h.stream_waits_for(main, side) },
+                    None => Ok(()),
                 }
             }
         }

@@ -312,3 +312,40 @@ fn hierarchical_all_reduce_two_hosts_of_two() {
         h.join().unwrap();
     }
 }
+
+/// GpuComm takes one rank per process: ranks sharing a process on one host are refused before
+/// any GPU is touched; on different hosts the same pid is no conflict (containers reuse pids),
+/// so the check passes and, here without a driver, the GPU part fails instead.
+#[test]
+fn gpu_ranks_may_share_a_pid_only_across_hosts() {
+    use railcc_collectives::gpu_comm::GpuComm;
+    if railcc_cuda::driver::available().is_ok() {
+        println!("CUDA driver present: this test is for machines without one");
+        return;
+    }
+    with_ranks(2, Config::default(), |c| {
+        let e = GpuComm::new(&c, 0)
+            .err()
+            .expect("two ranks of one process on one host");
+        assert!(e.to_string().contains("share processes"), "{e}");
+    });
+    let root = RootServer::start("127.0.0.1:0".parse().unwrap(), Duration::from_secs(20)).unwrap();
+    let id = root.id;
+    let hs: Vec<_> = (0..2)
+        .map(|r| {
+            std::thread::spawn(move || {
+                let cfg = Config {
+                    hostid: format!("host{r}"),
+                    ..Config::default()
+                };
+                let c = Communicator::init(cfg, &id, r, 2).unwrap();
+                let e = GpuComm::new(&c, 0).err().expect("no GPU here");
+                assert!(!e.to_string().contains("share processes"), "{e}");
+                assert!(e.to_string().contains("CUDA driver"), "{e}");
+            })
+        })
+        .collect();
+    for h in hs {
+        h.join().unwrap();
+    }
+}

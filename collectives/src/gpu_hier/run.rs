@@ -36,6 +36,8 @@ pub struct HierGpu {
     local: Arc<ProcGpu>,
     cross: Arc<GpuNet>,
     scratch: Mutex<Scratch>,
+    /// Side streams by caller stream (addresses): `side_stream`.
+    sides: Mutex<HashMap<usize, usize>>,
     /// The first failure of either part, in the communicator's numbering: what every later
     /// call and `async_error` report, and what the other part is aborted with.
     cause: Arc<Mutex<Option<Error>>>,
@@ -76,6 +78,15 @@ impl HierGpu {
     /// GPU `ordinal`. Collective over every rank of `parent`, which `layout` describes.
     pub fn new(parent: &Communicator, layout: Layout, ordinal: usize) -> Result<HierGpu> {
         let rank = parent.rank();
+        let even = layout.hosts.iter().all(|h| h.len() == layout.local());
+        if !even || layout.nranks() != parent.nranks() || layout.local() == 0 {
+            return Err(Error::invalid(format!(
+                "hierarchical layout {:?} does not cover the communicator's {} ranks evenly",
+                layout.hosts,
+                parent.nranks()
+            ))
+            .rank(rank));
+        }
         let (host, index) = layout.position(rank).ok_or_else(|| {
             Error::invalid(format!("rank {rank} is not in the hierarchical layout")).rank(rank)
         })?;
@@ -92,7 +103,7 @@ impl HierGpu {
                 })
                 .collect()
         };
-        let cache = std::env::var_os("RAILCC_CACHE_DIR").map(std::path::PathBuf::from);
+        let cache = railcc_cuda::compile::cache_dir(&cfg.cache_dir);
         let local = ProcGpu::new(
             ordinal,
             index,
@@ -147,6 +158,7 @@ impl HierGpu {
             local,
             cross,
             scratch: Mutex::new(Scratch::default()),
+            sides: Mutex::new(HashMap::new()),
             cause,
             desc,
             watcher: Some((stop, watcher)),
@@ -190,6 +202,29 @@ impl HierGpu {
         }
         // SAFETY: the caller's contract.
         unsafe { self.local.p2p(ops) }.map_err(|e| self.async_error().unwrap_or(e))
+    }
+
+    /// This GPU's side stream for work forked from the caller's `stream` (made on first use,
+    /// one per caller stream, kept until the end).
+    pub fn side_stream(&self, stream: Stream) -> Result<Stream> {
+        let mut sides = self.sides.lock();
+        if let Some(&s) = sides.get(&(stream as usize)) {
+            return Ok(s as Stream);
+        }
+        self.local.gpu.bind()?;
+        let s = railcc_cuda::gpu::new_stream_current()?;
+        sides.insert(stream as usize, s as usize);
+        Ok(s)
+    }
+
+    /// Makes `waiter` wait for what is on `on` now (both this GPU's streams).
+    ///
+    /// # Safety
+    /// Both are live streams of this GPU.
+    pub unsafe fn stream_waits_for(&self, waiter: Stream, on: Stream) -> Result<()> {
+        let g = &self.local.gpu;
+        // SAFETY: the caller's contract.
+        unsafe { railcc_cuda::gpu::stream_waits_for(g, waiter, g, on) }
     }
 
     /// A device copy of `bytes` on `stream`.
@@ -440,6 +475,14 @@ impl Watch {
 
 impl Drop for HierGpu {
     fn drop(&mut self) {
+        if self.local.gpu.bind().is_ok() {
+            for (_, s) in self.sides.lock().drain() {
+                // SAFETY: made by side_stream, destroyed once; the communicator's work is done.
+                unsafe {
+                    let _ = sys::cuStreamDestroy_v2(s as Stream);
+                }
+            }
+        }
         if let Some((stop, h)) = self.watcher.take() {
             stop.store(true, Ordering::Relaxed);
             let _ = h.join();
