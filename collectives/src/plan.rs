@@ -718,7 +718,7 @@ fn dissemination_barrier(p: usize, r: usize) -> Plan {
 }
 
 /// One side of a grouped point-to-point operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum P2pKind {
     Send,
     Recv,

@@ -394,15 +394,6 @@ unsafe impl Send for Graph {}
 /// `stream` must be a live stream of `g`, not already being captured.
 pub unsafe fn begin_capture(g: &GpuCtx, stream: sys::CUstream) -> Result<()> {
     g.bind()?;
-    // SAFETY: the caller's contract.
-    unsafe { begin_capture_current(stream) }
-}
-
-/// As [`begin_capture`], in the context bound to this thread.
-///
-/// # Safety
-/// `stream` must be a live stream of the current context, not already being captured.
-pub unsafe fn begin_capture_current(stream: sys::CUstream) -> Result<()> {
     // SAFETY: the stream is live and not being captured.
     check(
         unsafe {
@@ -421,15 +412,6 @@ pub unsafe fn begin_capture_current(stream: sys::CUstream) -> Result<()> {
 /// `stream` must be a live stream of `g` being captured.
 pub unsafe fn end_capture(g: &GpuCtx, stream: sys::CUstream) -> Result<Graph> {
     g.bind()?;
-    // SAFETY: the caller's contract.
-    unsafe { end_capture_current(stream) }
-}
-
-/// As [`end_capture`], in the context bound to this thread.
-///
-/// # Safety
-/// `stream` must be a live stream of the current context being captured.
-pub unsafe fn end_capture_current(stream: sys::CUstream) -> Result<Graph> {
     let mut graph: sys::CUgraph = std::ptr::null_mut();
     let mut exec: sys::CUgraphExec = std::ptr::null_mut();
     // SAFETY: valid out-pointers; the stream is being captured.
@@ -451,15 +433,6 @@ impl Graph {
     /// `stream` must be a live stream of `g`.
     pub unsafe fn launch(&self, g: &GpuCtx, stream: sys::CUstream) -> Result<()> {
         g.bind()?;
-        // SAFETY: the caller's contract.
-        unsafe { self.launch_current(stream) }
-    }
-
-    /// As [`Graph::launch`], in the context bound to this thread.
-    ///
-    /// # Safety
-    /// `stream` must be a live stream of the current context (the graph's).
-    pub unsafe fn launch_current(&self, stream: sys::CUstream) -> Result<()> {
         // SAFETY: an instantiated graph on a live stream.
         check(
             unsafe { sys::cuGraphLaunch(self.exec, stream) },

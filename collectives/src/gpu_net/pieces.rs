@@ -46,7 +46,7 @@ pub struct Piece {
 }
 
 /// One send or receive of a group, on device memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug)]
 pub struct P2pOp {
     pub kind: P2pKind,
     pub peer: usize,
@@ -55,7 +55,7 @@ pub struct P2pOp {
 }
 
 /// A call on device buffers (device addresses; NCCL's layouts and in-place conventions).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug)]
 pub enum NetOp {
     Coll { a: CollArgs, send: u64, recv: u64 },
     P2p(Vec<P2pOp>),
