@@ -103,7 +103,7 @@ impl GpuComm {
         let several_hosts = boot.local_ranks() < nranks;
         let path = if net_only || several_hosts {
             let hier = match net_only {
-                false => HierGpu::layout(boot)?
+                false => HierGpu::layout(&hosts)
                     .map(|l| HierGpu::new(boot, l, ordinal))
                     .transpose()?,
                 true => None,

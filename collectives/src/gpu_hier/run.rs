@@ -5,7 +5,7 @@
 //! host for the host's other ranks to make the same call, as every per-process call does).
 
 use super::plan::{plan, takes, At, Buf, Layout, Step};
-use crate::comm::{host_id, Communicator};
+use crate::comm::Communicator;
 use crate::gpu_net::{GpuNet, NetOp};
 use crate::plan::CollArgs;
 use cudarc::driver::sys;
@@ -33,6 +33,8 @@ pub struct HierGpu {
     rank: usize,
     host: usize,
     index: usize,
+    /// The ranks of this local index's network engine, one per host in host order.
+    group: Vec<usize>,
     local: Arc<ProcGpu>,
     cross: Arc<GpuNet>,
     scratch: Mutex<Scratch>,
@@ -46,13 +48,13 @@ pub struct HierGpu {
 }
 
 /// Whether every rank succeeded at a step of init; the first failure comes back everywhere.
-fn agree(parent: &Communicator, r: Result<()>) -> Result<()> {
+fn agree<T>(parent: &Communicator, r: Result<T>) -> Result<T> {
     let mine = match &r {
-        Ok(()) => Vec::new(),
+        Ok(_) => Vec::new(),
         Err(e) => e.to_string().into_bytes(),
     };
     let all = parent.oob_all_gather(&mine)?;
-    r?;
+    let v = r?;
     match all.iter().position(|b| !b.is_empty()) {
         Some(p) => Err(Error::new(
             ErrorKind::Io,
@@ -62,16 +64,15 @@ fn agree(parent: &Communicator, r: Result<()>) -> Result<()> {
             ),
         )
         .peer(p)),
-        None => Ok(()),
+        None => Ok(v),
     }
 }
 
 impl HierGpu {
-    /// The layout of `parent`'s ranks when a hierarchy helps: several hosts, several ranks on
-    /// each, the same number everywhere. Collective over `parent`.
-    pub fn layout(parent: &Communicator) -> Result<Option<Layout>> {
-        let ids = parent.oob_all_gather(host_id(parent.config()).as_bytes())?;
-        Ok(Layout::from_host_ids(&ids).filter(|l| l.nhosts() > 1 && l.local() > 1))
+    /// The layout of ranks whose host ids are `hosts` (one per rank) when a hierarchy helps:
+    /// several hosts, several ranks on each, the same number everywhere.
+    pub fn layout(hosts: &[Vec<u8>]) -> Option<Layout> {
+        Layout::from_host_ids(hosts).filter(|l| l.nhosts() > 1 && l.local() > 1)
     }
 
     /// Opens the host's NVLink path and this local index's network engine, for this rank's
@@ -114,19 +115,14 @@ impl HierGpu {
             &mut ex,
             Some(&mates),
         );
-        let local = agree(parent, local.as_ref().map(|_| ()).map_err(Clone::clone))
-            .and(local)
+        let mut local = agree(parent, local)
             .map_err(|e| e.rank(rank).op("hierarchical init: the host's GPUs"))?;
-        let mut local = local;
         local.ll_max_bytes = cfg.gpu_ll_max_bytes;
         let group: Vec<usize> = layout.hosts.iter().map(|rs| rs[index]).collect();
-        let cross = GpuNet::among(parent, ordinal, &group);
-        let cross = agree(parent, cross.as_ref().map(|_| ()).map_err(Clone::clone))
-            .and(cross)
-            .map_err(|e| {
-                e.rank(rank)
-                    .op("hierarchical init: the network between hosts")
-            })?;
+        let cross = agree(parent, GpuNet::among(parent, ordinal, &group)).map_err(|e| {
+            e.rank(rank)
+                .op("hierarchical init: the network between hosts")
+        })?;
         let desc = format!(
             "hierarchical: {} hosts x {} GPUs; inside a host the NVLink kernels, between hosts local index {index}'s engine ({})",
             layout.nhosts(),
@@ -141,7 +137,7 @@ impl HierGpu {
                 local: local.clone(),
                 cross: cross.clone(),
                 cause: cause.clone(),
-                group: layout.hosts.iter().map(|rs| rs[index]).collect(),
+                group: group.clone(),
                 rank,
             };
             let s = stop.clone();
@@ -155,6 +151,7 @@ impl HierGpu {
             rank,
             host,
             index,
+            group,
             local,
             cross,
             scratch: Mutex::new(Scratch::default()),
@@ -183,7 +180,7 @@ impl HierGpu {
         self.local.async_error().or_else(|| {
             self.cross
                 .async_error()
-                .map(|e| to_global(e, &self.group(), self.rank))
+                .map(|e| to_global(e, &self.group, self.rank))
         })
     }
 
@@ -241,11 +238,6 @@ impl HierGpu {
             unsafe { sys::cuMemcpyAsync(dst, src, bytes, stream) },
             "cuMemcpyAsync",
         )
-    }
-
-    /// The ranks of this local index's network engine, one per host in host order.
-    fn group(&self) -> Vec<usize> {
-        self.layout.hosts.iter().map(|rs| rs[self.index]).collect()
     }
 
     pub fn abort(&self) {
@@ -344,7 +336,7 @@ impl HierGpu {
                     ))
                 })
             }
-            Step::Cross { c, group } if group.is_none_or(|g| g == self.index) => {
+            Step::Cross { c, group: only } if only.is_none_or(|g| g == self.index) => {
                 let sub = CollArgs {
                     coll: c.coll,
                     nranks: self.layout.nhosts(),
@@ -358,30 +350,22 @@ impl HierGpu {
                     send: addr(c.send),
                     recv: addr(c.recv),
                 };
-                let group = self.group();
                 // SAFETY: as above.
                 unsafe { self.cross.enqueue(op, stream) }.map_err(|e| {
                     self.async_error()
-                        .unwrap_or_else(|| to_global(e, &group, self.rank))
+                        .unwrap_or_else(|| to_global(e, &self.group, self.rank))
                         .op(format!(
-                            "hierarchical {}: {} between hosts (ranks {group:?})",
+                            "hierarchical {}: {} between hosts (ranks {:?})",
                             a.coll.name(),
-                            c.coll.name()
+                            c.coll.name(),
+                            self.group
                         ))
                 })
             }
-            Step::Copy { src, dst, count } => {
-                let (s, d) = (addr(src), addr(dst));
-                if s == d {
-                    return Ok(());
-                }
-                self.local.gpu.bind()?;
-                // SAFETY: both ranges lie in this GPU's buffers of the call (see enqueue).
-                check(
-                    unsafe { sys::cuMemcpyAsync(d, s, count * a.dtype.size(), stream) },
-                    "cuMemcpyAsync",
-                )
-            }
+            // SAFETY: both ranges lie in this GPU's buffers of the call (see enqueue).
+            Step::Copy { src, dst, count } => unsafe {
+                self.copy(addr(dst), addr(src), count * a.dtype.size(), stream)
+            },
             _ => Ok(()),
         }
     }
