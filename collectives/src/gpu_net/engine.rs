@@ -287,11 +287,11 @@ impl GpuNet {
             Some(op) => op,
             None => return Ok(()),
         };
+        let pieces = pieces_in_order(&op, self.rank, &self.cut);
+        let (sb, rb) = stage_need(&pieces);
         self.ctx.bind()?;
         // SAFETY: the caller's stream (contract above).
         let captured = unsafe { capturing(stream) }?;
-        let pieces = pieces_in_order(&op, self.rank, &self.cut);
-        let (sb, rb) = stage_need(&pieces);
         let ring = self.rings.for_stream(
             stream as usize,
             sb.max(rb),
@@ -300,7 +300,28 @@ impl GpuNet {
             &self.ctx,
             &self.shared.comms,
         )?;
-        let runs = self.take_runs(pieces, captured)?;
+        let mut runs = Vec::with_capacity(pieces.len());
+        let broken = || self.shared.broken();
+        for (k, piece) in pieces.into_iter().enumerate() {
+            match self.slots.take(captured, &broken, self.timeout) {
+                Ok(Taken { slot, token }) => runs.push(Run {
+                    slot,
+                    token,
+                    channel: k % self.cut.channels,
+                    piece,
+                }),
+                Err(e) => {
+                    for r in runs {
+                        if captured {
+                            self.slots.give_back_captured(r.slot);
+                        } else {
+                            self.slots.give_back(r.slot);
+                        }
+                    }
+                    return Err(e.rank(self.rank));
+                }
+            }
+        }
         let call = Arc::new(Call {
             captured,
             runs,
@@ -336,34 +357,6 @@ impl GpuNet {
             }?;
         }
         Ok(())
-    }
-
-    /// A flag slot for each piece (of the captured pool when `captured`), in order; none kept
-    /// when one cannot be had.
-    fn take_runs(&self, pieces: Vec<Piece>, captured: bool) -> Result<Vec<Run>> {
-        let broken = || self.shared.broken();
-        let mut runs = Vec::with_capacity(pieces.len());
-        for (k, piece) in pieces.into_iter().enumerate() {
-            match self.slots.take(captured, &broken, self.timeout) {
-                Ok(Taken { slot, token }) => runs.push(Run {
-                    slot,
-                    token,
-                    channel: k % self.cut.channels,
-                    piece,
-                }),
-                Err(e) => {
-                    for r in runs {
-                        if captured {
-                            self.slots.give_back_captured(r.slot);
-                        } else {
-                            self.slots.give_back(r.slot);
-                        }
-                    }
-                    return Err(e.rank(self.rank));
-                }
-            }
-        }
-        Ok(runs)
     }
 
     /// The copies and flag operations of `call` on `stream`.
