@@ -80,12 +80,6 @@ pub struct GpuRank {
     pub comm: GpuComm,
 }
 
-// SAFETY: GpuComm holds driver handles that any thread may use (CUDA's driver API is thread
-// safe) and serializes its calls with its own locks and counters.
-unsafe impl Send for GpuRank {}
-// SAFETY: as above.
-unsafe impl Sync for GpuRank {}
-
 impl GpuRank {
     pub fn collective(&self, c: &Call) -> Result<()> {
         let a = CollArgs {
