@@ -37,7 +37,7 @@ if part vm; then
   # RDMA rails: two Soft-RoCE ports per rank on two shaped veth rails, one taken down mid-run.
   RAILCC_VM_TIMEOUT=1200 bash tests/rdma-vm/vm.sh tests/rdma-vm/rails.sh target/release/railcc target/release/railcc-test-rank \
       > target/rdma-vm-rails.log 2>&1 || { cat target/rdma-vm-rails.log; echo "rdma-vm rails test: FAILED"; exit 1; }
-  grep -aE "over two rails|bytes out|ib_write_bw|RATIO|rail 1 down|^ok|^error|^affinity|RAILS PASS" target/rdma-vm-rails.log
+  grep -aE "over two rails|bytes out|ib_write_bw|RATIO|shares|rail 1 down|^ok|^error|^affinity|RAILS PASS" target/rdma-vm-rails.log
 fi
 if part netns; then
   # Multi-rail TCP between two network namespaces over tbf-shaped veth rails (as root).

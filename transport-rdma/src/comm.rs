@@ -57,6 +57,8 @@ const ANSWER_DONE: u32 = 1 << 16;
 const K_CTRL: u64 = 1 << 56;
 const K_RECV: u64 = 2 << 56;
 const K_WRITE: u64 = 3 << 56;
+/// The signalled first part of a large piece (`rails::mark_len`): it only times the queue pair.
+const K_MARK: u64 = 4 << 56;
 const KIND: u64 = 0xff << 56;
 /// Which queue pair of the connection a work request went to (bits 48..56 of its id).
 const QP_SHIFT: u32 = 48;

@@ -34,8 +34,10 @@ struct Piece {
     lost_on: usize,
     off: usize,
     n: usize,
-    /// Send-queue entries it takes: one write per `MAX_WRITE` bytes (at least one).
+    /// Send-queue entries it takes: its mark, then one write per `MAX_WRITE` bytes.
     wrs: u32,
+    /// Its mark (the first part, signalled) completed on the queue pair it is on.
+    marked: bool,
     done: bool,
 }
 
@@ -54,7 +56,8 @@ struct InFlight {
 }
 
 fn wrs_of(n: usize) -> u32 {
-    n.div_ceil(MAX_WRITE).max(1) as u32
+    let m = rails::mark_len(n, MAX_WRITE);
+    (usize::from(m > 0) + (n - m).div_ceil(MAX_WRITE).max(1)) as u32
 }
 
 pub struct RdmaSendComm {
@@ -138,10 +141,16 @@ impl RdmaSendComm {
         };
         piece.done = true;
         let (n, wrs) = (piece.n, piece.wrs);
+        let before = if piece.marked {
+            rails::mark_len(n, MAX_WRITE)
+        } else {
+            0
+        };
         if let Some(u) = self.sq_used.get_mut(q) {
             *u = u.saturating_sub(wrs);
         }
-        self.meter.acked(q, n, std::time::Instant::now());
+        self.meter
+            .completed(q, n - before, std::time::Instant::now());
         w.left -= 1;
         if w.left == 0 {
             self.finish(i);
@@ -212,6 +221,11 @@ impl RdmaSendComm {
                     self.piece_failed(q, seq, p);
                 }
             }
+            // A failed mark changes nothing: the piece's last write fails after it.
+            K_MARK if c.ok => {
+                let p = ((c.wr_id & LOW_BITS) >> WR_PIECE_SHIFT) as usize;
+                self.mark_done(q, c.wr_id & WR_SEQ, p);
+            }
             _ => {}
         }
         Ok(())
@@ -239,8 +253,26 @@ impl RdmaSendComm {
         self.cts.entry(full).or_insert(cts);
     }
 
-    /// Posts piece `p` of in-flight message `i` on queue pair `q`: one write per `MAX_WRITE`
-    /// bytes, the last signaled and carrying the immediate (sequence number and piece).
+    /// The mark of piece `p` of message `seq` completed on queue pair `q`: its bytes feed the
+    /// queue pair's rate (a mark from a queue pair the piece has left is ignored).
+    fn mark_done(&mut self, q: usize, seq: u64, p: usize) {
+        let Some(i) = self.find(seq) else {
+            return;
+        };
+        let Some(piece) = self.inflight[i].pieces.get_mut(p) else {
+            return;
+        };
+        if piece.qp != q || piece.done || piece.marked {
+            return;
+        }
+        piece.marked = true;
+        let m = rails::mark_len(piece.n, MAX_WRITE);
+        self.meter.completed(q, m, std::time::Instant::now());
+    }
+
+    /// Posts piece `p` of in-flight message `i` on queue pair `q`: its mark when it has one
+    /// (`rails::mark_len` bytes, signalled), then one write per `MAX_WRITE` bytes, the last
+    /// signaled and carrying the immediate (sequence number and piece).
     fn post_piece(&mut self, i: usize, p: usize, q: usize) -> Result<()> {
         let (dev, pdev) = (self.link.dev_of[q], self.peer_dev_of[q]);
         let w = &self.inflight[i];
@@ -252,7 +284,23 @@ impl RdmaSendComm {
         let imm = (seq as u32 & SEQ_MASK) | ((p as u32 & PIECE_MASK) << PIECE_SHIFT);
         let id = K_WRITE | (q as u64) << QP_SHIFT | (p as u64) << WR_PIECE_SHIFT | (seq & WR_SEQ);
         let end = off0 + n;
-        let mut off = off0;
+        let mark = rails::mark_len(n, MAX_WRITE);
+        if mark > 0 {
+            let id = K_MARK | (id & !KIND);
+            let r = self.link.qp_at(q).post_send(
+                id,
+                src + off0,
+                mark as u32,
+                lkey,
+                Some((addr + off0 as u64, rkey)),
+                None,
+                true,
+            );
+            if let Err(e) = r {
+                return Err(self.link.fail(e));
+            }
+        }
+        let mut off = off0 + mark;
         loop {
             let k = (end - off).min(MAX_WRITE);
             let last = off + k == end;
@@ -275,6 +323,7 @@ impl RdmaSendComm {
         }
         self.sq_used[q] += wrs;
         self.inflight[i].pieces[p].qp = q;
+        self.inflight[i].pieces[p].marked = false;
         self.meter.posted(q, n, std::time::Instant::now());
         Ok(())
     }
@@ -371,6 +420,7 @@ impl RdmaSendComm {
                     off,
                     n: *n,
                     wrs: wrs_of(*n),
+                    marked: false,
                     done: false,
                 });
                 off += n;
@@ -482,5 +532,19 @@ impl railcc_core::net::NetSendComm for RdmaSendComm {
 
     fn close(self: Box<Self>) -> Result<()> {
         Ok(())
+    }
+}
+
+impl Drop for RdmaSendComm {
+    /// With several queue pairs, logs the shares they ended with (`RAILCC_LOG=debug`): what the
+    /// meter learnt, to compare with the ports' rates.
+    fn drop(&mut self) {
+        if self.link.nqps() > 1 {
+            tracing::debug!(
+                "rdma: send connection to rank {} closes{}",
+                self.link.peer,
+                self.rails_state()
+            );
+        }
     }
 }
