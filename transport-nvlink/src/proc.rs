@@ -169,10 +169,12 @@ impl Hello {
 }
 
 /// Every rank learns whether every rank succeeded; the first failure is returned everywhere,
-/// so no rank waits for a peer that already gave up.
+/// so no rank waits for a peer that already gave up. `name` turns an index into the rank
+/// number errors use.
 fn agree<T>(
     x: Result<T>,
     ex: &mut Exchange<'_>,
+    name: &dyn Fn(usize) -> usize,
     payload: impl Fn(&T) -> Vec<u8>,
 ) -> Result<(T, Vec<Vec<u8>>)> {
     let mine = match &x {
@@ -181,8 +183,8 @@ fn agree<T>(
     };
     let all = ex(&mine)?;
     for (r, b) in all.iter().enumerate() {
-        if b.first() != Some(&1) {
-            let why = String::from_utf8_lossy(b.get(1..).unwrap_or_default()).into_owned();
+        if let Some(why) = setup_failure(b) {
+            let r = name(r);
             return Err(x.err().unwrap_or_else(|| {
                 Error::new(ErrorKind::Io, format!("rank {r} failed GPU setup: {why}")).peer(r)
             }));
@@ -190,6 +192,14 @@ fn agree<T>(
     }
     let v = x?;
     Ok((v, all.into_iter().map(|b| b[1..].to_vec()).collect()))
+}
+
+/// The reason in a rank's payload to one of `ProcGpu::new`'s exchanges when that rank failed
+/// the step, else None. An exchange that also reaches ranks of other hosts (the hierarchy's)
+/// fails the step on a failure there too, so every rank leaves setup at the same exchange.
+pub fn setup_failure(payload: &[u8]) -> Option<String> {
+    (payload.first() != Some(&1))
+        .then(|| String::from_utf8_lossy(payload.get(1..).unwrap_or_default()).into_owned())
 }
 
 fn hostname() -> String {
@@ -237,16 +247,18 @@ impl ProcGpu {
             };
             Ok((gpu, sync, blocks, table))
         });
-        let ((gpu, _, _, table0), hellos) = agree(setup, exchange, |(_, sync, blocks, _)| {
-            Hello {
-                host: hostname(),
-                sync: sync.handle,
-                shm: shm.clone(),
-                blocks: *blocks,
-                proc: Proc::me(),
-            }
-            .encode()
-        })?;
+        let name = |x: usize| names.and_then(|n| n.get(x).copied()).unwrap_or(x);
+        let ((gpu, _, _, table0), hellos) =
+            agree(setup, exchange, &name, |(_, sync, blocks, _)| {
+                Hello {
+                    host: hostname(),
+                    sync: sync.handle,
+                    shm: shm.clone(),
+                    blocks: *blocks,
+                    proc: Proc::me(),
+                }
+                .encode()
+            })?;
         let hellos = hellos
             .iter()
             .enumerate()
@@ -283,7 +295,7 @@ impl ProcGpu {
             }
             Ok((table, syncs))
         })();
-        let ((table, syncs), _) = agree(opened, exchange, |_| Vec::new())?;
+        let ((table, syncs), _) = agree(opened, exchange, &name, |_| Vec::new())?;
         if rank == 0 {
             ShmTable::unlink(&hellos[0].shm);
         }
@@ -718,10 +730,19 @@ mod tests {
         // Two ranks simulated by one exchange: rank 1 failed.
         let mut ex =
             |_: &[u8]| -> Result<Vec<Vec<u8>>> { Ok(vec![vec![1, 9], b"\x00no GPU".to_vec()]) };
-        let e = agree(Ok(5u8), &mut ex, |v| vec![*v]).unwrap_err();
+        let e = agree(Ok(5u8), &mut ex, &|x| x, |v| vec![*v]).unwrap_err();
         assert!(
             e.to_string().contains("rank 1 failed GPU setup: no GPU"),
             "{e}"
         );
+        // Index 1 of this exchange is rank 7 of the communicator: errors use that number.
+        let e = agree(Ok(5u8), &mut ex, &|x| [3, 7][x], |v| vec![*v]).unwrap_err();
+        assert!(
+            e.to_string().contains("rank 7 failed GPU setup: no GPU"),
+            "{e}"
+        );
+        assert_eq!(setup_failure(&[1, 2, 3]), None);
+        assert_eq!(setup_failure(b"\x00gone").as_deref(), Some("gone"));
+        assert_eq!(setup_failure(&[]).as_deref(), Some(""));
     }
 }

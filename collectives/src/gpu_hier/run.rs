@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use railcc_core::{Error, ErrorKind, Result};
 use railcc_cuda::driver::check;
 use railcc_cuda::gpu::{DevBuf, Stream};
-use railcc_transport_nvlink::proc::ProcGpu;
+use railcc_transport_nvlink::proc::{self, ProcGpu};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -95,6 +95,16 @@ impl HierGpu {
         let mates = layout.hosts[host].clone();
         let mut ex = |b: &[u8]| -> Result<Vec<Vec<u8>>> {
             let all = parent.oob_all_gather(b)?;
+            // A rank of another host that failed this step fails it here too: every rank
+            // then leaves the host-level setup at the same all-gather, and the ones after
+            // it (`agree` below) pair up.
+            let failed = (all.iter().enumerate())
+                .filter(|(r, _)| !mates.contains(r))
+                .find_map(|(r, p)| Some((r, proc::setup_failure(p)?)));
+            if let Some((r, why)) = failed {
+                let e = format!("rank {r} (another host) failed GPU setup: {why}");
+                return Err(Error::new(ErrorKind::Io, e).peer(r));
+            }
             mates
                 .iter()
                 .map(|&r| {

@@ -143,34 +143,52 @@ impl GpuNet {
         let mut cfg = parent.config().clone();
         // The channels' rails: the NICs nearest this GPU.
         cfg.gpu_ordinal = ordinal as i64;
-        let rank = members
-            .iter()
-            .position(|&r| r == parent.rank())
-            .ok_or_else(|| {
-                Error::invalid(format!(
-                    "gpu net: rank {} is not in the group {members:?}",
-                    parent.rank()
-                ))
-            })?;
         let nranks = members.len();
-        let ctx = Arc::new(Ctx::new(ordinal)?);
         let nch = cfg.gpu_net_channels;
-        // Rank 0 serves one rendezvous per channel; everyone learns their ids.
-        let mut roots = Vec::new();
-        let mut mine = Vec::new();
-        if rank == 0 {
-            for _ in 0..nch {
-                let bind = SocketAddr::new(parent.interface_ip(), 0);
-                let r = RootServer::start(bind, cfg.timeout())?;
-                mine.extend_from_slice(&r.id.to_bytes());
-                roots.push(r);
+        // This rank's part before the all-gather; a failure still takes part in it (so every
+        // rank of `parent` leaves at the same all-gather, and the caller's next ones pair up).
+        let prep = (|| -> Result<_> {
+            let rank = (members.iter())
+                .position(|&r| r == parent.rank())
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "gpu net: rank {} is not in the group {members:?}",
+                        parent.rank()
+                    ))
+                })?;
+            let ctx = Arc::new(Ctx::new(ordinal)?);
+            // Rank 0 serves one rendezvous per channel; everyone learns their ids.
+            let mut roots = Vec::new();
+            let mut mine = Vec::new();
+            if rank == 0 {
+                for _ in 0..nch {
+                    let bind = SocketAddr::new(parent.interface_ip(), 0);
+                    let r = RootServer::start(bind, cfg.timeout())?;
+                    mine.extend_from_slice(&r.id.to_bytes());
+                    roots.push(r);
+                }
             }
-        }
+            Ok((rank, ctx, roots, mine))
+        })();
+        let mine = match &prep {
+            Ok((.., ids)) => [&[1u8][..], ids].concat(),
+            Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
+        };
         let all = parent.oob_all_gather(&mine)?;
+        let failed = all.iter().position(|b| b.first() != Some(&1));
+        let (rank, ctx, roots, _) = match (prep, failed) {
+            (Err(e), _) => return Err(e),
+            (Ok(_), Some(r)) => {
+                let why = String::from_utf8_lossy(all[r].get(1..).unwrap_or_default());
+                let e = format!("rank {r} failed to open its GPU network engine: {why}");
+                return Err(Error::new(ErrorKind::Io, e).peer(r));
+            }
+            (Ok(p), None) => p,
+        };
         let ids = members
             .first()
             .and_then(|&r| all.get(r))
-            .map(Vec::as_slice)
+            .and_then(|b| b.get(1..))
             .unwrap_or_default();
         let mut comms = Vec::with_capacity(nch);
         for c in 0..nch {
