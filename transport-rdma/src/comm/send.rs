@@ -285,40 +285,34 @@ impl RdmaSendComm {
         let id = K_WRITE | (q as u64) << QP_SHIFT | (p as u64) << WR_PIECE_SHIFT | (seq & WR_SEQ);
         let end = off0 + n;
         let mark = rails::mark_len(n, MAX_WRITE);
+        // The mark (signalled, no immediate), then the rest in writes of at most MAX_WRITE.
+        let mut parts = Vec::with_capacity(wrs as usize);
         if mark > 0 {
-            let id = K_MARK | (id & !KIND);
-            let r = self.link.qp_at(q).post_send(
-                id,
-                src + off0,
-                mark as u32,
-                lkey,
-                Some((addr + off0 as u64, rkey)),
-                None,
-                true,
-            );
-            if let Err(e) = r {
-                return Err(self.link.fail(e));
-            }
+            parts.push((K_MARK | (id & !KIND), off0, mark));
         }
         let mut off = off0 + mark;
         loop {
             let k = (end - off).min(MAX_WRITE);
-            let last = off + k == end;
+            parts.push((id, off, k));
+            off += k;
+            if off == end {
+                break;
+            }
+        }
+        let last = parts.len() - 1;
+        for (j, (id, off, k)) in parts.into_iter().enumerate() {
+            let is_mark = id & KIND == K_MARK;
             let r = self.link.qp_at(q).post_send(
                 id,
                 src + off,
                 k as u32,
                 lkey,
                 Some((addr + off as u64, rkey)),
-                last.then_some(imm),
-                last,
+                (j == last).then_some(imm),
+                j == last || is_mark,
             );
             if let Err(e) = r {
                 return Err(self.link.fail(e));
-            }
-            off += k;
-            if last {
-                break;
             }
         }
         self.sq_used[q] += wrs;
