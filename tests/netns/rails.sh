@@ -222,6 +222,18 @@ before=$(rate $((t_shape - 2000)) $t_shape); right=$(rate $t_shape $((t_shape + 
 echo "re-shaped rail 0 to $R0L Mbit/s at $t_shape ms: $before MB/s in the 2 s before (sum $sum), $right in the 2 s after, $after in the 2 s after that (new sum $new_sum)"
 positive "$after" || fail "re-shaped rail: no rate measured 2-4 s after the re-shape (read '$after'; the run may have ended)"
 awk -v a=$after -v b=$new_sum 'BEGIN{exit !(a >= 0.85 * b)}' || fail "re-shaped rail: $after MB/s 2-4 s after the re-shape, below 85% of the new $new_sum MB/s"
+# How soon it recovers: the first 1 s window, starting at a sample 0-2 s after the re-shape,
+# that runs at >= 85% of the new sum (one window at most every 250 ms).
+windows=""; recovered=""
+for ((t = t_shape; t <= t_shape + 2000; t += 250)); do
+  w=$(rate $t $((t + 1000)))
+  windows+=" ${w}"
+  if [ -z "$recovered" ] && positive "$w" && awk -v a=$w -v b=$new_sum 'BEGIN{exit !(a >= 0.85 * b)}'; then
+    recovered=$((t - t_shape))
+  fi
+done
+echo "re-shaped rail: 1 s windows starting every 250 ms from the re-shape, MB/s:$windows; >= 85% of $new_sum from ${recovered:-never} ms"
+[ -n "$recovered" ] || fail "re-shaped rail: no 1 s window starting within 2 s of the re-shape reached 85% of the new $new_sum MB/s"
 ip netns exec "$A" tc qdisc change dev r0a root tbf rate ${R0}mbit burst 1mb latency 200ms && \
   ip netns exec "$B" tc qdisc change dev r0b root tbf rate ${R0}mbit burst 1mb latency 200ms || fail "restore rail 0's shaping"
 # GPU-NIC affinity, with the topology files: a rank that says it drives GPU g

@@ -408,6 +408,13 @@ impl ProcGpu {
         }
         self.check_alive()?;
         self.gpu.bind()?;
+        // A broadcast reads the root's send buffer alone: the others may pass NULL (NCCL's),
+        // and export their receive buffer in its place.
+        let send = if coll == CollKind::Broadcast && self.rank != root {
+            recv
+        } else {
+            send
+        };
         let mine = [export(send)?, export(recv)?];
         let shape = [coll as u64, dt as u64, op as u64, count as u64, root as u64];
         let call = self.calls.fetch_add(1, Ordering::Relaxed) + 1;

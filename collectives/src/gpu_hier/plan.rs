@@ -242,8 +242,14 @@ pub fn plan(a: &CollArgs, lay: &Layout, rank: usize) -> HierPlan {
         Broadcast => {
             let (h0, l0) = lay.position(a.root).unwrap_or((0, 0));
             let (s, m) = (n / nl, n / nl * nl);
+            // Only the root's send buffer is read (NCCL's: the others may be NULL).
+            let src = if rank == a.root {
+                at(Send, 0)
+            } else {
+                at(Recv, 0)
+            };
             steps.push(Step::Local {
-                c: c(Broadcast, at(Send, 0), at(Recv, 0), n, l0),
+                c: c(Broadcast, src, at(Recv, 0), n, l0),
                 hosts: Hosts::Only(h0),
             });
             if s > 0 {

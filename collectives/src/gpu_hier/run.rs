@@ -70,9 +70,12 @@ fn agree<T>(parent: &Communicator, r: Result<T>) -> Result<T> {
 
 impl HierGpu {
     /// The layout of ranks whose host ids are `hosts` (one per rank) when a hierarchy helps:
-    /// several hosts, several ranks on each, the same number everywhere.
+    /// several hosts, several ranks on each (no more than the NVLink kernels take), the same
+    /// number everywhere.
     pub fn layout(hosts: &[Vec<u8>]) -> Option<Layout> {
-        Layout::from_host_ids(hosts).filter(|l| l.nhosts() > 1 && l.local() > 1)
+        // More ranks per host than the NVLink kernels take: the flat network path instead.
+        let fits = |l: &Layout| l.local() <= railcc_cuda::kernels::MAX_PEERS;
+        Layout::from_host_ids(hosts).filter(|l| l.nhosts() > 1 && l.local() > 1 && fits(l))
     }
 
     /// Opens the host's NVLink path and this local index's network engine, for this rank's
@@ -287,24 +290,26 @@ impl HierGpu {
         }
         let es = a.dtype.size();
         let p = plan(a, &self.layout, self.rank);
-        let scratch = self.scratch(stream, p.scratch * es)?;
-        let addr = |at: At| {
-            let base = match at.buf {
-                Buf::Send => send,
-                Buf::Recv => recv,
-                Buf::Scratch => scratch,
+        // A scratch this rank cannot get fails the call here alone: its mates and the other
+        // hosts would wait for its steps, so it aborts them as a failed step does.
+        let r = self.scratch(stream, p.scratch * es).and_then(|scratch| {
+            let addr = |at: At| {
+                let base = match at.buf {
+                    Buf::Send => send,
+                    Buf::Recv => recv,
+                    Buf::Scratch => scratch,
+                };
+                base + (at.off * es) as u64
             };
-            base + (at.off * es) as u64
-        };
-        // SAFETY: the caller's contract covers `send`, `recv` and `stream`; the scratch is
-        // this GPU's and sized for the plan.
-        let r = p
-            .steps
-            .iter()
-            .try_for_each(|s| unsafe { self.step(s, a, &addr, stream) });
+            // SAFETY: the caller's contract covers `send`, `recv` and `stream`; the scratch
+            // is this GPU's and sized for the plan.
+            p.steps
+                .iter()
+                .try_for_each(|s| unsafe { self.step(s, a, &addr, stream) })
+        });
         if let Err(e) = &r {
-            // Part of the call is enqueued and peers may wait on the rest: stop them all, with
-            // this error as the reason the other hosts hear.
+            // Part of the call may be enqueued and peers may wait on the rest: stop them all,
+            // with this error as the reason the other hosts hear.
             tracing::warn!("rank {}: hierarchical {}: {e}", self.rank, a.coll.name());
             self.cause.lock().get_or_insert(e.clone());
             self.local.abort_with(e.clone());
@@ -481,5 +486,23 @@ impl Drop for HierGpu {
             stop.store(true, Ordering::Relaxed);
             let _ = h.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::HierGpu;
+
+    #[test]
+    fn the_hierarchy_takes_hosts_of_up_to_the_kernels_peers() {
+        let ids = |nh: usize, nl: usize| -> Vec<Vec<u8>> {
+            (0..nh * nl).map(|r| vec![(r / nl) as u8]).collect()
+        };
+        let max = railcc_cuda::kernels::MAX_PEERS;
+        assert!(HierGpu::layout(&ids(2, max)).is_some());
+        // One rank per host, one host, or more ranks per host than the kernels take.
+        assert!(HierGpu::layout(&ids(2, 1)).is_none());
+        assert!(HierGpu::layout(&ids(1, 4)).is_none());
+        assert!(HierGpu::layout(&ids(2, max + 1)).is_none());
     }
 }

@@ -305,41 +305,12 @@ impl GpuNet {
             Some(op) => op,
             None => return Ok(()),
         };
-        let pieces = pieces_in_order(&op, self.rank, &self.cut);
-        let (sb, rb) = stage_need(&pieces);
-        self.ctx.bind()?;
+        // From here on the peers enqueue their part of this call: a failure that leaves this
+        // rank without it would pair its next call with theirs, so it breaks the engine
+        // (every rank then fails naming the cause) instead of returning quietly.
         // SAFETY: the caller's stream (contract above).
-        let captured = unsafe { capturing(stream) }?;
-        let ring = self.rings.for_stream(
-            stream as usize,
-            sb.max(rb),
-            self.ring_depth,
-            captured,
-            &self.ctx,
-            &self.shared.comms,
-        )?;
-        let mut runs = Vec::with_capacity(pieces.len());
-        let broken = || self.shared.broken();
-        for (k, piece) in pieces.into_iter().enumerate() {
-            match self.slots.take(captured, &broken, self.timeout) {
-                Ok(Taken { slot, token }) => runs.push(Run {
-                    slot,
-                    token,
-                    channel: k % self.cut.channels,
-                    piece,
-                }),
-                Err(e) => {
-                    for r in runs {
-                        if captured {
-                            self.slots.give_back_captured(r.slot);
-                        } else {
-                            self.slots.give_back(r.slot);
-                        }
-                    }
-                    return Err(e.rank(self.rank));
-                }
-            }
-        }
+        let r = unsafe { self.take_slots(op, stream) }.map_err(|e| e.rank(self.rank));
+        let (captured, ring, runs) = r.inspect_err(|e| self.shared.fail(e.clone()))?;
         let call = Arc::new(Call {
             captured,
             runs,
@@ -415,6 +386,50 @@ impl GpuNet {
             }
         }
         Ok(())
+    }
+
+    /// Cuts a checked call into pieces and takes a flag slot for each, with the staging ring
+    /// of `stream` (grown to the largest piece). On failure every slot taken is given back.
+    ///
+    /// # Safety
+    /// `stream` as in [`GpuNet::enqueue`].
+    unsafe fn take_slots(&self, op: NetOp, stream: Stream) -> Result<(bool, Arc<Ring>, Vec<Run>)> {
+        let pieces = pieces_in_order(&op, self.rank, &self.cut);
+        let (sb, rb) = stage_need(&pieces);
+        self.ctx.bind()?;
+        // SAFETY: the caller's stream (contract above).
+        let captured = unsafe { capturing(stream) }?;
+        let ring = self.rings.for_stream(
+            stream as usize,
+            sb.max(rb),
+            self.ring_depth,
+            captured,
+            &self.ctx,
+            &self.shared.comms,
+        )?;
+        let mut runs = Vec::with_capacity(pieces.len());
+        let broken = || self.shared.broken();
+        for (k, piece) in pieces.into_iter().enumerate() {
+            match self.slots.take(captured, &broken, self.timeout) {
+                Ok(Taken { slot, token }) => runs.push(Run {
+                    slot,
+                    token,
+                    channel: k % self.cut.channels,
+                    piece,
+                }),
+                Err(e) => {
+                    for r in runs {
+                        if captured {
+                            self.slots.give_back_captured(r.slot);
+                        } else {
+                            self.slots.give_back(r.slot);
+                        }
+                    }
+                    return Err(e.rank(self.rank));
+                }
+            }
+        }
+        Ok((captured, ring, runs))
     }
 
     /// Checks what the host path would only see later; drops what moves no bytes.
@@ -624,7 +639,19 @@ impl Progress {
             if let Some(deadline) = stop {
                 let late = Instant::now() > deadline || shared.broken().is_some();
                 if running.is_empty() && (queue.is_empty() || late) {
-                    // Let every stream that may still reach a piece go on.
+                    // Let every stream that may still reach a piece go on. Those pieces never
+                    // move data: say so (a stream that reaches one later gets stale bytes, as
+                    // does a graph launched after its communicator is gone).
+                    if !queue.is_empty() || !held.is_empty() {
+                        shared.fail(Error::new(
+                            ErrorKind::Timeout,
+                            format!(
+                                "gpu net: closed with {} call(s) the streams had not reached and {} kept by CUDA graphs; their pieces are let go without moving data",
+                                queue.len(),
+                                held.len()
+                            ),
+                        ));
+                    }
                     for live in queue.drain(..) {
                         for r in &live.call.runs {
                             flags.store(Slots::done(r.slot), r.token);

@@ -83,7 +83,9 @@ fn ranges(n: usize, unit_bytes: usize, cut: &Cut) -> Vec<(usize, usize)> {
         return Vec::new();
     }
     let total = n.saturating_mul(unit_bytes.max(1));
-    let by_cap = total.div_ceil(cut.max_piece_bytes.max(1));
+    // Whole units per piece under the cap: no piece is over it, so the staging slot (a power
+    // of two at least the largest piece) stays the cap's size when a unit does not divide it.
+    let by_cap = n.div_ceil((cut.max_piece_bytes / unit_bytes.max(1)).max(1));
     let by_grain = total.div_ceil(cut.chunk_bytes.max(1));
     let mut k = by_cap.max(by_grain.min(cut.target_pieces.max(1)));
     if k < cut.channels && total / cut.channels >= cut.min_spread_bytes {
@@ -282,6 +284,11 @@ mod tests {
         assert_eq!(ranges(4 << 20, 4, &big).len(), 4); // 16 MB: 4 x 4 MB
         assert_eq!(ranges(256 << 20, 4, &big).len(), 32); // 1 GB: 32 x 32 MB
         assert_eq!(ranges(1 << 19, 4, &big).len(), 4); // 2 MB: spread over 4 channels
+                                                       // A unit that does not divide the cap (6 ranks' floats: 24 bytes): no piece over it.
+        let n = (256 << 20) / 24;
+        for (a, b) in ranges(n, 24, &big) {
+            assert!((b - a) * 24 <= big.max_piece_bytes, "{a}..{b}");
+        }
     }
 
     #[test]

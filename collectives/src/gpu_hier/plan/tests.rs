@@ -71,10 +71,13 @@ fn run_coll(mems: &mut [Mem], members: &[usize], cs: &[Coll], dt: DataType) {
         .iter()
         .zip(cs)
         .map(|(&r, c)| {
+            // Every member's send buffer must exist (the runner maps it on every rank), but a
+            // broadcast reads only the root's.
+            let bytes = mems[r].read(c.send, sub.send_elems(), es);
             let send_here = c0.coll != CollKind::Broadcast
                 || sub.root == members.iter().position(|&x| x == r).unwrap_or(0);
             if send_here {
-                mems[r].read(c.send, sub.send_elems(), es)
+                bytes
             } else {
                 vec![0; sub.send_elems() * es]
             }
@@ -116,8 +119,15 @@ fn check(a: &CollArgs, lay: &Layout, in_place: bool) {
                     recv: (0, rv.start),
                 }
             } else {
+                // A broadcast's send buffer may be NULL on every rank but the root (NCCL's).
+                let null_send = a.coll == CollKind::Broadcast && r != a.root;
+                let send = if null_send {
+                    Vec::new()
+                } else {
+                    inputs[r].clone()
+                };
                 Mem {
-                    arenas: [inputs[r].clone(), prior.clone(), scratch],
+                    arenas: [send, prior.clone(), scratch],
                     send: (0, 0),
                     recv: (1, 0),
                 }
