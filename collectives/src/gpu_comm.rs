@@ -102,13 +102,32 @@ impl GpuComm {
             .collect();
         let several_hosts = boot.local_ranks() < nranks;
         let path = if net_only || several_hosts {
+            // Both are opened on every rank whatever the other gave (each is collective), then
+            // every rank learns every outcome, so all leave together: with the same path, or
+            // with the same error.
             let hier = match net_only {
-                false => HierGpu::layout(&hosts)
-                    .map(|l| HierGpu::new(boot, l, ordinal))
-                    .transpose()?,
+                false => HierGpu::layout(&hosts).map(|l| HierGpu::new(boot, l, ordinal)),
                 true => None,
             };
-            let net = GpuNet::new(boot, ordinal)?;
+            let net = GpuNet::new(boot, ordinal);
+            let mine = [outcome(&net), hier.as_ref().map_or(vec![1], outcome)];
+            let all = boot.oob_all_gather(&mine.concat())?;
+            let net = net?;
+            if let Some((r, why)) = all.iter().enumerate().find_map(|(r, b)| failure(r, b, 0)) {
+                let e = format!("rank {r} failed to open its GPU network engine: {why}");
+                return Err(Error::new(ErrorKind::Io, e).peer(r).rank(rank));
+            }
+            // The hierarchy is a speed-up: where a rank could not open it, every rank runs
+            // the flat network path instead.
+            let hier = match all.iter().enumerate().find_map(|(r, b)| failure(r, b, 1)) {
+                Some((r, why)) => {
+                    tracing::warn!(
+                        "rank {rank}: GPU hierarchy off (rank {r} could not open it: {why}); every call goes over the network"
+                    );
+                    None
+                }
+                None => hier.transpose()?,
+            };
             Path::Net { net, hier }
         } else {
             let cfg = boot.config();
@@ -270,26 +289,46 @@ impl GpuComm {
                 // Both kinds in one group: the same-host ones go on a side stream forked from
                 // the caller's and joined back, so they run beside the network ones as NCCL
                 // runs a group's operations together (one after the other, a ring that
-                // crosses hosts twice would wait on itself).
-                let fork = match far.first() {
-                    Some(f) => Some((f.stream, h.side_stream(f.stream)?)),
-                    None => None,
-                };
-                if let Some((main, side)) = fork {
-                    near.iter_mut().for_each(|o| o.stream = side);
-                    // SAFETY: both are live streams of this rank's GPU.
-                    unsafe { h.stream_waits_for(side, main) }?;
+                // crosses hosts twice would wait on itself). One stream for the whole group,
+                // as for the network's part: the fork keeps only that stream's order.
+                let main = far.first().map(|f| f.stream);
+                if main.is_some_and(|m| near.iter().any(|o| o.stream != m)) {
+                    return Err(Error::new(
+                        ErrorKind::Unsupported,
+                        "sends and receives of one group on different streams (across hosts railcc takes one stream per group)",
+                    )
+                    .rank(self.rank));
                 }
-                // SAFETY: the caller's contract.
-                unsafe { self.net_p2p(net, &far) }?;
-                let list = self.numbered(&near, |p| h.local_index(p));
-                // SAFETY: the caller's contract; the side stream is this GPU's.
-                unsafe { h.p2p_local(&list) }?;
-                match fork {
-                    // SAFETY: as above.
-                    Some((main, side)) => unsafe { h.stream_waits_for(main, side) },
-                    None => Ok(()),
+                // Past this point this rank's peers take part in the group: a failure here
+                // would leave the message counts apart, so it stops the communicator.
+                let r = (|| -> Result<()> {
+                    let fork = match main {
+                        Some(m) => Some((m, h.side_stream(m)?)),
+                        None => None,
+                    };
+                    if let Some((main, side)) = fork {
+                        near.iter_mut().for_each(|o| o.stream = side);
+                        // SAFETY: both are live streams of this rank's GPU.
+                        unsafe { h.stream_waits_for(side, main) }?;
+                    }
+                    // SAFETY: the caller's contract.
+                    let sent = unsafe { self.net_p2p(net, &far) };
+                    let list = self.numbered(&near, |p| h.local_index(p));
+                    // SAFETY: the caller's contract; the side stream is this GPU's.
+                    let local = sent.and_then(|_| unsafe { h.p2p_local(&list) });
+                    // Joined back whatever happened: a capture with an open fork is invalid.
+                    let joined = match fork {
+                        // SAFETY: as above.
+                        Some((main, side)) => unsafe { h.stream_waits_for(main, side) },
+                        None => Ok(()),
+                    };
+                    local.and(joined)
+                })();
+                if let Err(e) = &r {
+                    net.abort_with(e.clone());
+                    h.abort_with(e.clone());
                 }
+                r
             }
         }
     }
@@ -376,5 +415,67 @@ impl GpuComm {
         unsafe { h.copy(recv + me, send + me, chunk, stream) }?;
         // SAFETY: the caller's contract.
         unsafe { self.p2p(&ops) }
+    }
+}
+
+/// A rank's outcome as one record of the setup agreement: 1 (it worked), or 0, the error's
+/// text and a 0 byte that ends it.
+fn outcome<T>(r: &Result<T>) -> Vec<u8> {
+    match r {
+        Ok(_) => vec![1],
+        Err(e) => {
+            let mut b = vec![0];
+            b.extend(e.to_string().bytes().filter(|&c| c != 0));
+            b.push(0);
+            b
+        }
+    }
+}
+
+/// Record `k` of rank `r`'s agreement payload (records as [`outcome`] writes them), when it
+/// says that part failed: (r, the reason).
+fn failure(r: usize, payload: &[u8], k: usize) -> Option<(usize, String)> {
+    let mut records = Vec::new();
+    let mut rest = payload;
+    while let Some((&first, tail)) = rest.split_first() {
+        if first == 1 {
+            records.push(None);
+            rest = tail;
+        } else {
+            let end = tail.iter().position(|&c| c == 0).unwrap_or(tail.len());
+            records.push(Some(String::from_utf8_lossy(&tail[..end]).into_owned()));
+            rest = tail.get(end + 1..).unwrap_or_default();
+        }
+    }
+    match records.get(k) {
+        Some(None) => None,
+        Some(Some(why)) => Some((r, why.clone())),
+        None => Some((r, "no setup record".to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{failure, outcome};
+    use railcc_core::{Error, Result};
+
+    #[test]
+    fn setup_records_name_the_part_that_failed() {
+        let ok: Result<()> = Ok(());
+        let bad: Result<()> = Err(Error::invalid("no pinned memory"));
+        let both_ok = [outcome(&ok), outcome(&ok)].concat();
+        assert_eq!(failure(3, &both_ok, 0), None);
+        assert_eq!(failure(3, &both_ok, 1), None);
+        let hier_bad = [outcome(&ok), outcome(&bad)].concat();
+        assert_eq!(failure(2, &hier_bad, 0), None);
+        let (r, why) = failure(2, &hier_bad, 1).expect("record 1 failed");
+        assert_eq!(r, 2);
+        assert!(why.contains("no pinned memory"), "{why}");
+        let net_bad = [outcome(&bad), outcome(&ok)].concat();
+        assert!(failure(1, &net_bad, 0).is_some());
+        assert_eq!(failure(1, &net_bad, 1), None);
+        // A payload with fewer records than asked for is a failure, not a pass.
+        assert!(failure(0, &[1], 1).is_some());
+        assert!(failure(0, &[], 0).is_some());
     }
 }

@@ -258,6 +258,13 @@ impl HierGpu {
         self.cross.abort();
     }
 
+    /// Stops both parts with `why` as the cause this rank reports and the other hosts hear.
+    pub fn abort_with(&self, why: Error) {
+        self.cause.lock().get_or_insert(why.clone());
+        self.local.abort_with(why.clone());
+        self.cross.abort_with(why);
+    }
+
     /// Enqueues `a` on `stream` (send and receive buffers at device addresses `send`, `recv`).
     ///
     /// # Safety
@@ -311,9 +318,7 @@ impl HierGpu {
             // Part of the call may be enqueued and peers may wait on the rest: stop them all,
             // with this error as the reason the other hosts hear.
             tracing::warn!("rank {}: hierarchical {}: {e}", self.rank, a.coll.name());
-            self.cause.lock().get_or_insert(e.clone());
-            self.local.abort_with(e.clone());
-            self.cross.abort_with(e.clone());
+            self.abort_with(e.clone());
         }
         r
     }
