@@ -191,6 +191,26 @@ impl GpuComm {
         }
     }
 
+    /// An error when either part of the communicator is broken; the other part is then
+    /// stopped with the same cause, so the peers waiting on it hear it too.
+    fn not_broken(&self) -> Result<()> {
+        if let Path::Net { net, hier: Some(h) } = &self.path {
+            match (net.async_error(), h.async_error()) {
+                (Some(e), None) => h.abort_with(e),
+                (None, Some(e)) => net.abort_with(e),
+                _ => {}
+            }
+        }
+        match self.async_error() {
+            Some(e) => Err(Error::new(
+                e.kind,
+                format!("communicator is broken by an earlier error: {e}"),
+            )
+            .rank(self.rank)),
+            None => Ok(()),
+        }
+    }
+
     /// The error that broke the communicator (a peer died, an abort), if any.
     pub fn async_error(&self) -> Option<Error> {
         match &self.path {
@@ -238,6 +258,9 @@ impl GpuComm {
                     .map(|l| l.blocks_per_gpu)
             }
             Path::Net { net, hier } => {
+                // Either part broken breaks the communicator: a call on the other would run
+                // here while the peers that saw the failure have stopped.
+                self.not_broken()?;
                 if let Some(h) = hier
                     .as_ref()
                     .filter(|_| a.coll == CollKind::AllToAll && send != recv)
@@ -278,6 +301,7 @@ impl GpuComm {
             // SAFETY: the caller's contract.
             Path::Peer(pg) => unsafe { pg.p2p(&self.numbered(ops, Some)) },
             Path::Net { net, hier } => {
+                self.not_broken()?;
                 let local =
                     |o: &&GpuP2p| hier.is_some() && self.reach(o.peer) == Some(Reach::PeerAccess);
                 let (near, far): (Vec<&GpuP2p>, Vec<&GpuP2p>) = ops.iter().partition(local);
