@@ -14,7 +14,7 @@ mod run;
 mod transport;
 mod typed;
 
-pub(crate) use init::host_id;
+pub(crate) use init::{host_id, process_id};
 
 use crate::conn::Connections;
 use crate::cost::{HostEffects, Link, Machine};

@@ -74,9 +74,9 @@ impl GpuComm {
     fn open(boot: &Communicator, ordinal: usize, net_only: bool) -> Result<GpuComm> {
         let (rank, nranks) = (boot.rank(), boot.nranks());
         let hosts = boot.oob_all_gather(crate::comm::host_id(boot.config()).as_bytes())?;
-        // One rank per process: (host, pid) pairs differ (hosts may reuse pids, containers
-        // always do).
-        let pids = boot.oob_all_gather(&std::process::id().to_le_bytes())?;
+        // One rank per process: (host, pid and pid namespace) differ (hosts may reuse pids,
+        // containers always do).
+        let pids = boot.oob_all_gather(&crate::comm::process_id())?;
         let mut procs: Vec<(&[u8], &[u8])> = hosts
             .iter()
             .map(Vec::as_slice)

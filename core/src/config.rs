@@ -151,7 +151,8 @@ config! {
     /// Over several rails: a rail whose sockets leave data unacknowledged this long is lost.
     rail_timeout_ms: u64 = 3000, "RAILCC_RAIL_TIMEOUT_MS";
     /// Which host this rank is on, for ranks that share a machine (NCCL_HOSTID); empty: the
-    /// kernel's boot id. Network namespaces on one machine set it to act as separate nodes.
+    /// hostname and the kernel's boot id, as NCCL. Network namespaces on one machine set it to
+    /// act as separate nodes.
     hostid: String = String::new(), "RAILCC_HOSTID";
     /// A topology file (JSON, as `railcc topo --json` prints) used instead of discovery.
     topo_file: String = String::new(), "RAILCC_TOPO_FILE";

@@ -134,13 +134,53 @@ impl Communicator {
         })
     }
 }
-/// Identifies this host: `RAILCC_HOSTID`, else the kernel's boot id, else the hostname.
+/// Identifies this host: `RAILCC_HOSTID`, else, as NCCL's host hash, the hostname and the
+/// kernel's boot id. Containers of one machine share the boot id but, as a rule, not the IPC
+/// and /dev/shm that peer access needs: their hostnames tell them apart.
 pub(crate) fn host_id(cfg: &Config) -> String {
     if !cfg.hostid.is_empty() {
         return cfg.hostid.clone();
     }
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .or_else(|_| std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()))
-        .unwrap_or_default()
+    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string());
+    let name = read("/proc/sys/kernel/hostname")
+        .or_else(|_| read("/etc/hostname"))
+        .unwrap_or_default();
+    let boot = read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    format!("{name}/{boot}")
+}
+
+/// Identifies this process on its host: its pid and its pid namespace (containers on one
+/// host reuse pids, the first process of each is pid 1).
+pub(crate) fn process_id() -> Vec<u8> {
+    let ns = std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    [&std::process::id().to_le_bytes()[..], ns.as_bytes()].concat()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{host_id, process_id};
+    use railcc_core::Config;
+
+    #[test]
+    fn the_host_is_the_hostname_and_boot_id_unless_given() {
+        let mut cfg = Config::default();
+        let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string());
+        if let (Ok(name), Ok(boot)) = (
+            read("/proc/sys/kernel/hostname"),
+            read("/proc/sys/kernel/random/boot_id"),
+        ) {
+            assert_eq!(host_id(&cfg), format!("{name}/{boot}"));
+        }
+        cfg.hostid = "node7".into();
+        assert_eq!(host_id(&cfg), "node7");
+        // The pid first (4 bytes), then the pid namespace where /proc shows it.
+        let me = process_id();
+        assert_eq!(me[..4], std::process::id().to_le_bytes());
+        if let Ok(ns) = std::fs::read_link("/proc/self/ns/pid") {
+            assert_eq!(&me[4..], ns.to_string_lossy().as_bytes());
+            assert!(ns.to_string_lossy().starts_with("pid:["), "{ns:?}");
+        }
+    }
 }
