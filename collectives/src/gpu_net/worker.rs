@@ -6,7 +6,7 @@ use super::pieces::HostCall;
 use super::ring::Ring;
 use crate::comm::Communicator;
 use crossbeam_channel::{Receiver, Sender};
-use railcc_core::{Error, Result};
+use railcc_core::{Error, ErrorKind, Result};
 use std::sync::Arc;
 
 /// One piece's host part: its call and the ring slot holding its stages.
@@ -22,8 +22,22 @@ pub struct Finished {
     pub result: Result<()>,
 }
 
-/// Runs a piece's host call on its ring slot.
+/// Runs a piece's host call on its ring slot; a panic in it becomes the piece's error (the
+/// stream waiting on the piece is let go and the engine breaks, instead of waiting forever).
 pub fn run_piece(comm: &Communicator, call: &HostCall, ring: &Ring, k: usize) -> Result<()> {
+    let run = std::panic::AssertUnwindSafe(|| run_piece_inner(comm, call, ring, k));
+    std::panic::catch_unwind(run).unwrap_or_else(|p| {
+        let what = (p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(Error::new(
+            ErrorKind::Aborted,
+            format!("gpu net: a piece's host part panicked: {what}"),
+        ))
+    })
+}
+
+fn run_piece_inner(comm: &Communicator, call: &HostCall, ring: &Ring, k: usize) -> Result<()> {
     let n = ring.slot_bytes;
     // SAFETY: between the piece's `start` and `done` the host owns its ring slot: the stream
     // filled the send stage before `start` and reads the receive stage only after `done`,
