@@ -194,21 +194,21 @@ impl GpuComm {
     /// An error when either part of the communicator is broken; the other part is then
     /// stopped with the same cause, so the peers waiting on it hear it too.
     fn not_broken(&self) -> Result<()> {
-        if let Path::Net { net, hier: Some(h) } = &self.path {
-            match (net.async_error(), h.async_error()) {
-                (Some(e), None) => h.abort_with(e),
-                (None, Some(e)) => net.abort_with(e),
-                _ => {}
-            }
-        }
-        match self.async_error() {
-            Some(e) => Err(Error::new(
-                e.kind,
-                format!("communicator is broken by an earlier error: {e}"),
-            )
-            .rank(self.rank)),
-            None => Ok(()),
-        }
+        let cause = match &self.path {
+            Path::Net { net, hier: Some(h) } => match (net.async_error(), h.async_error()) {
+                (Some(e), None) => {
+                    h.abort_with(e.clone());
+                    Some(e)
+                }
+                (None, Some(e)) => {
+                    net.abort_with(e.clone());
+                    Some(e)
+                }
+                (n, h) => n.or(h),
+            },
+            _ => self.async_error(),
+        };
+        cause.map_or(Ok(()), |e| Err(Error::earlier(&e).rank(self.rank)))
     }
 
     /// The error that broke the communicator (a peer died, an abort), if any.

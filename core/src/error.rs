@@ -70,6 +70,14 @@ impl Error {
         Error::new(ErrorKind::InvalidArgument, message)
     }
 
+    /// A call refused because `cause` broke the communicator earlier (same kind).
+    pub fn earlier(cause: &Error) -> Error {
+        Error::new(
+            cause.kind,
+            format!("communicator is broken by an earlier error: {cause}"),
+        )
+    }
+
     pub fn io(what: impl fmt::Display, e: &std::io::Error) -> Error {
         let kind = match e.kind() {
             std::io::ErrorKind::UnexpectedEof

@@ -365,11 +365,7 @@ impl ProcGpu {
 
     fn check_alive(&self) -> Result<()> {
         match self.async_error() {
-            Some(e) => Err(Error::new(
-                e.kind,
-                format!("communicator is broken by an earlier error: {e}"),
-            )
-            .rank(self.rank)),
+            Some(e) => Err(Error::earlier(&e).rank(self.rank)),
             None => Ok(()),
         }
     }

@@ -289,11 +289,7 @@ impl HierGpu {
             .rank(self.rank));
         }
         if let Some(e) = self.async_error() {
-            return Err(Error::new(
-                e.kind,
-                format!("communicator is broken by an earlier error: {e}"),
-            )
-            .rank(self.rank));
+            return Err(Error::earlier(&e).rank(self.rank));
         }
         let es = a.dtype.size();
         let p = plan(a, &self.layout, self.rank);

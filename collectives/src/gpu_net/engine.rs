@@ -28,6 +28,7 @@ use railcc_core::bootstrap::{RootServer, UniqueId};
 use railcc_core::{Error, ErrorKind, Result};
 use railcc_cuda::gpu::Stream;
 use railcc_cuda::hostsync::{capturing, d2h, h2d, on_graph_destroy, Ctx, Flags};
+use railcc_transport_nvlink::proc::setup_failure;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -175,11 +176,10 @@ impl GpuNet {
             Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
         };
         let all = parent.oob_all_gather(&mine)?;
-        let failed = all.iter().position(|b| b.first() != Some(&1));
+        let failed = (all.iter().enumerate()).find_map(|(r, b)| Some((r, setup_failure(b)?)));
         let (rank, ctx, roots, _) = match (prep, failed) {
             (Err(e), _) => return Err(e),
-            (Ok(_), Some(r)) => {
-                let why = String::from_utf8_lossy(all[r].get(1..).unwrap_or_default());
+            (Ok(_), Some((r, why))) => {
                 let e = format!("rank {r} failed to open its GPU network engine: {why}");
                 return Err(Error::new(ErrorKind::Io, e).peer(r));
             }
@@ -295,11 +295,7 @@ impl GpuNet {
     pub unsafe fn enqueue(&self, op: NetOp, stream: Stream) -> Result<()> {
         let t0 = self.shared.trace.on().then(Instant::now);
         if let Some(e) = self.async_error() {
-            return Err(Error::new(
-                e.kind,
-                format!("communicator is broken by an earlier error: {e}"),
-            )
-            .rank(self.rank));
+            return Err(Error::earlier(&e).rank(self.rank));
         }
         let op = match self.checked(op)? {
             Some(op) => op,
@@ -425,7 +421,7 @@ impl GpuNet {
                             self.slots.give_back(r.slot);
                         }
                     }
-                    return Err(e.rank(self.rank));
+                    return Err(e);
                 }
             }
         }

@@ -284,7 +284,8 @@ mod tests {
         assert_eq!(ranges(4 << 20, 4, &big).len(), 4); // 16 MB: 4 x 4 MB
         assert_eq!(ranges(256 << 20, 4, &big).len(), 32); // 1 GB: 32 x 32 MB
         assert_eq!(ranges(1 << 19, 4, &big).len(), 4); // 2 MB: spread over 4 channels
-                                                       // A unit that does not divide the cap (6 ranks' floats: 24 bytes): no piece over it.
+
+        // A unit that does not divide the cap (6 ranks' floats: 24 bytes): no piece over it.
         let n = (256 << 20) / 24;
         for (a, b) in ranges(n, 24, &big) {
             assert!((b - a) * 24 <= big.max_piece_bytes, "{a}..{b}");
