@@ -23,9 +23,10 @@ use crate::plan::{build_ordered, group_plan, host_order, Algo, CollArgs, P2pKind
 use crate::regions::{RegionId, Regions};
 use parking_lot::Mutex;
 use railcc_core::bootstrap::{unspecified_like, Bootstrap, RootServer, UniqueId};
+use railcc_core::call::CollKind;
 use railcc_core::config::AlgoChoice;
 use railcc_core::launch;
-use railcc_core::net::{CollKind, MsgTag, NetTransport};
+use railcc_core::net::{MsgTag, NetTransport};
 use railcc_core::{netif, Config, DataType, Element, Error, ErrorKind, ReduceOp, Result};
 use railcc_transport_rdma::{RdmaTransport, RdmaTuning};
 use railcc_transport_tcp::{TcpSettings, TcpTransport};

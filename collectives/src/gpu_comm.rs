@@ -15,7 +15,7 @@ use crate::comm::Communicator;
 use crate::gpu_hier::HierGpu;
 use crate::gpu_net::{GpuNet, NetOp, P2pOp};
 use crate::plan::{CollArgs, P2pKind};
-use railcc_core::net::CollKind;
+use railcc_core::call::CollKind;
 use railcc_core::{Error, ErrorKind, Result};
 use railcc_cuda::gpu::{GpuCtx, Stream};
 use railcc_transport_nvlink::proc::{P2p, ProcGpu};

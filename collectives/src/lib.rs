@@ -18,6 +18,6 @@ pub mod sim;
 
 pub use comm::{Bufs, Communicator, P2p};
 pub use plan::{Algo, CollArgs};
-pub use railcc_core::net::CollKind;
+pub use railcc_core::call::CollKind;
 pub use railcc_core::{Config, DataType, Element, Error, ErrorKind, ReduceOp, Result};
 pub use regions::RegionId;

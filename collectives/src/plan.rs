@@ -9,8 +9,8 @@
 //!   (dependencies point only backwards, so a plan can never deadlock on itself).
 //! - `Reduce` may write exactly over one of its inputs, never partially over one.
 
-use railcc_core::net::CollKind;
-use railcc_core::{DataType, ReduceOp};
+pub use railcc_core::call::{CollArgs, CollKind, P2pKind};
+use railcc_core::ReduceOp;
 use std::collections::VecDeque;
 use std::ops::Range;
 
@@ -122,90 +122,6 @@ pub struct Plan {
     pub algo: Algo,
     pub steps: Vec<Step>,
     pub scratch_elems: usize,
-}
-
-/// The arguments of one collective call, as NCCL counts them: `count` is the per-rank element
-/// count (all_gather: send count; reduce_scatter: receive count; all_to_all: per-peer count).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct CollArgs {
-    pub coll: CollKind,
-    pub nranks: usize,
-    pub count: usize,
-    pub dtype: DataType,
-    pub op: ReduceOp,
-    pub root: usize,
-}
-
-impl CollArgs {
-    /// Elements in the send buffer.
-    pub fn send_elems(&self) -> usize {
-        match self.coll {
-            CollKind::ReduceScatter | CollKind::AllToAll => self.count * self.nranks,
-            CollKind::Barrier => 0,
-            _ => self.count,
-        }
-    }
-
-    /// Elements in the receive buffer.
-    pub fn recv_elems(&self) -> usize {
-        match self.coll {
-            CollKind::AllGather | CollKind::AllToAll => self.count * self.nranks,
-            CollKind::Barrier => 0,
-            _ => self.count,
-        }
-    }
-
-    /// For an in-place call, the element offsets of the send and receive buffers inside one
-    /// backing buffer, and that buffer's length (NCCL's in-place conventions).
-    pub fn in_place_layout(&self, rank: usize) -> (usize, usize, usize) {
-        match self.coll {
-            CollKind::AllGather => (rank * self.count, 0, self.recv_elems()),
-            CollKind::ReduceScatter => (0, rank * self.count, self.send_elems()),
-            _ => (0, 0, self.send_elems().max(self.recv_elems())),
-        }
-    }
-
-    /// Byte ranges of the send and receive buffers inside an in-place call's backing buffer,
-    /// and the backing buffer's length in bytes.
-    pub fn in_place_ranges(&self, rank: usize) -> (Range<usize>, Range<usize>, usize) {
-        let es = self.dtype.size();
-        let (so, ro, total) = self.in_place_layout(rank);
-        (
-            so * es..(so + self.send_elems()) * es,
-            ro * es..(ro + self.recv_elems()) * es,
-            total * es,
-        )
-    }
-
-    /// Where the receive buffer's bytes sit in what the caller holds: all of the receive
-    /// buffer out of place, its part of the backing buffer in place.
-    pub fn recv_range(&self, rank: usize, in_place: bool) -> Range<usize> {
-        if in_place {
-            self.in_place_ranges(rank).1
-        } else {
-            0..self.recv_elems() * self.dtype.size()
-        }
-    }
-
-    /// The contents of an in-place call's backing buffer: `prior` (the receive buffer's bytes)
-    /// at the receive offset, then `input` (the send buffer's) written over it at the send
-    /// offset, as a caller that fills its input last would leave it.
-    pub fn in_place_backing(&self, rank: usize, input: &[u8], prior: &[u8]) -> Vec<u8> {
-        let (send, recv, total) = self.in_place_ranges(rank);
-        let mut b = vec![0u8; total];
-        b[recv.start..recv.start + prior.len().min(recv.len())]
-            .copy_from_slice(&prior[..prior.len().min(recv.len())]);
-        b[send.start..send.start + input.len().min(send.len())]
-            .copy_from_slice(&input[..input.len().min(send.len())]);
-        b
-    }
-
-    pub fn reduces(&self) -> bool {
-        matches!(
-            self.coll,
-            CollKind::AllReduce | CollKind::ReduceScatter | CollKind::Reduce
-        )
-    }
 }
 
 /// Per-plan knobs: pipelining chunk, in-flight window, algorithm choice for all-reduce.
@@ -717,13 +633,6 @@ fn dissemination_barrier(p: usize, r: usize) -> Plan {
     b.finish(Algo::Dissemination)
 }
 
-/// One side of a grouped point-to-point operation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum P2pKind {
-    Send,
-    Recv,
-}
-
 /// A grouped send/recv plan: op i moves `lens[i]` elements of buffer `User(i)`. Sends to self
 /// are paired with receives from self, in order, as copies.
 pub fn group_plan(rank: usize, ops: &[(P2pKind, usize, usize)]) -> Result<Plan, String> {
@@ -770,6 +679,7 @@ pub fn group_plan(rank: usize, ops: &[(P2pKind, usize, usize)]) -> Result<Plan, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use railcc_core::DataType;
 
     #[test]
     fn segments_cover() {

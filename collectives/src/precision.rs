@@ -29,7 +29,7 @@ use crate::plan::CollArgs;
 use crate::reference;
 use float8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
-use railcc_core::net::CollKind;
+use railcc_core::call::CollKind;
 use railcc_core::{DataType, ReduceOp};
 
 /// How a bench or test fills its inputs.

@@ -6,7 +6,7 @@
 use crate::plan::CollArgs;
 use float8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
-use railcc_core::net::CollKind;
+use railcc_core::call::CollKind;
 use railcc_core::{DataType, ReduceOp};
 
 /// Decodes a byte buffer to f64 values (integers are exact below 2^53).

@@ -8,7 +8,7 @@
 use railcc_collectives::plan::{build_ordered, host_order, Algo, CollArgs, Op, PlanOpts};
 use railcc_collectives::reference::{expected, fill_input};
 use railcc_collectives::sim;
-use railcc_core::net::CollKind;
+use railcc_core::call::CollKind;
 use railcc_core::{DataType, ReduceOp};
 
 fn check(a: CollArgs, local: usize, o: PlanOpts, order: &[usize], seed: u64) {

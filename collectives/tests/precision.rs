@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use railcc_collectives::plan::{Algo, CollArgs, PlanOpts};
 use railcc_collectives::precision::{count_wrong, fill_input, Fill};
 use railcc_collectives::sim;
-use railcc_core::net::CollKind;
+use railcc_core::call::CollKind;
 use railcc_core::{DataType, ReduceOp};
 
 /// (collective, algorithm) pairs: every all-reduce algorithm, the ring for the rest.

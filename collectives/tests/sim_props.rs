@@ -6,7 +6,7 @@ use proptest::prelude::*;
 use railcc_collectives::plan::{Algo, CollArgs, PlanOpts};
 use railcc_collectives::reference::{expected, fill_input};
 use railcc_collectives::sim;
-use railcc_core::net::CollKind;
+use railcc_core::call::CollKind;
 use railcc_core::{DataType, ReduceOp};
 
 const COLLS: [CollKind; 10] = [

@@ -36,7 +36,7 @@ fn all_reduce_ring_and_direct_three_ranks() {
         with_ranks(3, cfg, move |c| {
             let n = 100_003;
             let args = railcc_collectives::plan::CollArgs {
-                coll: railcc_core::net::CollKind::AllReduce,
+                coll: railcc_core::call::CollKind::AllReduce,
                 nranks: 3,
                 count: n,
                 dtype: railcc_core::DataType::F32,
@@ -252,7 +252,7 @@ fn hierarchical_all_reduce_two_hosts_of_two() {
                 let c = Communicator::init(cfg, &id, r, 4).unwrap();
                 let n = 50_001;
                 let args = railcc_collectives::plan::CollArgs {
-                    coll: railcc_core::net::CollKind::AllReduce,
+                    coll: railcc_core::call::CollKind::AllReduce,
                     nranks: 4,
                     count: n,
                     dtype: railcc_core::DataType::F32,

@@ -1,5 +1,6 @@
 //! railcc-core: the types every other crate shares. It knows nothing of CUDA or verbs.
 //!
+//! - [`call`]: one collective call (kind, arguments, buffers, stream) and point-to-point ops.
 //! - [`dtype`]: element types and reduction operators.
 //! - [`error`]: the one error type, carrying rank, peer, operation and transport.
 //! - [`config`]: all tunables, from code or `RAILCC_*` variables.
@@ -12,6 +13,7 @@
 
 pub mod auth;
 pub mod bootstrap;
+pub mod call;
 pub mod config;
 pub mod dtype;
 pub mod error;

@@ -7,6 +7,7 @@
 //! that the receiver checks against the tag it posted, so ranks that disagree about a call get
 //! a [`ErrorKind::Mismatch`] error instead of silently reduced garbage.
 
+use crate::call::CollKind;
 use crate::dtype::{DataType, ReduceOp};
 use crate::error::{Error, ErrorKind, Result};
 use std::os::fd::RawFd;
@@ -89,50 +90,6 @@ pub struct MemRegion {
     pub id: u64,
     pub addr: usize,
     pub len: usize,
-}
-
-/// The collective kinds, as they travel in message tags.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum CollKind {
-    AllReduce = 1,
-    AllGather = 2,
-    ReduceScatter = 3,
-    Broadcast = 4,
-    Reduce = 5,
-    SendRecv = 6,
-    AllToAll = 7,
-    Barrier = 8,
-}
-
-impl CollKind {
-    pub const ALL: [CollKind; 8] = [
-        CollKind::AllReduce,
-        CollKind::AllGather,
-        CollKind::ReduceScatter,
-        CollKind::Broadcast,
-        CollKind::Reduce,
-        CollKind::SendRecv,
-        CollKind::AllToAll,
-        CollKind::Barrier,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            CollKind::AllReduce => "all_reduce",
-            CollKind::AllGather => "all_gather",
-            CollKind::ReduceScatter => "reduce_scatter",
-            CollKind::Broadcast => "broadcast",
-            CollKind::Reduce => "reduce",
-            CollKind::SendRecv => "send/recv",
-            CollKind::AllToAll => "all_to_all",
-            CollKind::Barrier => "barrier",
-        }
-    }
-
-    pub fn from_u8(v: u8) -> Option<CollKind> {
-        CollKind::ALL.iter().copied().find(|c| *c as u8 == v)
-    }
 }
 
 /// Describes one message of one call: which call (sequence number and arguments) and which

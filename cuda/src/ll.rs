@@ -113,8 +113,8 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const unsigned ch
 
 /// Whether a call takes this kernel: all-reduces up to `max_bytes` (the config's limit) and
 /// never more than the scratch holds.
-pub fn takes(coll: railcc_core::net::CollKind, nbytes: usize, max_bytes: usize) -> bool {
-    coll == railcc_core::net::CollKind::AllReduce && nbytes <= max_bytes.min(MAX_BYTES)
+pub fn takes(coll: railcc_core::call::CollKind, nbytes: usize, max_bytes: usize) -> bool {
+    coll == railcc_core::call::CollKind::AllReduce && nbytes <= max_bytes.min(MAX_BYTES)
 }
 
 /// Thread blocks for `nbytes`: one 8-byte line per thread, at most `max_blocks` (all resident,

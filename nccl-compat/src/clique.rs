@@ -10,7 +10,7 @@
 
 use crate::gpus::Gpus;
 use parking_lot::{Condvar, Mutex};
-use railcc_core::net::CollKind;
+use railcc_core::call::CollKind;
 use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};

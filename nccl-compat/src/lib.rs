@@ -42,7 +42,7 @@ use clique::{Call, Clique, Half, Ticket};
 use cudarc::driver::sys;
 use parking_lot::Mutex;
 use proc_backend::GpuRank;
-use railcc_core::net::CollKind;
+use railcc_core::call::CollKind;
 use railcc_core::{Error, ErrorKind};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CString};

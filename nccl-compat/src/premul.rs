@@ -19,7 +19,7 @@ use crate::clique::Call;
 use crate::{config, group, Comm};
 use cudarc::driver::sys;
 use parking_lot::Mutex;
-use railcc_core::net::CollKind;
+use railcc_core::call::CollKind;
 use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
 use railcc_cuda::gpu::{DevBuf, GpuCtx};
 use railcc_cuda::launch::{scale, Scalar};

@@ -11,7 +11,7 @@
 
 use crate::plan::{blocks, spec, Launch};
 use cudarc::driver::sys;
-use railcc_core::net::CollKind;
+use railcc_core::call::CollKind;
 use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
 use railcc_cuda::driver::{self, check};
 use railcc_cuda::gpu::{DevBuf, GpuCtx, Timer};

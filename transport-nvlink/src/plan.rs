@@ -3,7 +3,7 @@
 //! how many thread blocks. The kernel and its launch are the CUDA layer's
 //! (`railcc_cuda::launch`).
 
-use railcc_core::net::CollKind;
+use railcc_core::call::CollKind;
 use railcc_core::{DataType, Error, ErrorKind, Result};
 use railcc_cuda::kernels::MAX_PEERS;
 use railcc_cuda::launch::{Spec, THREADS};

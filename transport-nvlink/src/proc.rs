@@ -19,7 +19,7 @@ use crate::plan::{blocks, spec, Launch};
 use crate::table::ShmTable;
 use cudarc::driver::sys;
 use parking_lot::Mutex;
-use railcc_core::net::CollKind;
+use railcc_core::call::CollKind;
 use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
 use railcc_cuda::gpu::GpuCtx;
 use railcc_cuda::ipc::{export, open, Imports, HANDLE_BYTES};

@@ -288,7 +288,7 @@ pub fn split(total: usize, weights: &[u32], i: usize) -> (usize, usize) {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use railcc_core::net::CollKind;
+    use railcc_core::call::CollKind;
     use railcc_core::DataType;
 
     proptest! {

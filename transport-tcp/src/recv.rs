@@ -802,7 +802,8 @@ mod tests {
     //! and a frame the one-call fast path reads past is put back.
     use super::*;
     use crate::frame::{nparts, split, weights_frame};
-    use railcc_core::net::{CollKind, NetRecvComm};
+    use railcc_core::call::CollKind;
+    use railcc_core::net::NetRecvComm;
     use railcc_core::DataType;
     use std::io::Write;
     use std::net::{TcpListener, TcpStream};

@@ -2,7 +2,8 @@
 //! through, striped messages arrive intact, and bad or missing data become typed errors.
 
 use railcc_core::auth::{prove_client, Secret};
-use railcc_core::net::{CollKind, ConnIdent, MsgTag, NetRecvComm, NetSendComm, NetTransport};
+use railcc_core::call::CollKind;
+use railcc_core::net::{ConnIdent, MsgTag, NetRecvComm, NetSendComm, NetTransport};
 use railcc_core::{DataType, ErrorKind};
 use railcc_transport_tcp::{TcpSettings, TcpTransport};
 use std::io::Write;

@@ -14,7 +14,7 @@
 //! | reduce | local reduce to the root's local index, cross reduce among that index |
 
 use crate::plan::CollArgs;
-use railcc_core::net::CollKind;
+use railcc_core::call::CollKind;
 use railcc_core::ReduceOp;
 
 /// Where the ranks sit: `hosts[h][l]` is the rank of local index `l` on host `h`. Hosts are

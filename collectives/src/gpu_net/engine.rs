@@ -449,7 +449,7 @@ impl GpuNet {
                         self.nranks
                     ));
                 }
-                if a.count == 0 && a.coll != railcc_core::net::CollKind::Barrier {
+                if a.count == 0 && a.coll != railcc_core::call::CollKind::Barrier {
                     return Ok(None);
                 }
                 Ok(Some(op))

@@ -13,7 +13,7 @@
 //! device (`tests/gpu_net_pieces.rs`).
 
 use crate::plan::{CollArgs, P2pKind};
-use railcc_core::net::CollKind;
+use railcc_core::call::CollKind;
 
 /// A copy between device memory and a staging buffer (`stage` is a byte offset in it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -14,7 +14,7 @@
 use crate::comm::{Bufs, Communicator};
 use crate::plan::CollArgs;
 use crate::regions::RegionId;
-use railcc_core::net::CollKind;
+use railcc_core::call::CollKind;
 use railcc_core::{Error, Result};
 use railcc_cuda::dmabuf::DmaBuf;
 use railcc_cuda::gpu::{GpuCtx, Stream};

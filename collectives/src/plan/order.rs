@@ -7,7 +7,7 @@
 //! r + 1) and all-to-all (direct, no ring).
 
 use super::{build, Algo, Buf, CollArgs, Op, Plan, PlanOpts, Slice};
-use railcc_core::net::CollKind;
+use railcc_core::call::CollKind;
 
 /// Ranks grouped by host, hosts in order of their first rank, ranks ascending within a host.
 pub fn host_order<T: PartialEq>(hosts: &[T]) -> Vec<usize> {
