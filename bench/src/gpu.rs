@@ -14,13 +14,12 @@
 
 use crate::args::BenchArgs;
 use crate::report::bus_factor;
-use railcc_collectives::gpu_comm::GpuComm;
-use railcc_collectives::gpu_net::GpuOverNet;
+use railcc_collectives::gpu::GpuComm;
 use railcc_collectives::plan::CollArgs;
 use railcc_collectives::precision::{count_wrong, fill_input, Fill};
 use railcc_collectives::{CollKind, Communicator, DataType, ReduceOp};
+use railcc_core::call::Call;
 use railcc_cuda::gpu::{begin_capture, end_capture, DevBuf, GpuCtx, Graph, Stream};
-use railcc_transport_nvlink::multi::MultiGpu;
 
 const SEED: u64 = 0x5eed;
 /// Bytes after each buffer that must stay untouched, and their value.
@@ -264,33 +263,38 @@ pub(crate) trait Runner {
     fn one(&self, args: &CollArgs, a: &BenchArgs, in_place: bool) -> Result<Sample, String>;
 }
 
-struct Single(MultiGpu);
+/// Every GPU driven from this process: `GpuComm::in_process`, as libnccl's `-g N`.
+struct Single(GpuComm);
 
 impl Runner for Single {
     fn ranks(&self) -> usize {
-        self.0.len()
+        self.0.nranks()
     }
     fn prints(&self) -> bool {
         true
     }
     fn one(&self, args: &CollArgs, a: &BenchArgs, in_place: bool) -> Result<Sample, String> {
-        let mg = &self.0;
+        let mg = self
+            .0
+            .in_process_gpus()
+            .ok_or_else(|| "not a communicator of one process".to_string())?;
         let n = mg.len();
         let placed = (0..n)
             .map(|g| place(mg.gpu(g), args, g, in_place, a))
             .collect::<Result<Vec<_>, _>>()?;
-        let ins: Vec<u64> = placed.iter().map(|p| p.send_ptr).collect();
-        let outs: Vec<u64> = placed.iter().map(|p| p.recv_ptr).collect();
+        let calls: Vec<Call> = (0..n)
+            .map(|g| Call {
+                args: *args,
+                send: placed[g].send_ptr,
+                recv: placed[g].recv_ptr,
+                stream: mg.stream(g) as usize,
+            })
+            .collect();
         let launch = || -> Result<u32, String> {
             // SAFETY: every pointer lies in a live allocation of the size the collective
-            // implies (`place`), kept until this function has synchronized.
-            let l = unsafe {
-                mg.collective(
-                    args.coll, &ins, &outs, args.count, args.dtype, args.op, args.root,
-                )
-            }
-            .map_err(err)?;
-            Ok(l.blocks_per_gpu)
+            // implies (`place`), kept until this function has synchronized; each stream is
+            // its GPU's own.
+            unsafe { self.0.collective(&calls) }.map_err(err)
         };
         let mut s = Sample {
             blocks: launch()?,
@@ -357,7 +361,13 @@ impl Runner for PerProcess<'_> {
         let launch = || -> Result<u32, String> {
             // SAFETY: the buffers are live cuMemAlloc allocations of the implied size (`place`),
             // kept until this function has synchronized.
-            unsafe { pg.collective(args, p.send_ptr, p.recv_ptr, stream) }.map_err(err)
+            let call = Call {
+                args: *args,
+                send: p.send_ptr,
+                recv: p.recv_ptr,
+                stream: stream as usize,
+            };
+            unsafe { pg.collective(&[call]) }.map_err(err)
         };
         let mut s = Sample {
             blocks: launch()?,
@@ -408,19 +418,16 @@ pub fn run(a: &BenchArgs) -> Result<(), String> {
         ));
     }
     let cfg = railcc_core::Config::from_env().map_err(err)?;
-    let cache = railcc_cuda::compile::cache_dir(&cfg.cache_dir);
     let ordinals: Vec<usize> = (0..n).collect();
-    let mut mg = MultiGpu::new(&ordinals, cache.as_deref()).map_err(err)?;
-    mg.timeout_ns = cfg.timeout_ms.saturating_mul(1_000_000);
-    let blocks = mg.set_max_blocks(cfg.gpu_max_blocks).map_err(err)?;
-    mg.ll_max_bytes = cfg.gpu_ll_max_bytes;
+    let gc = GpuComm::in_process(&cfg, &ordinals).map_err(err)?;
     println!(
-        "# railcc bench {} --device cuda: {n} GPU(s) in one process, kernels over peer access, up to {blocks} blocks per GPU{}",
+        "# railcc bench {} --device cuda: {}{}",
         a.collective.kind().name(),
+        gc.describe(),
         graph_note(a)
     );
     describe_gpus(&gpus[..n])?;
-    sweep(&Single(mg), a)
+    sweep(&Single(gc), a)
 }
 
 /// Every rank's sample made one: the slowest rank's time, everyone's errors.
@@ -446,65 +453,6 @@ pub(crate) fn agree(comm: &Communicator, mut s: Sample) -> Result<Sample, String
     Ok(s)
 }
 
-/// A rank whose GPU data crosses the network transport through pinned host memory.
-struct NetStaged<'a> {
-    gpu: GpuCtx,
-    net: std::cell::RefCell<GpuOverNet<'a>>,
-    comm: &'a Communicator,
-}
-
-impl Runner for NetStaged<'_> {
-    fn ranks(&self) -> usize {
-        self.comm.nranks()
-    }
-    fn prints(&self) -> bool {
-        self.comm.rank() == 0
-    }
-    fn one(&self, args: &CollArgs, a: &BenchArgs, in_place: bool) -> Result<Sample, String> {
-        if a.graph_launches > 0 {
-            return Err(
-                "--gpu-net runs host collectives between copies: no CUDA graph (-G)".into(),
-            );
-        }
-        let (gpu, me) = (&self.gpu, self.comm.rank());
-        let p = place(gpu, args, me, in_place, a)?;
-        // GPUDirect (RAILCC_GPU_DIRECT=1 over RDMA): register the allocations, as a user would
-        // with ncclCommRegister; the first call on each connection registers them with the NIC.
-        let mut registered = Vec::new();
-        for b in std::iter::once(&p.send).chain(p.recv.as_ref()) {
-            // SAFETY: `b` is a live allocation of this GPU, deregistered below before `p` drops.
-            if unsafe { self.net.borrow_mut().register_device(gpu, b.ptr, b.bytes) }.map_err(err)? {
-                registered.push(b.ptr);
-            }
-        }
-        let launch = || -> Result<u32, String> {
-            // SAFETY: the buffers are live allocations of the implied size (`place`), kept
-            // until this function returns; the call is synchronous.
-            unsafe {
-                self.net
-                    .borrow_mut()
-                    .collective(gpu, *args, p.send_ptr, p.recv_ptr, gpu.stream)
-            }
-            .map_err(err)?;
-            Ok(0)
-        };
-        let mut s = Sample {
-            blocks: launch()?,
-            ..Sample::default()
-        };
-        if a.check != 0 {
-            (s.wrong, s.oob) = check(gpu, &p, args, me, a.fill)?;
-        }
-        self.comm.barrier().map_err(err)?;
-        // The timer events go on the GPU's stream, which every copy of a call also uses.
-        s.secs = time_calls(a, gpu, &launch, &[])?;
-        for ptr in registered {
-            self.net.borrow_mut().deregister_device(ptr).map_err(err)?;
-        }
-        agree(self.comm, s)
-    }
-}
-
 /// One rank of a job with one process per GPU.
 pub fn run_rank(comm: &Communicator, a: &BenchArgs) -> Result<(), String> {
     let gpus = railcc_cuda::driver::devices().map_err(err)?;
@@ -520,29 +468,8 @@ pub fn run_rank(comm: &Communicator, a: &BenchArgs) -> Result<(), String> {
     let ordinal = local % gpus.len();
     let cfg = comm.config();
     let cache = railcc_cuda::compile::cache_dir(&cfg.cache_dir);
-    if a.gpu_net && cfg.gpu_direct == 0 {
-        return crate::gpu_net::run_rank(comm, a, ordinal, &gpus);
-    }
     if a.gpu_net {
-        let gpu = GpuCtx::new(ordinal, cache.as_deref()).map_err(err)?;
-        let net = GpuOverNet::new(comm, ordinal);
-        if comm.rank() == 0 {
-            println!(
-                "# railcc bench {} --device cuda --per-process --gpu-net: {} ranks, one GPU each, data over {}: {}{}",
-                a.collective.kind().name(),
-                comm.nranks(),
-                comm.transport(),
-                net.path(),
-                crate::report::fill_note(a)
-            );
-            describe_gpus(&gpus)?;
-        }
-        let r = NetStaged {
-            gpu,
-            net: std::cell::RefCell::new(net),
-            comm,
-        };
-        return sweep(&r, a);
+        return crate::gpu_net::run_rank(comm, a, ordinal, &gpus);
     }
     // railcc's GPU communicator: peer access on one host; across hosts (RAILCC_HOSTID) the
     // network, as a hierarchy with several GPUs on every host.

@@ -9,7 +9,7 @@ use crate::gpu::{
     agree, check, check_graph, describe_gpus, err, graph_note, place, sweep, time_calls, Calls,
     Runner, Sample,
 };
-use railcc_collectives::gpu_comm::GpuComm;
+use railcc_collectives::gpu::GpuComm;
 use railcc_collectives::plan::CollArgs;
 use railcc_collectives::Communicator;
 use railcc_cuda::gpu::GpuCtx;
@@ -50,7 +50,13 @@ impl Runner for NetAsync<'_> {
             let t = Instant::now();
             // SAFETY: the buffers are live allocations of the implied size (`place`), kept
             // until this function has synchronized the stream.
-            unsafe { self.net.collective(args, p.send_ptr, p.recv_ptr, stream) }.map_err(err)?;
+            let call = railcc_core::call::Call {
+                args: *args,
+                send: p.send_ptr,
+                recv: p.recv_ptr,
+                stream: stream as usize,
+            };
+            unsafe { self.net.collective(&[call]) }.map_err(err)?;
             returns.borrow_mut().push(t.elapsed().as_secs_f64());
             // The network path runs no kernel: no thread blocks.
             Ok(0)

@@ -4,8 +4,8 @@
 //! copies. Every collective, in and out of place, and send/recv groups whose messages are cut
 //! into different numbers of pieces, against the reference.
 
-use railcc_collectives::gpu_net::host::run_host;
-use railcc_collectives::gpu_net::pieces::{pieces, stage_need, Cut, NetOp, P2pOp};
+use railcc_collectives::gpu::net::host::run_host;
+use railcc_collectives::gpu::net::pieces::{pieces, stage_need, Cut, NetOp, P2pOp};
 use railcc_collectives::plan::{CollArgs, P2pKind};
 use railcc_collectives::reference::{expected, fill_input};
 use railcc_collectives::{CollKind, Communicator, Config, DataType, ReduceOp};

@@ -318,7 +318,7 @@ fn hierarchical_all_reduce_two_hosts_of_two() {
 /// so the check passes and, here without a driver, the GPU part fails instead.
 #[test]
 fn gpu_ranks_may_share_a_pid_only_across_hosts() {
-    use railcc_collectives::gpu_comm::GpuComm;
+    use railcc_collectives::gpu::GpuComm;
     if railcc_cuda::driver::available().is_ok() {
         println!("CUDA driver present: this test is for machines without one");
         return;

@@ -2,6 +2,7 @@
 //!
 //! - [`call`]: one collective call (kind, arguments, buffers, stream) and point-to-point ops.
 //! - [`dtype`]: element types and reduction operators.
+//! - [`agree`]: every rank learns every rank's setup outcome (one record encoding).
 //! - [`error`]: the one error type, carrying rank, peer, operation and transport.
 //! - [`config`]: all tunables, from code or `RAILCC_*` variables.
 //! - [`auth`]: the secret-proving handshake used by bootstrap and transports.
@@ -11,6 +12,7 @@
 //! - [`netif`]: choosing the socket interface.
 //! - [`topo`]: topology discovery, path classes and rail choice.
 
+pub mod agree;
 pub mod auth;
 pub mod bootstrap;
 pub mod call;

@@ -138,6 +138,66 @@ pub fn peer(a: usize, b: usize) -> Result<(bool, i32)> {
     Ok((can != 0, rank))
 }
 
+/// The CUDA device current on this thread (cudaSetDevice makes its primary context current),
+/// or 0, as cudaGetDevice says, when no context is current; an error without a driver.
+pub fn current_device() -> Result<i32> {
+    available()?;
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the driver is initialized.
+    check(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
+    if ctx.is_null() {
+        return Ok(0);
+    }
+    let mut d: sys::CUdevice = 0;
+    // SAFETY: a context is current; valid out-pointer.
+    check(unsafe { sys::cuCtxGetDevice(&mut d) }, "cuCtxGetDevice")?;
+    Ok(d)
+}
+
+/// The CUDA context current on this thread, as an opaque handle (for a thread that acts for
+/// this one: [`set_current_context`]); None when none is.
+pub fn current_context() -> Result<Option<usize>> {
+    available()?;
+    let mut ctx: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: valid out-pointer; the driver is initialized.
+    check(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
+    Ok((!ctx.is_null()).then_some(ctx as usize))
+}
+
+/// Makes a context from [`current_context`] current on this thread.
+///
+/// # Safety
+/// `ctx` is a live context (a primary context stays live for the process).
+pub unsafe fn set_current_context(ctx: usize) -> Result<()> {
+    // SAFETY: the caller's contract.
+    check(
+        unsafe { sys::cuCtxSetCurrent(ctx as sys::CUcontext) },
+        "cuCtxSetCurrent",
+    )
+}
+
+/// `bytes` (at least 1) of device memory in the current context (cuMemAlloc), freed only by
+/// [`mem_free`].
+pub fn mem_alloc(bytes: usize) -> Result<u64> {
+    available()?;
+    let mut p: sys::CUdeviceptr = 0;
+    // SAFETY: valid out-pointer; the current context owns the memory.
+    check(
+        unsafe { sys::cuMemAlloc_v2(&mut p, bytes.max(1)) },
+        "cuMemAlloc",
+    )?;
+    Ok(p)
+}
+
+/// Frees memory from [`mem_alloc`].
+///
+/// # Safety
+/// `ptr` came from [`mem_alloc`] and is freed once, with no work still using it.
+pub unsafe fn mem_free(ptr: u64) -> Result<()> {
+    // SAFETY: the caller's contract.
+    check(unsafe { sys::cuMemFree_v2(ptr) }, "cuMemFree")
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -349,6 +349,77 @@ pub unsafe fn stream_waits_for(
     r
 }
 
+/// The caller's stream from its opaque handle (`railcc_core::call::Call::stream`; 0 is the
+/// legacy default stream).
+pub fn stream_of(handle: usize) -> Stream {
+    handle as Stream
+}
+
+/// Enqueues a copy of `bytes` from `src` to `dst` on `stream` (a copy engine; either side may
+/// be a peer GPU's memory this context can address). `what` names the copy in errors.
+///
+/// # Safety
+/// Both ranges hold `bytes` of memory this context addresses, live until the stream passes
+/// the copy; `stream` is a live stream of the current context (or null).
+pub unsafe fn copy_async(
+    dst: u64,
+    src: u64,
+    bytes: usize,
+    stream: Stream,
+    what: &str,
+) -> Result<()> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    // SAFETY: the caller's contract.
+    check(unsafe { sys::cuMemcpyAsync(dst, src, bytes, stream) }, what)
+}
+
+/// Whether `stream` (of `gpu`) is being captured into a CUDA graph: nothing may be allocated
+/// then, and captured work replays later.
+///
+/// # Safety
+/// `stream` is a live stream of `gpu`'s context, or null.
+pub unsafe fn is_capturing(gpu: &GpuCtx, stream: Stream) -> Result<bool> {
+    gpu.bind()?;
+    let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: a live stream of the caller's (or null) and a valid out-pointer.
+    check(
+        unsafe { sys::cuStreamIsCapturing(stream, &mut st) },
+        "cuStreamIsCapturing",
+    )?;
+    Ok(st != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// A non-blocking stream of `gpu`'s context (destroy it with [`destroy_stream`]).
+pub fn create_stream(gpu: &GpuCtx) -> Result<Stream> {
+    gpu.bind()?;
+    new_stream_current()
+}
+
+/// Destroys a stream made by [`create_stream`].
+///
+/// # Safety
+/// `s` came from [`create_stream`] on `gpu` and is destroyed once, with no work of ours
+/// still to be enqueued on it.
+pub unsafe fn destroy_stream(gpu: &GpuCtx, s: Stream) -> Result<()> {
+    gpu.bind()?;
+    // SAFETY: the caller's contract.
+    check(unsafe { sys::cuStreamDestroy_v2(s) }, "cuStreamDestroy")
+}
+
+/// Lets `from`'s kernels and copies address `to`'s memory (peer access); enabling it twice
+/// is not an error.
+pub fn enable_peer_access(from: &GpuCtx, to: &GpuCtx) -> Result<()> {
+    from.bind()?;
+    // SAFETY: both contexts are live.
+    let r = unsafe { sys::cuCtxEnablePeerAccess(to.ctx, 0) };
+    if r == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+        return Ok(());
+    }
+    check(r, "cuCtxEnablePeerAccess")
+}
+
 /// A CUDA event for timing.
 pub struct Timer {
     ev: sys::CUevent,

@@ -1,33 +1,22 @@
 //! The ranks of one communicator, all in this process (threads, or one thread with groups), and
 //! the rendezvous that turns their separate NCCL calls into one railcc launch.
 //!
-//! NCCL's API hands each rank's call over separately; railcc's multi-GPU kernels
-//! ([`MultiGpu::collective_on`]) need every rank's buffers and streams at once. So the n-th
+//! NCCL's API hands each rank's call over separately; railcc's GPU communicator for every
+//! rank of one process (`GpuComm::in_process`) needs every rank's buffers and streams at
+//! once. So the n-th
 //! collective call of every rank lands in slot n; the call that completes a slot checks that
 //! the ranks agree and launches for all of them, and the others wait for its result (bounded
 //! by the deadline). Send and receive pair up the same way per (sender, receiver, n-th
 //! message) and become a copy between the two streams, ordered by events.
 
-use crate::gpus::Gpus;
 use parking_lot::{Condvar, Mutex};
-use railcc_core::call::CollKind;
-use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
+use railcc_collectives::gpu::GpuComm;
+pub use railcc_core::call::Call;
+use railcc_core::call::P2pOp;
+use railcc_core::{Error, ErrorKind, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-
-/// One rank's collective call.
-#[derive(Debug, Clone, Copy)]
-pub struct Call {
-    pub coll: CollKind,
-    pub send: u64,
-    pub recv: u64,
-    pub count: usize,
-    pub dtype: DataType,
-    pub op: ReduceOp,
-    pub root: usize,
-    pub stream: usize,
-}
 
 /// One side of a point-to-point transfer.
 #[derive(Debug, Clone, Copy)]
@@ -66,7 +55,7 @@ pub struct Clique {
     /// Each rank's CUDA device, as ranks join.
     devices: Mutex<Vec<Option<i32>>>,
     joined: Condvar,
-    gpus: OnceLock<std::result::Result<Gpus, Error>>,
+    gpus: OnceLock<std::result::Result<GpuComm, Error>>,
     slots: Mutex<HashMap<u64, Slot>>,
     pairs: Mutex<HashMap<(usize, usize, u64), Pair>>,
     done: Condvar,
@@ -130,8 +119,9 @@ impl Clique {
         }
     }
 
-    /// Waits until every rank joined, then opens the GPUs once (the first waiter does).
-    pub fn ready(&self) -> Result<&Gpus> {
+    /// Waits until every rank joined, then opens the GPUs once (the first waiter does), with
+    /// railcc's configuration (`RAILCC_*`, and the NCCL variables that map to it).
+    pub fn ready(&self) -> Result<&GpuComm> {
         let deadline = Instant::now() + self.timeout;
         let devices: Vec<i32> = {
             let mut d = self.devices.lock();
@@ -150,13 +140,17 @@ impl Clique {
             }
             d.iter().flatten().copied().collect()
         };
-        match self.gpus.get_or_init(|| Gpus::open(&devices)) {
+        let open = || {
+            let ordinals: Vec<usize> = devices.iter().map(|&d| d.max(0) as usize).collect();
+            GpuComm::in_process(&crate::config()?, &ordinals)
+        };
+        match self.gpus.get_or_init(open) {
             Ok(g) => Ok(g),
             Err(e) => Err(e.clone()),
         }
     }
 
-    fn gpus(&self) -> Result<&Gpus> {
+    fn gpus(&self) -> Result<&GpuComm> {
         match self.gpus.get() {
             Some(Ok(g)) => Ok(g),
             Some(Err(e)) => Err(e.clone()),
@@ -203,7 +197,17 @@ impl Clique {
                     ),
                 ))
             } else {
-                self.gpus().and_then(|g| g.copy(src, s, dst, r))
+                let op = |h: Half, peer, send| P2pOp {
+                    peer,
+                    send,
+                    ptr: h.ptr,
+                    bytes: h.bytes,
+                    stream: h.stream,
+                };
+                // SAFETY: NCCL's contract: device buffers of each rank's GPU with `bytes`, on
+                // that rank's streams, live until the streams pass the message.
+                self.gpus()
+                    .and_then(|g| unsafe { g.copy(src, &op(s, dst, true), &op(r, src, false)) })
             });
             self.done.notify_all();
         }
@@ -269,14 +273,9 @@ impl Clique {
     }
 
     fn launch(&self, calls: &[Call]) -> Result<()> {
-        let c0 = calls[0];
-        for (r, c) in calls.iter().enumerate() {
-            if c.coll != c0.coll
-                || c.count != c0.count
-                || c.dtype != c0.dtype
-                || c.op != c0.op
-                || c.root != c0.root
-            {
+        let c0 = calls[0].args;
+        for (r, c) in calls.iter().enumerate().map(|(r, c)| (r, c.args)) {
+            if c != c0 {
                 return Err(Error::new(
                     ErrorKind::Mismatch,
                     format!(
@@ -287,7 +286,9 @@ impl Clique {
                 ));
             }
         }
-        self.gpus()?.collective(calls)
+        // SAFETY: the buffers and streams are the callers' (NCCL's contract: device memory of
+        // each rank's GPU, large enough for the call, live until the streams pass it).
+        unsafe { self.gpus()?.collective(calls) }.map(|_| ())
     }
 }
 
@@ -295,15 +296,21 @@ impl Clique {
 mod tests {
     use super::*;
 
+    use railcc_core::call::{CollArgs, CollKind};
+    use railcc_core::{DataType, ReduceOp};
+
     fn call(count: usize) -> Call {
         Call {
-            coll: CollKind::AllReduce,
+            args: CollArgs {
+                coll: CollKind::AllReduce,
+                nranks: 2,
+                count,
+                dtype: DataType::F32,
+                op: ReduceOp::Sum,
+                root: 0,
+            },
             send: 0x1000,
             recv: 0x2000,
-            count,
-            dtype: DataType::F32,
-            op: ReduceOp::Sum,
-            root: 0,
             stream: 0,
         }
     }

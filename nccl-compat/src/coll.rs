@@ -56,13 +56,16 @@ fn collective(
         return invalid(format!("{name}: NULL buffer with count {count}"));
     }
     let mut call = Call {
-        coll,
+        args: railcc_core::call::CollArgs {
+            coll,
+            nranks,
+            count,
+            dtype: dt,
+            op: red,
+            root: root as usize,
+        },
         send: send as u64,
         recv: recv as u64,
-        count,
-        dtype: dt,
-        op: red,
-        root: root as usize,
         stream: stream as usize,
     };
     if let (Some(p), true) = (premul, reduces) {

@@ -72,7 +72,7 @@ fn init_rank(
         .spawn(move || {
             if let Some(ctx) = ctx {
                 // SAFETY: the caller's context, retained by CUDA for the process (primary).
-                unsafe { sys::cuCtxSetCurrent(ctx as sys::CUcontext) };
+                let _ = unsafe { railcc_cuda::driver::set_current_context(ctx) };
             }
             // finish_init records a failure in the communicator (ncclCommGetAsyncError).
             let _ = finish_init(addr as *const Comm, &boot_id);
@@ -92,10 +92,7 @@ fn init_rank(
 
 /// The CUDA context current on this thread (cudaSetDevice's), for a thread acting for it.
 fn current_context() -> Option<usize> {
-    let mut ctx: sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: valid out-pointer; the driver was initialized by current_device.
-    unsafe { sys::cuCtxGetCurrent(&mut ctx) };
-    (!ctx.is_null()).then_some(ctx as usize)
+    railcc_cuda::driver::current_context().ok().flatten()
 }
 
 impl Comm {

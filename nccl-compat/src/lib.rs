@@ -1,12 +1,12 @@
 //! railcc behind NCCL's C API: `libnccl.so.2` for programs built against NCCL (nccl-tests,
-//! PyTorch's ProcessGroupNCCL). A communicator's ranks are all in this process (the multi-GPU
-//! kernels), one per process on one host (CUDA IPC), or one per process across hosts (the
-//! network engine); `proc_backend` picks. What we do not implement returns ncclInvalidUsage
+//! PyTorch's ProcessGroupNCCL). Every GPU buffer goes through railcc's one GPU communicator
+//! (`railcc_collectives::gpu::GpuComm`), whose `Placement::choose` picks the path: every rank
+//! in this process (the clique below drives them all), one per process on one host (CUDA IPC),
+//! or across hosts (the network engine, the hierarchy). What we do not implement returns ncclInvalidUsage
 //! with ncclGetLastError saying why; nothing returns a false success.
 //!
 //! - `abi`: NCCL's numbering, the unique id and the config head;
 //! - `clique`: the rendezvous of the ranks' separate calls into one launch;
-//! - `gpus`: the launches and copies;
 //! - `group`: the calls held between ncclGroupStart and End;
 //! - `proc_backend`: joining over the bootstrap and choosing the path;
 //! - `premul`: premultiplied sums (a scale kernel, then a plain sum);
@@ -19,7 +19,6 @@ pub mod abi;
 mod clique;
 mod coll;
 mod errors;
-mod gpus;
 mod group;
 mod init;
 mod memory;
@@ -30,7 +29,7 @@ mod split;
 
 /// Where a communicator's ranks live.
 enum Backend {
-    /// All in this process: the clique's rendezvous and the multi-GPU kernels.
+    /// All in this process: the clique's rendezvous, then one launch for every rank.
     Local(Arc<Clique>),
     /// One per process (torchrun style): railcc's GPU communicator (peer access by CUDA IPC
     /// on one host; the network, or a hierarchy of both, across hosts).
@@ -39,7 +38,6 @@ enum Backend {
 
 use abi::*;
 use clique::{Call, Clique, Half, Ticket};
-use cudarc::driver::sys;
 use parking_lot::Mutex;
 use proc_backend::GpuRank;
 use railcc_core::call::CollKind;
@@ -141,18 +139,7 @@ fn timeout() -> Duration {
 /// The CUDA device current on this thread (cudaSetDevice makes its primary context current),
 /// or 0 as cudaGetDevice says when none is; an error without a driver.
 fn current_device() -> Result<i32, Error> {
-    railcc_cuda::driver::available()?;
-    let mut ctx: sys::CUcontext = std::ptr::null_mut();
-    // SAFETY: valid out-pointer; the driver is initialized.
-    unsafe { sys::cuCtxGetCurrent(&mut ctx) };
-    if ctx.is_null() {
-        return Ok(0);
-    }
-    let mut d: sys::CUdevice = 0;
-    // SAFETY: a context is current; valid out-pointer.
-    let r = unsafe { sys::cuCtxGetDevice(&mut d) };
-    railcc_cuda::driver::check(r, "cuCtxGetDevice")?;
-    Ok(d)
+    railcc_cuda::driver::current_device()
 }
 
 fn with_comm<T>(
@@ -170,7 +157,7 @@ fn with_comm<T>(
 // ---------------------------------------------------------------- dispatch
 
 fn submit(comm: *const Comm, call: Call) -> Result<Ticket, NcclResult> {
-    with_comm(comm, call.coll.name(), |c| {
+    with_comm(comm, call.args.coll.name(), |c| {
         c.wait_init();
         if let Some(e) = c.broken.lock().clone() {
             return Err(fail(&e));
@@ -183,7 +170,7 @@ fn submit(comm: *const Comm, call: Call) -> Result<Ticket, NcclResult> {
             Some(Backend::Gpu(g)) => Ok(Ticket::Done(g.collective(&call))),
             None => Err(usage(format!(
                 "{}: communicator not initialized",
-                call.coll.name()
+                call.args.coll.name()
             ))),
         }
     })?

@@ -14,12 +14,11 @@ pub unsafe extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> Ncc
     if let Err(e) = current_device() {
         return fail(&e);
     }
-    let mut p: sys::CUdeviceptr = 0;
-    // SAFETY: valid out-pointer; the current context (cudaSetDevice's primary context) owns it.
-    let r = unsafe { sys::cuMemAlloc_v2(&mut p, size.max(1)) };
-    if let Err(e) = railcc_cuda::driver::check(r, "cuMemAlloc") {
-        return fail(&e);
-    }
+    // The current context (cudaSetDevice's primary context) owns it.
+    let p = match railcc_cuda::driver::mem_alloc(size) {
+        Ok(p) => p,
+        Err(e) => return fail(&e),
+    };
     // SAFETY: checked non-NULL.
     unsafe { *ptr = p as *mut c_void };
     SUCCESS
@@ -33,8 +32,7 @@ pub unsafe extern "C" fn ncclMemFree(ptr: *mut c_void) -> NcclResult {
         return SUCCESS;
     }
     // SAFETY: the caller passes memory from ncclMemAlloc.
-    let r = unsafe { sys::cuMemFree_v2(ptr as sys::CUdeviceptr) };
-    match railcc_cuda::driver::check(r, "cuMemFree") {
+    match unsafe { railcc_cuda::driver::mem_free(ptr as u64) } {
         Ok(()) => SUCCESS,
         Err(e) => fail(&e),
     }

@@ -15,10 +15,9 @@
 //! while a CUDA graph is being captured; such a call fails naming that, and running the call
 //! once before capture sizes the scratch.
 
-use crate::clique::Call;
 use crate::{config, group, Comm};
-use cudarc::driver::sys;
 use parking_lot::Mutex;
+use railcc_core::call::Call;
 use railcc_core::call::CollKind;
 use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
 use railcc_cuda::gpu::{DevBuf, GpuCtx};
@@ -104,19 +103,19 @@ impl UserOps {
 
     /// Scales `call`'s input on its stream and turns it into a plain sum of the scaled data.
     pub fn prepare(&self, comm: &Comm, call: &mut Call, op: PreMul) -> Result<()> {
-        let what = call.coll.name();
-        if op.dtype != call.dtype {
+        let what = call.args.coll.name();
+        if op.dtype != call.args.dtype {
             return Err(Error::invalid(format!(
                 "{what}: the premultiplied-sum op was made for {}, the call is {}",
-                op.dtype, call.dtype
+                op.dtype, call.args.dtype
             )));
         }
-        let elems = match call.coll {
-            CollKind::AllReduce | CollKind::Reduce => call.count,
-            CollKind::ReduceScatter => call.count * comm.nranks,
+        let elems = match call.args.coll {
+            CollKind::AllReduce | CollKind::Reduce => call.args.count,
+            CollKind::ReduceScatter => call.args.count * comm.nranks,
             _ => return Ok(()),
         };
-        call.op = ReduceOp::Sum;
+        call.args.op = ReduceOp::Sum;
         if elems == 0 {
             return Ok(());
         }
@@ -124,11 +123,11 @@ impl UserOps {
             .gpu
             .get()
             .ok_or_else(|| Error::new(ErrorKind::Aborted, "premultiplied sum without a GPU"))?;
-        let stream = call.stream as sys::CUstream;
-        let dst = if call.coll == CollKind::AllReduce {
+        let stream = railcc_cuda::gpu::stream_of(call.stream);
+        let dst = if call.args.coll == CollKind::AllReduce {
             call.recv
         } else {
-            self.scratch(gpu, call.stream, elems * call.dtype.size())?
+            self.scratch(gpu, call.stream, elems * call.args.dtype.size())?
         };
         // SAFETY: NCCL's contract: the send buffer holds `elems` elements of this GPU's memory
         // until the stream passes the call; `dst` is the receive buffer (as large, for
@@ -138,7 +137,7 @@ impl UserOps {
             scale(
                 gpu,
                 stream,
-                call.dtype,
+                call.args.dtype,
                 call.send,
                 dst,
                 elems as u64,
@@ -168,7 +167,8 @@ impl UserOps {
             *used += bytes.div_ceil(ALIGN) * ALIGN;
             return Ok(p);
         }
-        if capturing(gpu, stream as sys::CUstream)? {
+        // SAFETY: the caller's stream of this GPU (NCCL's contract).
+        if unsafe { railcc_cuda::gpu::is_capturing(gpu, railcc_cuda::gpu::stream_of(stream)) }? {
             return Err(Error::new(
                 ErrorKind::Unsupported,
                 format!(
@@ -182,15 +182,4 @@ impl UserOps {
         arena.chunks.push((buf, bytes.div_ceil(ALIGN) * ALIGN));
         Ok(p)
     }
-}
-
-fn capturing(gpu: &GpuCtx, stream: sys::CUstream) -> Result<bool> {
-    gpu.bind()?;
-    let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: a live stream of the caller's (or NULL) and a valid out-pointer.
-    railcc_cuda::driver::check(
-        unsafe { sys::cuStreamIsCapturing(stream, &mut st) },
-        "cuStreamIsCapturing",
-    )?;
-    Ok(st != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }

@@ -8,9 +8,9 @@
 
 use crate::clique::{Call, Clique, Half};
 use crate::Backend;
-use railcc_collectives::gpu_comm::{GpuComm, GpuP2p};
-use railcc_collectives::plan::CollArgs;
+use railcc_collectives::gpu::{GpuComm, GpuPath, Placement};
 use railcc_collectives::Communicator;
+use railcc_core::call::P2pOp;
 use railcc_core::{Error, ErrorKind, Result};
 use std::time::Duration;
 
@@ -56,13 +56,12 @@ fn open(
     device: i32,
     timeout: Duration,
 ) -> Result<Backend> {
-    let pids = boot.oob_all_gather(&std::process::id().to_le_bytes())?;
-    let me = std::process::id().to_le_bytes();
-    // Every rank in this process, all on this host: the clique and the multi-GPU kernels.
-    // Anything else is railcc's GPU communicator for one rank per process, which picks peer
-    // access, the network or both (a hierarchy) from where the ranks live.
-    let one_host = boot.local_ranks() == nranks && cfg.gpu_path != "net";
-    if one_host && pids.iter().all(|p| p.as_slice() == me) {
+    // GpuComm's one decision of the path: every rank in this process meets in the clique,
+    // which drives them all through one in-process GpuComm; otherwise this rank opens its
+    // own (peer access, the network or both as a hierarchy).
+    let placement = Placement::gather(boot)?;
+    let path = placement.choose_for(cfg)?;
+    if path == GpuPath::InProcess {
         let clique = Clique::get(id.secret.0, nranks, timeout)?;
         clique.join(rank, device)?;
         let ready = clique.ready().map(|_| ());
@@ -71,7 +70,7 @@ fn open(
         ready?;
         return Ok(Backend::Local(clique));
     }
-    let comm = GpuComm::new(boot, device.max(0) as usize)?;
+    let comm = GpuComm::open(boot, device.max(0) as usize, &placement, path)?;
     Ok(Backend::Gpu(Box::new(GpuRank { comm })))
 }
 
@@ -82,21 +81,9 @@ pub struct GpuRank {
 
 impl GpuRank {
     pub fn collective(&self, c: &Call) -> Result<()> {
-        let a = CollArgs {
-            coll: c.coll,
-            nranks: self.comm.nranks(),
-            count: c.count,
-            dtype: c.dtype,
-            op: c.op,
-            root: c.root,
-        };
         // SAFETY: NCCL's contract: device buffers of this rank's GPU (cudaMalloc/cuMemAlloc,
         // so CUDA IPC can export them), sized for the call, live until the stream passes it.
-        unsafe {
-            self.comm
-                .collective(&a, c.send, c.recv, c.stream as railcc_cuda::gpu::Stream)
-        }
-        .map(|_| ())
+        unsafe { self.comm.collective(std::slice::from_ref(c)) }.map(|_| ())
     }
 
     /// Whether a rank's messages to itself are copies here (on peer access; across hosts
@@ -108,9 +95,7 @@ impl GpuRank {
     /// A rank's message to itself: a copy on the receive's stream, after the send's stream
     /// reaches the send (events when the streams differ).
     pub fn self_copy(&self, s: Half, r: Half) -> Result<()> {
-        use cudarc::driver::sys;
-        use railcc_cuda::driver::check;
-        use railcc_cuda::gpu::stream_waits_for;
+        use railcc_cuda::gpu::{copy_async, stream_of, stream_waits_for};
         if s.bytes != r.bytes {
             return Err(Error::new(
                 ErrorKind::Mismatch,
@@ -129,7 +114,7 @@ impl GpuRank {
                 "a copy to itself outside a group on the network path",
             )
         })?;
-        let (ss, rs) = (s.stream as sys::CUstream, r.stream as sys::CUstream);
+        let (ss, rs) = (stream_of(s.stream), stream_of(r.stream));
         // SAFETY: both streams are the caller's streams of this rank's GPU (NCCL's contract),
         // as are both buffers of `bytes`.
         unsafe {
@@ -137,9 +122,12 @@ impl GpuRank {
                 stream_waits_for(g, rs, g, ss)?;
             }
             g.bind()?;
-            check(
-                sys::cuMemcpyAsync(r.ptr, s.ptr, s.bytes, rs),
-                "cuMemcpyAsync",
+            copy_async(
+                r.ptr,
+                s.ptr,
+                s.bytes,
+                rs,
+                "cuMemcpyAsync (a rank to itself)",
             )?;
             if ss != rs {
                 stream_waits_for(g, ss, g, rs)?;
@@ -150,14 +138,14 @@ impl GpuRank {
 
     /// Sends and receives of one group (or one call): (peer, is_send, buffer).
     pub fn p2p(&self, ops: &[(usize, bool, Half)]) -> Result<()> {
-        let list: Vec<GpuP2p> = ops
+        let list: Vec<P2pOp> = ops
             .iter()
-            .map(|&(peer, send, h)| GpuP2p {
+            .map(|&(peer, send, h)| P2pOp {
                 peer,
                 send,
                 ptr: h.ptr,
                 bytes: h.bytes,
-                stream: h.stream as railcc_cuda::gpu::Stream,
+                stream: h.stream,
             })
             .collect();
         // SAFETY: NCCL's contract: device buffers of this rank's GPU (cudaMalloc/cuMemAlloc,

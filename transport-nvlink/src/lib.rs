@@ -16,3 +16,23 @@ pub mod table;
 /// What errors about peers (one that cannot be reached, died or fell behind) name as their
 /// transport; a failing CUDA call names `railcc_cuda::NAME`.
 pub const NAME: &str = "nvlink";
+
+/// What a communicator's GPUs are opened with. `railcc_collectives::gpu::GpuComm` builds it
+/// from `Config` in one place, for both ways of running.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Folder of the compiled kernels (None: compile in every process).
+    pub cache: Option<std::path::PathBuf>,
+    /// How long a kernel or a host wait waits for a peer before the call fails.
+    pub timeout: std::time::Duration,
+    /// Thread blocks per GPU wanted (0: one per SM), clamped to what stays resident.
+    pub max_blocks: usize,
+    /// All-reduces up to this many bytes per rank take the low-latency kernel.
+    pub ll_max_bytes: usize,
+}
+
+impl Settings {
+    pub fn timeout_ns(&self) -> u64 {
+        self.timeout.as_nanos().min(u64::MAX as u128) as u64
+    }
+}

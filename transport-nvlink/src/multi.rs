@@ -1,41 +1,39 @@
-//! One process driving several GPUs (like `ncclCommInitAll`).
+//! One process driving several GPUs (like `ncclCommInitAll`, nccl-tests `-g N`).
 //!
-//! A call enqueues one kernel on every GPU's stream (the caller's streams, or ours) and returns
-//! at once, so one thread starts a collective on every GPU without deadlock: group semantics
-//! come for free. The kernels meet at two barriers made of flags in each GPU's memory, written
-//! by peers over NVLink: "my inputs are ready" at the start and "I am done with your memory" at
-//! the end, so a kernel ends only when no peer still reads its inputs or writes its outputs.
-//! Between them each GPU does its part (plan.rs), reading peers' inputs and writing peers'
-//! outputs directly. A peer that never arrives makes the kernel trap after `timeout_ns` (the
-//! call then fails) instead of hanging.
+//! A call enqueues one kernel on every GPU's stream (each rank's own stream, from its call)
+//! and returns at once, so one thread starts a collective on every GPU without deadlock: group
+//! semantics come for free. Peers' buffers are addressed directly (peer access is enabled
+//! between every pair), which is all that differs from one process per GPU (`proc.rs`): the
+//! kernel choice and launch are `plan`'s. A peer that never arrives makes the kernel stop
+//! after the communicator's timeout (the call then fails) instead of hanging.
 
-use crate::plan::{blocks, spec, Launch};
-use cudarc::driver::sys;
-use railcc_core::call::CollKind;
-use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
-use railcc_cuda::driver::{self, check};
-use railcc_cuda::gpu::{DevBuf, GpuCtx, Timer};
+use crate::plan::{choose, enqueue, spec, Kernel, Launch, Peers};
+use crate::Settings;
+use railcc_core::call::{Call, P2pOp};
+use railcc_core::{Error, ErrorKind, Result};
+use railcc_cuda::driver;
+use railcc_cuda::gpu::{
+    copy_async, enable_peer_access, stream_of, stream_waits_for, GpuCtx, Stream,
+};
 use railcc_cuda::kernels::{MAX_BLOCKS, MAX_PEERS};
-use railcc_cuda::launch::{launch, CallShape, THREADS};
-use railcc_cuda::ll;
-use std::path::Path;
+use railcc_cuda::launch::THREADS;
 
 /// The GPUs of this process, with peer access enabled between every pair.
 pub struct MultiGpu {
     gpus: Vec<GpuCtx>,
-    /// How long a kernel spins for a peer before it traps (and the call fails).
-    pub timeout_ns: u64,
     pub ordinals: Vec<usize>,
-    /// Thread blocks per GPU per call (the SMs a call occupies), capped by work.
-    pub max_blocks: u32,
-    /// All-reduces up to this many bytes use the low-latency kernel (`railcc_cuda::ll`).
-    pub ll_max_bytes: usize,
+    timeout_ns: u64,
+    /// Thread blocks per GPU per call at most (the SMs a call occupies).
+    max_blocks: u32,
+    ll_max_bytes: usize,
+    /// Launches from several threads take turns (each enqueues on every GPU).
+    turn: parking_lot::Mutex<()>,
 }
 
 impl MultiGpu {
-    /// Opens `ordinals` (1 to 8 GPUs, every pair able to reach each other's memory); kernels are
-    /// compiled once and cached in `cache`.
-    pub fn new(ordinals: &[usize], cache: Option<&Path>) -> Result<MultiGpu> {
+    /// Opens `ordinals` (1 to 8 GPUs, every pair able to reach each other's memory; rank g on
+    /// `ordinals[g]`).
+    pub fn new(ordinals: &[usize], s: &Settings) -> Result<MultiGpu> {
         if ordinals.is_empty() || ordinals.len() > MAX_PEERS {
             return Err(Error::invalid(format!(
                 "multi-GPU: {} GPUs requested, 1 to {MAX_PEERS} supported",
@@ -44,7 +42,7 @@ impl MultiGpu {
         }
         let gpus = ordinals
             .iter()
-            .map(|&o| GpuCtx::new(o, cache))
+            .map(|&o| GpuCtx::new(o, s.cache.as_deref()))
             .collect::<Result<Vec<_>>>()?;
         for (i, &a) in ordinals.iter().enumerate() {
             for (j, &b) in ordinals.iter().enumerate() {
@@ -59,30 +57,23 @@ impl MultiGpu {
                     )
                     .transport(crate::NAME));
                 }
-                gpus[i].bind()?;
-                // SAFETY: both contexts are live; enabling twice reports ALREADY_ENABLED.
-                let r = unsafe { sys::cuCtxEnablePeerAccess(gpus[j].ctx, 0) };
-                if r != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
-                    check(r, "cuCtxEnablePeerAccess")?;
-                }
+                enable_peer_access(&gpus[i], &gpus[j])?;
             }
         }
-        let mut mg = MultiGpu {
+        let max_blocks = clamp_blocks(&gpus, s.max_blocks)?;
+        Ok(MultiGpu {
             gpus,
-            timeout_ns: 30_000_000_000,
             ordinals: ordinals.to_vec(),
-            max_blocks: 1,
-            ll_max_bytes: ll::MAX_BYTES,
-        };
-        mg.set_max_blocks(0)?;
-        Ok(mg)
+            timeout_ns: s.timeout_ns(),
+            max_blocks,
+            ll_max_bytes: s.ll_max_bytes,
+            turn: parking_lot::Mutex::new(()),
+        })
     }
 
-    /// Sets the blocks per GPU (0: one per SM), clamped to what stays resident at once: every
-    /// block of every GPU waits for the others, so none may wait for a free SM.
-    pub fn set_max_blocks(&mut self, want: usize) -> Result<u32> {
-        self.max_blocks = clamp_blocks(&self.gpus, want)?;
-        Ok(self.max_blocks)
+    /// Thread blocks per GPU a call takes at most.
+    pub fn max_blocks(&self) -> u32 {
+        self.max_blocks
     }
 
     pub fn len(&self) -> usize {
@@ -97,151 +88,121 @@ impl MultiGpu {
         &self.gpus[g]
     }
 
-    pub fn stream(&self, g: usize) -> sys::CUstream {
+    /// GPU g's own stream (for callers without streams of their own, as the bench).
+    pub fn stream(&self, g: usize) -> Stream {
         self.gpus[g].stream
-    }
-
-    pub fn alloc(&self, g: usize, bytes: usize) -> Result<DevBuf> {
-        self.gpus[g].alloc(bytes)
-    }
-
-    pub fn upload(&self, g: usize, dst: &DevBuf, offset: usize, data: &[u8]) -> Result<()> {
-        self.gpus[g].upload(dst, offset, data)
-    }
-
-    /// Waits for every GPU (peers write into GPU g's outputs), then copies.
-    pub fn download(&self, g: usize, src: &DevBuf, offset: usize, out: &mut [u8]) -> Result<()> {
-        self.synchronize()?;
-        self.gpus[g].download(src, offset, out)
     }
 
     pub fn synchronize(&self) -> Result<()> {
         self.gpus.iter().try_for_each(|g| g.synchronize())
     }
 
-    pub fn record_timer(&self, g: usize) -> Result<Timer> {
-        self.gpus[g].record_timer()
-    }
-
-    /// Enqueues an all-reduce of `count` elements on our streams: `outs[g]` on every GPU gets
-    /// the reduction of every `ins[g]`; in place when `ins[g] == outs[g]`.
+    /// Enqueues one collective, rank g's call `calls[g]` (buffers and stream of GPU g), and
+    /// returns at once, with NCCL's buffer conventions (see `plan::spec`). Supported:
+    /// all_reduce, reduce_scatter, all_gather, broadcast, reduce, sendrecv (out of place).
+    /// Under stream capture the calls become graph nodes, which replay correctly (the call
+    /// counter lives on the GPU).
     ///
     /// # Safety
-    /// As for [`MultiGpu::collective_on`].
-    pub unsafe fn all_reduce(
-        &self,
-        ins: &[u64],
-        outs: &[u64],
-        count: usize,
-        dt: DataType,
-        op: ReduceOp,
-    ) -> Result<Launch> {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.collective(CollKind::AllReduce, ins, outs, count, dt, op, 0) }
-    }
-
-    /// [`MultiGpu::collective_on`] on our own streams.
-    ///
-    /// # Safety
-    /// As for [`MultiGpu::collective_on`].
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn collective(
-        &self,
-        coll: CollKind,
-        ins: &[u64],
-        outs: &[u64],
-        count: usize,
-        dt: DataType,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<Launch> {
-        let streams: Vec<_> = self.gpus.iter().map(|g| g.stream).collect();
-        // SAFETY: forwarded from the caller.
-        unsafe { self.collective_on(&streams, coll, ins, outs, count, dt, op, root) }
-    }
-
-    /// Enqueues one collective on `streams[g]` for each GPU g and returns at once, with NCCL's
-    /// buffer conventions (see `plan::spec`). Supported: all_reduce, reduce_scatter,
-    /// all_gather, broadcast, reduce, sendrecv (out of place). Under stream capture the calls
-    /// become graph nodes, which replay correctly (the call counter lives on the GPU).
-    ///
-    /// # Safety
-    /// Each buffer must be device memory of its GPU, of the size the collective implies, valid
-    /// until the streams pass this call; `streams[g]` must be a live stream of GPU g.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn collective_on(
-        &self,
-        streams: &[sys::CUstream],
-        coll: CollKind,
-        ins: &[u64],
-        outs: &[u64],
-        count: usize,
-        dt: DataType,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<Launch> {
+    /// Each call's buffers are device memory of its GPU, of the size the collective implies,
+    /// valid until its stream passes this call; its stream a live stream of that GPU.
+    pub unsafe fn collective(&self, calls: &[Call]) -> Result<Launch> {
         let n = self.gpus.len();
-        if streams.len() != n {
+        let Some(a) = calls.first().map(|c| c.args) else {
+            return Err(Error::invalid("a collective with no calls"));
+        };
+        if calls.len() != n || a.nranks != n {
             return Err(Error::invalid(format!(
-                "{}: {} streams for {n} GPUs",
-                coll.name(),
-                streams.len()
+                "{}: {} calls of {} ranks for {n} GPUs",
+                a.coll.name(),
+                calls.len(),
+                a.nranks
             )));
         }
-        let nbytes = count * dt.size();
-        if ll::takes(coll, nbytes, self.ll_max_bytes) {
-            let areas: Vec<u64> = self.gpus.iter().map(|g| g.sync.ptr).collect();
-            let blocks = ll::blocks(nbytes, self.max_blocks);
-            for (g, gpu) in self.gpus.iter().enumerate() {
-                // SAFETY: peer access is enabled between every pair, so GPU g reaches every
-                // area; the caller vouches for the buffers.
-                unsafe {
-                    ll::launch(
-                        gpu,
-                        streams[g],
-                        g,
-                        ins[g],
-                        outs[g],
-                        nbytes,
-                        dt,
-                        op,
-                        &areas,
-                        blocks,
-                        self.timeout_ns,
-                    )?
-                };
-            }
-            return Ok(Launch {
-                blocks_per_gpu: blocks,
-                threads_per_block: ll::THREADS,
-            });
-        }
-        // Every spec first, so a bad argument launches nothing.
-        let specs = (0..n)
-            .map(|g| spec(coll, g, ins, outs, count, dt, root))
-            .collect::<Result<Vec<_>>>()?;
+        let ins: Vec<u64> = calls.iter().map(|c| c.send).collect();
+        let outs: Vec<u64> = calls.iter().map(|c| c.recv).collect();
         let syncs: Vec<u64> = self.gpus.iter().map(|g| g.sync.ptr).collect();
-        let shape = CallShape {
-            dt,
-            op,
-            syncs: &syncs,
-            avg_n: n as i32,
-            blocks: blocks(coll, n, count, dt, self.max_blocks),
-            timeout_ns: self.timeout_ns,
-        };
-        for (g, s) in specs.iter().enumerate() {
-            // SAFETY: peer access is enabled between every pair, so GPU g addresses every
-            // buffer and sync area; the caller vouches for the buffers.
-            unsafe { launch(&self.gpus[g], streams[g], g, s, &shape)? };
+        let k = choose(&a, self.ll_max_bytes, self.max_blocks);
+        if let Kernel::Bulk { .. } = k {
+            // Every GPU's part first, so a bad argument launches nothing.
+            for g in 0..n {
+                spec(a.coll, g, &ins, &outs, a.count, a.dtype, a.root)?;
+            }
         }
-        Ok(Launch {
-            blocks_per_gpu: shape.blocks,
-            threads_per_block: THREADS,
-        })
+        let peers = Peers {
+            ins: &ins,
+            outs: &outs,
+            syncs: &syncs,
+        };
+        let _t = self.turn.lock();
+        let mut launched = None;
+        for (g, gpu) in self.gpus.iter().enumerate() {
+            // SAFETY: peer access is enabled between every pair, so GPU g addresses every
+            // buffer and sync area; the caller vouches for the buffers and streams.
+            launched = Some(unsafe {
+                enqueue(
+                    gpu,
+                    stream_of(calls[g].stream),
+                    g,
+                    &a,
+                    k,
+                    &peers,
+                    self.timeout_ns,
+                )
+            }?);
+        }
+        launched.ok_or_else(|| Error::invalid("no GPUs"))
+    }
+
+    /// A message from rank `src` (its send `s`, to `s.peer`) into the receive `r` of rank
+    /// `s.peer`: the receiver's stream waits for the sender's stream to reach the send,
+    /// copies, and the sender's stream waits for the copy (so the send buffer is not reused
+    /// early).
+    ///
+    /// # Safety
+    /// Both buffers are their GPU's device memory of `s.bytes`, each stream a live stream of
+    /// its rank's GPU (or null), valid until the streams pass the copy.
+    pub unsafe fn copy(&self, src: usize, s: &P2pOp, r: &P2pOp) -> Result<()> {
+        let dst = s.peer;
+        let (Some(gs), Some(gr)) = (self.gpus.get(src), self.gpus.get(dst)) else {
+            return Err(Error::invalid(format!(
+                "send/recv: rank {src} or {dst} out of range for {} ranks",
+                self.gpus.len()
+            )));
+        };
+        if s.bytes != r.bytes {
+            return Err(Error::new(
+                ErrorKind::Mismatch,
+                format!(
+                    "send from rank {src} has {} bytes, the receive on rank {dst} expects {}",
+                    s.bytes, r.bytes
+                ),
+            ));
+        }
+        if s.bytes == 0 {
+            return Ok(());
+        }
+        let (ss, rs) = (stream_of(s.stream), stream_of(r.stream));
+        let _t = self.turn.lock();
+        // SAFETY: the streams are the callers' streams of each GPU; peer access between the
+        // GPUs is enabled (new), so the receiver's copy reads the sender's memory; both
+        // ranges are the callers' buffers of `bytes`.
+        unsafe {
+            stream_waits_for(gr, rs, gs, ss)?;
+            copy_async(
+                r.ptr,
+                s.ptr,
+                s.bytes,
+                rs,
+                "cuMemcpyAsync (send/recv between GPUs)",
+            )?;
+            stream_waits_for(gs, ss, gr, rs)
+        }
     }
 }
 
-/// Blocks per GPU: `want` (0: one per SM), at most what every GPU keeps resident at once.
+/// Blocks per GPU: `want` (0: one per SM), at most what every GPU keeps resident at once:
+/// every block of every GPU waits for the others, so none may wait for a free SM.
 pub fn clamp_blocks(gpus: &[GpuCtx], want: usize) -> Result<u32> {
     let sms = gpus.iter().map(|g| g.sms).min().unwrap_or(1).max(1) as u32;
     let per_sm = match gpus.first() {

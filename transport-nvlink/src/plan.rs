@@ -1,18 +1,119 @@
-//! From a collective to kernel launches: which inputs, outputs and element range each GPU's
-//! kernel gets (the same for one process driving every GPU and for one process per GPU), and
-//! how many thread blocks. The kernel and its launch are the CUDA layer's
-//! (`railcc_cuda::launch`).
+//! From a collective to kernel launches, the same for one process driving every GPU and for
+//! one process per GPU (they differ only in where the peers' addresses come from):
+//! - [`choose`]: the one place that picks the kernel (low-latency or bulk) and its thread
+//!   blocks per GPU for a call;
+//! - [`spec`]: which inputs, outputs and element range GPU g's bulk kernel gets;
+//! - [`enqueue`]: GPU g's launch on the caller's stream. The kernels themselves are the CUDA
+//!   layer's (`railcc_cuda::launch`, `railcc_cuda::ll`).
 
-use railcc_core::call::CollKind;
+use railcc_core::call::{CollArgs, CollKind};
 use railcc_core::{DataType, Error, ErrorKind, Result};
+use railcc_cuda::gpu::{GpuCtx, Stream};
 use railcc_cuda::kernels::MAX_PEERS;
-use railcc_cuda::launch::{Spec, THREADS};
+use railcc_cuda::launch::{launch, CallShape, Spec, THREADS};
+use railcc_cuda::ll;
 
 /// What one call launched.
 #[derive(Debug, Clone, Copy)]
 pub struct Launch {
     pub blocks_per_gpu: u32,
     pub threads_per_block: u32,
+}
+
+/// Which kernel runs a call, with its thread blocks per GPU (every GPU of a call launches the
+/// same count: the barriers count the peers' blocks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// The low-latency all-reduce: flagged lines pushed into every peer's scratch, one
+    /// exchange, no barrier.
+    Ll { blocks: u32 },
+    /// The bulk kernel: "ready" barrier, each GPU's part over peer memory, "done" barrier.
+    Bulk { blocks: u32 },
+}
+
+impl Kernel {
+    pub fn blocks(self) -> u32 {
+        match self {
+            Kernel::Ll { blocks } | Kernel::Bulk { blocks } => blocks,
+        }
+    }
+}
+
+/// The kernel and block count for call `a`: the low-latency kernel for all-reduces up to
+/// `ll_max_bytes` per rank (`RAILCC_GPU_LL_MAX_BYTES`, at most what its scratch holds), else
+/// the bulk kernel; blocks by the work, at most `max_blocks` (the communicator's, fixed at
+/// init from `RAILCC_GPU_MAX_BLOCKS` and what stays resident). It depends only on the call's
+/// shape, so every rank chooses the same.
+pub fn choose(a: &CollArgs, ll_max_bytes: usize, max_blocks: u32) -> Kernel {
+    let nbytes = a.count * a.dtype.size();
+    if ll::takes(a.coll, nbytes, ll_max_bytes) {
+        Kernel::Ll {
+            blocks: ll::blocks(nbytes, max_blocks),
+        }
+    } else {
+        Kernel::Bulk {
+            blocks: blocks(a.coll, a.nranks, a.count, a.dtype, max_blocks),
+        }
+    }
+}
+
+/// Every rank's buffers and sync area of one call, as the launching GPU addresses them: the
+/// same addresses under peer access (one process), mappings of CUDA IPC handles (one process
+/// per GPU).
+pub struct Peers<'a> {
+    pub ins: &'a [u64],
+    pub outs: &'a [u64],
+    pub syncs: &'a [u64],
+}
+
+/// Enqueues GPU `g`'s part of call `a` with kernel `k` on `stream` and returns.
+///
+/// # Safety
+/// Every address in `p` is device memory GPU `g` can address, of the size `a` implies (sync
+/// areas: `railcc_cuda::kernels::AREA_BYTES`), live until the stream passes the call;
+/// `stream` is a live stream of GPU `g`'s context.
+pub unsafe fn enqueue(
+    gpu: &GpuCtx,
+    stream: Stream,
+    g: usize,
+    a: &CollArgs,
+    k: Kernel,
+    p: &Peers<'_>,
+    timeout_ns: u64,
+) -> Result<Launch> {
+    match k {
+        Kernel::Ll { blocks } => {
+            let nbytes = a.count * a.dtype.size();
+            // SAFETY: the caller's contract.
+            unsafe {
+                ll::launch(
+                    gpu, stream, g, p.ins[g], p.outs[g], nbytes, a.dtype, a.op, p.syncs, blocks,
+                    timeout_ns,
+                )
+            }?;
+            Ok(Launch {
+                blocks_per_gpu: blocks,
+                threads_per_block: ll::THREADS,
+            })
+        }
+        Kernel::Bulk { blocks } => {
+            let s = spec(a.coll, g, p.ins, p.outs, a.count, a.dtype, a.root)?;
+            let shape = CallShape {
+                dt: a.dtype,
+                op: a.op,
+                syncs: p.syncs,
+                avg_n: p.ins.len() as i32,
+                blocks,
+                timeout_ns,
+            };
+            // SAFETY: the caller's contract.
+            unsafe { launch(gpu, stream, g, &s, &shape) }?;
+            Ok(Launch {
+                blocks_per_gpu: blocks,
+                threads_per_block: THREADS,
+            })
+        }
+    }
 }
 
 /// The part of GPU `g` (of `ins.len()`) in a collective, with NCCL's buffer conventions:

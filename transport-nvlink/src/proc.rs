@@ -15,25 +15,20 @@
 //! waiting calls fail and later ones fail at once.
 
 use crate::multi::clamp_blocks;
-use crate::plan::{blocks, spec, Launch};
+use crate::plan::{choose, enqueue, Launch, Peers};
 use crate::table::ShmTable;
-use cudarc::driver::sys;
+use crate::Settings;
 use parking_lot::Mutex;
-use railcc_core::call::CollKind;
-use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
-use railcc_cuda::gpu::GpuCtx;
+use railcc_core::agree::{agree, Exchange};
+use railcc_core::call::{Call, CollArgs, CollKind};
+use railcc_core::{Error, ErrorKind, Result};
+use railcc_cuda::gpu::{copy_async, is_capturing, stream_of, GpuCtx, Stream};
 use railcc_cuda::ipc::{export, open, Imports, HANDLE_BYTES};
 use railcc_cuda::kernels::MAX_PEERS;
-use railcc_cuda::launch::{launch, CallShape, THREADS};
-use railcc_cuda::ll;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-
-/// Swaps one byte string per rank with every rank (the bootstrap's all-gather).
-pub type Exchange<'a> = dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>> + 'a;
 
 pub struct ProcGpu {
     pub gpu: Arc<GpuCtx>,
@@ -46,10 +41,9 @@ pub struct ProcGpu {
     /// Per peer, the staging slots of buffered sends (made on first use).
     stages: Mutex<std::collections::HashMap<usize, railcc_cuda::gpu::DevBuf>>,
     calls: AtomicU64,
-    pub timeout: Duration,
-    pub max_blocks: u32,
-    /// All-reduces up to this many bytes use the low-latency kernel (`railcc_cuda::ll`).
-    pub ll_max_bytes: usize,
+    timeout: Duration,
+    max_blocks: u32,
+    ll_max_bytes: usize,
     broken: Arc<Mutex<Option<Error>>>,
     watcher: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
 }
@@ -168,40 +162,6 @@ impl Hello {
     }
 }
 
-/// Every rank learns whether every rank succeeded; the first failure is returned everywhere,
-/// so no rank waits for a peer that already gave up. `name` turns an index into the rank
-/// number errors use.
-fn agree<T>(
-    x: Result<T>,
-    ex: &mut Exchange<'_>,
-    name: &dyn Fn(usize) -> usize,
-    payload: impl Fn(&T) -> Vec<u8>,
-) -> Result<(T, Vec<Vec<u8>>)> {
-    let mine = match &x {
-        Ok(v) => [vec![1u8], payload(v)].concat(),
-        Err(e) => [vec![0u8], e.to_string().into_bytes()].concat(),
-    };
-    let all = ex(&mine)?;
-    for (r, b) in all.iter().enumerate() {
-        if let Some(why) = setup_failure(b) {
-            let r = name(r);
-            return Err(x.err().unwrap_or_else(|| {
-                Error::new(ErrorKind::Io, format!("rank {r} failed GPU setup: {why}")).peer(r)
-            }));
-        }
-    }
-    let v = x?;
-    Ok((v, all.into_iter().map(|b| b[1..].to_vec()).collect()))
-}
-
-/// The reason in a rank's payload to one of `ProcGpu::new`'s exchanges when that rank failed
-/// the step, else None. An exchange that also reaches ranks of other hosts (the hierarchy's)
-/// fails the step on a failure there too, so every rank leaves setup at the same exchange.
-pub fn setup_failure(payload: &[u8]) -> Option<String> {
-    (payload.first() != Some(&1))
-        .then(|| String::from_utf8_lossy(payload.get(1..).unwrap_or_default()).into_owned())
-}
-
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
@@ -210,16 +170,14 @@ fn hostname() -> String {
 
 impl ProcGpu {
     /// Collective over `nranks` processes of one host, this one driving GPU `ordinal`.
-    /// `exchange` is the bootstrap's all-gather; every rank must call this together. `names`:
-    /// how errors name ranks 0..nranks (a larger communicator's ranks; default themselves).
-    #[allow(clippy::too_many_arguments)]
+    /// `exchange` is the bootstrap's all-gather (every rank's setup outcome travels in it:
+    /// `railcc_core::agree`); every rank must call this together. `names`: how errors name
+    /// ranks 0..nranks (a larger communicator's ranks; default themselves).
     pub fn new(
         ordinal: usize,
         rank: usize,
         nranks: usize,
-        cache: Option<&Path>,
-        timeout: Duration,
-        want_blocks: usize,
+        settings: &Settings,
         exchange: &mut Exchange<'_>,
         names: Option<&[usize]>,
     ) -> Result<ProcGpu> {
@@ -236,10 +194,10 @@ impl ProcGpu {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos())
         );
-        let setup = GpuCtx::new(ordinal, cache).and_then(|gpu| {
+        let setup = GpuCtx::new(ordinal, settings.cache.as_deref()).and_then(|gpu| {
             gpu.bind()?;
             let sync = export(gpu.sync.ptr)?;
-            let blocks = clamp_blocks(std::slice::from_ref(&gpu), want_blocks)?;
+            let blocks = clamp_blocks(std::slice::from_ref(&gpu), settings.max_blocks)?;
             let table = if rank == 0 {
                 Some(ShmTable::open(&shm, nranks, true)?)
             } else {
@@ -334,9 +292,9 @@ impl ProcGpu {
             imports: Mutex::new(Imports::default()),
             stages: Mutex::new(std::collections::HashMap::new()),
             calls: AtomicU64::new(0),
-            timeout,
+            timeout: settings.timeout,
             max_blocks,
-            ll_max_bytes: ll::MAX_BYTES,
+            ll_max_bytes: settings.ll_max_bytes,
             broken,
             watcher: Some((stop, watcher)),
         })
@@ -370,35 +328,31 @@ impl ProcGpu {
         }
     }
 
-    pub fn stream(&self) -> sys::CUstream {
+    pub fn stream(&self) -> Stream {
         self.gpu.stream
     }
 
-    /// Enqueues this rank's part of a collective on `stream` (a stream of this GPU), with
-    /// NCCL's arguments: `send`/`recv` are this rank's buffers, `count` the per-rank count.
-    /// Returns once every rank has made the same call; fails with a named cause if a rank
-    /// made a different one or never came.
+    /// Thread blocks per GPU a call takes at most (the least any rank's GPU keeps resident).
+    pub fn max_blocks(&self) -> u32 {
+        self.max_blocks
+    }
+
+    /// Enqueues this rank's part of collective `c` (NCCL's arguments: `c.send`/`c.recv` are
+    /// this rank's buffers, the count per rank) on its stream. Returns once every rank has
+    /// made the same call; fails with a named cause if a rank made a different one or never
+    /// came.
     ///
     /// # Safety
-    /// `send` and `recv` must be device memory of this GPU from cudaMalloc/cuMemAlloc, of the
-    /// size the collective implies, valid until the stream passes this call.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn collective(
-        &self,
-        stream: sys::CUstream,
-        coll: CollKind,
-        send: u64,
-        recv: u64,
-        count: usize,
-        dt: DataType,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<Launch> {
-        let n = self.nranks;
-        if root >= n {
+    /// The call's buffers are device memory of this GPU from cudaMalloc/cuMemAlloc, of the
+    /// size the collective implies, valid until its stream (one of this GPU's) passes it.
+    pub unsafe fn collective(&self, c: &Call) -> Result<Launch> {
+        let (a, n) = (c.args, self.nranks);
+        if a.root >= n || a.nranks != n {
             return Err(Error::invalid(format!(
-                "{}: root {root} out of range for {n} ranks",
-                coll.name()
+                "{}: root {} of {} ranks out of range for {n} ranks",
+                a.coll.name(),
+                a.root,
+                a.nranks
             ))
             .rank(self.rank));
         }
@@ -406,17 +360,17 @@ impl ProcGpu {
         self.gpu.bind()?;
         // A broadcast reads the root's send buffer alone: the others may pass NULL (NCCL's),
         // and export their receive buffer in its place.
-        let send = if coll == CollKind::Broadcast && self.rank != root {
-            recv
+        let send = if a.coll == CollKind::Broadcast && self.rank != a.root {
+            c.recv
         } else {
-            send
+            c.send
         };
-        let mine = [export(send)?, export(recv)?];
-        let shape = [coll as u64, dt as u64, op as u64, count as u64, root as u64];
+        let mine = [export(send)?, export(c.recv)?];
+        let shape = a.to_words();
         let call = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
         self.table.publish(call, self.rank, shape, mine);
         let deadline = Instant::now() + self.timeout;
-        let (mut ins, mut outs) = (vec![send; n], vec![recv; n]);
+        let (mut ins, mut outs) = (vec![send; n], vec![c.recv; n]);
         let mut imports = self.imports.lock();
         for p in (0..n).filter(|&p| p != self.rank) {
             let (theirs, bufs) = self
@@ -428,9 +382,9 @@ impl ProcGpu {
                     ErrorKind::Mismatch,
                     format!(
                         "GPU call {call}: rank {p} called {}, rank {} called {}",
-                        describe(theirs),
+                        CollArgs::describe_words(theirs),
                         self.rank,
-                        describe(shape)
+                        CollArgs::describe_words(shape)
                     ),
                 )
                 .peer(p)
@@ -441,47 +395,26 @@ impl ProcGpu {
             outs[p] = imports.map(p, &bufs[1])?;
         }
         drop(imports);
-        let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
-        let nbytes = count * dt.size();
-        if ll::takes(coll, nbytes, self.ll_max_bytes) {
-            let blocks = ll::blocks(nbytes, self.max_blocks);
-            // SAFETY: the peers' areas are mapped by IPC; the caller vouches for its buffers.
-            unsafe {
-                ll::launch(
-                    &self.gpu,
-                    stream,
-                    self.rank,
-                    send,
-                    recv,
-                    nbytes,
-                    dt,
-                    op,
-                    &self.syncs,
-                    blocks,
-                    timeout_ns,
-                )?
-            };
-            return Ok(Launch {
-                blocks_per_gpu: blocks,
-                threads_per_block: ll::THREADS,
-            });
-        }
-        let s = spec(coll, self.rank, &ins, &outs, count, dt, root)?;
-        let shape = CallShape {
-            dt,
-            op,
+        let peers = Peers {
+            ins: &ins,
+            outs: &outs,
             syncs: &self.syncs,
-            avg_n: n as i32,
-            blocks: blocks(coll, n, count, dt, self.max_blocks),
-            timeout_ns,
         };
-        // SAFETY: peers' buffers and sync areas are mapped into this context by IPC; the
+        let k = choose(&a, self.ll_max_bytes, self.max_blocks);
+        let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
+        // SAFETY: the peers' buffers and sync areas are mapped into this context by IPC; the
         // caller vouches for its own buffers and stream.
-        unsafe { launch(&self.gpu, stream, self.rank, &s, &shape)? };
-        Ok(Launch {
-            blocks_per_gpu: shape.blocks,
-            threads_per_block: THREADS,
-        })
+        unsafe {
+            enqueue(
+                &self.gpu,
+                stream_of(c.stream),
+                self.rank,
+                &a,
+                k,
+                &peers,
+                timeout_ns,
+            )
+        }
     }
 }
 
@@ -497,7 +430,7 @@ pub struct P2p {
     pub send: bool,
     pub ptr: u64,
     pub bytes: usize,
-    pub stream: sys::CUstream,
+    pub stream: Stream,
     /// The message's number between this rank and `peer` in its direction (1, 2, ...): both
     /// ends count the same.
     pub seq: u64,
@@ -557,10 +490,7 @@ impl ProcGpu {
             }
             // SAFETY: both ranges hold `bytes` (the caller's buffer, our staging slot, or the
             // sender's buffer or slot mapped by IPC), live until the stream passes the copy.
-            railcc_cuda::driver::check(
-                unsafe { sys::cuMemcpyAsync(dst, src, o.bytes, o.stream) },
-                what,
-            )
+            unsafe { copy_async(dst, src, o.bytes, o.stream, what) }
         };
         // Sends first: buffered ones are complete on the stream once copied to a slot.
         let mut buffered = std::collections::HashMap::<usize, u64>::new();
@@ -626,13 +556,8 @@ impl ProcGpu {
         if o.bytes > STAGE_SLOT_BYTES {
             return Ok(None);
         }
-        let mut st = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-        // SAFETY: the caller's stream of this GPU and a valid out-pointer.
-        railcc_cuda::driver::check(
-            unsafe { sys::cuStreamIsCapturing(o.stream, &mut st) },
-            "cuStreamIsCapturing",
-        )?;
-        if st != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        // SAFETY: the caller's stream of this GPU (p2p's contract).
+        if unsafe { is_capturing(&self.gpu, o.stream) }? {
             return Ok(None);
         }
         let mut stages = self.stages.lock();
@@ -655,23 +580,6 @@ impl Drop for ProcGpu {
             let _ = h.join();
         }
     }
-}
-
-/// A published call shape in words, for mismatch errors.
-fn describe(s: [u64; 5]) -> String {
-    let coll = CollKind::ALL
-        .iter()
-        .find(|c| **c as u64 == s[0])
-        .map_or("?", |c| c.name());
-    let dt = DataType::ALL
-        .iter()
-        .find(|d| **d as u64 == s[1])
-        .map_or("?", |d| d.name());
-    let op = ReduceOp::ALL
-        .iter()
-        .find(|o| **o as u64 == s[2])
-        .map_or("?", |o| o.name());
-    format!("{coll} of {} {dt} (op {op}, root {})", s[3], s[4])
 }
 
 #[cfg(test)]
@@ -726,26 +634,5 @@ mod tests {
         assert!(!c.alive(), "a killed child still reads as alive");
         child.wait().unwrap();
         assert!(!c.alive());
-    }
-
-    #[test]
-    fn setup_failure_reaches_every_rank() {
-        // Two ranks simulated by one exchange: rank 1 failed.
-        let mut ex =
-            |_: &[u8]| -> Result<Vec<Vec<u8>>> { Ok(vec![vec![1, 9], b"\x00no GPU".to_vec()]) };
-        let e = agree(Ok(5u8), &mut ex, &|x| x, |v| vec![*v]).unwrap_err();
-        assert!(
-            e.to_string().contains("rank 1 failed GPU setup: no GPU"),
-            "{e}"
-        );
-        // Index 1 of this exchange is rank 7 of the communicator: errors use that number.
-        let e = agree(Ok(5u8), &mut ex, &|x| [3, 7][x], |v| vec![*v]).unwrap_err();
-        assert!(
-            e.to_string().contains("rank 7 failed GPU setup: no GPU"),
-            "{e}"
-        );
-        assert_eq!(setup_failure(&[1, 2, 3]), None);
-        assert_eq!(setup_failure(b"\x00gone").as_deref(), Some("gone"));
-        assert_eq!(setup_failure(&[]).as_deref(), Some(""));
     }
 }

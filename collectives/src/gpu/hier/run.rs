@@ -6,14 +6,12 @@
 
 use super::plan::{plan, takes, At, Buf, Layout, Step};
 use crate::comm::Communicator;
-use crate::gpu_net::{GpuNet, NetOp};
-use crate::plan::CollArgs;
-use cudarc::driver::sys;
+use crate::gpu::net::{GpuNet, NetOp};
 use parking_lot::Mutex;
+use railcc_core::call::{Call, CollArgs};
 use railcc_core::{Error, ErrorKind, Result};
-use railcc_cuda::driver::check;
 use railcc_cuda::gpu::{DevBuf, Stream};
-use railcc_transport_nvlink::proc::{self, ProcGpu};
+use railcc_transport_nvlink::proc::ProcGpu;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -47,25 +45,11 @@ pub struct HierGpu {
     watcher: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
 }
 
-/// Whether every rank succeeded at a step of init; the first failure comes back everywhere.
+/// Whether every rank succeeded at a step of init; the first failure comes back everywhere
+/// (`railcc_core::agree`, over every rank of `parent`).
 fn agree<T>(parent: &Communicator, r: Result<T>) -> Result<T> {
-    let mine = match &r {
-        Ok(_) => Vec::new(),
-        Err(e) => e.to_string().into_bytes(),
-    };
-    let all = parent.oob_all_gather(&mine)?;
-    let v = r?;
-    match all.iter().position(|b| !b.is_empty()) {
-        Some(p) => Err(Error::new(
-            ErrorKind::Io,
-            format!(
-                "rank {p} failed hierarchical GPU setup: {}",
-                String::from_utf8_lossy(&all[p])
-            ),
-        )
-        .peer(p)),
-        None => Ok(v),
-    }
+    let mut ex = |b: &[u8]| parent.oob_all_gather(b);
+    railcc_core::agree::agree(r, &mut ex, &|p| p, |_| Vec::new()).map(|(v, _)| v)
 }
 
 impl HierGpu {
@@ -103,7 +87,7 @@ impl HierGpu {
             // it (`agree` below) pair up.
             let failed = (all.iter().enumerate())
                 .filter(|(r, _)| !mates.contains(r))
-                .find_map(|(r, p)| Some((r, proc::setup_failure(p)?)));
+                .find_map(|(r, p)| Some((r, railcc_core::agree::failed(p, 0)?)));
             if let Some((r, why)) = failed {
                 let e = format!("rank {r} (another host) failed GPU setup: {why}");
                 return Err(Error::new(ErrorKind::Io, e).peer(r));
@@ -117,20 +101,17 @@ impl HierGpu {
                 })
                 .collect()
         };
-        let cache = railcc_cuda::compile::cache_dir(&cfg.cache_dir);
+        let settings = crate::gpu::settings(cfg);
         let local = ProcGpu::new(
             ordinal,
             index,
             layout.local(),
-            cache.as_deref(),
-            cfg.timeout(),
-            cfg.gpu_max_blocks,
+            &settings,
             &mut ex,
             Some(&mates),
         );
-        let mut local = agree(parent, local)
+        let local = agree(parent, local)
             .map_err(|e| e.rank(rank).op("hierarchical init: the host's GPUs"))?;
-        local.ll_max_bytes = cfg.gpu_ll_max_bytes;
         let group: Vec<usize> = layout.hosts.iter().map(|rs| rs[index]).collect();
         let cross = agree(parent, GpuNet::among(parent, ordinal, &group)).map_err(|e| {
             e.rank(rank)
@@ -221,8 +202,7 @@ impl HierGpu {
         if let Some(&s) = sides.get(&(stream as usize)) {
             return Ok(s as Stream);
         }
-        self.local.gpu.bind()?;
-        let s = railcc_cuda::gpu::new_stream_current()?;
+        let s = railcc_cuda::gpu::create_stream(&self.local.gpu)?;
         sides.insert(stream as usize, s as usize);
         Ok(s)
     }
@@ -247,10 +227,7 @@ impl HierGpu {
         }
         self.local.gpu.bind()?;
         // SAFETY: the caller's contract.
-        check(
-            unsafe { sys::cuMemcpyAsync(dst, src, bytes, stream) },
-            "cuMemcpyAsync",
-        )
+        unsafe { railcc_cuda::gpu::copy_async(dst, src, bytes, stream, "cuMemcpyAsync") }
     }
 
     pub fn abort(&self) {
@@ -331,26 +308,28 @@ impl HierGpu {
         match *s {
             Step::Local { c, hosts } if hosts.has(self.host) => {
                 // SAFETY: the caller's buffers, stream and scratch (see enqueue).
-                unsafe {
-                    self.local.collective(
-                        stream,
-                        c.coll,
-                        addr(c.send),
-                        addr(c.recv),
-                        c.count,
-                        a.dtype,
-                        c.op,
-                        c.root,
-                    )
-                }
-                .map(|_| ())
-                .map_err(|e| {
-                    self.async_error().unwrap_or(e).op(format!(
-                        "hierarchical {}: {} inside the host",
-                        a.coll.name(),
-                        c.coll.name()
-                    ))
-                })
+                let call = Call {
+                    args: CollArgs {
+                        coll: c.coll,
+                        nranks: self.layout.local(),
+                        count: c.count,
+                        dtype: a.dtype,
+                        op: c.op,
+                        root: c.root,
+                    },
+                    send: addr(c.send),
+                    recv: addr(c.recv),
+                    stream: stream as usize,
+                };
+                unsafe { self.local.collective(&call) }
+                    .map(|_| ())
+                    .map_err(|e| {
+                        self.async_error().unwrap_or(e).op(format!(
+                            "hierarchical {}: {} inside the host",
+                            a.coll.name(),
+                            c.coll.name()
+                        ))
+                    })
             }
             Step::Cross { c, group: only } if only.is_none_or(|g| g == self.index) => {
                 let sub = CollArgs {
@@ -475,13 +454,9 @@ impl Watch {
 
 impl Drop for HierGpu {
     fn drop(&mut self) {
-        if self.local.gpu.bind().is_ok() {
-            for (_, s) in self.sides.lock().drain() {
-                // SAFETY: made by side_stream, destroyed once; the communicator's work is done.
-                unsafe {
-                    let _ = sys::cuStreamDestroy_v2(s as Stream);
-                }
-            }
+        for (_, s) in self.sides.lock().drain() {
+            // SAFETY: made by side_stream, destroyed once; the communicator's work is done.
+            let _ = unsafe { railcc_cuda::gpu::destroy_stream(&self.local.gpu, s as Stream) };
         }
         if let Some((stop, h)) = self.watcher.take() {
             stop.store(true, Ordering::Relaxed);

@@ -1,23 +1,23 @@
-//! [`GpuComm`]: the one front door for GPU buffers of one rank per process, on top of a
-//! [`Communicator`]'s bootstrap, host grouping and transports. `railcc bench --per-process`
-//! and libnccl both open it; it decides, from where the ranks live, how data moves:
-//! - every rank on this host: peer access (NVLink/PCIe) through CUDA IPC, the per-process
-//!   kernels ([`ProcGpu`]);
+//! [`GpuComm`]: the one front door for GPU buffers, for one process driving every GPU of a
+//! communicator and for one rank per process, built from `Config` in one place
+//! (`super::settings`). The path comes from [`Placement::choose`] (`super::path`):
+//! - every rank in this process: [`MultiGpu`], kernels over peer access;
+//! - one rank per process, every rank on this host: [`ProcGpu`], the same kernels with the
+//!   peers' buffers mapped by CUDA IPC;
 //! - ranks on several hosts: the stream-ordered network engine ([`GpuNet`]: RDMA, else TCP)
 //!   for everything, and with several GPUs on every host the collectives as a hierarchy
 //!   ([`HierGpu`]: peer access inside a host, the network between hosts);
 //! - `RAILCC_GPU_PATH=net`: the network between every pair (tests and comparisons).
-//!
-//! Several ranks driving GPUs from one process (`ncclCommInitAll`, `railcc bench --device
-//! cuda` without `--per-process`) use `railcc_transport_nvlink::multi::MultiGpu` instead.
 
+use super::hier::HierGpu;
+use super::net::{GpuNet, NetOp, P2pOp as NetP2p};
+use super::path::{GpuPath, Placement};
 use crate::comm::Communicator;
-use crate::gpu_hier::HierGpu;
-use crate::gpu_net::{GpuNet, NetOp, P2pOp};
-use crate::plan::{CollArgs, P2pKind};
-use railcc_core::call::CollKind;
-use railcc_core::{Error, ErrorKind, Result};
-use railcc_cuda::gpu::{GpuCtx, Stream};
+use railcc_core::agree;
+use railcc_core::call::{Call, CollArgs, CollKind, P2pKind, P2pOp};
+use railcc_core::{Config, Error, ErrorKind, Result};
+use railcc_cuda::gpu::{stream_of, GpuCtx};
+use railcc_transport_nvlink::multi::MultiGpu;
 use railcc_transport_nvlink::proc::{P2p, ProcGpu};
 
 /// How this rank reaches a peer's GPU memory.
@@ -34,18 +34,9 @@ pub enum Reach {
 // One per communicator: the variants' sizes do not matter.
 #[allow(clippy::large_enum_variant)]
 enum Path {
+    InProcess(MultiGpu),
     Peer(ProcGpu),
     Net { net: GpuNet, hier: Option<HierGpu> },
-}
-
-/// One send or receive of a group, on a device buffer.
-#[derive(Clone, Copy, Debug)]
-pub struct GpuP2p {
-    pub peer: usize,
-    pub send: bool,
-    pub ptr: u64,
-    pub bytes: usize,
-    pub stream: Stream,
 }
 
 pub struct GpuComm {
@@ -60,96 +51,110 @@ pub struct GpuComm {
 }
 
 impl GpuComm {
-    /// Opens the path that fits where `boot`'s ranks live, for this rank's GPU `ordinal`.
-    /// Collective: every rank of `boot` calls it, one rank per process.
+    /// Opens the path that fits where `boot`'s ranks live, for this rank's GPU `ordinal`, one
+    /// rank per process. Collective: every rank of `boot` calls it.
     pub fn new(boot: &Communicator, ordinal: usize) -> Result<GpuComm> {
-        GpuComm::open(boot, ordinal, boot.config().gpu_path == "net")
+        let placement = Placement::gather(boot)?;
+        let path = placement.choose_for(boot.config())?;
+        GpuComm::open(boot, ordinal, &placement, path)
     }
 
     /// As [`GpuComm::new`], every pair over the network (`railcc bench --gpu-net`).
     pub fn over_network(boot: &Communicator, ordinal: usize) -> Result<GpuComm> {
-        GpuComm::open(boot, ordinal, true)
+        let placement = Placement::gather(boot)?;
+        let path = placement.choose(true)?;
+        GpuComm::open(boot, ordinal, &placement, path)
     }
 
-    fn open(boot: &Communicator, ordinal: usize, net_only: bool) -> Result<GpuComm> {
+    /// Every rank of a communicator in this process, rank g on GPU `ordinals[g]`
+    /// ([`GpuPath::InProcess`]; libnccl's clique, `railcc bench --device cuda`).
+    pub fn in_process(cfg: &Config, ordinals: &[usize]) -> Result<GpuComm> {
+        let multi = MultiGpu::new(ordinals, &super::settings(cfg))?;
+        let n = ordinals.len();
+        let desc = format!(
+            "{n} GPU(s) in one process, kernels over peer access, up to {} blocks per GPU",
+            multi.max_blocks()
+        );
+        Ok(GpuComm {
+            rank: 0,
+            nranks: n,
+            path: Path::InProcess(multi),
+            reach: vec![Reach::PeerAccess; n],
+            seqs: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            desc,
+        })
+    }
+
+    /// Opens `path` (from `placement.choose`) for this rank of `boot`, one rank per process.
+    /// Collective over `boot`.
+    pub fn open(
+        boot: &Communicator,
+        ordinal: usize,
+        placement: &Placement,
+        path: GpuPath,
+    ) -> Result<GpuComm> {
         let (rank, nranks) = (boot.rank(), boot.nranks());
-        let hosts = boot.oob_all_gather(crate::comm::host_id(boot.config()).as_bytes())?;
-        // One rank per process: (host, pid and pid namespace) differ (hosts may reuse pids,
-        // containers always do).
-        let pids = boot.oob_all_gather(&crate::comm::process_id())?;
-        let mut procs: Vec<(&[u8], &[u8])> = hosts
-            .iter()
-            .map(Vec::as_slice)
-            .zip(pids.iter().map(Vec::as_slice))
-            .collect();
-        procs.sort_unstable();
-        procs.dedup();
-        if procs.len() != nranks {
-            return Err(Error::new(
-                ErrorKind::Unsupported,
-                "GPU ranks share processes: one rank per process here (one process driving several GPUs is railcc_transport_nvlink::multi::MultiGpu)",
-            )
-            .rank(rank));
-        }
+        let hosts = &placement.hosts;
         let reach: Vec<Reach> = hosts
             .iter()
             .enumerate()
             .map(|(p, h)| match p {
                 _ if p == rank => Reach::Me,
-                _ if !net_only && *h == hosts[rank] => Reach::PeerAccess,
+                _ if path != (GpuPath::Network { hier: None }) && *h == hosts[rank] => {
+                    Reach::PeerAccess
+                }
                 _ => Reach::Network,
             })
             .collect();
-        let several_hosts = boot.local_ranks() < nranks;
-        let path = if net_only || several_hosts {
-            // Both are opened on every rank whatever the other gave (each is collective), then
-            // every rank learns every outcome, so all leave together: with the same path, or
-            // with the same error.
-            let hier = match net_only {
-                false => HierGpu::layout(&hosts).map(|l| HierGpu::new(boot, l, ordinal)),
-                true => None,
-            };
-            let net = GpuNet::new(boot, ordinal);
-            let mine = [outcome(&net), hier.as_ref().map_or(vec![1], outcome)];
-            let all = boot.oob_all_gather(&mine.concat())?;
-            let net = net?;
-            if let Some((r, why)) = all.iter().enumerate().find_map(|(r, b)| failure(r, b, 0)) {
-                let e = format!("rank {r} failed to open its GPU network engine: {why}");
-                return Err(Error::new(ErrorKind::Io, e).peer(r).rank(rank));
+        let path = match path {
+            GpuPath::InProcess => {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    "every rank of this communicator is in this process: GpuComm::in_process drives them all",
+                )
+                .rank(rank))
             }
-            // The hierarchy is a speed-up: where a rank could not open it, every rank runs
-            // the flat network path instead.
-            let hier = match all.iter().enumerate().find_map(|(r, b)| failure(r, b, 1)) {
-                Some((r, why)) => {
-                    tracing::warn!(
-                        "rank {rank}: GPU hierarchy off (rank {r} could not open it: {why}); every call goes over the network"
-                    );
-                    None
+            GpuPath::PeerAccess => {
+                let mut ex = |b: &[u8]| boot.oob_all_gather(b);
+                let s = super::settings(boot.config());
+                Path::Peer(ProcGpu::new(ordinal, rank, nranks, &s, &mut ex, None)?)
+            }
+            GpuPath::Network { hier } => {
+                // Both are opened on every rank whatever the other gave (each is collective),
+                // then every rank learns every outcome, so all leave together: with the same
+                // path, or with the same error.
+                let hier = hier.map(|l| HierGpu::new(boot, l, ordinal));
+                let net = GpuNet::new(boot, ordinal);
+                let h: Result<()> = match &hier {
+                    Some(Err(e)) => Err(e.clone()),
+                    _ => Ok(()),
+                };
+                let mine = [agree::record(&net, |_| vec![]), agree::record(&h, |_| vec![])];
+                let all = boot.oob_all_gather(&mine.concat())?;
+                let net = net?;
+                if let Some((r, why)) = agree::first_failure(&all, 0) {
+                    let e = format!("rank {r} failed to open its GPU network engine: {why}");
+                    return Err(Error::new(ErrorKind::Io, e).peer(r).rank(rank));
                 }
-                None => hier.transpose()?,
-            };
-            Path::Net { net, hier }
-        } else {
-            let cfg = boot.config();
-            let cache = railcc_cuda::compile::cache_dir(&cfg.cache_dir);
-            let mut ex = |b: &[u8]| boot.oob_all_gather(b);
-            let mut pg = ProcGpu::new(
-                ordinal,
-                rank,
-                nranks,
-                cache.as_deref(),
-                cfg.timeout(),
-                cfg.gpu_max_blocks,
-                &mut ex,
-                None,
-            )?;
-            pg.ll_max_bytes = cfg.gpu_ll_max_bytes;
-            Path::Peer(pg)
+                // The hierarchy is a speed-up: where a rank could not open it, every rank runs
+                // the flat network path instead.
+                let hier = match agree::first_failure(&all, 1) {
+                    Some((r, why)) => {
+                        tracing::warn!(
+                            "rank {rank}: GPU hierarchy off (rank {r} could not open it: {why}); every call goes over the network"
+                        );
+                        None
+                    }
+                    None => hier.transpose()?,
+                };
+                Path::Net { net, hier }
+            }
         };
         let desc = match &path {
+            Path::InProcess(_) => String::new(),
             Path::Peer(pg) => format!(
                 "one rank per process, peers by CUDA IPC, up to {} blocks per GPU",
-                pg.max_blocks
+                pg.max_blocks()
             ),
             Path::Net { hier: Some(h), .. } => h.describe().to_string(),
             Path::Net { net, .. } => net.describe().to_string(),
@@ -187,7 +192,16 @@ impl GpuComm {
     pub fn peer_gpu(&self) -> Option<&GpuCtx> {
         match &self.path {
             Path::Peer(pg) => Some(&pg.gpu),
-            Path::Net { .. } => None,
+            Path::InProcess(_) | Path::Net { .. } => None,
+        }
+    }
+
+    /// The GPUs this process drives for every rank ([`GpuPath::InProcess`]): their contexts
+    /// and own streams, for callers that allocate and synchronize (the bench).
+    pub fn in_process_gpus(&self) -> Option<&MultiGpu> {
+        match &self.path {
+            Path::InProcess(m) => Some(m),
+            _ => None,
         }
     }
 
@@ -214,6 +228,7 @@ impl GpuComm {
     /// The error that broke the communicator (a peer died, an abort), if any.
     pub fn async_error(&self) -> Option<Error> {
         match &self.path {
+            Path::InProcess(_) => None,
             Path::Peer(pg) => pg.async_error(),
             Path::Net { net, hier } => net
                 .async_error()
@@ -224,6 +239,7 @@ impl GpuComm {
     /// Stops every call now: kernels and waiting streams let go, later calls fail.
     pub fn abort(&self) {
         match &self.path {
+            Path::InProcess(_) => {}
             Path::Peer(pg) => pg.abort(),
             Path::Net { net, hier } => {
                 net.abort();
@@ -234,29 +250,39 @@ impl GpuComm {
         }
     }
 
-    /// Enqueues collective `a` on `stream` and returns; the thread blocks it takes on this
-    /// GPU (0: copy engines and host threads only).
+    /// Enqueues one collective and returns: `calls` holds the call of every rank this
+    /// process drives (all of them in one process; this rank's alone with one rank per
+    /// process), each on its rank's stream. Returns the thread blocks it takes per GPU (0:
+    /// copy engines and host threads only).
     ///
     /// # Safety
-    /// `stream` is a live stream of this rank's GPU; `send` and `recv` are device memory of
-    /// that GPU from cudaMalloc/cuMemAlloc (CUDA IPC exports them), sized as `a` implies,
-    /// valid until the stream passes the call.
-    pub unsafe fn collective(
-        &self,
-        a: &CollArgs,
-        send: u64,
-        recv: u64,
-        stream: Stream,
-    ) -> Result<u32> {
-        if a.count == 0 {
+    /// Each call's stream is a live stream of its rank's GPU; its `send` and `recv` are device
+    /// memory of that GPU from cudaMalloc/cuMemAlloc (CUDA IPC exports them), sized as its
+    /// arguments imply, valid until the stream passes the call.
+    pub unsafe fn collective(&self, calls: &[Call]) -> Result<u32> {
+        let Some(c) = calls.first().copied() else {
+            return Ok(0);
+        };
+        if c.args.count == 0 {
             return Ok(0);
         }
-        match &self.path {
+        if let Path::InProcess(m) = &self.path {
             // SAFETY: the caller's contract.
-            Path::Peer(pg) => {
-                unsafe { pg.collective(stream, a.coll, send, recv, a.count, a.dtype, a.op, a.root) }
-                    .map(|l| l.blocks_per_gpu)
-            }
+            return unsafe { m.collective(calls) }.map(|l| l.blocks_per_gpu);
+        }
+        if calls.len() != 1 {
+            return Err(Error::invalid(format!(
+                "{}: {} calls for one rank per process",
+                c.args.coll.name(),
+                calls.len()
+            ))
+            .rank(self.rank));
+        }
+        let (a, send, recv, stream) = (c.args, c.send, c.recv, stream_of(c.stream));
+        match &self.path {
+            Path::InProcess(_) => Ok(0),
+            // SAFETY: the caller's contract.
+            Path::Peer(pg) => unsafe { pg.collective(&c) }.map(|l| l.blocks_per_gpu),
             Path::Net { net, hier } => {
                 // Either part broken breaks the communicator: a call on the other would run
                 // here while the peers that saw the failure have stopped.
@@ -266,16 +292,35 @@ impl GpuComm {
                     .filter(|_| a.coll == CollKind::AllToAll && send != recv)
                 {
                     // SAFETY: the caller's contract.
-                    return unsafe { self.all_to_all_split(h, a, send, recv, stream) }.map(|_| 0);
+                    return unsafe { self.all_to_all_split(h, &a, send, recv, c.stream) }
+                        .map(|_| 0);
                 }
-                if let Some(h) = hier.as_ref().filter(|h| h.takes(a)) {
+                if let Some(h) = hier.as_ref().filter(|h| h.takes(&a)) {
                     // SAFETY: the caller's contract.
-                    return unsafe { h.enqueue(a, send, recv, stream) }.map(|_| 0);
+                    return unsafe { h.enqueue(&a, send, recv, stream) }.map(|_| 0);
                 }
-                let op = NetOp::Coll { a: *a, send, recv };
+                let op = NetOp::Coll { a, send, recv };
                 // SAFETY: the caller's contract.
                 unsafe { net.enqueue(op, stream) }.map(|_| 0)
             }
+        }
+    }
+
+    /// A message between two ranks of this process ([`GpuPath::InProcess`]): rank `src`'s
+    /// send `s` (to rank `s.peer`) into that rank's receive `r`, ordered on both streams.
+    ///
+    /// # Safety
+    /// Both buffers are device memory of their rank's GPU with `s.bytes`, each stream a live
+    /// stream of that GPU, valid until the streams pass the copy.
+    pub unsafe fn copy(&self, src: usize, s: &P2pOp, r: &P2pOp) -> Result<()> {
+        match &self.path {
+            // SAFETY: the caller's contract.
+            Path::InProcess(m) => unsafe { m.copy(src, s, r) },
+            _ => Err(Error::new(
+                ErrorKind::Unsupported,
+                "a copy between ranks of one process on a communicator of one rank per process",
+            )
+            .rank(self.rank)),
         }
     }
 
@@ -287,7 +332,7 @@ impl GpuComm {
     /// # Safety
     /// Each op's buffer is device memory of this rank's GPU from cudaMalloc/cuMemAlloc with
     /// `bytes`, and its stream a live stream of that GPU, valid until the stream passes it.
-    pub unsafe fn p2p(&self, ops: &[GpuP2p]) -> Result<()> {
+    pub unsafe fn p2p(&self, ops: &[P2pOp]) -> Result<()> {
         // Checked before any message is numbered, so a refused group leaves both ends'
         // counts equal.
         if let Some(o) = ops.iter().find(|o| o.peer >= self.nranks) {
@@ -298,18 +343,23 @@ impl GpuComm {
             .rank(self.rank));
         }
         match &self.path {
+            Path::InProcess(_) => Err(Error::new(
+                ErrorKind::Unsupported,
+                "send/recv between ranks of one process pair up in GpuComm::copy",
+            )
+            .rank(self.rank)),
             // SAFETY: the caller's contract.
             Path::Peer(pg) => unsafe { pg.p2p(&self.numbered(ops, Some)) },
             Path::Net { net, hier } => {
                 self.not_broken()?;
                 let local =
-                    |o: &&GpuP2p| hier.is_some() && self.reach(o.peer) == Some(Reach::PeerAccess);
-                let (near, far): (Vec<&GpuP2p>, Vec<&GpuP2p>) = ops.iter().partition(local);
+                    |o: &&P2pOp| hier.is_some() && self.reach(o.peer) == Some(Reach::PeerAccess);
+                let (near, far): (Vec<&P2pOp>, Vec<&P2pOp>) = ops.iter().partition(local);
                 let Some(h) = hier.as_ref().filter(|_| !near.is_empty()) else {
                     // SAFETY: the caller's contract.
                     return unsafe { self.net_p2p(net, &far) };
                 };
-                let mut near: Vec<GpuP2p> = near.into_iter().copied().collect();
+                let mut near: Vec<P2pOp> = near.into_iter().copied().collect();
                 // Both kinds in one group: the same-host ones go on a side stream forked from
                 // the caller's and joined back, so they run beside the network ones as NCCL
                 // runs a group's operations together (one after the other, a ring that
@@ -326,12 +376,12 @@ impl GpuComm {
                 // Past this point this rank's peers take part in the group: a failure here
                 // would leave the message counts apart, so it stops the communicator.
                 let r = (|| -> Result<()> {
-                    let fork = match main {
+                    let fork = match main.map(stream_of) {
                         Some(m) => Some((m, h.side_stream(m)?)),
                         None => None,
                     };
                     if let Some((main, side)) = fork {
-                        near.iter_mut().for_each(|o| o.stream = side);
+                        near.iter_mut().for_each(|o| o.stream = side as usize);
                         // SAFETY: both are live streams of this rank's GPU.
                         unsafe { h.stream_waits_for(side, main) }?;
                     }
@@ -358,7 +408,7 @@ impl GpuComm {
     }
 
     /// The peer-access path's ops: peers as `index` numbers them, each message numbered.
-    fn numbered(&self, ops: &[GpuP2p], index: impl Fn(usize) -> Option<usize>) -> Vec<P2p> {
+    fn numbered(&self, ops: &[P2pOp], index: impl Fn(usize) -> Option<usize>) -> Vec<P2p> {
         let mut seqs = self.seqs.lock();
         ops.iter()
             .map(|o| {
@@ -369,7 +419,7 @@ impl GpuComm {
                     send: o.send,
                     ptr: o.ptr,
                     bytes: o.bytes,
-                    stream: o.stream,
+                    stream: stream_of(o.stream),
                     seq: *n,
                 }
             })
@@ -378,7 +428,7 @@ impl GpuComm {
 
     /// # Safety
     /// As for [`GpuComm::p2p`].
-    unsafe fn net_p2p(&self, net: &GpuNet, ops: &[&GpuP2p]) -> Result<()> {
+    unsafe fn net_p2p(&self, net: &GpuNet, ops: &[&P2pOp]) -> Result<()> {
         let Some(stream) = ops.first().map(|o| o.stream) else {
             return Ok(());
         };
@@ -391,7 +441,7 @@ impl GpuComm {
         }
         let list = ops
             .iter()
-            .map(|o| P2pOp {
+            .map(|o| NetP2p {
                 kind: if o.send { P2pKind::Send } else { P2pKind::Recv },
                 peer: o.peer,
                 addr: o.ptr,
@@ -399,7 +449,7 @@ impl GpuComm {
             })
             .collect();
         // SAFETY: the caller's contract.
-        unsafe { net.enqueue(NetOp::P2p(list), stream) }
+        unsafe { net.enqueue(NetOp::P2p(list), stream_of(stream)) }
     }
 
     /// An all-to-all as sends and receives, so peers on this host go by peer access (the
@@ -413,20 +463,20 @@ impl GpuComm {
         a: &CollArgs,
         send: u64,
         recv: u64,
-        stream: Stream,
+        stream: usize,
     ) -> Result<()> {
         let chunk = a.count * a.dtype.size();
         let mut ops = Vec::with_capacity(2 * a.nranks);
         for p in (0..a.nranks).filter(|&p| p != self.rank) {
             let at = (p * chunk) as u64;
-            ops.push(GpuP2p {
+            ops.push(P2pOp {
                 peer: p,
                 send: true,
                 ptr: send + at,
                 bytes: chunk,
                 stream,
             });
-            ops.push(GpuP2p {
+            ops.push(P2pOp {
                 peer: p,
                 send: false,
                 ptr: recv + at,
@@ -436,70 +486,8 @@ impl GpuComm {
         }
         let me = (self.rank * chunk) as u64;
         // SAFETY: the caller's buffers on its stream.
-        unsafe { h.copy(recv + me, send + me, chunk, stream) }?;
+        unsafe { h.copy(recv + me, send + me, chunk, stream_of(stream)) }?;
         // SAFETY: the caller's contract.
         unsafe { self.p2p(&ops) }
-    }
-}
-
-/// A rank's outcome as one record of the setup agreement: 1 (it worked), or 0, the error's
-/// text and a 0 byte that ends it.
-fn outcome<T>(r: &Result<T>) -> Vec<u8> {
-    match r {
-        Ok(_) => vec![1],
-        Err(e) => {
-            let mut b = vec![0];
-            b.extend(e.to_string().bytes().filter(|&c| c != 0));
-            b.push(0);
-            b
-        }
-    }
-}
-
-/// Record `k` of rank `r`'s agreement payload (records as [`outcome`] writes them), when it
-/// says that part failed: (r, the reason).
-fn failure(r: usize, payload: &[u8], k: usize) -> Option<(usize, String)> {
-    let mut records = Vec::new();
-    let mut rest = payload;
-    while let Some((&first, tail)) = rest.split_first() {
-        if first == 1 {
-            records.push(None);
-            rest = tail;
-        } else {
-            let end = tail.iter().position(|&c| c == 0).unwrap_or(tail.len());
-            records.push(Some(String::from_utf8_lossy(&tail[..end]).into_owned()));
-            rest = tail.get(end + 1..).unwrap_or_default();
-        }
-    }
-    match records.get(k) {
-        Some(None) => None,
-        Some(Some(why)) => Some((r, why.clone())),
-        None => Some((r, "no setup record".to_string())),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{failure, outcome};
-    use railcc_core::{Error, Result};
-
-    #[test]
-    fn setup_records_name_the_part_that_failed() {
-        let ok: Result<()> = Ok(());
-        let bad: Result<()> = Err(Error::invalid("no pinned memory"));
-        let both_ok = [outcome(&ok), outcome(&ok)].concat();
-        assert_eq!(failure(3, &both_ok, 0), None);
-        assert_eq!(failure(3, &both_ok, 1), None);
-        let hier_bad = [outcome(&ok), outcome(&bad)].concat();
-        assert_eq!(failure(2, &hier_bad, 0), None);
-        let (r, why) = failure(2, &hier_bad, 1).expect("record 1 failed");
-        assert_eq!(r, 2);
-        assert!(why.contains("no pinned memory"), "{why}");
-        let net_bad = [outcome(&bad), outcome(&ok)].concat();
-        assert!(failure(1, &net_bad, 0).is_some());
-        assert_eq!(failure(1, &net_bad, 1), None);
-        // A payload with fewer records than asked for is a failure, not a pass.
-        assert!(failure(0, &[1], 1).is_some());
-        assert!(failure(0, &[], 0).is_some());
     }
 }

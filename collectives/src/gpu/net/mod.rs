@@ -5,19 +5,15 @@
 //!   per channel run the host side of each piece and let the stream go on;
 //! - [`pieces`]: how a call is cut into pieces and spread over the channels;
 //! - [`host`], `worker`, `ring`, `slots`, `trace`: a piece's host call, a channel's thread,
-//!   the per-stream staging rings, the flag slots, where the time goes (`RAILCC_GPU_NET_TRACE`);
-//! - [`sync`]: [`GpuOverNet`], the older synchronous path (copy, host collective, copy back),
-//!   kept for GPUDirect RDMA send/recv of registered buffers (`RAILCC_GPU_DIRECT=1`).
+//!   the per-stream staging rings, the flag slots, where the time goes (`RAILCC_GPU_NET_TRACE`).
 
 pub mod engine;
 pub mod host;
 pub mod pieces;
 mod ring;
 mod slots;
-pub mod sync;
 mod trace;
 mod worker;
 
 pub use engine::GpuNet;
 pub use pieces::{NetOp, P2pOp};
-pub use sync::GpuOverNet;

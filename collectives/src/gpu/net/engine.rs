@@ -28,7 +28,6 @@ use railcc_core::bootstrap::{RootServer, UniqueId};
 use railcc_core::{Error, ErrorKind, Result};
 use railcc_cuda::gpu::Stream;
 use railcc_cuda::hostsync::{capturing, d2h, h2d, on_graph_destroy, Ctx, Flags};
-use railcc_transport_nvlink::proc::setup_failure;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -171,12 +170,9 @@ impl GpuNet {
             }
             Ok((rank, ctx, roots, mine))
         })();
-        let mine = match &prep {
-            Ok((.., ids)) => [&[1u8][..], ids].concat(),
-            Err(e) => [&[0u8][..], e.to_string().as_bytes()].concat(),
-        };
+        let mine = railcc_core::agree::record(&prep, |(.., ids)| ids.clone());
         let all = parent.oob_all_gather(&mine)?;
-        let failed = (all.iter().enumerate()).find_map(|(r, b)| Some((r, setup_failure(b)?)));
+        let failed = railcc_core::agree::first_failure(&all, 0);
         let (rank, ctx, roots, _) = match (prep, failed) {
             (Err(e), _) => return Err(e),
             (Ok(_), Some((r, why))) => {
@@ -188,7 +184,7 @@ impl GpuNet {
         let ids = members
             .first()
             .and_then(|&r| all.get(r))
-            .and_then(|b| b.get(1..))
+            .map(|b| railcc_core::agree::payload(b, 0))
             .unwrap_or_default();
         let mut comms = Vec::with_capacity(nch);
         for c in 0..nch {

@@ -5,7 +5,7 @@
 //!   reference for many host x GPU shapes;
 //! - [`run`]: [`HierGpu`], which enqueues a plan's steps on the caller's stream: local steps
 //!   on the per-process NVLink path (`railcc_transport_nvlink::proc::ProcGpu` over the host's
-//!   ranks), cross steps on the stream-ordered network engine ([`crate::gpu_net::GpuNet`]
+//!   ranks), cross steps on the stream-ordered network engine ([`crate::gpu::net::GpuNet`]
 //!   over the ranks of one local index), copies on the stream.
 
 pub mod plan;

@@ -1,0 +1,33 @@
+//! GPU buffers: [`GpuComm`] is the only way in, for both ways of running (one process driving
+//! several GPUs; one process per GPU), on one host and across hosts. libnccl and `railcc bench
+//! --device cuda` reach GPU buffers through it alone.
+//!
+//! - [`path`]: where the ranks live ([`Placement`]) and the one decision of how data moves
+//!   ([`GpuPath`]), made once at init as NCCL's transport table is;
+//! - [`comm`]: [`GpuComm`], which opens that path and takes every call (the kernels of
+//!   `railcc_transport_nvlink` for peers reached by peer access, the network engine for the
+//!   others, the hierarchy for both);
+//! - [`net`]: the stream-ordered network engine (pinned staging, channels, a progress thread);
+//! - [`hier`]: collectives as a hierarchy on several hosts of several GPUs.
+
+pub mod comm;
+pub mod hier;
+pub mod net;
+pub mod path;
+
+pub use comm::{GpuComm, Reach};
+pub use path::{GpuPath, Placement};
+
+use railcc_core::Config;
+use railcc_transport_nvlink::Settings;
+
+/// What GPUs are opened with, from `cfg`: the one place these settings are read, for every
+/// path (one process or one per GPU, alone or as the hierarchy's host part).
+pub fn settings(cfg: &Config) -> Settings {
+    Settings {
+        cache: railcc_cuda::compile::cache_dir(&cfg.cache_dir),
+        timeout: cfg.timeout(),
+        max_blocks: cfg.gpu_max_blocks,
+        ll_max_bytes: cfg.gpu_ll_max_bytes,
+    }
+}
