@@ -131,7 +131,7 @@ impl GpuComm {
             Path::Net { net, hier }
         } else {
             let cfg = boot.config();
-            let cache = railcc_cuda::compile::cache_dir(&cfg.cache_dir);
+            let cache = cfg.kernel_cache_dir();
             let mut ex = |b: &[u8]| boot.oob_all_gather(b);
             let mut pg = ProcGpu::new(
                 ordinal,

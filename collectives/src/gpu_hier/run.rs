@@ -117,7 +117,7 @@ impl HierGpu {
                 })
                 .collect()
         };
-        let cache = railcc_cuda::compile::cache_dir(&cfg.cache_dir);
+        let cache = cfg.kernel_cache_dir();
         let local = ProcGpu::new(
             ordinal,
             index,
