@@ -459,15 +459,10 @@ pub fn run_rank(comm: &Communicator, a: &BenchArgs) -> Result<(), String> {
     if gpus.is_empty() {
         return Err("--device cuda: no GPU on this machine".into());
     }
-    let local = std::env::var("RAILCC_LOCAL_RANK")
-        .or_else(|_| std::env::var("LOCAL_RANK"))
-        .or_else(|_| std::env::var("OMPI_COMM_WORLD_LOCAL_RANK"))
-        .ok()
-        .and_then(|s| s.parse::<usize>().ok())
-        .unwrap_or(comm.rank());
+    let local = railcc_core::config::local_rank().unwrap_or(comm.rank());
     let ordinal = local % gpus.len();
     let cfg = comm.config();
-    let cache = railcc_cuda::compile::cache_dir(&cfg.cache_dir);
+    let cache = cfg.kernel_cache_dir();
     if a.gpu_net {
         return crate::gpu_net::run_rank(comm, a, ordinal, &gpus);
     }

@@ -148,7 +148,7 @@ pub fn run_rank(
     ordinal: usize,
     gpus: &[railcc_cuda::driver::GpuInfo],
 ) -> Result<(), String> {
-    let cache = railcc_cuda::compile::cache_dir(&comm.config().cache_dir);
+    let cache = comm.config().kernel_cache_dir();
     let gpu = GpuCtx::new(ordinal, cache.as_deref()).map_err(err)?;
     let net = GpuComm::over_network(comm, ordinal).map_err(err)?;
     if comm.rank() == 0 {

@@ -42,8 +42,9 @@ enum Cli {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("RAILCC_LOG")
-                .unwrap_or_else(|_| "warn".into()),
+            railcc_core::config::log_filter()
+                .and_then(|f| tracing_subscriber::EnvFilter::try_new(f).ok())
+                .unwrap_or_else(|| "warn".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -57,7 +58,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // A rank of a job also logs when it stops (a timestamp to measure failure times by).
-            if let Ok(r) = std::env::var("RAILCC_RANK") {
+            if let Some(r) = railcc_core::config::railcc_rank() {
                 tracing::error!("rank {r} stops: {e}");
             }
             eprintln!("railcc: {e}");
@@ -67,7 +68,7 @@ fn main() -> ExitCode {
 }
 
 fn print_config() -> Result<(), String> {
-    let env = |k: &str| std::env::var(k).ok();
+    let env = railcc_core::config::process_env;
     let cfg = Config::from_env().map_err(|e| e.to_string())?;
     let nccl = |k: &str| railcc_core::nccl_env::lookup(&env, k);
     println!("{:<28} {:<14} {:<8} meaning", "variable", "value", "source");

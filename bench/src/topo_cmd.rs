@@ -65,10 +65,7 @@ fn class(t: &Topology, a: &Dev, b: &Dev) -> PathClass {
 }
 
 pub fn run(a: &TopoArgs) -> Result<(), String> {
-    let env = |k: &str| std::env::var(k).ok();
-    let cfg = Config::default()
-        .apply_vars(env)
-        .map_err(|e| e.to_string())?;
+    let cfg = Config::from_env().map_err(|e| e.to_string())?;
     let (g, l, notes) = if cfg.topo_file.is_empty() {
         gpus()
     } else {

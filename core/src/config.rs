@@ -1,8 +1,13 @@
 //! The one place for configuration. Every field has a `RAILCC_*` variable, a default and a line
-//! of documentation; `railcc config` prints the table. Nothing else in railcc reads the
-//! environment for tunables (launchers' variables are read by [`crate::launch`]).
+//! of documentation; `railcc config` prints the table. Nothing else in railcc reads the process
+//! environment: NCCL's variables come through [`crate::nccl_env`], launchers' variables are
+//! interpreted by [`crate::launch`] over [`process_env`], and the few other values read from the
+//! environment (the kernel cache's default folder, the local rank) have accessors here.
 
 use crate::error::{Error, Result};
+use crate::launch::{self, LaunchInfo};
+use std::ffi::OsString;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Which collective algorithm to use; `Auto` lets the size-based selector decide.
@@ -46,6 +51,62 @@ impl std::fmt::Display for AlgoChoice {
             AlgoChoice::RecursiveDoubling => "rdouble",
             AlgoChoice::Tree => "tree",
             AlgoChoice::Hier => "hier",
+        })
+    }
+}
+
+/// How much libnccl prints on stderr: NCCL_DEBUG's levels, in NCCL's order. Each level prints
+/// what the ones below it print.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum DebugLevel {
+    /// Nothing (NCCL_DEBUG unset, or a value NCCL does not know).
+    None,
+    /// NCCL prints its version; libnccl prints nothing yet.
+    Version,
+    /// Each error a call returns (`NCCL WARN ...`).
+    Warn,
+    /// Also each communicator's path when it is made (`NCCL INFO ...`).
+    Info,
+    /// As Info: railcc has no trace messages.
+    Trace,
+}
+
+impl DebugLevel {
+    /// Whether errors are printed (WARN and above).
+    pub fn warns(self) -> bool {
+        self >= DebugLevel::Warn
+    }
+
+    /// Whether communicators' paths are printed (INFO and above).
+    pub fn informs(self) -> bool {
+        self >= DebugLevel::Info
+    }
+}
+
+impl std::str::FromStr for DebugLevel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "none" => Ok(DebugLevel::None),
+            "version" => Ok(DebugLevel::Version),
+            "warn" => Ok(DebugLevel::Warn),
+            "info" => Ok(DebugLevel::Info),
+            "trace" => Ok(DebugLevel::Trace),
+            _ => Err(format!(
+                "unknown level '{s}' (expected none, version, warn, info or trace)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for DebugLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            DebugLevel::None => "none",
+            DebugLevel::Version => "version",
+            DebugLevel::Warn => "warn",
+            DebugLevel::Info => "info",
+            DebugLevel::Trace => "trace",
         })
     }
 }
@@ -204,13 +265,59 @@ config! {
     ib_qps_per_conn: u8 = 1, "RAILCC_IB_QPS_PER_CONN";
     /// Largest message a peer may announce, in bytes; a bigger header is a protocol error.
     max_message_bytes: u64 = 1 << 40, "RAILCC_MAX_MESSAGE_BYTES";
+    /// libnccl's messages on stderr, as NCCL_DEBUG (which feeds it): none, version (nothing
+    /// yet), warn (each error a call returns), info (also each communicator's path), trace (as
+    /// info). Case-insensitive. railcc's own log is RAILCC_LOG.
+    debug: DebugLevel = DebugLevel::None, "RAILCC_DEBUG";
+}
+
+/// One variable of the process environment (None when unset or not UTF-8). [`Config::from_env`],
+/// the launch accessors below and `railcc config`'s report (which shows where each value came
+/// from) all read through it; outside this file nothing reads the environment.
+pub fn process_env(var: &str) -> Option<String> {
+    std::env::var(var).ok()
+}
+
+/// The job this process belongs to, from its launcher's variables ([`launch::discover`] over
+/// the process environment); `Ok(None)` when no launcher variables are set.
+pub fn launch_from_env() -> Result<Option<LaunchInfo>> {
+    launch::discover(process_env)
+}
+
+/// This process's rank among the ranks of its host, from the launcher's variables
+/// ([`launch::local_rank`]); None when no launcher gives one.
+pub fn local_rank() -> Option<usize> {
+    launch::local_rank(process_env)
+}
+
+/// `RAILCC_LOG`, the tracing filter (`warn`, `railcc_collectives=debug`, ...) for programs that
+/// log (the bench); None when unset.
+pub fn log_filter() -> Option<String> {
+    process_env("RAILCC_LOG")
+}
+
+/// The rank `RAILCC_RANK` gives this process (the bench's ranks have it), for log lines.
+pub fn railcc_rank() -> Option<usize> {
+    process_env("RAILCC_RANK").and_then(|r| r.trim().parse().ok())
 }
 
 impl Config {
     /// Defaults overridden by the process environment.
     pub fn from_env() -> Result<Config> {
-        let env = |k: &str| std::env::var(k).ok();
-        Config::default().apply_vars(|k| crate::nccl_env::lookup(&env, k))
+        Config::default().apply_vars(|k| crate::nccl_env::lookup(&process_env, k))
+    }
+
+    /// The `debug` setting alone, from the process environment (RAILCC_DEBUG, else
+    /// NCCL_DEBUG), for code that must know it even when another variable does not parse:
+    /// libnccl prints the error that causes. A RAILCC_DEBUG that does not parse counts as warn.
+    pub fn debug_level() -> DebugLevel {
+        debug_level_in(&process_env)
+    }
+
+    /// The folder for compiled GPU kernels: None when `cache_dir` is "off", `cache_dir` when
+    /// set, else `$XDG_CACHE_HOME/railcc`, else `$HOME/.cache/railcc` (None without either).
+    pub fn kernel_cache_dir(&self) -> Option<PathBuf> {
+        kernel_cache_dir_in(&self.cache_dir, |k: &str| std::env::var_os(k))
     }
 
     pub fn timeout(&self) -> Duration {
@@ -306,6 +413,37 @@ pub struct ConfigRow {
     pub doc: &'static str,
 }
 
+fn debug_level_in(env: crate::nccl_env::Env<'_>) -> DebugLevel {
+    const VAR: &str = "RAILCC_DEBUG";
+    Config::default()
+        .apply_vars(|k| {
+            (k == VAR)
+                .then(|| crate::nccl_env::lookup(env, k))
+                .flatten()
+        })
+        .map_or(DebugLevel::Warn, |c| c.debug)
+}
+
+/// [`Config::kernel_cache_dir`] with `env` for the process environment. Per the XDG base
+/// directory specification, an empty or relative `XDG_CACHE_HOME` is ignored.
+fn kernel_cache_dir_in(
+    configured: &str,
+    env: impl Fn(&str) -> Option<OsString>,
+) -> Option<PathBuf> {
+    let absolute = |v: Option<OsString>| v.map(PathBuf::from).filter(|p| p.is_absolute());
+    match configured {
+        "off" => None,
+        "" => absolute(env("XDG_CACHE_HOME"))
+            .or_else(|| {
+                env("HOME")
+                    .filter(|h| !h.is_empty())
+                    .map(|h| PathBuf::from(h).join(".cache"))
+            })
+            .map(|d| d.join("railcc")),
+        d => Some(PathBuf::from(d)),
+    }
+}
+
 fn parse_value<T: std::str::FromStr>(s: &str) -> Result<T, String>
 where
     T::Err: std::fmt::Display,
@@ -362,6 +500,74 @@ mod tests {
             assert!(e.message.contains(k), "{k}={v}: {e}");
         }
         assert!(Config::default().validate().is_ok());
+    }
+
+    fn vars(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k| pairs.iter().find(|p| p.0 == k).map(|p| p.1.to_string())
+    }
+
+    #[test]
+    fn debug_levels_as_nccl() {
+        for (v, want) in [
+            ("VERSION", DebugLevel::Version),
+            ("warn", DebugLevel::Warn),
+            ("Info", DebugLevel::Info),
+            ("TRACE", DebugLevel::Trace),
+        ] {
+            let env = move |k: &str| (k == "NCCL_DEBUG").then(|| v.to_string());
+            let cfg = Config::default()
+                .apply_vars(|k| crate::nccl_env::lookup(&env, k))
+                .unwrap();
+            assert_eq!(cfg.debug, want, "NCCL_DEBUG={v}");
+            assert_eq!(debug_level_in(&env), want, "NCCL_DEBUG={v}");
+        }
+        assert!(!DebugLevel::Version.warns());
+        assert!(DebugLevel::Warn.warns() && !DebugLevel::Warn.informs());
+        assert!(DebugLevel::Info.informs() && DebugLevel::Trace.informs());
+        // Unset, or a value NCCL does not know: nothing, and not a configuration error.
+        assert_eq!(debug_level_in(&vars(&[])), DebugLevel::None);
+        let env = vars(&[("NCCL_DEBUG", "1")]);
+        assert_eq!(debug_level_in(&env), DebugLevel::None);
+        let cfg = Config::default()
+            .apply_vars(|k| crate::nccl_env::lookup(&env, k))
+            .unwrap();
+        assert_eq!(cfg.debug, DebugLevel::None);
+        // RAILCC_DEBUG wins; a bad one is an error for Config, warn for debug_level.
+        let env = vars(&[("NCCL_DEBUG", "INFO"), ("RAILCC_DEBUG", "none")]);
+        assert_eq!(debug_level_in(&env), DebugLevel::None);
+        let env = vars(&[("RAILCC_DEBUG", "loud")]);
+        assert_eq!(debug_level_in(&env), DebugLevel::Warn);
+        let e = Config::default().apply_vars(&env).unwrap_err();
+        assert!(e.message.contains("RAILCC_DEBUG"), "{e}");
+    }
+
+    #[test]
+    fn kernel_cache_dir_off_explicit_xdg_home() {
+        let os = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| vars(pairs)(k).map(OsString::from)
+        };
+        let both = os(&[("XDG_CACHE_HOME", "/xdg"), ("HOME", "/home/u")]);
+        assert_eq!(kernel_cache_dir_in("off", both), None);
+        assert_eq!(kernel_cache_dir_in("/x", both), Some(PathBuf::from("/x")));
+        assert_eq!(
+            kernel_cache_dir_in("", both),
+            Some(PathBuf::from("/xdg/railcc"))
+        );
+        let home = Some(PathBuf::from("/home/u/.cache/railcc"));
+        assert_eq!(kernel_cache_dir_in("", os(&[("HOME", "/home/u")])), home);
+        for xdg in ["", "rel"] {
+            let env = move |k: &str| match k {
+                "XDG_CACHE_HOME" => Some(OsString::from(xdg)),
+                "HOME" => Some(OsString::from("/home/u")),
+                _ => None,
+            };
+            assert_eq!(kernel_cache_dir_in("", env), home, "XDG_CACHE_HOME={xdg:?}");
+        }
+        assert_eq!(kernel_cache_dir_in("", os(&[])), None);
+        let cfg = Config::default()
+            .apply_vars(vars(&[("RAILCC_CACHE_DIR", "off")]))
+            .unwrap();
+        assert_eq!(cfg.kernel_cache_dir(), None);
     }
 
     #[test]

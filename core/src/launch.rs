@@ -19,6 +19,9 @@ pub struct LaunchInfo {
     pub id: UniqueId,
     /// True when the secret came from a job id rather than a real random secret.
     pub weak_secret: bool,
+    /// True when the id came whole from `RAILCC_UNIQUE_ID`: the process that made it serves
+    /// the rendezvous, so rank 0 does not.
+    pub id_given: bool,
 }
 
 const SOURCES: [(&str, &str, &str, Option<&str>); 5] = [
@@ -84,7 +87,8 @@ pub fn discover(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
             "{launcher}: rank {rank} out of range for size {nranks}"
         )));
     }
-    let (id, weak_secret) = if let Some(s) = lookup("RAILCC_UNIQUE_ID") {
+    let id_given = lookup("RAILCC_UNIQUE_ID");
+    let (id, weak_secret) = if let Some(s) = &id_given {
         (s.parse::<UniqueId>()?, false)
     } else {
         let root = root_addr(&lookup)?;
@@ -112,7 +116,20 @@ pub fn discover(lookup: impl Fn(&str) -> Option<String>) -> Result<Option<Launch
         launcher,
         id,
         weak_secret,
+        id_given: id_given.is_some(),
     }))
+}
+
+/// The rank among its host's ranks that the launchers' variables give (`RAILCC_LOCAL_RANK`,
+/// `LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK`, `SLURM_LOCALID`: the first set, in
+/// [`discover`]'s precedence), with or without a rank and size; None when none is set or the
+/// first set is not a number.
+pub fn local_rank(lookup: impl Fn(&str) -> Option<String>) -> Option<usize> {
+    SOURCES
+        .iter()
+        .filter_map(|s| s.3)
+        .find_map(lookup)
+        .and_then(|v| v.trim().parse().ok())
 }
 
 fn root_addr(lookup: &impl Fn(&str) -> Option<String>) -> Result<SocketAddr> {
@@ -197,7 +214,7 @@ mod tests {
             (3, 8, Some(1), "torchrun")
         );
         assert_eq!(i.id.root, "127.0.0.1:29500".parse().unwrap());
-        assert!(i.weak_secret);
+        assert!(i.weak_secret && !i.id_given);
     }
 
     #[test]
@@ -240,8 +257,25 @@ mod tests {
         ]))
         .unwrap()
         .unwrap();
-        assert!(!i.weak_secret);
+        assert!(!i.weak_secret && i.id_given);
         assert_eq!(i.id.secret.0[15], 15);
+    }
+
+    #[test]
+    fn local_rank_in_launcher_order() {
+        assert_eq!(local_rank(env(&[])), None);
+        assert_eq!(local_rank(env(&[("SLURM_LOCALID", "3")])), Some(3));
+        assert_eq!(
+            local_rank(env(&[
+                ("OMPI_COMM_WORLD_LOCAL_RANK", "2"),
+                ("LOCAL_RANK", "1")
+            ])),
+            Some(1)
+        );
+        assert_eq!(
+            local_rank(env(&[("RAILCC_LOCAL_RANK", "x"), ("LOCAL_RANK", "1")])),
+            None
+        );
     }
 
     #[test]

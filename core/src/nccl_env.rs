@@ -81,6 +81,13 @@ fn gpu_path(env: Env<'_>) -> Option<String> {
     (on("NCCL_P2P_DISABLE") && on("NCCL_SHM_DISABLE")).then(|| "net".into())
 }
 
+/// NCCL_DEBUG: the levels NCCL knows (case-insensitive); NCCL prints nothing for any other
+/// value, and neither does railcc.
+fn debug(env: Env<'_>) -> Option<String> {
+    let v = env("NCCL_DEBUG")?.trim().to_ascii_lowercase();
+    matches!(v.as_str(), "version" | "warn" | "info" | "trace").then_some(v)
+}
+
 macro_rules! vars {
     ($($nccl:literal => $railcc:expr, $tr:expr, $effect:literal;)*) => {
         /// Every NCCL variable railcc knows, in `railcc config`'s order.
@@ -106,7 +113,7 @@ vars! {
     "NCCL_MAX_NCHANNELS" => Some("RAILCC_GPU_MAX_BLOCKS"), blocks, "thread blocks per GPU (when NCCL_MAX_CTAS is unset)";
     "NCCL_P2P_DISABLE" => Some("RAILCC_GPU_PATH"), gpu_path, "with NCCL_SHM_DISABLE=1: GPU data over the network";
     "NCCL_SHM_DISABLE" => Some("RAILCC_GPU_PATH"), gpu_path, "see NCCL_P2P_DISABLE";
-    "NCCL_DEBUG" => None, none, "libnccl: WARN prints each error, INFO also each communicator's path (railcc's own log: RAILCC_LOG)";
+    "NCCL_DEBUG" => Some("RAILCC_DEBUG"), debug, "libnccl's messages: WARN prints each error, INFO (or TRACE) also each communicator's path, VERSION nothing (railcc's own log: RAILCC_LOG)";
     "NCCL_DEBUG_SUBSYS" => None, none, "accepted; railcc's messages have no subsystems";
     "NCCL_NVLS_ENABLE" => None, none, "accepted; railcc never uses NVLink multicast";
 }
@@ -211,6 +218,10 @@ mod tests {
             None,
             "P2P off alone leaves shared memory in NCCL"
         );
+        let env = env_of(&[("NCCL_DEBUG", "yes")]);
+        assert_eq!(lookup(&env, "RAILCC_DEBUG"), None);
+        let env = env_of(&[("NCCL_DEBUG", "Info")]);
+        assert_eq!(lookup(&env, "RAILCC_DEBUG").as_deref(), Some("info"));
         let env = env_of(&[("NCCL_PROTO", "LL")]);
         assert_eq!(
             lookup(&env, "RAILCC_GPU_LL_MAX_BYTES").as_deref(),

@@ -10,19 +10,6 @@ use railcc_core::{Error, ErrorKind, Result};
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
-/// The cache folder: `RAILCC_CACHE_DIR` when set ("off" disables it), else
-/// `$XDG_CACHE_HOME/railcc`, else `$HOME/.cache/railcc`.
-pub fn cache_dir(configured: &str) -> Option<PathBuf> {
-    match configured {
-        "off" => None,
-        "" => std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-            .map(|d| d.join("railcc")),
-        d => Some(PathBuf::from(d)),
-    }
-}
-
 /// The virtual architecture for a compute capability major version.
 pub fn arch_for(major: i32) -> &'static str {
     match major {
@@ -127,8 +114,6 @@ mod tests {
             cache_path(d, "compute_90", 1),
             cache_path(d, "compute_90", 1)
         );
-        assert_eq!(cache_dir("off"), None);
-        assert_eq!(cache_dir("/x"), Some(PathBuf::from("/x")));
     }
 
     #[test]

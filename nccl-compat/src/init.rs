@@ -123,7 +123,7 @@ pub(crate) fn finish_init(comm: *const Comm, id: &railcc_core::bootstrap::Unique
     match r {
         Ok((b, boot)) => {
             let _ = c.boot.set(boot);
-            if std::env::var("NCCL_DEBUG").is_ok_and(|v| v.eq_ignore_ascii_case("INFO")) {
+            if crate::debug().informs() {
                 let path = match &b {
                     Backend::Local(_) => "every rank in this process, multi-GPU kernels",
                     Backend::Gpu(g) => g.comm.describe(),

@@ -101,10 +101,17 @@ thread_local! {
     static LAST_ERROR_C: std::cell::RefCell<CString> = std::cell::RefCell::new(CString::default());
 }
 
-/// Records `e` for ncclGetLastError (and stderr under NCCL_DEBUG) and returns its code.
+/// libnccl's message level (NCCL_DEBUG or RAILCC_DEBUG), read once: errors may be frequent.
+pub(crate) fn debug() -> railcc_core::config::DebugLevel {
+    static LEVEL: std::sync::OnceLock<railcc_core::config::DebugLevel> = std::sync::OnceLock::new();
+    *LEVEL.get_or_init(railcc_core::Config::debug_level)
+}
+
+/// Records `e` for ncclGetLastError (and stderr at NCCL_DEBUG=WARN and above) and returns its
+/// code.
 fn fail(e: &Error) -> NcclResult {
     let msg = e.to_string();
-    if std::env::var_os("NCCL_DEBUG").is_some() {
+    if debug().warns() {
         eprintln!("NCCL WARN {msg}");
     }
     let code = result_of(e.kind, &msg);
@@ -114,7 +121,7 @@ fn fail(e: &Error) -> NcclResult {
 
 fn usage(msg: impl Into<String>) -> NcclResult {
     let msg = Error::new(ErrorKind::Unsupported, msg.into()).to_string();
-    if std::env::var_os("NCCL_DEBUG").is_some() {
+    if debug().warns() {
         eprintln!("NCCL WARN {msg}");
     }
     *LAST_ERROR.lock() = msg;

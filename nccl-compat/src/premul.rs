@@ -57,7 +57,7 @@ impl UserOps {
     /// Registers an op; its handle is FIRST_USER_OP + its slot (slots are reused).
     pub fn create(&self, device: i32, op: PreMul) -> Result<c_int> {
         if self.gpu.get().is_none() {
-            let cache = railcc_cuda::compile::cache_dir(&config()?.cache_dir);
+            let cache = config()?.kernel_cache_dir();
             let g = GpuCtx::new(device.max(0) as usize, cache.as_deref())?;
             let _ = self.gpu.set(g);
         }

@@ -141,7 +141,7 @@ fn join(
     (new_rank, ranks): (usize, &[usize]),
     id: &railcc_core::bootstrap::UniqueId,
 ) -> Result<*mut Comm, NcclResult> {
-    if std::env::var("NCCL_DEBUG").is_ok_and(|v| v.eq_ignore_ascii_case("INFO")) {
+    if crate::debug().informs() {
         eprintln!(
             "NCCL INFO railcc libnccl {what}: rank {new_rank} of {} (parent ranks {ranks:?})",
             ranks.len()

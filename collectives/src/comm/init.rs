@@ -13,11 +13,10 @@ impl Communicator {
     /// Joins the job described by launcher variables (torchrun, Open MPI, Slurm, PMI, or
     /// `RAILCC_RANK`/`RAILCC_NRANKS`). Rank 0 serves the rendezvous unless a unique id was given.
     pub fn from_env(cfg: Config) -> Result<Communicator> {
-        let info = launch::discover(|k| std::env::var(k).ok())?.ok_or_else(|| {
+        let info = railcc_core::config::launch_from_env()?.ok_or_else(|| {
             Error::invalid("no launcher variables found (RANK/WORLD_SIZE, OMPI_COMM_WORLD_*, SLURM_*, PMI_*, or RAILCC_RANK/RAILCC_NRANKS)")
         })?;
-        let serve_root = std::env::var("RAILCC_UNIQUE_ID").is_err();
-        Communicator::from_launch(cfg, &info, serve_root)
+        Communicator::from_launch(cfg, &info, !info.id_given)
     }
 
     /// Joins the job `info` describes; rank 0 serves the rendezvous when `serve_root` is set

@@ -25,7 +25,7 @@ use railcc_transport_nvlink::Settings;
 /// path (one process or one per GPU, alone or as the hierarchy's host part).
 pub fn settings(cfg: &Config) -> Settings {
     Settings {
-        cache: railcc_cuda::compile::cache_dir(&cfg.cache_dir),
+        cache: cfg.kernel_cache_dir(),
         timeout: cfg.timeout(),
         max_blocks: cfg.gpu_max_blocks,
         ll_max_bytes: cfg.gpu_ll_max_bytes,
