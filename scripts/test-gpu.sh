@@ -15,11 +15,13 @@
 #         per-process path on a one-GPU machine (send/recv by CUDA IPC for any rank count),
 #         -d all (fp8), -o all (mulsum), -G 10;
 #  shrink ncclCommShrink, 3 MPI ranks (nccl-compat/tests/mpi/shrink.sh);
-#  split  torch new_group/split_group through ncclCommSplit (nccl-compat/tests/torch/split.sh).
+#  split  torch new_group/split_group through ncclCommSplit (nccl-compat/tests/torch/split.sh);
+#  config libnccl honours RAILCC_TIMEOUT_MS and RAILCC_CACHE_DIR=off, one process driving two
+#         GPUs and one process per GPU (nccl-compat/tests/config/config_env.sh).
 # A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
 # exit status 1 if any failed. Without a CUDA driver: a SKIP line, exit 0.
-# TEST_GPU_PARTS="unit bench nccl shared shrink split" picks parts (one 10-minute device call may not hold them all),
+# TEST_GPU_PARTS="unit bench nccl shared shrink split config" picks parts (one 10-minute device call may not hold them all),
 # TEST_GPU_COLLS the bench's collectives, RAILCC_BIN another railcc binary;
 # logs under $OUT (default /tmp/out): test-gpu.log (every line of every check).
 set -uo pipefail
@@ -43,7 +45,7 @@ source bench/compare/tables.sh
 R=${RAILCC_BIN:-$R}   # another railcc binary (to see a broken build fail these checks)
 export RAILCC_TIMEOUT_MS=30000
 NG=${NG:-$(nvidia-smi -L | wc -l)}
-PARTS=${TEST_GPU_PARTS:-unit bench nccl shared shrink split}
+PARTS=${TEST_GPU_PARTS:-unit bench nccl shared shrink split config}
 PASSED=0 FAILED=0 FAILS=""
 : > "$LOG"
 
@@ -182,6 +184,13 @@ case " $PARTS " in *" split "*)
   timeout 600 bash nccl-compat/tests/torch/split.sh > /tmp/test-gpu-split.log 2>&1
   verdict "split: torch new_group/split_group on railcc's libnccl (nccl-compat/tests/torch/split.sh)" $? /tmp/test-gpu-split.log notable
   grep -E "^(PASS|FAIL)" /tmp/test-gpu-split.log | sed 's/^/      /'
+;; esac
+
+case " $PARTS " in *" config "*)
+  # libnccl honours RAILCC_TIMEOUT_MS and RAILCC_CACHE_DIR=off both ways of running.
+  timeout 300 bash nccl-compat/tests/config/config_env.sh > /tmp/test-gpu-config.log 2>&1
+  verdict "config: RAILCC_TIMEOUT_MS and RAILCC_CACHE_DIR=off in libnccl, one process and mpirun (nccl-compat/tests/config/config_env.sh)" $? /tmp/test-gpu-config.log notable
+  grep -E "^(PASS|FAIL)" /tmp/test-gpu-config.log | sed 's/^/      /'
 ;; esac
 
 echo "test-gpu: $PASSED passed, $FAILED failed${FAILS:+ (${FAILS#; })}"

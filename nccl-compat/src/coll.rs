@@ -299,3 +299,55 @@ pub extern "C" fn ncclRedOpDestroy(op: c_int, comm: *mut Comm) -> NcclResult {
         Err(code) => code,
     }
 }
+
+/// Hands a collective to its communicator: the clique (every rank in this process: the
+/// call that completes a slot launches for all) or this rank's GpuComm, which enqueues it
+/// on the call's stream.
+pub(crate) fn submit(comm: *const Comm, call: Call) -> Result<Ticket, NcclResult> {
+    with_comm(comm, call.args.coll.name(), |c| {
+        c.wait_init();
+        if let Some(e) = c.broken.lock().clone() {
+            return Err(fail(&e));
+        }
+        match c.backend.get() {
+            Some(Backend::Local(clique)) => {
+                let seq = c.seq.fetch_add(1, Ordering::Relaxed);
+                Ok(clique.submit(c.rank, seq, call))
+            }
+            // SAFETY: NCCL's contract: device buffers of this rank's GPU (cudaMalloc/
+            // cuMemAlloc, so CUDA IPC can export them), sized for the call, live until the
+            // stream passes it.
+            Some(Backend::Gpu(g)) => Ok(Ticket::Done(
+                unsafe { g.comm.collective(std::slice::from_ref(&call)) }.map(|_| ()),
+            )),
+            None => Err(usage(format!(
+                "{}: communicator not initialized",
+                call.args.coll.name()
+            ))),
+        }
+    })?
+}
+
+/// A submitted call's result (the clique's after every rank made it).
+pub(crate) fn wait(comm: *const Comm, t: Ticket) -> NcclResult {
+    // SAFETY: a live handle (it was submitted in this call).
+    let c = unsafe { &*comm };
+    let r = match (t, c.backend.get()) {
+        (Ticket::Done(r), _) => r,
+        (t, Some(Backend::Local(clique))) => clique.wait(t),
+        (_, _) => Err(Error::new(
+            ErrorKind::Aborted,
+            "communicator not initialized",
+        )),
+    };
+    match r {
+        Ok(()) => SUCCESS,
+        Err(e) => {
+            if e.kind == ErrorKind::Timeout {
+                // The ranks are out of step now: every later call fails the same way.
+                *c.broken.lock() = Some(e.clone());
+            }
+            fail(&e)
+        }
+    }
+}

@@ -2,6 +2,7 @@
 //! receives), ncclSend/Recv and all-to-all as a group of them.
 
 use super::*;
+use crate::coll::{submit, wait};
 use crate::init::finish_init;
 
 #[no_mangle]
@@ -373,4 +374,21 @@ pub extern "C" fn ncclScatter(
         comm,
         stream,
     )
+}
+
+/// Hands one send or receive to its communicator.
+fn submit_p2p(comm: *const Comm, peer: usize, send: bool, h: Half) -> Result<Ticket, NcclResult> {
+    with_comm(comm, if send { "ncclSend" } else { "ncclRecv" }, |c| {
+        c.wait_init();
+        if let Some(e) = c.broken.lock().clone() {
+            return Err(fail(&e));
+        }
+        let seq = c.next_p2p_seq(peer, send);
+        let (src, dst) = if send { (c.rank, peer) } else { (peer, c.rank) };
+        match c.backend.get() {
+            Some(Backend::Local(clique)) => Ok(clique.submit_p2p(src, dst, seq, send, h)),
+            Some(Backend::Gpu(g)) => Ok(Ticket::Done(g.p2p(&[(peer, send, h)]))),
+            None => Err(usage("send/recv: communicator not initialized")),
+        }
+    })?
 }

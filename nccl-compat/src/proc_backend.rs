@@ -6,7 +6,7 @@
 //! process: each opens railcc's per-process GPU path (peers' buffers through CUDA IPC; the
 //! bootstrap carries the handles).
 
-use crate::clique::{Call, Clique, Half};
+use crate::clique::{Clique, Half};
 use crate::Backend;
 use railcc_collectives::gpu::{GpuComm, GpuPath, Placement};
 use railcc_collectives::Communicator;
@@ -80,12 +80,6 @@ pub struct GpuRank {
 }
 
 impl GpuRank {
-    pub fn collective(&self, c: &Call) -> Result<()> {
-        // SAFETY: NCCL's contract: device buffers of this rank's GPU (cudaMalloc/cuMemAlloc,
-        // so CUDA IPC can export them), sized for the call, live until the stream passes it.
-        unsafe { self.comm.collective(std::slice::from_ref(c)) }.map(|_| ())
-    }
-
     /// Whether a rank's messages to itself are copies here (on peer access; across hosts
     /// the network engine takes them with the rest of the group).
     pub fn copies_to_self(&self) -> bool {

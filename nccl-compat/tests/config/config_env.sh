@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# On a GPU machine with 2 or more GPUs: libnccl honours RAILCC_TIMEOUT_MS and
+# RAILCC_CACHE_DIR=off in both ways of running (one process driving the GPUs, one process per
+# GPU under mpirun), issue 28. Prepare with bench/compare/gpu-prepare.sh; carry .device.
+#   timeout  RAILCC_TIMEOUT_MS=2000 and a peer 8 s late: the call fails within 6 s (a build that
+#            kept its own 30 s deadline completes after 8 s instead);
+#   cache    RAILCC_CACHE_DIR=off: a checked all_reduce runs and no kernel cache appears (not
+#            under $HOME/.cache/railcc, not as a folder named "off"); with the variable unset
+#            the same run fills $HOME/.cache/railcc (so the check can see a cache at all).
+# One PASS/FAIL line per check; exit 1 if any failed. LIB=dir picks another libnccl.so.2.
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+source bench/compare/gpu-env.sh
+work=$(mktemp -d)
+cp "${LIB:-.device/lib}/libnccl.so.2" "$work/" && ln -s libnccl.so.2 "$work/libnccl.so"
+mpicc -I nccl-compat/include -I /usr/local/cuda/include nccl-compat/tests/config/config_env.c \
+  -L "$work" -lnccl -L /usr/local/cuda/lib64 -lcudart -o "$work/config_env" || { echo "FAIL config_env: build"; exit 1; }
+export LD_LIBRARY_PATH="$work:/usr/local/cuda/lib64"
+MPI="mpirun -np 2 --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x HOME"
+FAILS=0
+pass() { echo "PASS  $1"; }
+fail() { echo "FAIL  $1"; FAILS=$((FAILS + 1)); }
+
+# judge_timeout LABEL LOG: the call must have failed, within 6 s.
+judge_timeout() {
+  local line secs
+  line=$(grep -m1 "^config_env: .* timeout: " "$2")
+  echo "      $line"
+  secs=$(sed -n 's/.*failed after \([0-9.]*\) s.*/\1/p' <<< "$line")
+  if [ -n "$secs" ] && awk -v s="$secs" 'BEGIN { exit !(s < 6) }'; then
+    pass "$1: failed after $secs s"
+  else
+    fail "$1: ${line:-no verdict line} (wanted a failure within 6 s)"
+  fi
+}
+
+# Cached kernels from earlier runs would hide nothing here (the deadline is a launch
+# argument), but use a fresh folder anyway.
+export RAILCC_CACHE_DIR="$work/cache" RAILCC_TIMEOUT_MS=2000
+( cd "$work" && timeout 60 ./config_env inproc timeout 8 ) > "$work/inproc-timeout.log" 2>&1
+judge_timeout "timeout: one process driving 2 GPUs, RAILCC_TIMEOUT_MS=2000, a peer 8 s late" "$work/inproc-timeout.log"
+( cd "$work" && timeout 60 $MPI ./config_env mpi timeout 8 ) > "$work/mpi-timeout.log" 2>&1
+judge_timeout "timeout: one process per GPU (mpirun -np 2), RAILCC_TIMEOUT_MS=2000, a peer 8 s late" "$work/mpi-timeout.log"
+
+# cache_run LABEL HOME_DIR: a checked all_reduce both ways, from inside $work/cwd.
+cache_run() {
+  mkdir -p "$2" "$work/cwd"
+  ( cd "$work/cwd" && HOME="$2" timeout 120 "$work/config_env" inproc run ) > "$work/cache-inproc.log" 2>&1
+  ( cd "$work/cwd" && HOME="$2" timeout 120 $MPI "$work/config_env" mpi run ) > "$work/cache-mpi.log" 2>&1
+  local oks
+  oks=$(cat "$work/cache-inproc.log" "$work/cache-mpi.log" | grep -c "completed after .* s ok$")
+  [ "$oks" = 3 ] || { cat "$work/cache-inproc.log" "$work/cache-mpi.log"; fail "$1: $oks of 3 ranks' all_reduce ok"; return 1; }
+}
+unset XDG_CACHE_HOME
+export RAILCC_TIMEOUT_MS=30000 RAILCC_CACHE_DIR=off
+if cache_run "cache off" "$work/home-off"; then
+  found=$(ls -d "$work/home-off/.cache/railcc" "$work/cwd/off" "$work/home-off/off" 2>/dev/null)
+  if [ -z "$found" ]; then pass "cache: RAILCC_CACHE_DIR=off, both ways of running: all_reduce ok, no kernel cache written"
+  else fail "cache: RAILCC_CACHE_DIR=off wrote a cache: $found"; fi
+fi
+unset RAILCC_CACHE_DIR
+if cache_run "cache default" "$work/home-on"; then
+  n=$(find "$work/home-on/.cache/railcc" -type f 2>/dev/null | wc -l)
+  if [ "$n" -gt 0 ]; then pass "cache: unset, the default folder \$HOME/.cache/railcc holds $n files"
+  else fail "cache: unset, nothing in \$HOME/.cache/railcc (the off check above could not have seen a cache)"; fi
+fi
+rm -rf "$work"
+[ $FAILS = 0 ]
