@@ -7,7 +7,7 @@
 //! kernel choice and launch are `plan`'s. A peer that never arrives makes the kernel stop
 //! after the communicator's timeout (the call then fails) instead of hanging.
 
-use crate::plan::{choose, enqueue, spec, Kernel, Launch, Peers};
+use crate::plan::{choose, clamp_blocks, enqueue, spec, Kernel, Launch, Peers};
 use crate::Settings;
 use railcc_core::call::{Call, P2pOp};
 use railcc_core::{Error, ErrorKind, Result};
@@ -15,8 +15,7 @@ use railcc_cuda::driver;
 use railcc_cuda::gpu::{
     copy_async, enable_peer_access, stream_of, stream_waits_for, GpuCtx, Stream,
 };
-use railcc_cuda::kernels::{MAX_BLOCKS, MAX_PEERS};
-use railcc_cuda::launch::THREADS;
+use railcc_cuda::kernels::MAX_PEERS;
 
 /// The GPUs of this process, with peer access enabled between every pair.
 pub struct MultiGpu {
@@ -199,17 +198,4 @@ impl MultiGpu {
             stream_waits_for(gs, ss, gr, rs)
         }
     }
-}
-
-/// Blocks per GPU: `want` (0: one per SM), at most what every GPU keeps resident at once:
-/// every block of every GPU waits for the others, so none may wait for a free SM.
-pub fn clamp_blocks(gpus: &[GpuCtx], want: usize) -> Result<u32> {
-    let sms = gpus.iter().map(|g| g.sms).min().unwrap_or(1).max(1) as u32;
-    let per_sm = match gpus.first() {
-        Some(g) => g.blocks_per_sm(THREADS)?,
-        None => 1,
-    };
-    let resident = sms * per_sm;
-    let want = if want == 0 { sms } else { want as u32 };
-    Ok(want.clamp(1, resident.min(MAX_BLOCKS as u32)))
 }

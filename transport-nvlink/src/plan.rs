@@ -9,7 +9,7 @@
 use railcc_core::call::{CollArgs, CollKind};
 use railcc_core::{DataType, Error, ErrorKind, Result};
 use railcc_cuda::gpu::{GpuCtx, Stream};
-use railcc_cuda::kernels::MAX_PEERS;
+use railcc_cuda::kernels::{MAX_BLOCKS, MAX_PEERS};
 use railcc_cuda::launch::{launch, CallShape, Spec, THREADS};
 use railcc_cuda::ll;
 
@@ -201,7 +201,7 @@ fn segment(count: usize, dt: DataType, n: usize, g: usize) -> (u64, u64) {
 /// Thread blocks per GPU: enough for the largest share, at most `max_blocks`. Every GPU of a
 /// call must launch the same number (the done barrier counts the peers' blocks), and this
 /// depends only on the collective's shape, so every rank computes the same.
-pub fn blocks(coll: CollKind, n: usize, count: usize, dt: DataType, max_blocks: u32) -> u32 {
+fn blocks(coll: CollKind, n: usize, count: usize, dt: DataType, max_blocks: u32) -> u32 {
     let v = 16 / dt.size();
     let most = match coll {
         CollKind::AllReduce | CollKind::Reduce => {
@@ -213,6 +213,20 @@ pub fn blocks(coll: CollKind, n: usize, count: usize, dt: DataType, max_blocks: 
     (most.div_ceil(v) as u64)
         .div_ceil(THREADS as u64)
         .clamp(1, max_blocks.max(1) as u64) as u32
+}
+
+/// A communicator's most blocks per GPU, fixed at init: `want` (`RAILCC_GPU_MAX_BLOCKS`, 0:
+/// one per SM), at most what every GPU keeps resident at once: every block of every GPU
+/// waits for the others, so none may wait for a free SM. [`choose`] stays under it per call.
+pub fn clamp_blocks(gpus: &[GpuCtx], want: usize) -> Result<u32> {
+    let sms = gpus.iter().map(|g| g.sms).min().unwrap_or(1).max(1) as u32;
+    let per_sm = match gpus.first() {
+        Some(g) => g.blocks_per_sm(THREADS)?,
+        None => 1,
+    };
+    let resident = sms * per_sm;
+    let want = if want == 0 { sms } else { want as u32 };
+    Ok(want.clamp(1, resident.min(MAX_BLOCKS as u32)))
 }
 
 #[cfg(test)]

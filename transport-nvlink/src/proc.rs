@@ -14,8 +14,7 @@
 //! dies, the communicator breaks naming it: the kernels stop waiting (`GpuCtx::abort_kernels`),
 //! waiting calls fail and later ones fail at once.
 
-use crate::multi::clamp_blocks;
-use crate::plan::{choose, enqueue, Launch, Peers};
+use crate::plan::{choose, clamp_blocks, enqueue, Launch, Peers};
 use crate::table::ShmTable;
 use crate::Settings;
 use parking_lot::Mutex;
