@@ -38,7 +38,7 @@
 # Device calls (4 x H200, NVLink between every pair), one per mode:
 #   run(kind="nvidia-h200-x4", carry=[".device", ".device-old"], command="MODE=g bash bench/compare/gpu-old-new.sh")
 #   run(kind="nvidia-h200-x4", carry=[".device", ".device-old"], command="MODE=mpi bash bench/compare/gpu-old-new.sh")
-# Re-read a log without a GPU: python3 bench/compare/old_new.py LOG MODE 28 COLL...
+# Re-read a log without a GPU: OLD_NEW_NG=4 python3 bench/compare/old_new.py LOG MODE 28 COLL...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 MODE=${MODE:-g}
@@ -125,7 +125,7 @@ for c in $COLLS; do
   done
 done
 echo "gpu-old-new MODE=$MODE: runs done after $((SECONDS - START)) s"
-python3 bench/compare/old_new.py "$LOG" "$MODE" "$ROWS" $COLLS > "$TXT"
+OLD_NEW_NG=$NG python3 bench/compare/old_new.py "$LOG" "$MODE" "$ROWS" $COLLS > "$TXT"
 rc=$?
 cat "$TXT"
 exit $rc

@@ -1,5 +1,5 @@
 //! `railcc bench <collective> --device cuda --per-process --gpu-net`: GPU buffers across the
-//! network transport through the stream-ordered engine (`collectives::gpu_net::GpuNet`), one
+//! network transport through the stream-ordered engine (`railcc_collectives::gpu::net::GpuNet`, through `GpuComm::over_network`), one
 //! process per GPU, checked and timed as the NVLink path is (`-G` included). Each row is
 //! preceded by the times calls took to return to the caller: on an idle stream (median of 5),
 //! and in the timed loop (median, slowest), where a full stream pushes back.

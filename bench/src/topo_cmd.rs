@@ -152,7 +152,7 @@ pub fn run(a: &TopoArgs) -> Result<(), String> {
             numa(&g.place)
         );
         if cfg.topo_file.is_empty() {
-            let path = railcc_cuda::staging::gpu_net_path(g.ordinal, cfg.gpu_direct == 1);
+            let path = railcc_cuda::staging::gpu_net_path(g.ordinal);
             println!("  GPU{} data to the network: {path}", g.ordinal);
         }
     }

@@ -235,9 +235,9 @@ config! {
     /// RDMA messages up to this many bytes are copied through registered staging slots instead
     /// of registering the caller's buffer per transfer. 0 turns staging off; at most 16384.
     ib_eager_bytes: usize = 16384, "RAILCC_IB_EAGER_BYTES";
-    /// GPU buffers over RDMA: 1 lets send/recv of GPU buffers registered with the communicator
-    /// go NIC to GPU through dma-buf (GPUDirect RDMA; untested: no machine here has a GPU and
-    /// an RDMA NIC together); 0 stages every GPU transfer through pinned host memory.
+    /// Reserved for GPUDirect RDMA (the NIC reading GPU memory through dma-buf): no GPU path
+    /// takes it yet, every GPU transfer across hosts is staged through pinned host memory.
+    /// Accepted values 0 and 1.
     gpu_direct: u8 = 0, "RAILCC_GPU_DIRECT";
     /// Where GPU data goes between ranks of different processes: auto (peer access over
     /// NVLink/PCIe between ranks of one host, the network between hosts; with several GPUs on

@@ -1,8 +1,7 @@
 //! GPU buffers over a network transport through pinned (page-locked) host memory: copied out
 //! of the GPU, moved by the host transport, copied back. GPUDirect RDMA (the NIC reading GPU
-//! memory through dma-buf, [`crate::dmabuf`]) is taken only for send/recv of registered
-//! buffers with `RAILCC_GPU_DIRECT=1`. [`gpu_net_path`] says which path this machine could
-//! take and which one railcc takes.
+//! memory through dma-buf, [`crate::dmabuf`]) is not on the GPU path yet: [`gpu_net_path`] says
+//! which path this machine could take and that railcc stages.
 
 use crate::driver::{self, check};
 use crate::gpu::GpuCtx;
@@ -127,9 +126,9 @@ pub unsafe fn upload_sync(
     check(sys::cuStreamSynchronize(stream), "cuStreamSynchronize")
 }
 
-/// How GPU `ordinal`'s memory could reach an RDMA NIC here, and the path railcc takes
-/// (`direct`: RAILCC_GPU_DIRECT=1), for logs and `railcc topo`.
-pub fn gpu_net_path(ordinal: usize, direct: bool) -> String {
+/// How GPU `ordinal`'s memory could reach an RDMA NIC here, and the path railcc takes, for
+/// logs and `railcc topo`.
+pub fn gpu_net_path(ordinal: usize) -> String {
     let peermem = std::path::Path::new("/sys/module/nvidia_peermem").exists();
     let dmabuf = driver::device(ordinal)
         .and_then(|d| {
@@ -154,18 +153,7 @@ pub fn gpu_net_path(ordinal: usize, direct: bool) -> String {
         (false, true) => "nvidia-peermem loaded",
         (false, false) => "no GPUDirect RDMA (no dma-buf, no nvidia-peermem)",
     };
-    match (direct, dmabuf) {
-        (true, true) => format!(
-            "GPUDirect RDMA through dma-buf for send/recv of registered buffers over RDMA \
-             (untested here), otherwise staged through pinned host memory ({could})"
-        ),
-        (true, false) => format!(
-            "staged through pinned host memory: RAILCC_GPU_DIRECT=1 but no dma-buf ({could})"
-        ),
-        (false, _) => format!(
-            "staged through pinned host memory ({could}; RAILCC_GPU_DIRECT=1 takes dma-buf for send/recv)"
-        ),
-    }
+    format!("staged through pinned host memory ({could}; GPUDirect RDMA is not on railcc's GPU path yet)")
 }
 
 /// Waits until the work on `stream` is done (before the NIC touches its buffers).

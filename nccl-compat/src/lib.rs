@@ -12,8 +12,8 @@
 //! - `premul`: premultiplied sums (a scale kernel, then a plain sum);
 //! - the entry points by concern: `init` (ids, init, split, destroy), `coll` (collectives),
 //!   `p2p` (groups, send/recv, all-to-all), `memory`, `errors` (versions, errors, what is not
-//!   implemented). This file holds the communicator, error reporting and the dispatch of a
-//!   call to its backend.
+//!   implemented). This file holds the communicator and error reporting (the dispatch of a
+//!   call to its backend is `coll`'s `submit`).
 
 pub mod abi;
 mod clique;
