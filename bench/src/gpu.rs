@@ -359,14 +359,14 @@ impl Runner for PerProcess<'_> {
         let p = place(gpu, args, me, in_place, a)?;
         let stream = gpu.stream;
         let launch = || -> Result<u32, String> {
-            // SAFETY: the buffers are live cuMemAlloc allocations of the implied size (`place`),
-            // kept until this function has synchronized.
             let call = Call {
                 args: *args,
                 send: p.send_ptr,
                 recv: p.recv_ptr,
                 stream: stream as usize,
             };
+            // SAFETY: the buffers are live cuMemAlloc allocations of the implied size (`place`),
+            // kept until this function has synchronized.
             unsafe { pg.collective(&[call]) }.map_err(err)
         };
         let mut s = Sample {

@@ -48,14 +48,14 @@ impl Runner for NetAsync<'_> {
         let returns = RefCell::new(Vec::new());
         let launch = || -> Result<u32, String> {
             let t = Instant::now();
-            // SAFETY: the buffers are live allocations of the implied size (`place`), kept
-            // until this function has synchronized the stream.
             let call = railcc_core::call::Call {
                 args: *args,
                 send: p.send_ptr,
                 recv: p.recv_ptr,
                 stream: stream as usize,
             };
+            // SAFETY: the buffers are live allocations of the implied size (`place`), kept
+            // until this function has synchronized the stream.
             unsafe { self.net.collective(&[call]) }.map_err(err)?;
             returns.borrow_mut().push(t.elapsed().as_secs_f64());
             // The network path runs no kernel: no thread blocks.

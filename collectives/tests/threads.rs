@@ -313,8 +313,8 @@ fn hierarchical_all_reduce_two_hosts_of_two() {
     }
 }
 
-/// GpuComm takes one rank per process: ranks sharing a process on one host are refused before
-/// any GPU is touched; on different hosts the same pid is no conflict (containers reuse pids),
+/// GpuComm::new takes one rank per process: ranks sharing a process on one host are refused
+/// before any GPU is touched (that placement is `GpuComm::in_process`'s); on different hosts the same pid is no conflict (containers reuse pids),
 /// so the check passes and, here without a driver, the GPU part fails instead.
 #[test]
 fn gpu_ranks_may_share_a_pid_only_across_hosts() {

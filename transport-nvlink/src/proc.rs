@@ -346,12 +346,19 @@ impl ProcGpu {
     /// size the collective implies, valid until its stream (one of this GPU's) passes it.
     pub unsafe fn collective(&self, c: &Call) -> Result<Launch> {
         let (a, n) = (c.args, self.nranks);
-        if a.root >= n || a.nranks != n {
+        if a.nranks != n {
             return Err(Error::invalid(format!(
-                "{}: root {} of {} ranks out of range for {n} ranks",
+                "{}: a call for {} ranks on a communicator of {n}",
                 a.coll.name(),
-                a.root,
                 a.nranks
+            ))
+            .rank(self.rank));
+        }
+        if a.root >= n {
+            return Err(Error::invalid(format!(
+                "{}: root {} out of range for {n} ranks",
+                a.coll.name(),
+                a.root
             ))
             .rank(self.rank));
         }

@@ -110,7 +110,7 @@ impl GpuComm {
             GpuPath::InProcess => {
                 return Err(Error::new(
                     ErrorKind::Unsupported,
-                    "every rank of this communicator is in this process: GpuComm::in_process drives them all",
+                    "GPU ranks share processes: every rank of this communicator is in this process (GpuComm::in_process drives them all; GpuComm::new takes one rank per process)",
                 )
                 .rank(rank))
             }

@@ -307,7 +307,6 @@ impl HierGpu {
     ) -> Result<()> {
         match *s {
             Step::Local { c, hosts } if hosts.has(self.host) => {
-                // SAFETY: the caller's buffers, stream and scratch (see enqueue).
                 let call = Call {
                     args: CollArgs {
                         coll: c.coll,
@@ -321,6 +320,7 @@ impl HierGpu {
                     recv: addr(c.recv),
                     stream: stream as usize,
                 };
+                // SAFETY: the caller's buffers, stream and scratch (see enqueue).
                 unsafe { self.local.collective(&call) }
                     .map(|_| ())
                     .map_err(|e| {
