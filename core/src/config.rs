@@ -217,8 +217,9 @@ config! {
     hostid: String = String::new(), "RAILCC_HOSTID";
     /// A topology file (JSON, as `railcc topo --json` prints) used instead of discovery.
     topo_file: String = String::new(), "RAILCC_TOPO_FILE";
-    /// RDMA ports to use, NCCL_IB_HCA style: a comma list of device names, `^` in front to
-    /// exclude; empty: every active port. Several ports: local rank i takes the i-th.
+    /// RDMA ports to use, NCCL_IB_HCA's syntax: comma-separated `name[:port]`, names as
+    /// prefixes (`=` in front: exact), `^` in front to exclude; a list that selects no active
+    /// port is an error. Empty: every active port. Several ports: local rank i takes the i-th.
     ib_hca: String = String::new(), "RAILCC_IB_HCA";
     /// RDMA ports (rails) each rank stripes its connections over, from the active ports that
     /// RAILCC_IB_HCA matches; 0: an equal share, the ports over this host's ranks (one rank

@@ -97,6 +97,35 @@ for r in 0 1; do
 done
 waitall $pids || { cat /tmp/dmabuf*.log; fail "dma-buf registration refusal: ranks exited $ST"; }
 echo "dma-buf refused: $(head -c 200 /tmp/dmabuf0.log)"
+# NCCL_IB_HCA's forms (the unit tests have them all): rank 0 given "rxe0:1" (a device and its
+# port), rank 1 "=rxe1" (an exact name) each use that port; a port that does not exist
+# ("rxe0:2") is an error on both ranks naming the rank and the ports found.
+pids=
+for r in 0 1; do
+  if [ $r = 0 ]; then hca=rxe0:1; else hca==rxe1; fi
+  ( unset RAILCC_IB_HCA; export NCCL_IB_HCA=$hca RAILCC_LOG=info
+    exec timeout 120 railcc bench sendrecv --rank $r --nranks 2 --root-addr 127.0.0.1:29557 \
+      -b 1M -e 1M -n 4 -w 1 ) > /tmp/hca$r.log 2>&1 &
+  pids="$pids $!"
+done
+waitall $pids || { cat /tmp/hca*.log; fail "NCCL_IB_HCA rxe0:1 / =rxe1: ranks exited $ST"; }
+table_ok /tmp/hca0.log "sendrecv with NCCL_IB_HCA=rxe0:1 and =rxe1"
+grep -q "rank 0: transport rdma rxe0:1" /tmp/hca0.log && grep -q "rank 1: transport rdma rxe1:1" /tmp/hca1.log \
+  || { cat /tmp/hca*.log; fail "NCCL_IB_HCA=rxe0:1 / =rxe1 did not pick those ports"; }
+echo "NCCL_IB_HCA: $(grep -h -o 'rank [01]: transport rdma rxe[01]:1' /tmp/hca0.log /tmp/hca1.log | tr '\n' ' ')"
+pids=
+for r in 0 1; do
+  if [ $r = 0 ]; then hca=rxe0:2; else hca=rxe1; fi
+  ( unset RAILCC_IB_HCA; export NCCL_IB_HCA=$hca
+    exec timeout 120 railcc bench sendrecv --rank $r --nranks 2 --root-addr 127.0.0.1:29558 \
+      -b 1M -e 1M -n 1 -w 0 ) > /tmp/hcabad$r.log 2>&1 &
+  pids="$pids $!"
+done
+waitall $pids
+[ "$ST" = "1 1" ] || { cat /tmp/hcabad*.log; fail "NCCL_IB_HCA=rxe0:2 (no such port): ranks exited $ST (expected 1 1)"; }
+grep -q "selects no RDMA port on rank(s) \[0\]" /tmp/hcabad0.log && grep -q "selects no RDMA port on rank(s) \[0\]" /tmp/hcabad1.log \
+  && grep -q "rxe0:1 (active)" /tmp/hcabad0.log || { cat /tmp/hcabad*.log; fail "NCCL_IB_HCA=rxe0:2: the error does not name rank 0 and the ports found"; }
+echo "NCCL_IB_HCA=rxe0:2: $(grep -h -o 'selects no RDMA port.*' /tmp/hcabad0.log | head -c 200)"
 # Several queue pairs really exist: 2 ranks, 4 per connection, counted while a transfer runs.
 RAILCC_IB_QPS_PER_CONN=4 timeout 300 railcc bench sendrecv --ranks 2 -b 1M -e 1M -n 100 -w 0 -c 0 > /tmp/qpcount.log 2>&1 &
 qb=$!

@@ -268,20 +268,42 @@ fn strangers_at_the_bootstrap_port_are_refused_and_the_job_completes() {
 
 #[test]
 fn forced_rdma_without_a_usable_port_is_a_clear_error() {
-    // RAILCC_IB_HCA names no real device, so this holds on machines with RDMA too.
+    // Machines with an RDMA port are checked in the VM (tests/rdma-vm/rdma.sh); here there
+    // is none.
+    if !railcc_transport_rdma::device::list().is_empty() {
+        println!("SKIP: this machine has RDMA ports");
+        return;
+    }
     let outs = run_job(
         EXE,
         "all",
         2,
         &[0, 1],
-        &[
-            ("RAILCC_TRANSPORT", "rdma"),
-            ("RAILCC_IB_HCA", "no-such-hca"),
-        ],
+        &[("RAILCC_TRANSPORT", "rdma")],
         Duration::from_secs(60),
     );
     expect_all_fail(&outs, "no usable RDMA port");
     assert!(outs
         .iter()
         .all(|o| o.stdout.contains("RAILCC_TRANSPORT=rdma") && o.stdout.contains("unsupported")));
+}
+
+#[test]
+fn an_ib_hca_that_names_no_port_is_an_error_on_every_rank() {
+    // NCCL_IB_HCA feeds RAILCC_IB_HCA; "auto" does not fall back to TCP without a word.
+    let outs = run_job(
+        EXE,
+        "all",
+        2,
+        &[0, 1],
+        &[("NCCL_IB_HCA", "=no-such-hca:1")],
+        Duration::from_secs(60),
+    );
+    expect_all_fail(&outs, "selects no RDMA port on rank(s) [0, 1]");
+    assert!(
+        outs.iter()
+            .all(|o| o.stdout.contains("ports found:") && o.stdout.contains("invalid argument")),
+        "{:?}",
+        outs.iter().map(|o| &o.stdout).collect::<Vec<_>>()
+    );
 }

@@ -108,24 +108,99 @@ fn choose_gid(port: &Path, ethernet: bool) -> (u8, String) {
     v2_first.unwrap_or_else(|| (0, gid(0)))
 }
 
-/// The ports a rank uses: active ones whose device matches `hca` (a comma list of device
-/// names, `^` in front to exclude them; empty: all).
+/// A port list in `NCCL_IB_HCA`'s syntax: comma-separated `name[:port]` entries, each name a
+/// prefix of device names (`mlx5` takes mlx5_0, mlx5_1, ...) unless the list starts with `=`
+/// (exact names); a leading `^` excludes what the list names instead (`^=mlx5_2`, `^mlx5`).
+/// Empty: every port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HcaFilter {
+    exclude: bool,
+    exact: bool,
+    entries: Vec<(String, Option<u8>)>,
+}
+
+impl HcaFilter {
+    /// Parses `hca`; an entry whose port is not a number 1-255 is an error naming it.
+    pub fn parse(hca: &str) -> Result<HcaFilter, String> {
+        let s = hca.trim();
+        let (exclude, s) = match s.strip_prefix('^') {
+            Some(rest) => (true, rest),
+            None => (false, s),
+        };
+        let (exact, s) = match s.strip_prefix('=') {
+            Some(rest) => (true, rest),
+            None => (false, s),
+        };
+        let mut entries = Vec::new();
+        for e in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let (name, port) = match e.split_once(':') {
+                Some((n, p)) => match p.trim().parse::<u8>() {
+                    Ok(p) if p > 0 => (n.trim(), Some(p)),
+                    _ => return Err(format!("'{e}': the port after ':' must be 1 to 255")),
+                },
+                None => (e, None),
+            };
+            entries.push((name.to_string(), port));
+        }
+        Ok(HcaFilter {
+            exclude,
+            exact,
+            entries,
+        })
+    }
+
+    /// Whether the filter takes `p` (its state aside).
+    pub fn takes(&self, p: &RdmaPort) -> bool {
+        if self.entries.is_empty() {
+            return true;
+        }
+        let named = self.entries.iter().any(|(name, port)| {
+            let by_name = if self.exact {
+                p.device == *name
+            } else {
+                p.device.starts_with(name.as_str())
+            };
+            by_name && port.is_none_or(|n| n == p.port)
+        });
+        named != self.exclude
+    }
+}
+
+/// The active ports `hca` (`RAILCC_IB_HCA`/`NCCL_IB_HCA`, [`HcaFilter`]'s syntax) takes; an
+/// unparsable list takes none.
 pub fn select(ports: &[RdmaPort], hca: &str) -> Vec<RdmaPort> {
-    let (exclude, names) = match hca.strip_prefix('^') {
-        Some(rest) => (true, rest),
-        None => (false, hca),
+    let Ok(f) = HcaFilter::parse(hca) else {
+        return Vec::new();
     };
-    let names: Vec<&str> = names
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .collect();
     ports
         .iter()
-        .filter(|p| p.active)
-        .filter(|p| names.is_empty() || names.contains(&p.device.as_str()) != exclude)
+        .filter(|p| p.active && f.takes(p))
         .cloned()
         .collect()
+}
+
+/// Why `hca` selects no port among `ports`, naming every port found and its state, for an
+/// error (`None` when it selects some, or when `hca` is empty).
+pub fn no_match(ports: &[RdmaPort], hca: &str) -> Option<String> {
+    if hca.trim().is_empty() || !select(ports, hca).is_empty() {
+        return None;
+    }
+    let found: Vec<String> = ports
+        .iter()
+        .map(|p| {
+            let state = if p.active { "active" } else { "not active" };
+            format!("{}:{} ({state})", p.device, p.port)
+        })
+        .collect();
+    let found = if found.is_empty() {
+        "none".to_string()
+    } else {
+        found.join(", ")
+    };
+    Some(match HcaFilter::parse(hca) {
+        Err(e) => format!("IB_HCA={hca} does not parse: {e}; ports found: {found}"),
+        Ok(_) => format!("IB_HCA={hca} matches no active RDMA port; ports found: {found}"),
+    })
 }
 
 #[cfg(test)]
@@ -175,7 +250,70 @@ mod tests {
             "inactive ports are never used"
         );
         assert_eq!(select(&ports, "^rxe0").len(), 0);
+        assert!(no_match(&ports, "").is_none() && no_match(&ports, "rxe").is_none());
+        let why = no_match(&ports, "mlx5").expect("nothing matches");
+        assert!(
+            why.contains("rxe0:1 (active), rxe1:1 (not active)"),
+            "{why}"
+        );
         assert!(list_at(Path::new("/nonexistent")).is_empty());
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    fn port(device: &str, port: u8) -> RdmaPort {
+        RdmaPort {
+            device: device.into(),
+            port,
+            active: true,
+            link_layer: "InfiniBand".into(),
+            rate_gbps: 400.0,
+            gid_index: 0,
+            gid: String::new(),
+            netdev: None,
+            pci_path: None,
+        }
+    }
+
+    #[test]
+    fn nccl_ib_hca_forms() {
+        let ports = [
+            port("mlx5_0", 1),
+            port("mlx5_0", 2),
+            port("mlx5_1", 1),
+            port("mlx5_10", 1),
+            port("mlx4_0", 1),
+        ];
+        let names = |hca: &str| -> Vec<String> {
+            select(&ports, hca)
+                .iter()
+                .map(|p| format!("{}:{}", p.device, p.port))
+                .collect()
+        };
+        // A prefix, as NCCL: mlx5 takes every mlx5 device, mlx5_1 takes mlx5_10 too.
+        assert_eq!(names("mlx5").len(), 4);
+        assert_eq!(names("mlx5_1"), ["mlx5_1:1", "mlx5_10:1"]);
+        // '=' makes names exact.
+        assert_eq!(names("=mlx5_1"), ["mlx5_1:1"]);
+        // ':port' picks one port of a device.
+        assert_eq!(names("mlx5_0:1"), ["mlx5_0:1"]);
+        assert_eq!(names("=mlx5_0:2,mlx4_0"), ["mlx5_0:2", "mlx4_0:1"]);
+        // '^' excludes, by prefix or exactly.
+        assert_eq!(names("^mlx5"), ["mlx4_0:1"]);
+        assert_eq!(names("^=mlx5_1").len(), 4);
+        assert_eq!(names("^mlx5_0:1").len(), 4);
+        // Spaces and empty entries are ignored; an empty list takes every port.
+        assert_eq!(names(" mlx4_0 , ").len(), 1);
+        assert_eq!(names("").len(), 5);
+        // Nothing matches: an error naming what was found; a bad port does not parse.
+        assert!(names("bnxt").is_empty());
+        let why = no_match(&ports, "bnxt").unwrap();
+        assert!(
+            why.contains("mlx5_0:1 (active)") && why.contains("mlx4_0:1"),
+            "{why}"
+        );
+        assert!(HcaFilter::parse("mlx5_0:x").is_err());
+        assert!(no_match(&ports, "mlx5_0:0")
+            .unwrap()
+            .contains("does not parse"));
     }
 }

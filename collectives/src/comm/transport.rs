@@ -23,12 +23,19 @@ pub(super) fn choose_transport(
         qps_per_conn: cfg.ib_qps_per_conn,
         failover: cfg.rail_failover != 0,
     };
-    if cfg.transport != "tcp" {
+    // A port list that names no port here is a mistake, not a wish for TCP: every rank fails,
+    // naming the ports found (NCCL_IB_HCA feeds RAILCC_IB_HCA).
+    let unmatched = match cfg.transport.as_str() {
+        "tcp" => None,
+        _ => railcc_transport_rdma::device::no_match(
+            &railcc_transport_rdma::device::list(),
+            &cfg.ib_hca,
+        ),
+    };
+    if cfg.transport != "tcp" && unmatched.is_none() {
         let ports = crate::rails::rdma_rails(cfg, local_rank, local_ranks);
-        if ports.is_empty() && cfg.ib_hca.is_empty() {
+        if ports.is_empty() {
             why = "no active RDMA port".into();
-        } else if ports.is_empty() {
-            why = format!("no active RDMA port matches RAILCC_IB_HCA={}", cfg.ib_hca);
         } else {
             match RdmaTransport::open(&ports, iface.ip, id.secret, rank, tuning) {
                 Ok(t) => rdma = Some(t),
@@ -42,8 +49,25 @@ pub(super) fn choose_transport(
             }
         }
     }
-    let mine = [u8::from(rdma.is_some())];
+    let mine = [if unmatched.is_some() {
+        2
+    } else {
+        u8::from(rdma.is_some())
+    }];
     let all = bootstrap.all_gather(&mine)?;
+    let unmatched_on: Vec<usize> = (0..all.len()).filter(|&r| all[r] == [2]).collect();
+    if !unmatched_on.is_empty() {
+        let here = unmatched.map_or(String::new(), |w| format!(" (here: {w})"));
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!(
+                "RAILCC_IB_HCA/NCCL_IB_HCA={} selects no RDMA port on rank(s) {unmatched_on:?}{here}",
+                cfg.ib_hca
+            ),
+        )
+        .rank(rank)
+        .transport(railcc_transport_rdma::NAME));
+    }
     let without: Vec<usize> = (0..all.len()).filter(|&r| all[r] != [1]).collect();
     if let (Some(t), true) = (rdma, without.is_empty()) {
         let desc = format!("rdma {}", t.describe());
