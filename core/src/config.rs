@@ -193,6 +193,9 @@ config! {
     /// Thread blocks per GPU for GPU collectives; 0 means one per SM. Clamped to what the GPU
     /// can keep resident at once (the kernels wait for each other).
     gpu_max_blocks: usize = 0, "RAILCC_GPU_MAX_BLOCKS";
+    /// Thread blocks per GPU a GPU collective takes at least (NCCL's minCTAs), up to the
+    /// most; 0: as many as the work needs.
+    gpu_min_blocks: usize = 0, "RAILCC_GPU_MIN_BLOCKS";
     /// Folder for the compiled GPU kernels (PTX); empty: $XDG_CACHE_HOME/railcc or
     /// ~/.cache/railcc; "off": compile in every process.
     cache_dir: String = String::new(), "RAILCC_CACHE_DIR";
@@ -233,6 +236,13 @@ config! {
     ib_timeout: u8 = 18, "RAILCC_IB_TIMEOUT";
     /// RDMA resends before a queue pair gives up (NCCL_IB_RETRY_CNT). 0 to 7.
     ib_retry_cnt: u8 = 7, "RAILCC_IB_RETRY_CNT";
+    /// RDMA traffic class (NCCL_IB_TC): the GRH's traffic class on RoCE, for QoS. 0 to 255.
+    ib_tc: u8 = 0, "RAILCC_IB_TC";
+    /// RDMA service level (NCCL_IB_SL), 0 to 15.
+    ib_sl: u8 = 0, "RAILCC_IB_SL";
+    /// RoCE GID index (NCCL_IB_GID_INDEX); -1: the first RoCE v2 entry with an IPv4-mapped
+    /// address, else the first RoCE v2 entry.
+    ib_gid_index: i32 = -1, "RAILCC_IB_GID_INDEX";
     /// RDMA messages up to this many bytes are copied through registered staging slots instead
     /// of registering the caller's buffer per transfer. 0 turns staging off; at most 16384.
     ib_eager_bytes: usize = 16384, "RAILCC_IB_EAGER_BYTES";
@@ -270,6 +280,9 @@ config! {
     /// yet), warn (each error a call returns), info (also each communicator's path), trace (as
     /// info). Case-insensitive. railcc's own log is RAILCC_LOG.
     debug: DebugLevel = DebugLevel::None, "RAILCC_DEBUG";
+    /// Where libnccl's messages go (NCCL_DEBUG_FILE): a file name in which %h is the host name
+    /// and %p the process id; empty: stderr.
+    debug_file: String = String::new(), "RAILCC_DEBUG_FILE";
 }
 
 /// One variable of the process environment (None when unset or not UTF-8). [`Config::from_env`],
@@ -313,6 +326,14 @@ impl Config {
     /// libnccl prints the error that causes. A RAILCC_DEBUG that does not parse counts as warn.
     pub fn debug_level() -> DebugLevel {
         debug_level_in(&process_env)
+    }
+
+    /// Where libnccl's messages go (RAILCC_DEBUG_FILE, else NCCL_DEBUG_FILE), %h replaced by
+    /// the host name and %p by the process id; None: stderr.
+    pub fn debug_file_path() -> Option<String> {
+        let raw = crate::nccl_env::lookup(&process_env, "RAILCC_DEBUG_FILE")?;
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        Some(debug_file_name(&raw, host.trim(), std::process::id()))
     }
 
     /// The folder for compiled GPU kernels: None when `cache_dir` is "off", `cache_dir` when
@@ -398,6 +419,12 @@ impl Config {
                 self.ib_eager_bytes
             )));
         }
+        if self.ib_sl > 15 || !(-1..=255).contains(&self.ib_gid_index) {
+            return Err(Error::invalid(format!(
+                "RAILCC_IB_SL={} must be 0 to 15 and RAILCC_IB_GID_INDEX={} -1 (auto) to 255",
+                self.ib_sl, self.ib_gid_index
+            )));
+        }
         if self.timeout_ms == 0 {
             return Err(Error::invalid("RAILCC_TIMEOUT_MS must be at least 1"));
         }
@@ -412,6 +439,11 @@ pub struct ConfigRow {
     pub value: String,
     pub from_env: bool,
     pub doc: &'static str,
+}
+
+/// NCCL_DEBUG_FILE's pattern with %h (host) and %p (pid) filled in (NCCL's).
+fn debug_file_name(pattern: &str, host: &str, pid: u32) -> String {
+    pattern.replace("%h", host).replace("%p", &pid.to_string())
 }
 
 fn debug_level_in(env: crate::nccl_env::Env<'_>) -> DebugLevel {
@@ -569,6 +601,15 @@ mod tests {
             .apply_vars(vars(&[("RAILCC_CACHE_DIR", "off")]))
             .unwrap();
         assert_eq!(cfg.kernel_cache_dir(), None);
+    }
+
+    #[test]
+    fn debug_file_names_fill_host_and_pid() {
+        assert_eq!(
+            debug_file_name("/tmp/nccl.%h.%p", "node1", 42),
+            "/tmp/nccl.node1.42"
+        );
+        assert_eq!(debug_file_name("/tmp/plain", "node1", 42), "/tmp/plain");
     }
 
     #[test]

@@ -75,6 +75,20 @@ fn blocks(env: Env<'_>) -> Option<String> {
     env("NCCL_MAX_CTAS").or_else(|| env("NCCL_MAX_NCHANNELS"))
 }
 
+/// NCCL_MIN_CTAS, else NCCL_MIN_NCHANNELS: a collective's least thread blocks per GPU.
+fn min_blocks(env: Env<'_>) -> Option<String> {
+    env("NCCL_MIN_CTAS").or_else(|| env("NCCL_MIN_NCHANNELS"))
+}
+
+/// NCCL_NET names the transport; else NCCL_IB_DISABLE=1 leaves sockets.
+fn net_or_ib_disable(env: Env<'_>) -> Option<String> {
+    net(env).or_else(|| {
+        env("NCCL_IB_DISABLE")
+            .is_some_and(|v| v.trim() == "1")
+            .then(|| "tcp".into())
+    })
+}
+
 /// NCCL_P2P_DISABLE=1 with NCCL_SHM_DISABLE=1 leaves NCCL only the network: so railcc.
 fn gpu_path(env: Env<'_>) -> Option<String> {
     let on = |k: &str| env(k).is_some_and(|v| v.trim() == "1");
@@ -104,17 +118,24 @@ vars! {
     "NCCL_IB_TIMEOUT" => Some("RAILCC_IB_TIMEOUT"), |e| same("NCCL_IB_TIMEOUT")(e), "RDMA ack timeout exponent";
     "NCCL_IB_RETRY_CNT" => Some("RAILCC_IB_RETRY_CNT"), |e| same("NCCL_IB_RETRY_CNT")(e), "RDMA resends";
     "NCCL_IB_QPS_PER_CONNECTION" => Some("RAILCC_IB_QPS_PER_CONN"), |e| same("NCCL_IB_QPS_PER_CONNECTION")(e), "queue pairs per connection";
-    "NCCL_NET" => Some("RAILCC_TRANSPORT"), net, "Socket = tcp, IB = rdma";
+    "NCCL_NET" => Some("RAILCC_TRANSPORT"), net_or_ib_disable, "Socket = tcp, IB = rdma";
+    "NCCL_IB_DISABLE" => Some("RAILCC_TRANSPORT"), net_or_ib_disable, "1: tcp (when NCCL_NET does not say)";
+    "NCCL_IB_TC" => Some("RAILCC_IB_TC"), |e| same("NCCL_IB_TC")(e), "RDMA traffic class";
+    "NCCL_IB_SL" => Some("RAILCC_IB_SL"), |e| same("NCCL_IB_SL")(e), "RDMA service level";
+    "NCCL_IB_GID_INDEX" => Some("RAILCC_IB_GID_INDEX"), |e| same("NCCL_IB_GID_INDEX")(e), "RoCE GID index";
     "NCCL_SOCKET_NTHREADS" => Some("RAILCC_NSOCKS_PER_PEER"), nsocks, "with NCCL_NSOCKS_PERTHREAD: their product, streams per peer";
     "NCCL_NSOCKS_PERTHREAD" => Some("RAILCC_NSOCKS_PER_PEER"), nsocks, "see NCCL_SOCKET_NTHREADS";
     "NCCL_ALGO" => Some("RAILCC_ALGO"), algo, "Ring or Tree alone; anything else leaves railcc's choice";
     "NCCL_PROTO" => Some("RAILCC_GPU_LL_MAX_BYTES"), proto, "Simple (or ^LL): no low-latency kernel; LL alone: it up to 64 KB";
     "NCCL_MAX_CTAS" => Some("RAILCC_GPU_MAX_BLOCKS"), blocks, "thread blocks per GPU";
     "NCCL_MAX_NCHANNELS" => Some("RAILCC_GPU_MAX_BLOCKS"), blocks, "thread blocks per GPU (when NCCL_MAX_CTAS is unset)";
+    "NCCL_MIN_CTAS" => Some("RAILCC_GPU_MIN_BLOCKS"), min_blocks, "least thread blocks per GPU";
+    "NCCL_MIN_NCHANNELS" => Some("RAILCC_GPU_MIN_BLOCKS"), min_blocks, "least thread blocks per GPU (when NCCL_MIN_CTAS is unset)";
     "NCCL_P2P_DISABLE" => Some("RAILCC_GPU_PATH"), gpu_path, "with NCCL_SHM_DISABLE=1: GPU data over the network";
     "NCCL_SHM_DISABLE" => Some("RAILCC_GPU_PATH"), gpu_path, "see NCCL_P2P_DISABLE";
     "NCCL_DEBUG" => Some("RAILCC_DEBUG"), debug, "libnccl's messages: WARN prints each error, INFO (or TRACE) also each communicator's path, VERSION nothing (railcc's own log: RAILCC_LOG)";
     "NCCL_DEBUG_SUBSYS" => None, none, "accepted; railcc's messages have no subsystems";
+    "NCCL_DEBUG_FILE" => Some("RAILCC_DEBUG_FILE"), |e| same("NCCL_DEBUG_FILE")(e), "libnccl's messages to this file (%h host, %p pid)";
     "NCCL_NVLS_ENABLE" => None, none, "accepted; railcc never uses NVLink multicast";
 }
 
@@ -196,6 +217,32 @@ mod tests {
             "RAILCC_IB_HCA is set: ignored".into()
         )));
         assert!(r.contains(&("NCCL_NET", "IB".into(), "RAILCC_TRANSPORT=rdma".into())));
+    }
+
+    #[test]
+    fn ib_variables_and_least_blocks_map_as_nccl_reads_them() {
+        let env = env_of(&[
+            ("NCCL_IB_DISABLE", "1"),
+            ("NCCL_IB_TC", "106"),
+            ("NCCL_IB_SL", "3"),
+            ("NCCL_IB_GID_INDEX", "3"),
+            ("NCCL_MIN_NCHANNELS", "4"),
+            ("NCCL_DEBUG_FILE", "/tmp/nccl.%h.%p"),
+        ]);
+        assert_eq!(lookup(&env, "RAILCC_TRANSPORT").as_deref(), Some("tcp"));
+        assert_eq!(lookup(&env, "RAILCC_IB_TC").as_deref(), Some("106"));
+        assert_eq!(lookup(&env, "RAILCC_IB_SL").as_deref(), Some("3"));
+        assert_eq!(lookup(&env, "RAILCC_IB_GID_INDEX").as_deref(), Some("3"));
+        assert_eq!(lookup(&env, "RAILCC_GPU_MIN_BLOCKS").as_deref(), Some("4"));
+        assert_eq!(
+            lookup(&env, "RAILCC_DEBUG_FILE").as_deref(),
+            Some("/tmp/nccl.%h.%p")
+        );
+        // NCCL_NET says more than NCCL_IB_DISABLE; IB_DISABLE=0 says nothing.
+        let env = env_of(&[("NCCL_IB_DISABLE", "1"), ("NCCL_NET", "IB")]);
+        assert_eq!(lookup(&env, "RAILCC_TRANSPORT").as_deref(), Some("rdma"));
+        let env = env_of(&[("NCCL_IB_DISABLE", "0")]);
+        assert_eq!(lookup(&env, "RAILCC_TRANSPORT"), None);
     }
 
     #[test]

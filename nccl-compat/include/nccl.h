@@ -40,8 +40,10 @@ typedef enum {
 #define NCCL_CONFIG_UNDEF_PTR NULL
 #define NCCL_SPLIT_NOCOLOR -1
 
-/* The head of NCCL's ncclConfig_t; railcc reads size, magic and maxCTAs' place only. */
-typedef struct ncclConfig_v21400 {
+/* NCCL 2.28's ncclConfig_t (ncclConfig_v22800). railcc applies blocking, minCTAs, maxCTAs,
+ * netName ("IB" or "Socket"), trafficClass and commName; the rest is accepted. Programs built
+ * against an older, shorter layout work too: railcc reads only what `size` covers. */
+typedef struct ncclConfig_v22800 {
   size_t size;
   unsigned int magic;
   unsigned int version;
@@ -51,12 +53,23 @@ typedef struct ncclConfig_v21400 {
   int maxCTAs;
   const char* netName;
   int splitShare;
+  int trafficClass;
+  const char* commName;
+  int collnetEnable;
+  int CTAPolicy;
+  int shrinkShare;
+  int nvlsCTAs;
+  int nChannelsPerNetPeer;
+  int nvlinkCentricSched;
 } ncclConfig_t;
 
 #define NCCL_CONFIG_INITIALIZER {                                  \
   sizeof(ncclConfig_t), 0xcafebeef, NCCL_VERSION(NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH), \
   NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, \
-  NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT }
+  NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT, \
+  NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR, NCCL_CONFIG_UNDEF_INT, \
+  NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, \
+  NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT }
 
 typedef enum {
   ncclInt8 = 0, ncclChar = 0,

@@ -119,9 +119,10 @@ impl Clique {
         }
     }
 
-    /// Waits until every rank joined, then opens the GPUs once (the first waiter does), with
-    /// railcc's configuration (`RAILCC_*`, and the NCCL variables that map to it).
-    pub fn ready(&self) -> Result<&GpuComm> {
+    /// Waits until every rank joined, then opens the GPUs once (the first waiter does) with
+    /// `cfg`: railcc's configuration (`RAILCC_*` and the NCCL variables that map to it) with
+    /// the communicator's ncclConfig_t applied.
+    pub fn open(&self, cfg: &railcc_core::Config) -> Result<&GpuComm> {
         let deadline = Instant::now() + self.timeout;
         let devices: Vec<i32> = {
             let mut d = self.devices.lock();
@@ -142,7 +143,7 @@ impl Clique {
         };
         let open = || {
             let ordinals: Vec<usize> = devices.iter().map(|&d| d.max(0) as usize).collect();
-            GpuComm::in_process(&crate::config()?, &ordinals)
+            GpuComm::in_process(cfg, &ordinals)
         };
         match self.gpus.get_or_init(open) {
             Ok(g) => Ok(g),
@@ -150,7 +151,8 @@ impl Clique {
         }
     }
 
-    fn gpus(&self) -> Result<&GpuComm> {
+    /// The GPUs once opened.
+    pub fn ready(&self) -> Result<&GpuComm> {
         match self.gpus.get() {
             Some(Ok(g)) => Ok(g),
             Some(Err(e)) => Err(e.clone()),
@@ -206,7 +208,7 @@ impl Clique {
                 };
                 // SAFETY: NCCL's contract: device buffers of each rank's GPU with `bytes`, on
                 // that rank's streams, live until the streams pass the message.
-                self.gpus()
+                self.ready()
                     .and_then(|g| unsafe { g.copy(src, &op(s, dst, true), &op(r, src, false)) })
             });
             self.done.notify_all();
@@ -288,7 +290,7 @@ impl Clique {
         }
         // SAFETY: the buffers and streams are the callers' (NCCL's contract: device memory of
         // each rank's GPU, large enough for the call, live until the streams pass it).
-        unsafe { self.gpus()?.collective(calls) }.map(|_| ())
+        unsafe { self.ready()?.collective(calls) }.map(|_| ())
     }
 }
 
@@ -350,7 +352,7 @@ mod tests {
         assert!(c.join(0, 1).is_err());
         assert!(c.join(2, 0).is_err());
         // Rank 1 never joins: ready names it.
-        let e = c.ready().err().unwrap();
+        let e = c.open(&railcc_core::Config::default()).err().unwrap();
         assert!(e.to_string().contains("ranks [1] never joined"), "{e}");
         Clique::unregister(&[3; 16]);
     }

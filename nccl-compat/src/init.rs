@@ -31,8 +31,9 @@ fn init_rank(
     nranks: c_int,
     id: UniqueId,
     rank: c_int,
-    blocking: bool,
+    config: CommConfig,
 ) -> NcclResult {
+    let blocking = !config.nonblocking;
     if out.is_null() {
         return invalid("ncclCommInitRank: comm is NULL");
     }
@@ -51,7 +52,9 @@ fn init_rank(
         Ok(d) => d,
         Err(e) => return fail(&e),
     };
-    let comm = Box::into_raw(Box::new(Comm::new(rank as usize, nranks as usize, device)));
+    let mut c = Comm::new(rank as usize, nranks as usize, device);
+    c.config = config;
+    let comm = Box::into_raw(Box::new(c));
     // SAFETY: checked non-NULL; NCCL hands the handle back even before init completes.
     unsafe { *out = comm };
     if group::in_group() {
@@ -107,6 +110,7 @@ impl Comm {
             p2p_seq: Mutex::new(HashMap::new()),
             broken: Mutex::new(None),
             user_ops: premul::UserOps::default(),
+            config: abi::CommConfig::default(),
             joining: Mutex::new(None),
         }
     }
@@ -119,25 +123,33 @@ pub(crate) fn finish_init(comm: *const Comm, id: &railcc_core::bootstrap::Unique
     // SAFETY: `comm` came from Box::into_raw in init_rank and is not destroyed before init
     // returns (NCCL's contract).
     let c = unsafe { &*comm };
-    let r = proc_backend::connect(id, c.rank, c.nranks, c.device, timeout());
+    let r = proc_backend::connect(id, c.rank, c.nranks, c.device, timeout(), &c.config);
     match r {
         Ok((b, boot)) => {
             let _ = c.boot.set(boot);
             if crate::debug().informs() {
                 let path = match &b {
-                    Backend::Local(_) => "every rank in this process, multi-GPU kernels",
-                    Backend::Gpu(g) => g.comm.describe(),
+                    Backend::Local(clique) => clique.ready().map_or_else(
+                        |e| e.to_string(),
+                        |g| format!("every rank in this process: {}", g.describe()),
+                    ),
+                    Backend::Gpu(g) => g.comm.describe().to_string(),
                 };
-                eprintln!(
-                    "NCCL INFO railcc libnccl {VERSION_STRING}: rank {} of {} on CUDA device {}: {path}",
+                let name = c
+                    .config
+                    .comm_name
+                    .as_deref()
+                    .map_or(String::new(), |n| format!("[{n}] "));
+                crate::log_line(&format!(
+                    "NCCL INFO {name}railcc libnccl {VERSION_STRING}: rank {} of {} on CUDA device {}: {path}",
                     c.rank, c.nranks, c.device
-                );
+                ));
             }
             let _ = c.backend.set(b);
             SUCCESS
         }
         Err(e) => {
-            let e = e.rank(c.rank).op("ncclCommInitRank");
+            let e = c.named(e.rank(c.rank).op("ncclCommInitRank"));
             *c.broken.lock() = Some(e.clone());
             fail(&e)
         }
@@ -153,7 +165,7 @@ pub unsafe extern "C" fn ncclCommInitRank(
     id: UniqueId,
     rank: c_int,
 ) -> NcclResult {
-    init_rank(comm, nranks, id, rank, true)
+    init_rank(comm, nranks, id, rank, CommConfig::default())
 }
 
 /// # Safety
@@ -167,21 +179,13 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
     rank: c_int,
     config: *const ConfigHead,
 ) -> NcclResult {
-    // SAFETY: the caller passes NULL or a valid config; only its head is read, after its size
-    // says the head is there. config.maxCTAs is not applied: blocks per GPU are one setting
-    // for the whole communicator (RAILCC_GPU_MAX_BLOCKS), since every rank's kernel waits for
-    // the others'.
-    let blocking = match unsafe { config.as_ref() } {
-        None => true,
-        Some(c) if c.magic != CONFIG_MAGIC => {
-            return invalid(
-                "ncclCommInitRankConfig: config was not made with NCCL_CONFIG_INITIALIZER",
-            );
-        }
-        Some(c) if c.size >= std::mem::size_of::<ConfigHead>() => c.blocking != 0,
-        Some(_) => true,
+    // SAFETY: the caller passes NULL or an ncclConfig_t (NCCL's contract); read_config reads
+    // only the fields its size covers.
+    let config = match unsafe { read_config(config) } {
+        Ok(c) => c,
+        Err(e) => return invalid(format!("ncclCommInitRankConfig: {e}")),
     };
-    init_rank(comm, nranks, id, rank, blocking)
+    init_rank(comm, nranks, id, rank, config)
 }
 
 /// # Safety
@@ -220,7 +224,7 @@ pub unsafe extern "C" fn ncclCommInitAll(
             return fail(&e);
         }
     }
-    if let Err(e) = clique.ready() {
+    if let Err(e) = config().and_then(|cfg| clique.open(&cfg)) {
         Clique::unregister(&key);
         return fail(&e);
     }
@@ -340,7 +344,8 @@ pub(crate) const SPLIT_NOCOLOR: c_int = -1;
 /// by key and then by parent rank; NCCL_SPLIT_NOCOLOR leaves a rank out (`newcomm` NULL).
 /// Collective over `comm`. The new communicator runs on the parent's device and opens the
 /// GPU path that fits its own ranks (one process, one per process, or across hosts).
-/// `config.splitShare` is not used: a split communicator opens its own connections.
+/// `config` NULL: the parent's config; `splitShare` is accepted, a split communicator opens its
+/// own connections either way.
 ///
 /// # Safety
 /// `comm` a live handle (or NULL); `newcomm` NULL or writable.
@@ -350,7 +355,7 @@ pub unsafe extern "C" fn ncclCommSplit(
     color: c_int,
     key: c_int,
     newcomm: *mut *mut Comm,
-    _config: *const ConfigHead,
+    config: *const ConfigHead,
 ) -> NcclResult {
     if comm.is_null() || newcomm.is_null() {
         return invalid("ncclCommSplit: comm or newcomm is NULL");
@@ -359,7 +364,11 @@ pub unsafe extern "C" fn ncclCommSplit(
     unsafe { *newcomm = std::ptr::null_mut() };
     // SAFETY: a handle from an init call, not yet destroyed (NCCL's contract).
     let parent = unsafe { &*comm };
-    match split::split(parent, color, key) {
+    let config = match child_config(parent, config) {
+        Ok(c) => c,
+        Err(e) => return invalid(format!("ncclCommSplit: {e}")),
+    };
+    match split::split(parent, color, key, config) {
         Ok(Some(c)) => {
             // SAFETY: as above.
             unsafe { *newcomm = c };
@@ -382,7 +391,7 @@ pub unsafe extern "C" fn ncclCommShrink(
     exclude: *mut c_int,
     n: c_int,
     newcomm: *mut *mut Comm,
-    _config: *const ConfigHead,
+    config: *const ConfigHead,
     flags: c_int,
 ) -> NcclResult {
     if comm.is_null() || newcomm.is_null() || n < 0 || (n > 0 && exclude.is_null()) {
@@ -398,8 +407,12 @@ pub unsafe extern "C" fn ncclCommShrink(
     };
     // SAFETY: a handle from an init call, not yet destroyed (NCCL's contract).
     let parent = unsafe { &*comm };
+    let config = match child_config(parent, config) {
+        Ok(c) => c,
+        Err(e) => return invalid(format!("ncclCommShrink: {e}")),
+    };
     parent.wait_init();
-    match split::shrink(parent, list, flags) {
+    match split::shrink(parent, list, flags, config) {
         Ok(c) => {
             // SAFETY: as above.
             unsafe { *newcomm = c };
@@ -427,4 +440,17 @@ pub unsafe extern "C" fn ncclCommInitRankScalable(
     }
     // SAFETY: ids holds n_ids >= 1 ids (the caller's contract); config is forwarded.
     unsafe { ncclCommInitRankConfig(comm, nranks, *ids, rank, config) }
+}
+
+/// The config of a communicator split or shrunk from `parent`: `config`, or the parent's when
+/// NULL (NCCL's rule).
+///
+/// # Safety
+/// `config` NULL or an ncclConfig_t.
+unsafe fn child_config(parent: &Comm, config: *const ConfigHead) -> Result<CommConfig, String> {
+    if config.is_null() {
+        return Ok(parent.config.clone());
+    }
+    // SAFETY: the caller's contract.
+    unsafe { read_config(config) }
 }

@@ -68,6 +68,8 @@ pub struct Comm {
     user_ops: premul::UserOps,
     /// A non-blocking init (`config.blocking = 0`) still joining on its own thread.
     joining: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// What its ncclConfig_t asked for (defaults without one).
+    config: abi::CommConfig,
 }
 
 impl Comm {
@@ -85,6 +87,17 @@ impl Comm {
         let s = m.entry((peer, send)).or_insert(0);
         *s += 1;
         *s - 1
+    }
+
+    /// `e` naming this communicator (config.commName) when it has a name, as NCCL's log lines.
+    fn named(&self, e: Error) -> Error {
+        match &self.config.comm_name {
+            Some(n) => Error {
+                message: format!("[{n}] {}", e.message),
+                ..e
+            },
+            None => e,
+        }
     }
 
     /// Waits for a non-blocking init to end (calls made before it did wait here).
@@ -107,12 +120,39 @@ pub(crate) fn debug() -> railcc_core::config::DebugLevel {
     *LEVEL.get_or_init(railcc_core::Config::debug_level)
 }
 
+/// Writes one of libnccl's messages (`NCCL WARN ...`, `NCCL INFO ...`) where NCCL_DEBUG_FILE
+/// (RAILCC_DEBUG_FILE) says, %h the host name and %p the process id, else to stderr.
+pub(crate) fn log_line(msg: &str) {
+    use std::io::Write;
+    static FILE: OnceLock<Option<Mutex<std::fs::File>>> = OnceLock::new();
+    let file = FILE.get_or_init(|| {
+        let path = railcc_core::Config::debug_file_path()?;
+        match std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+        {
+            Ok(f) => Some(Mutex::new(f)),
+            Err(e) => {
+                eprintln!("NCCL WARN railcc: cannot open NCCL_DEBUG_FILE {path}: {e}");
+                None
+            }
+        }
+    });
+    match file {
+        Some(f) => {
+            let _ = writeln!(f.lock(), "{msg}");
+        }
+        None => eprintln!("{msg}"),
+    }
+}
+
 /// Records `e` for ncclGetLastError (and stderr at NCCL_DEBUG=WARN and above) and returns its
 /// code.
 fn fail(e: &Error) -> NcclResult {
     let msg = e.to_string();
     if debug().warns() {
-        eprintln!("NCCL WARN {msg}");
+        log_line(&format!("NCCL WARN {msg}"));
     }
     let code = result_of(e.kind, &msg);
     *LAST_ERROR.lock() = msg;
@@ -122,7 +162,7 @@ fn fail(e: &Error) -> NcclResult {
 fn usage(msg: impl Into<String>) -> NcclResult {
     let msg = Error::new(ErrorKind::Unsupported, msg.into()).to_string();
     if debug().warns() {
-        eprintln!("NCCL WARN {msg}");
+        log_line(&format!("NCCL WARN {msg}"));
     }
     *LAST_ERROR.lock() = msg;
     INVALID_USAGE

@@ -40,8 +40,12 @@ pub(crate) fn connect(
     nranks: usize,
     device: i32,
     timeout: Duration,
+    comm_config: &crate::abi::CommConfig,
 ) -> Result<(Backend, Communicator)> {
-    let cfg = crate::config()?;
+    let mut cfg = crate::config()?;
+    comm_config
+        .apply(&mut cfg)
+        .map_err(|e| Error::invalid(format!("ncclCommInitRankConfig: {e}")))?;
     let boot = Communicator::init(cfg.clone(), id, rank, nranks)?;
     let backend = open(&boot, &cfg, id, rank, nranks, device, timeout)?;
     Ok((backend, boot))
@@ -64,7 +68,7 @@ fn open(
     if path == GpuPath::InProcess {
         let clique = Clique::get(id.secret.0, nranks, timeout)?;
         clique.join(rank, device)?;
-        let ready = clique.ready().map(|_| ());
+        let ready = clique.open(cfg).map(|_| ());
         // Every rank of the clique has joined once ready returns: forget the id.
         Clique::unregister(&id.secret.0);
         ready?;
@@ -163,7 +167,12 @@ mod tests {
         let id = serve_root(Duration::from_secs(20), "lo").unwrap();
         let errs: Vec<Error> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..2)
-                .map(|r| s.spawn(move || connect(&id, r, 2, r as i32, Duration::from_secs(20))))
+                .map(|r| {
+                    s.spawn(move || {
+                        let none = crate::abi::CommConfig::default();
+                        connect(&id, r, 2, r as i32, Duration::from_secs(20), &none)
+                    })
+                })
                 .collect();
             hs.into_iter()
                 .map(|h| h.join().unwrap().err().expect("no GPUs here"))

@@ -50,6 +50,7 @@ pub(crate) fn split(
     parent: &Comm,
     color: c_int,
     key: c_int,
+    config: crate::abi::CommConfig,
 ) -> Result<Option<*mut Comm>, NcclResult> {
     if parent.backend.get().is_none() {
         return Err(usage(
@@ -89,7 +90,7 @@ pub(crate) fn split(
     let leads = placed.as_ref().is_some_and(|(at, _)| *at == 0);
     let mut payload = Vec::new();
     if leads {
-        let ifname = config().map(|c| c.socket_ifname).unwrap_or_default();
+        let ifname = crate::config().map(|c| c.socket_ifname).unwrap_or_default();
         match proc_backend::serve_root(timeout(), &ifname) {
             Ok(id) => {
                 payload.push(1);
@@ -129,6 +130,7 @@ pub(crate) fn split(
         ),
         (new_rank, &ranks),
         &id,
+        config,
     )
     .map(Some)
 }
@@ -140,14 +142,17 @@ fn join(
     what: &str,
     (new_rank, ranks): (usize, &[usize]),
     id: &railcc_core::bootstrap::UniqueId,
+    config: crate::abi::CommConfig,
 ) -> Result<*mut Comm, NcclResult> {
     if crate::debug().informs() {
-        eprintln!(
+        crate::log_line(&format!(
             "NCCL INFO railcc libnccl {what}: rank {new_rank} of {} (parent ranks {ranks:?})",
             ranks.len()
-        );
+        ));
     }
-    let c = Box::into_raw(Box::new(Comm::new(new_rank, ranks.len(), parent.device)));
+    let mut comm = Comm::new(new_rank, ranks.len(), parent.device);
+    comm.config = config;
+    let c = Box::into_raw(Box::new(comm));
     let code = finish_init(c, id);
     if code != SUCCESS {
         // SAFETY: made by Box::into_raw above and never handed out.
@@ -193,6 +198,7 @@ pub(crate) fn shrink(
     parent: &Comm,
     exclude: &[c_int],
     flags: c_int,
+    config: crate::abi::CommConfig,
 ) -> Result<*mut Comm, NcclResult> {
     const OP: &str = "ncclCommShrink";
     let Some(boot) = parent.boot.get() else {
@@ -211,7 +217,7 @@ pub(crate) fn shrink(
     let new_rank = ranks.iter().position(|&r| r == parent.rank).unwrap_or(0);
     let lead = ranks[0];
     let id = if new_rank == 0 {
-        let ifname = config().map(|c| c.socket_ifname).unwrap_or_default();
+        let ifname = crate::config().map(|c| c.socket_ifname).unwrap_or_default();
         let served = proc_backend::serve_root(timeout(), &ifname);
         let mut msg = vec![0u8; SHRINK_MSG_BYTES];
         match &served {
@@ -252,7 +258,7 @@ pub(crate) fn shrink(
         "ncclCommShrink: parent rank {} of {}",
         parent.rank, parent.nranks
     );
-    join(parent, &what, (new_rank, &ranks), &id)
+    join(parent, &what, (new_rank, &ranks), &id, config)
 }
 
 #[cfg(test)]

@@ -40,6 +40,21 @@ int main(int argc, char** argv) {
   ncclUniqueId id;
   EXPECT(ncclGetUniqueId(&id) == ncclSuccess);
 
+  /* ncclConfig_t values NCCL refuses are refused before anything starts, naming the field. */
+  {
+    ncclComm_t c = NULL;
+    ncclConfig_t bad = NCCL_CONFIG_INITIALIZER;
+    bad.maxCTAs = 0;
+    EXPECT(ncclCommInitRankConfig(&c, 1, id, 0, &bad) == ncclInvalidArgument);
+    EXPECT(strstr(ncclGetLastError(NULL), "maxCTAs") != NULL);
+    ncclConfig_t tc = NCCL_CONFIG_INITIALIZER;
+    tc.trafficClass = 300;
+    EXPECT(ncclCommInitRankConfig(&c, 1, id, 0, &tc) == ncclInvalidArgument);
+    printf("config refused: %s\n", ncclGetLastError(NULL));
+    EXPECT(strstr(ncclGetLastError(NULL), "trafficClass") != NULL);
+    EXPECT(c == NULL);
+  }
+
   ncclComm_t comms[2] = {NULL, NULL};
   ncclResult_t r = ncclCommInitAll(comms, has_driver ? ngpu : 2, NULL);
   if (!has_driver) {

@@ -27,6 +27,8 @@ pub struct Settings {
     pub timeout: std::time::Duration,
     /// Thread blocks per GPU wanted (0: one per SM), clamped to what stays resident.
     pub max_blocks: usize,
+    /// Thread blocks per GPU a call takes at least (NCCL's minCTAs; 0: as the work needs).
+    pub min_blocks: usize,
     /// All-reduces up to this many bytes per rank take the low-latency kernel.
     pub ll_max_bytes: usize,
 }

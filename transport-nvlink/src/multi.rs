@@ -24,6 +24,7 @@ pub struct MultiGpu {
     timeout_ns: u64,
     /// Thread blocks per GPU per call at most (the SMs a call occupies).
     max_blocks: u32,
+    min_blocks: u32,
     ll_max_bytes: usize,
     /// Launches from several threads take turns (each enqueues on every GPU).
     turn: parking_lot::Mutex<()>,
@@ -65,6 +66,7 @@ impl MultiGpu {
             ordinals: ordinals.to_vec(),
             timeout_ns: s.timeout_ns(),
             max_blocks,
+            min_blocks: s.min_blocks.min(u32::MAX as usize) as u32,
             ll_max_bytes: s.ll_max_bytes,
             turn: parking_lot::Mutex::new(()),
         })
@@ -121,7 +123,7 @@ impl MultiGpu {
         let ins: Vec<u64> = calls.iter().map(|c| c.send).collect();
         let outs: Vec<u64> = calls.iter().map(|c| c.recv).collect();
         let syncs: Vec<u64> = self.gpus.iter().map(|g| g.sync.ptr).collect();
-        let k = choose(&a, self.ll_max_bytes, self.max_blocks);
+        let k = choose(&a, self.ll_max_bytes, (self.min_blocks, self.max_blocks));
         if let Kernel::Bulk { .. } = k {
             // Every GPU's part first, so a bad argument launches nothing.
             for g in 0..n {

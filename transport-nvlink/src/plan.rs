@@ -41,18 +41,19 @@ impl Kernel {
 
 /// The kernel and block count for call `a`: the low-latency kernel for all-reduces up to
 /// `ll_max_bytes` per rank (`RAILCC_GPU_LL_MAX_BYTES`, at most what its scratch holds), else
-/// the bulk kernel; blocks by the work, at most `max_blocks` (the communicator's, fixed at
-/// init from `RAILCC_GPU_MAX_BLOCKS` and what stays resident). It depends only on the call's
-/// shape, so every rank chooses the same.
-pub fn choose(a: &CollArgs, ll_max_bytes: usize, max_blocks: u32) -> Kernel {
+/// the bulk kernel; blocks by the work, at least `min_blocks` (NCCL's minCTAs) and at most
+/// `max_blocks` (the communicator's, fixed at init from `RAILCC_GPU_MAX_BLOCKS` or maxCTAs and
+/// what stays resident). It depends only on the call's shape, so every rank chooses the same.
+pub fn choose(a: &CollArgs, ll_max_bytes: usize, (min_blocks, max_blocks): (u32, u32)) -> Kernel {
     let nbytes = a.count * a.dtype.size();
+    let floor = |b: u32| b.max(min_blocks.min(max_blocks));
     if ll::takes(a.coll, nbytes, ll_max_bytes) {
         Kernel::Ll {
-            blocks: ll::blocks(nbytes, max_blocks),
+            blocks: floor(ll::blocks(nbytes, max_blocks)),
         }
     } else {
         Kernel::Bulk {
-            blocks: blocks(a.coll, a.nranks, a.count, a.dtype, max_blocks),
+            blocks: floor(blocks(a.coll, a.nranks, a.count, a.dtype, max_blocks)),
         }
     }
 }
@@ -272,6 +273,32 @@ mod tests {
         assert!(spec(CollKind::SendRecv, 0, &ins, &ins, 10, DataType::F32, 0).is_err());
         assert!(spec(CollKind::Broadcast, 0, &ins, &outs, 10, DataType::F32, 2).is_err());
         assert!(spec(CollKind::AllToAll, 0, &ins, &outs, 10, DataType::F32, 0).is_err());
+    }
+
+    #[test]
+    fn the_least_and_most_blocks_bound_every_kernel() {
+        let a = |count| CollArgs {
+            coll: CollKind::AllReduce,
+            nranks: 4,
+            count,
+            dtype: DataType::F32,
+            op: railcc_core::ReduceOp::Sum,
+            root: 0,
+        };
+        // 8 B: the low-latency kernel, one block by the work; minCTAs 4 makes it 4.
+        assert_eq!(choose(&a(2), 65536, (0, 132)), Kernel::Ll { blocks: 1 });
+        assert_eq!(choose(&a(2), 65536, (4, 132)), Kernel::Ll { blocks: 4 });
+        // Large: the bulk kernel, every block it may have; maxCTAs 8 bounds it.
+        assert_eq!(
+            choose(&a(1 << 28), 65536, (0, 132)),
+            Kernel::Bulk { blocks: 132 }
+        );
+        assert_eq!(
+            choose(&a(1 << 28), 65536, (0, 8)),
+            Kernel::Bulk { blocks: 8 }
+        );
+        // A floor above the ceiling gives the ceiling.
+        assert_eq!(choose(&a(2), 0, (16, 8)), Kernel::Bulk { blocks: 8 });
     }
 
     #[test]

@@ -42,6 +42,7 @@ pub struct ProcGpu {
     calls: AtomicU64,
     timeout: Duration,
     max_blocks: u32,
+    min_blocks: u32,
     ll_max_bytes: usize,
     broken: Arc<Mutex<Option<Error>>>,
     watcher: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
@@ -293,6 +294,7 @@ impl ProcGpu {
             calls: AtomicU64::new(0),
             timeout: settings.timeout,
             max_blocks,
+            min_blocks: settings.min_blocks.min(u32::MAX as usize) as u32,
             ll_max_bytes: settings.ll_max_bytes,
             broken,
             watcher: Some((stop, watcher)),
@@ -406,7 +408,7 @@ impl ProcGpu {
             outs: &outs,
             syncs: &self.syncs,
         };
-        let k = choose(&a, self.ll_max_bytes, self.max_blocks);
+        let k = choose(&a, self.ll_max_bytes, (self.min_blocks, self.max_blocks));
         let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
         // SAFETY: the peers' buffers and sync areas are mapped into this context by IPC; the
         // caller vouches for its own buffers and stream.

@@ -80,6 +80,28 @@ pub fn list() -> Vec<RdmaPort> {
     list_at(Path::new("/sys/class/infiniband"))
 }
 
+/// Uses GID `index` of port `p` (RAILCC_IB_GID_INDEX / NCCL_IB_GID_INDEX) instead of the one
+/// [`list`] chose; an index with no GID is an error naming it.
+pub fn set_gid_index(p: &mut RdmaPort, index: u8) -> Result<(), String> {
+    set_gid_index_at(Path::new("/sys/class/infiniband"), p, index)
+}
+
+fn set_gid_index_at(root: &Path, p: &mut RdmaPort, index: u8) -> Result<(), String> {
+    let port = root.join(&p.device).join("ports").join(p.port.to_string());
+    let gid = read(&port.join("gids").join(index.to_string())).unwrap_or_default();
+    if gid.is_empty() || gid.chars().all(|c| c == '0' || c == ':') {
+        return Err(format!(
+            "IB_GID_INDEX={index}: {}:{} has no GID there",
+            p.device, p.port
+        ));
+    }
+    p.gid_index = index;
+    p.gid = gid;
+    p.netdev =
+        read(&port.join("gid_attrs/ndevs").join(index.to_string())).filter(|s| !s.is_empty());
+    Ok(())
+}
+
 /// RoCE: the first RoCE v2 GID holding an IPv4-mapped address (::ffff:a.b.c.d), else the first
 /// RoCE v2 GID, else index 0. InfiniBand: index 0 (routing uses the LID).
 fn choose_gid(port: &Path, ethernet: bool) -> (u8, String) {
@@ -257,6 +279,12 @@ mod tests {
             "{why}"
         );
         assert!(list_at(Path::new("/nonexistent")).is_empty());
+        // NCCL_IB_GID_INDEX: index 1 is the RoCE v1 entry; index 5 has no GID.
+        let mut p = ports[0].clone();
+        set_gid_index_at(&root, &mut p, 1).unwrap();
+        assert_eq!((p.gid_index, p.netdev.as_deref()), (1, Some("v0")));
+        let e = set_gid_index_at(&root, &mut p, 5).unwrap_err();
+        assert!(e.contains("IB_GID_INDEX=5") && e.contains("rxe0:1"), "{e}");
         let _ = std::fs::remove_dir_all(&root);
     }
 

@@ -44,6 +44,10 @@ pub struct RdmaTuning {
     /// With several rails: a queue pair that fails (its port went down) hands its pieces to
     /// the others instead of failing the connection (RAILCC_RAIL_FAILOVER).
     pub failover: bool,
+    /// The GRH's traffic class on RoCE (RAILCC_IB_TC / NCCL_IB_TC).
+    pub traffic_class: u8,
+    /// The service level (RAILCC_IB_SL / NCCL_IB_SL).
+    pub service_level: u8,
 }
 
 // SAFETY: verbs objects may be used from any thread (libibverbs is thread-safe); Ctx is
@@ -398,11 +402,13 @@ impl Qp {
         a.max_dest_rd_atomic = 1;
         a.min_rnr_timer = 12;
         a.ah_attr.port_num = self.ctx.port;
+        a.ah_attr.sl = self.ctx.tuning.service_level;
         if self.ctx.ethernet {
             a.ah_attr.is_global = 1;
             a.ah_attr.grh.dgid = ibv_gid { raw: remote.gid };
             a.ah_attr.grh.sgid_index = self.ctx.gid_index;
             a.ah_attr.grh.hop_limit = 64;
+            a.ah_attr.grh.traffic_class = self.ctx.tuning.traffic_class;
         } else {
             a.ah_attr.dlid = remote.lid;
         }

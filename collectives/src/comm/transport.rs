@@ -22,10 +22,12 @@ pub(super) fn choose_transport(
         eager_bytes: cfg.ib_eager_bytes,
         qps_per_conn: cfg.ib_qps_per_conn,
         failover: cfg.rail_failover != 0,
+        traffic_class: cfg.ib_tc,
+        service_level: cfg.ib_sl,
     };
     // A port list that names no port here is a mistake, not a wish for TCP: every rank fails,
     // naming the ports found (NCCL_IB_HCA feeds RAILCC_IB_HCA).
-    let unmatched = match cfg.transport.as_str() {
+    let mut unmatched = match cfg.transport.as_str() {
         "tcp" => None,
         _ => railcc_transport_rdma::device::no_match(
             &railcc_transport_rdma::device::list(),
@@ -33,8 +35,21 @@ pub(super) fn choose_transport(
         ),
     };
     if cfg.transport != "tcp" && unmatched.is_none() {
-        let ports = crate::rails::rdma_rails(cfg, local_rank, local_ranks);
-        if ports.is_empty() {
+        let mut ports = crate::rails::rdma_rails(cfg, local_rank, local_ranks);
+        // NCCL_IB_GID_INDEX: a GID index that names no GID is an error like a port list
+        // that names no port.
+        if let Ok(index) = u8::try_from(cfg.ib_gid_index) {
+            let set = ports
+                .iter_mut()
+                .filter(|p| p.link_layer == "Ethernet")
+                .try_for_each(|p| railcc_transport_rdma::device::set_gid_index(p, index));
+            if let Err(e) = set {
+                unmatched = Some(e);
+            }
+        }
+        if unmatched.is_some() {
+            why = "the RDMA port settings select no port".into();
+        } else if ports.is_empty() {
             why = "no active RDMA port".into();
         } else {
             match RdmaTransport::open(&ports, iface.ip, id.secret, rank, tuning) {
@@ -61,8 +76,8 @@ pub(super) fn choose_transport(
         return Err(Error::new(
             ErrorKind::InvalidArgument,
             format!(
-                "RAILCC_IB_HCA/NCCL_IB_HCA={} selects no RDMA port on rank(s) {unmatched_on:?}{here}",
-                cfg.ib_hca
+                "RAILCC_IB_HCA/NCCL_IB_HCA={:?} or the GID index ({}) selects no RDMA port on rank(s) {unmatched_on:?}{here}",
+                cfg.ib_hca, cfg.ib_gid_index
             ),
         )
         .rank(rank)

@@ -28,6 +28,7 @@ pub fn settings(cfg: &Config) -> Settings {
         cache: cfg.kernel_cache_dir(),
         timeout: cfg.timeout(),
         max_blocks: cfg.gpu_max_blocks,
+        min_blocks: cfg.gpu_min_blocks,
         ll_max_bytes: cfg.gpu_ll_max_bytes,
     }
 }

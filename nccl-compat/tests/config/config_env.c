@@ -6,7 +6,11 @@
  *                                    RAILCC_TIMEOUT_MS below HOLD s the call must fail first;
  *   config_env inproc run            one all_reduce on GPUs 0 and 1, result checked;
  *   mpirun -np 2 config_env mpi timeout HOLD   one process per GPU; rank 1 calls HOLD s late;
- *   mpirun -np 2 config_env mpi run  one all_reduce, result checked.
+ *   mpirun -np 2 config_env mpi run  one all_reduce, result checked;
+ *   config_env inproc ctas / mpirun -np 2 config_env mpi ctas: communicators made by
+ *                                    ncclCommInitRankConfig with maxCTAs 8 and commName
+ *                                    "ctas-test" (one process: in a group), a 256 MB
+ *                                    all_reduce checked; the script reads NCCL_DEBUG=INFO.
  * Prints "config_env: <mode> <what>: ok|failed after X.X s: reason|completed after X.X s";
  * the script judges. Exit status 1 only on a setup failure. */
 #include <mpi.h>
@@ -18,7 +22,7 @@
 #include <cuda_runtime.h>
 #include "nccl.h"
 
-#define COUNT (1 << 20)
+static int COUNT = 1 << 20;
 #define CHECK(c) do { if (!(c)) { printf("config_env: SETUP FAIL %s:%d: %s (%s)\n", __FILE__, __LINE__, #c, ncclGetLastError(NULL)); fflush(stdout); exit(1); } } while (0)
 
 static double now(void) {
@@ -63,12 +67,33 @@ static void report(const char* mode, const char* what, double t0, ncclResult_t r
   fflush(stdout);
 }
 
+/* maxCTAs 8 and a name, as torch's ProcessGroupNCCL.Options or Megatron set them. */
+static ncclConfig_t ctas_config(void) {
+  ncclConfig_t c = NCCL_CONFIG_INITIALIZER;
+  c.maxCTAs = 8;
+  c.commName = "ctas-test";
+  return c;
+}
+
 static void inproc(const char* what) {
   int ngpu = 0;
   CHECK(cudaGetDeviceCount(&ngpu) == cudaSuccess && ngpu >= 2);
   int devs[2] = {0, 1};
   ncclComm_t comms[2];
-  CHECK(ncclCommInitAll(comms, 2, devs) == ncclSuccess);
+  if (strcmp(what, "ctas") == 0) {
+    COUNT = 64 << 20;
+    ncclUniqueId id;
+    CHECK(ncclGetUniqueId(&id) == ncclSuccess);
+    ncclConfig_t cfg = ctas_config();
+    CHECK(ncclGroupStart() == ncclSuccess);
+    for (int g = 0; g < 2; g++) {
+      CHECK(cudaSetDevice(g) == cudaSuccess);
+      CHECK(ncclCommInitRankConfig(&comms[g], 2, id, g, &cfg) == ncclSuccess);
+    }
+    CHECK(ncclGroupEnd() == ncclSuccess);
+  } else {
+    CHECK(ncclCommInitAll(comms, 2, devs) == ncclSuccess);
+  }
   cudaStream_t s[2];
   float* buf[2];
   for (int g = 0; g < 2; g++) {
@@ -105,7 +130,13 @@ static void per_process(const char* what) {
   if (rank == 0) CHECK(ncclGetUniqueId(&id) == ncclSuccess);
   MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
   ncclComm_t comm;
-  CHECK(ncclCommInitRank(&comm, n, id, rank) == ncclSuccess);
+  if (strcmp(what, "ctas") == 0) {
+    COUNT = 64 << 20;
+    ncclConfig_t cfg = ctas_config();
+    CHECK(ncclCommInitRankConfig(&comm, n, id, rank, &cfg) == ncclSuccess);
+  } else {
+    CHECK(ncclCommInitRank(&comm, n, id, rank) == ncclSuccess);
+  }
   cudaStream_t s;
   CHECK(cudaStreamCreate(&s) == cudaSuccess);
   float* buf = filled(rank + 1);

@@ -6,7 +6,10 @@
 #            kept its own 30 s deadline completes after 8 s instead);
 #   cache    RAILCC_CACHE_DIR=off: a checked all_reduce runs and no kernel cache appears (not
 #            under $HOME/.cache/railcc, not as a folder named "off"); with the variable unset
-#            the same run fills $HOME/.cache/railcc (so the check can see a cache at all).
+#            the same run fills $HOME/.cache/railcc (so the check can see a cache at all);
+#   config   ncclCommInitRankConfig with maxCTAs 8 and commName "ctas-test", both ways of
+#            running: a checked 256 MB all_reduce, and NCCL_DEBUG=INFO (written where
+#            NCCL_DEBUG_FILE says) names the communicator and "up to 8 blocks per GPU".
 # One PASS/FAIL line per check; exit 1 if any failed. LIB=dir picks another libnccl.so.2.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -63,6 +66,21 @@ if cache_run "cache default" "$work/home-on"; then
   n=$(find "$work/home-on/.cache/railcc" -type f 2>/dev/null | wc -l)
   if [ "$n" -gt 0 ]; then pass "cache: unset, the default folder \$HOME/.cache/railcc holds $n files"
   else fail "cache: unset, nothing in \$HOME/.cache/railcc (the off check above could not have seen a cache)"; fi
+fi
+# ncclConfig_t: maxCTAs bounds the communicator's blocks, commName names it in the log lines,
+# which NCCL_DEBUG_FILE sends to a file per process (%p).
+export RAILCC_CACHE_DIR="$work/cache" NCCL_DEBUG=INFO NCCL_DEBUG_FILE="$work/debug.%h.%p"
+( cd "$work" && timeout 120 ./config_env inproc ctas ) > "$work/ctas-inproc.log" 2>&1
+( cd "$work" && timeout 120 $MPI -x NCCL_DEBUG -x NCCL_DEBUG_FILE ./config_env mpi ctas ) > "$work/ctas-mpi.log" 2>&1
+unset NCCL_DEBUG NCCL_DEBUG_FILE
+oks=$(cat "$work/ctas-inproc.log" "$work/ctas-mpi.log" | grep -c "completed after .* s ok$")
+infos=$(cat "$work"/debug.* 2>/dev/null | grep -c "NCCL INFO \[ctas-test\] .*up to 8 blocks per GPU")
+cat "$work"/debug.* 2>/dev/null | grep "NCCL INFO" | sed 's/^/      /' | head -6
+if [ "$oks" = 3 ] && [ "$infos" = 4 ]; then
+  pass "config: maxCTAs 8 and commName, both ways of running: 3 of 3 all_reduce ok, 4 of 4 ranks' INFO lines (in NCCL_DEBUG_FILE) name ctas-test and up to 8 blocks per GPU"
+else
+  cat "$work/ctas-inproc.log" "$work/ctas-mpi.log"
+  fail "config: maxCTAs 8 and commName: $oks of 3 all_reduce ok, $infos of 4 INFO lines in NCCL_DEBUG_FILE name ctas-test with up to 8 blocks per GPU"
 fi
 rm -rf "$work"
 [ $FAILS = 0 ]
