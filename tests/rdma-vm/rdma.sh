@@ -126,6 +126,18 @@ waitall $pids
 grep -q "selects no RDMA port on rank(s) \[0\]" /tmp/hcabad0.log && grep -q "selects no RDMA port on rank(s) \[0\]" /tmp/hcabad1.log \
   && grep -q "rxe0:1 (active)" /tmp/hcabad0.log || { cat /tmp/hcabad*.log; fail "NCCL_IB_HCA=rxe0:2: the error does not name rank 0 and the ports found"; }
 echo "NCCL_IB_HCA=rxe0:2: $(grep -h -o 'selects no RDMA port.*' /tmp/hcabad0.log | head -c 200)"
+# NCCL_IB_TC, NCCL_IB_SL and NCCL_IB_GID_INDEX (the index railcc chose on its own) go into the
+# queue pairs' address vectors; a GID index with no GID there fails the ranks naming it.
+gi=$(sed -n 's/.*transport rdma rxe[01]:1 Ethernet GID\[\([0-9]*\)\].*/\1/p' /tmp/all_reduce.log | head -n 1)
+isint "$gi" || { cat /tmp/all_reduce.log; fail "cannot read the GID index railcc chose (read '$gi')"; }
+NCCL_IB_TC=106 NCCL_IB_SL=3 NCCL_IB_GID_INDEX=$gi bench /tmp/tcsl.log "sendrecv with NCCL_IB_TC=106 NCCL_IB_SL=3 NCCL_IB_GID_INDEX=$gi" \
+  sendrecv --ranks 2 -b 1M -e 1M -n 4 -w 1
+grep -q "GID\[$gi\]" /tmp/tcsl.log || { cat /tmp/tcsl.log; fail "NCCL_IB_GID_INDEX=$gi: not the GID used"; }
+echo "NCCL_IB_TC=106 NCCL_IB_SL=3 NCCL_IB_GID_INDEX=$gi: $(grep -c 'Out of bounds values : 0 OK' /tmp/tcsl.log) checked table"
+NCCL_IB_GID_INDEX=200 timeout 120 railcc bench sendrecv --ranks 2 -b 1M -e 1M -n 1 -w 0 > /tmp/gidbad.log 2>&1
+s=$?
+[ $s = 1 ] && grep -q "IB_GID_INDEX=200" /tmp/gidbad.log || { cat /tmp/gidbad.log; fail "NCCL_IB_GID_INDEX=200 (no GID there): railcc bench $(why $s), expected exit 1 naming IB_GID_INDEX=200"; }
+echo "NCCL_IB_GID_INDEX=200: $(grep -o 'IB_GID_INDEX=200.*' /tmp/gidbad.log | head -n 1 | head -c 160)"
 # Several queue pairs really exist: 2 ranks, 4 per connection, counted while a transfer runs.
 RAILCC_IB_QPS_PER_CONN=4 timeout 300 railcc bench sendrecv --ranks 2 -b 1M -e 1M -n 100 -w 0 -c 0 > /tmp/qpcount.log 2>&1 &
 qb=$!
