@@ -326,9 +326,9 @@ pub fn count_wrong(fill: Fill, a: &CollArgs, rank: usize, out: &[u8], seed: u64)
         return reference::count_wrong(a, rank, out, seed);
     }
     let n = out.len() / a.dtype.size();
-    (0..n)
-        .filter(|&i| want(fill, a, rank, i, seed).is_some_and(|w| !w.met(a.dtype, out, i)))
-        .count() as u64
+    reference::count_in_parallel(n, &|i| {
+        want(fill, a, rank, i, seed).is_some_and(|w| !w.met(a.dtype, out, i))
+    })
 }
 
 #[cfg(test)]

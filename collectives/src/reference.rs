@@ -263,16 +263,49 @@ pub fn expected_value(a: &CollArgs, rank: usize, i: usize, seed: u64) -> Option<
 /// Counts elements of `out` (the receive buffer of `rank`) that differ from [`expected_value`].
 pub fn count_wrong(a: &CollArgs, rank: usize, out: &[u8], seed: u64) -> u64 {
     let n = out.len() / a.dtype.size();
-    (0..n)
-        .filter(|&i| {
-            expected_value(a, rank, i, seed).is_some_and(|e| e != decode_at(a.dtype, out, i))
-        })
-        .count() as u64
+    count_in_parallel(n, &|i| {
+        expected_value(a, rank, i, seed).is_some_and(|e| e != decode_at(a.dtype, out, i))
+    })
+}
+
+/// How many of elements 0..n are `bad`, on every core once there are millions: the reference
+/// is computed element by element, and one core takes about a minute for 1 GB (issue 30).
+pub(crate) fn count_in_parallel(n: usize, bad: &(dyn Fn(usize) -> bool + Sync)) -> u64 {
+    const PER_THREAD: usize = 1 << 20;
+    let cores = std::thread::available_parallelism().map_or(1, |p| p.get());
+    let threads = cores.min(n / PER_THREAD).max(1);
+    let count = |r: std::ops::Range<usize>| r.filter(|&i| bad(i)).count() as u64;
+    if threads == 1 {
+        return count(0..n);
+    }
+    let per = n.div_ceil(threads);
+    std::thread::scope(|s| {
+        let parts: Vec<_> = (0..threads)
+            .map(|t| s.spawn(move || count(t * per..((t + 1) * per).min(n))))
+            .collect();
+        parts
+            .into_iter()
+            // A panic in a part is the caller's panic, as it would be on one thread.
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .sum()
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counting_on_several_threads_finds_every_wrong_element() {
+        let n = 3 << 20;
+        let wrong = [0usize, 1 << 20, (1 << 20) + 1, n / 2, n - 1];
+        let bad = |i: usize| wrong.contains(&i) || i % 999_983 == 7;
+        let one_thread = (0..n).filter(|&i| bad(i)).count() as u64;
+        assert_eq!(count_in_parallel(n, &bad), one_thread);
+        assert!(one_thread >= wrong.len() as u64);
+        assert_eq!(count_in_parallel(0, &bad), 0);
+        assert_eq!(count_in_parallel(8, &bad), 2, "elements 0 and 7");
+    }
 
     #[test]
     fn streaming_matches_whole_buffer_reference() {
