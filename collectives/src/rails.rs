@@ -155,9 +155,14 @@ fn with_addresses(wanted: Wanted, iface: &Iface) -> Result<Vec<TcpRail>> {
 /// GPU's traffic leaves through its own NIC (rail i meets rail i on a rail-optimised cluster);
 /// several equally near share out by local rank. Otherwise local rank l takes ports l*n ..
 /// l*n+n-1 in name order.
-pub fn rdma_rails(cfg: &Config, local_rank: usize, local_ranks: usize) -> Vec<RdmaPort> {
-    let ports =
-        railcc_transport_rdma::device::select(&railcc_transport_rdma::device::list(), &cfg.ib_hca);
+/// `found`: the machine's ports (`railcc_transport_rdma::device::list`).
+pub fn rdma_rails(
+    cfg: &Config,
+    found: &[RdmaPort],
+    local_rank: usize,
+    local_ranks: usize,
+) -> Vec<RdmaPort> {
+    let ports = railcc_transport_rdma::device::select(found, &cfg.ib_hca);
     if ports.is_empty() {
         return ports;
     }

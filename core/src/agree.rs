@@ -83,14 +83,20 @@ pub fn agree<T>(
     payload_of: impl FnOnce(&T) -> Vec<u8>,
 ) -> Result<(T, Vec<Vec<u8>>)> {
     let all = ex(&record(&mine, payload_of))?;
-    if let Some((r, why)) = first_failure(&all, 0) {
-        let r = name(r);
-        return Err(mine.err().unwrap_or_else(|| {
-            Error::new(ErrorKind::Io, format!("rank {r} failed GPU setup: {why}")).peer(r)
-        }));
+    let mut payloads = Vec::with_capacity(all.len());
+    for (r, m) in all.iter().enumerate() {
+        let first = records(m).into_iter().next();
+        match first.unwrap_or_else(|| Err("no setup record".to_string())) {
+            Ok(p) => payloads.push(p),
+            Err(why) => {
+                let r = name(r);
+                return Err(mine.err().unwrap_or_else(|| {
+                    Error::new(ErrorKind::Io, format!("rank {r} failed GPU setup: {why}")).peer(r)
+                }));
+            }
+        }
     }
-    let v = mine?;
-    Ok((v, all.iter().map(|m| payload(m, 0)).collect()))
+    Ok((mine?, payloads))
 }
 
 #[cfg(test)]

@@ -332,8 +332,11 @@ impl Config {
     /// the host name and %p by the process id; None: stderr.
     pub fn debug_file_path() -> Option<String> {
         let raw = crate::nccl_env::lookup(&process_env, "RAILCC_DEBUG_FILE")?;
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        Some(debug_file_name(&raw, host.trim(), std::process::id()))
+        Some(debug_file_name(
+            &raw,
+            &crate::netif::hostname(),
+            std::process::id(),
+        ))
     }
 
     /// The folder for compiled GPU kernels: None when `cache_dir` is "off", `cache_dir` when

@@ -49,13 +49,19 @@ fn proto(env: Env<'_>) -> Option<String> {
     }
 }
 
-/// NCCL_NET: Socket is TCP, IB is RDMA (InfiniBand or RoCE).
-fn net(env: Env<'_>) -> Option<String> {
-    match env("NCCL_NET")?.trim().to_ascii_lowercase().as_str() {
-        "socket" => Some("tcp".into()),
-        "ib" => Some("rdma".into()),
+/// An NCCL network name as railcc's transport: Socket is TCP, IB is RDMA (InfiniBand or
+/// RoCE); None for a network railcc does not have. NCCL_NET and ncclConfig_t's netName.
+pub fn transport_of_net(name: &str) -> Option<&'static str> {
+    match name.trim().to_ascii_lowercase().as_str() {
+        "socket" => Some("tcp"),
+        "ib" => Some("rdma"),
         _ => None,
     }
+}
+
+/// NCCL_NET (see [`transport_of_net`]).
+fn net(env: Env<'_>) -> Option<String> {
+    transport_of_net(&env("NCCL_NET")?).map(String::from)
 }
 
 /// NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD sockets per peer (NCCL's defaults 1 and 1

@@ -13,6 +13,15 @@ pub struct Iface {
 }
 
 /// Interfaces that are up, with their addresses (IPv4 and IPv6; link-local IPv6 skipped).
+/// This machine's host name (`/proc/sys/kernel/hostname`, else `/etc/hostname`; empty when
+/// neither reads).
+pub fn hostname() -> String {
+    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string());
+    read("/proc/sys/kernel/hostname")
+        .or_else(|_| read("/etc/hostname"))
+        .unwrap_or_default()
+}
+
 pub fn list() -> Result<Vec<Iface>> {
     let mut out = Vec::new();
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();

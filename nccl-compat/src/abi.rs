@@ -124,15 +124,13 @@ impl CommConfig {
             cfg.gpu_min_blocks = n;
         }
         if let Some(name) = &self.net_name {
-            cfg.transport = match name.to_ascii_lowercase().as_str() {
-                "ib" => "rdma".into(),
-                "socket" => "tcp".into(),
-                _ => {
-                    return Err(format!(
+            cfg.transport = railcc_core::nccl_env::transport_of_net(name)
+                .ok_or_else(|| {
+                    format!(
                         "config.netName \"{name}\": railcc's networks are \"IB\" and \"Socket\""
-                    ))
-                }
-            };
+                    )
+                })?
+                .into();
         }
         if let Some(tc) = self.traffic_class {
             cfg.ib_tc = tc;

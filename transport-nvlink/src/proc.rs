@@ -162,12 +162,6 @@ impl Hello {
     }
 }
 
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
-}
-
 impl ProcGpu {
     /// Collective over `nranks` processes of one host, this one driving GPU `ordinal`.
     /// `exchange` is the bootstrap's all-gather (every rank's setup outcome travels in it:
@@ -209,7 +203,7 @@ impl ProcGpu {
         let ((gpu, _, _, table0), hellos) =
             agree(setup, exchange, &name, |(_, sync, blocks, _)| {
                 Hello {
-                    host: hostname(),
+                    host: railcc_core::netif::hostname(),
                     sync: sync.handle,
                     shm: shm.clone(),
                     blocks: *blocks,

@@ -140,12 +140,8 @@ pub(crate) fn host_id(cfg: &Config) -> String {
     if !cfg.hostid.is_empty() {
         return cfg.hostid.clone();
     }
-    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_string());
-    let name = read("/proc/sys/kernel/hostname")
-        .or_else(|_| read("/etc/hostname"))
-        .unwrap_or_default();
-    let boot = read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    format!("{name}/{boot}")
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    format!("{}/{}", railcc_core::netif::hostname(), boot.trim())
 }
 
 /// Identifies this process on its host: its pid and its pid namespace (containers on one

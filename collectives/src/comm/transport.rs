@@ -27,15 +27,16 @@ pub(super) fn choose_transport(
     };
     // A port list that names no port here is a mistake, not a wish for TCP: every rank fails,
     // naming the ports found (NCCL_IB_HCA feeds RAILCC_IB_HCA).
+    let found = match cfg.transport.as_str() {
+        "tcp" => Vec::new(),
+        _ => railcc_transport_rdma::device::list(),
+    };
     let mut unmatched = match cfg.transport.as_str() {
         "tcp" => None,
-        _ => railcc_transport_rdma::device::no_match(
-            &railcc_transport_rdma::device::list(),
-            &cfg.ib_hca,
-        ),
+        _ => railcc_transport_rdma::device::no_match(&found, &cfg.ib_hca),
     };
     if cfg.transport != "tcp" && unmatched.is_none() {
-        let mut ports = crate::rails::rdma_rails(cfg, local_rank, local_ranks);
+        let mut ports = crate::rails::rdma_rails(cfg, &found, local_rank, local_ranks);
         // NCCL_IB_GID_INDEX: a GID index that names no GID is an error like a port list
         // that names no port.
         if let Ok(index) = u8::try_from(cfg.ib_gid_index) {
