@@ -39,6 +39,25 @@ enum Path {
     Net { net: GpuNet, hier: Option<HierGpu> },
 }
 
+impl Path {
+    /// How data moves, for logs and bench headers.
+    fn describe(&self) -> String {
+        match self {
+            Path::InProcess(m) => format!(
+                "{} GPU(s) in one process, kernels over peer access, up to {} blocks per GPU",
+                m.len(),
+                m.max_blocks()
+            ),
+            Path::Peer(pg) => format!(
+                "one rank per process, peers by CUDA IPC, up to {} blocks per GPU",
+                pg.max_blocks()
+            ),
+            Path::Net { hier: Some(h), .. } => h.describe().to_string(),
+            Path::Net { net, .. } => net.describe().to_string(),
+        }
+    }
+}
+
 pub struct GpuComm {
     rank: usize,
     nranks: usize,
@@ -69,19 +88,15 @@ impl GpuComm {
     /// Every rank of a communicator in this process, rank g on GPU `ordinals[g]`
     /// ([`GpuPath::InProcess`]; libnccl's clique, `railcc bench --device cuda`).
     pub fn in_process(cfg: &Config, ordinals: &[usize]) -> Result<GpuComm> {
-        let multi = MultiGpu::new(ordinals, &super::settings(cfg))?;
+        let path = Path::InProcess(MultiGpu::new(ordinals, &super::settings(cfg))?);
         let n = ordinals.len();
-        let desc = format!(
-            "{n} GPU(s) in one process, kernels over peer access, up to {} blocks per GPU",
-            multi.max_blocks()
-        );
         Ok(GpuComm {
             rank: 0,
             nranks: n,
-            path: Path::InProcess(multi),
+            desc: path.describe(),
+            path,
             reach: vec![Reach::PeerAccess; n],
             seqs: parking_lot::Mutex::new(std::collections::HashMap::new()),
-            desc,
         })
     }
 
@@ -150,22 +165,13 @@ impl GpuComm {
                 Path::Net { net, hier }
             }
         };
-        let desc = match &path {
-            Path::InProcess(_) => String::new(),
-            Path::Peer(pg) => format!(
-                "one rank per process, peers by CUDA IPC, up to {} blocks per GPU",
-                pg.max_blocks()
-            ),
-            Path::Net { hier: Some(h), .. } => h.describe().to_string(),
-            Path::Net { net, .. } => net.describe().to_string(),
-        };
         Ok(GpuComm {
             rank,
             nranks,
+            desc: path.describe(),
             path,
             reach,
             seqs: parking_lot::Mutex::new(std::collections::HashMap::new()),
-            desc,
         })
     }
 
