@@ -18,14 +18,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-/// One side of a point-to-point transfer.
-#[derive(Debug, Clone, Copy)]
-pub struct Half {
-    pub ptr: u64,
-    pub bytes: usize,
-    pub stream: usize,
-}
-
 #[derive(Default)]
 struct Slot {
     calls: Vec<Option<Call>>,
@@ -35,8 +27,8 @@ struct Slot {
 
 #[derive(Default)]
 struct Pair {
-    send: Option<Half>,
-    recv: Option<Half>,
+    send: Option<P2pOp>,
+    recv: Option<P2pOp>,
     result: Option<std::result::Result<(), Error>>,
     collected: usize,
 }
@@ -179,15 +171,15 @@ impl Clique {
         Ticket::Coll(seq)
     }
 
-    /// One side of the `seq`-th message from `src` to `dst`; the side that completes the pair
-    /// enqueues the copy.
-    pub fn submit_p2p(&self, src: usize, dst: usize, seq: u64, send: bool, h: Half) -> Ticket {
+    /// One side of the `seq`-th message from `src` to `dst` (`op.send`: which side); the side
+    /// that completes the pair enqueues the copy.
+    pub fn submit_p2p(&self, src: usize, dst: usize, seq: u64, op: P2pOp) -> Ticket {
         let mut pairs = self.pairs.lock();
         let p = pairs.entry((src, dst, seq)).or_default();
-        if send {
-            p.send = Some(h);
+        if op.send {
+            p.send = Some(op);
         } else {
-            p.recv = Some(h);
+            p.recv = Some(op);
         }
         if let (Some(s), Some(r)) = (p.send, p.recv) {
             p.result = Some(if s.bytes != r.bytes {
@@ -199,17 +191,9 @@ impl Clique {
                     ),
                 ))
             } else {
-                let op = |h: Half, peer, send| P2pOp {
-                    peer,
-                    send,
-                    ptr: h.ptr,
-                    bytes: h.bytes,
-                    stream: h.stream,
-                };
                 // SAFETY: NCCL's contract: device buffers of each rank's GPU with `bytes`, on
                 // that rank's streams, live until the streams pass the message.
-                self.ready()
-                    .and_then(|g| unsafe { g.copy(src, &op(s, dst, true), &op(r, src, false)) })
+                self.ready().and_then(|g| unsafe { g.copy(src, &s, &r) })
             });
             self.done.notify_all();
         }
@@ -360,13 +344,15 @@ mod tests {
     #[test]
     fn sends_and_receives_of_different_sizes_are_refused_on_both_sides() {
         let c = Clique::get([4; 16], 2, Duration::from_secs(5)).unwrap();
-        let h = |bytes| Half {
+        let h = |send, bytes| P2pOp {
+            peer: if send { 1 } else { 0 },
+            send,
             ptr: 0x1000,
             bytes,
             stream: 0,
         };
-        let s = c.submit_p2p(0, 1, 0, true, h(8));
-        let r = c.submit_p2p(0, 1, 0, false, h(16));
+        let s = c.submit_p2p(0, 1, 0, h(true, 8));
+        let r = c.submit_p2p(0, 1, 0, h(false, 16));
         for t in [s, r] {
             assert_eq!(c.wait(t).unwrap_err().kind, ErrorKind::Mismatch);
         }

@@ -1,7 +1,7 @@
 //! ncclGroupStart/End: calls made between them are held per thread and submitted together at
 //! the outermost End, so one thread can drive every rank of a communicator without deadlock.
 
-use crate::clique::{Call, Half};
+use crate::clique::Call;
 use crate::Comm;
 use std::cell::RefCell;
 
@@ -9,8 +9,7 @@ pub enum Pending {
     /// A communicator whose init (the bootstrap) runs at the outermost End.
     Init(*const Comm, railcc_core::bootstrap::UniqueId),
     Coll(*const Comm, Call),
-    /// (communicator, peer, is_send, buffer)
-    P2p(*const Comm, usize, bool, Half),
+    P2p(*const Comm, railcc_core::call::P2pOp),
 }
 
 #[derive(Default)]

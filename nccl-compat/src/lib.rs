@@ -37,7 +37,7 @@ enum Backend {
 }
 
 use abi::*;
-use clique::{Call, Clique, Half, Ticket};
+use clique::{Call, Clique, Ticket};
 use parking_lot::Mutex;
 use proc_backend::GpuRank;
 use railcc_core::call::CollKind;

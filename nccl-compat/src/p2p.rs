@@ -4,6 +4,7 @@
 use super::*;
 use crate::coll::{submit, wait};
 use crate::init::finish_init;
+use railcc_core::call::P2pOp;
 
 #[no_mangle]
 pub extern "C" fn ncclGroupStart() -> NcclResult {
@@ -56,37 +57,37 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
                 Ok(t) => tickets.push((c, t)),
                 Err(r) => note(r),
             },
-            group::Pending::P2p(c, peer, send, h) => p2ps.push((c, peer, send, h)),
+            group::Pending::P2p(c, op) => p2ps.push((c, op)),
         }
     }
     // Sends and receives after the collectives, in program order; a rank's messages to
     // itself are copies. On the per-process and network paths a communicator's sends and
     // receives of the group are one batch (which orders them so that no two ranks wait on
     // each other); in one process, the clique pairs them.
-    let mut self_sends: HashMap<usize, std::collections::VecDeque<Half>> = HashMap::new();
-    let mut self_recvs: Vec<(*const Comm, Half)> = Vec::new();
-    let mut batches: Vec<(*const Comm, Vec<GpuP2p>)> = Vec::new();
-    for (c, peer, send, h) in p2ps {
+    let mut self_sends: HashMap<usize, std::collections::VecDeque<P2pOp>> = HashMap::new();
+    let mut self_recvs: Vec<(*const Comm, P2pOp)> = Vec::new();
+    let mut batches: Vec<(*const Comm, Vec<P2pOp>)> = Vec::new();
+    for (c, op) in p2ps {
         // SAFETY: handles in a group are live (NCCL's contract).
         let cr = unsafe { &*c };
         let Some(Backend::Gpu(g)) = cr.backend.get() else {
-            match submit_p2p(c, peer, send, h) {
+            match submit_p2p(c, op) {
                 Ok(t) => tickets.push((c, t)),
                 Err(r) => note(r),
             }
             continue;
         };
-        if g.copies_to_self() && peer == cr.rank {
-            if send {
-                self_sends.entry(c as usize).or_default().push_back(h);
+        if g.copies_to_self() && op.peer == cr.rank {
+            if op.send {
+                self_sends.entry(c as usize).or_default().push_back(op);
             } else {
-                self_recvs.push((c, h));
+                self_recvs.push((c, op));
             }
             continue;
         }
         match batches.iter_mut().find(|g| std::ptr::eq(g.0, c)) {
-            Some(g) => g.1.push((peer, send, h)),
-            None => batches.push((c, vec![(peer, send, h)])),
+            Some(g) => g.1.push(op),
+            None => batches.push((c, vec![op])),
         }
     }
     for (c, ops) in batches {
@@ -126,9 +127,6 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
     first
 }
 
-/// (peer, is_send, buffer)
-type GpuP2p = (usize, bool, Half);
-
 #[allow(clippy::too_many_arguments)]
 fn p2p(
     name: &str,
@@ -157,16 +155,18 @@ fn p2p(
     if buf.is_null() && count > 0 {
         return invalid(format!("{name}: NULL buffer with count {count}"));
     }
-    let h = Half {
+    let op = P2pOp {
+        peer: peer as usize,
+        send,
         ptr: buf as u64,
         bytes: count * dt.size(),
         stream: stream as usize,
     };
     if group::in_group() {
-        group::defer(group::Pending::P2p(comm, peer as usize, send, h));
+        group::defer(group::Pending::P2p(comm, op));
         return SUCCESS;
     }
-    match submit_p2p(comm, peer as usize, send, h) {
+    match submit_p2p(comm, op) {
         Ok(t) => wait(comm, t),
         Err(code) => code,
     }
@@ -377,7 +377,8 @@ pub extern "C" fn ncclScatter(
 }
 
 /// Hands one send or receive to its communicator.
-fn submit_p2p(comm: *const Comm, peer: usize, send: bool, h: Half) -> Result<Ticket, NcclResult> {
+fn submit_p2p(comm: *const Comm, op: P2pOp) -> Result<Ticket, NcclResult> {
+    let (peer, send) = (op.peer, op.send);
     with_comm(comm, if send { "ncclSend" } else { "ncclRecv" }, |c| {
         c.wait_init();
         if let Some(e) = c.broken.lock().clone() {
@@ -386,8 +387,8 @@ fn submit_p2p(comm: *const Comm, peer: usize, send: bool, h: Half) -> Result<Tic
         let seq = c.next_p2p_seq(peer, send);
         let (src, dst) = if send { (c.rank, peer) } else { (peer, c.rank) };
         match c.backend.get() {
-            Some(Backend::Local(clique)) => Ok(clique.submit_p2p(src, dst, seq, send, h)),
-            Some(Backend::Gpu(g)) => Ok(Ticket::Done(g.p2p(&[(peer, send, h)]))),
+            Some(Backend::Local(clique)) => Ok(clique.submit_p2p(src, dst, seq, op)),
+            Some(Backend::Gpu(g)) => Ok(Ticket::Done(g.p2p(&[op]))),
             None => Err(usage("send/recv: communicator not initialized")),
         }
     })?

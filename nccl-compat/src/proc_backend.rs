@@ -6,7 +6,7 @@
 //! process: each opens railcc's per-process GPU path (peers' buffers through CUDA IPC; the
 //! bootstrap carries the handles).
 
-use crate::clique::{Clique, Half};
+use crate::clique::Clique;
 use crate::Backend;
 use railcc_collectives::gpu::{GpuComm, GpuPath, Placement};
 use railcc_collectives::Communicator;
@@ -92,7 +92,7 @@ impl GpuRank {
 
     /// A rank's message to itself: a copy on the receive's stream, after the send's stream
     /// reaches the send (events when the streams differ).
-    pub fn self_copy(&self, s: Half, r: Half) -> Result<()> {
+    pub fn self_copy(&self, s: P2pOp, r: P2pOp) -> Result<()> {
         use railcc_cuda::gpu::{copy_async, stream_of, stream_waits_for};
         if s.bytes != r.bytes {
             return Err(Error::new(
@@ -134,21 +134,11 @@ impl GpuRank {
         Ok(())
     }
 
-    /// Sends and receives of one group (or one call): (peer, is_send, buffer).
-    pub fn p2p(&self, ops: &[(usize, bool, Half)]) -> Result<()> {
-        let list: Vec<P2pOp> = ops
-            .iter()
-            .map(|&(peer, send, h)| P2pOp {
-                peer,
-                send,
-                ptr: h.ptr,
-                bytes: h.bytes,
-                stream: h.stream,
-            })
-            .collect();
+    /// Sends and receives of one group (or one call).
+    pub fn p2p(&self, ops: &[P2pOp]) -> Result<()> {
         // SAFETY: NCCL's contract: device buffers of this rank's GPU (cudaMalloc/cuMemAlloc,
         // so CUDA IPC can export them), sized as given, live until the streams pass the ops.
-        unsafe { self.comm.p2p(&list) }
+        unsafe { self.comm.p2p(ops) }
     }
 }
 
