@@ -24,6 +24,23 @@ static int cudaSetDeviceForTest(int d) {
   return 0;
 }
 
+/* Host <-> device copies of the current context, without the CUDA headers (as above). */
+static int cuCopy(void* dst, const void* src, size_t bytes, int to_device) {
+  typedef int (*h2d_t)(unsigned long long, const void*, size_t);
+  typedef int (*d2h_t)(void*, unsigned long long, size_t);
+  typedef int (*sync_t)(void);
+  void* cu = dlopen("libcuda.so.1", RTLD_NOW);
+  if (!cu) return -1;
+  sync_t sync = (sync_t)dlsym(cu, "cuCtxSynchronize");
+  if (!sync || sync()) return -1;
+  if (to_device) {
+    h2d_t h2d = (h2d_t)dlsym(cu, "cuMemcpyHtoD_v2");
+    return h2d ? h2d((unsigned long long)(size_t)dst, src, bytes) : -1;
+  }
+  d2h_t d2h = (d2h_t)dlsym(cu, "cuMemcpyDtoH_v2");
+  return d2h ? d2h(dst, (unsigned long long)(size_t)src, bytes) : -1;
+}
+
 #define EXPECT(c) do { if (!(c)) { printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #c); return 1; } } while (0)
 
 int main(int argc, char** argv) {
@@ -80,6 +97,38 @@ int main(int argc, char** argv) {
     EXPECT(op2 == op1);
     EXPECT(ncclRedOpDestroy(ncclSum, comms[0]) == ncclInvalidArgument);
     EXPECT(ncclRedOpDestroy(op2, comms[0]) == ncclSuccess);
+    if (ngpu == 2) {
+      /* Send/recv between the two ranks of this process (the clique pairs the sides and
+       * copies between the GPUs), both ways in one group, on the legacy default streams. */
+      enum { N = 1 << 16 };
+      static float host[2][N], back[N];
+      void* sbuf[2];
+      void* rbuf[2];
+      for (int g = 0; g < 2; g++) {
+        for (int i = 0; i < N; i++) host[g][i] = (float)(g * 1000000 + i);
+        EXPECT(cudaSetDeviceForTest(g) == 0);
+        EXPECT(ncclMemAlloc(&sbuf[g], sizeof host[g]) == ncclSuccess);
+        EXPECT(ncclMemAlloc(&rbuf[g], sizeof host[g]) == ncclSuccess);
+        EXPECT(cuCopy(sbuf[g], host[g], sizeof host[g], 1) == 0);
+      }
+      EXPECT(ncclGroupStart() == ncclSuccess);
+      for (int g = 0; g < 2; g++) {
+        EXPECT(ncclSend(sbuf[g], N, ncclFloat, 1 - g, comms[g], NULL) == ncclSuccess);
+        EXPECT(ncclRecv(rbuf[g], N, ncclFloat, 1 - g, comms[g], NULL) == ncclSuccess);
+      }
+      EXPECT(ncclGroupEnd() == ncclSuccess);
+      int wrong = 0;
+      for (int g = 0; g < 2; g++) {
+        EXPECT(cudaSetDeviceForTest(g) == 0);
+        EXPECT(cuCopy(back, rbuf[g], sizeof back, 0) == 0);
+        /* C_API_BREAK=1 expects each rank's own data back: the check must then fail. */
+        const float* want = getenv("C_API_BREAK") ? host[g] : host[1 - g];
+        for (int i = 0; i < N; i++) wrong += back[i] != want[i];
+        EXPECT(ncclMemFree(sbuf[g]) == ncclSuccess && ncclMemFree(rbuf[g]) == ncclSuccess);
+      }
+      printf("send/recv between the 2 ranks of this process, both ways: %d of %d elements wrong\n", wrong, 2 * N);
+      EXPECT(wrong == 0);
+    }
     for (int i = 0; i < ngpu; i++) EXPECT(ncclCommDestroy(comms[i]) == ncclSuccess);
 
     /* Non-blocking init (config.blocking = 0), ngpu ranks from this one thread: each call
