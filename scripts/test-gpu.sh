@@ -17,11 +17,16 @@
 #  shrink ncclCommShrink, 3 MPI ranks (nccl-compat/tests/mpi/shrink.sh);
 #  split  torch new_group/split_group through ncclCommSplit (nccl-compat/tests/torch/split.sh);
 #  config libnccl honours RAILCC_TIMEOUT_MS and RAILCC_CACHE_DIR=off, one process driving two
-#         GPUs and one process per GPU (nccl-compat/tests/config/config_env.sh).
+#         GPUs and one process per GPU, and waits without a deadline when it is unset
+#         (nccl-compat/tests/config/config_env.sh);
+#  alloc  libnccl with buffers from any allocator: cudaMalloc, VMM pieces with and without
+#         shareable handles, cudaMallocAsync, ncclMemAlloc (nccl-compat/tests/alloc/alloc.sh,
+#         railcc's library and NCCL's), and PyTorch's allocators through torchrun
+#         (nccl-compat/tests/torch/alloc.sh).
 # A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
 # exit status 1 if any failed. Without a CUDA driver: a SKIP line, exit 0.
-# TEST_GPU_PARTS="unit bench nccl shared shrink split config" picks parts (one 10-minute device call may not hold them all),
+# TEST_GPU_PARTS="unit bench nccl shared shrink split config alloc" picks parts (one 10-minute device call may not hold them all),
 # TEST_GPU_COLLS the bench's collectives, RAILCC_BIN another railcc binary;
 # logs under $OUT (default /tmp/out): test-gpu.log (every line of every check).
 set -uo pipefail
@@ -45,7 +50,7 @@ source bench/compare/tables.sh
 R=${RAILCC_BIN:-$R}   # another railcc binary (to see a broken build fail these checks)
 export RAILCC_TIMEOUT_MS=30000
 NG=${NG:-$(nvidia-smi -L | wc -l)}
-PARTS=${TEST_GPU_PARTS:-unit bench nccl shared shrink split config}
+PARTS=${TEST_GPU_PARTS:-unit bench nccl shared shrink split config alloc}
 PASSED=0 FAILED=0 FAILS=""
 : > "$LOG"
 
@@ -188,9 +193,23 @@ case " $PARTS " in *" split "*)
 
 case " $PARTS " in *" config "*)
   # libnccl honours RAILCC_TIMEOUT_MS and RAILCC_CACHE_DIR=off both ways of running.
-  timeout 300 bash nccl-compat/tests/config/config_env.sh > /tmp/test-gpu-config.log 2>&1
+  timeout 420 bash nccl-compat/tests/config/config_env.sh > /tmp/test-gpu-config.log 2>&1
   verdict "config: RAILCC_TIMEOUT_MS and RAILCC_CACHE_DIR=off in libnccl, one process and mpirun (nccl-compat/tests/config/config_env.sh)" $? /tmp/test-gpu-config.log notable
   grep -E "^(PASS|FAIL)" /tmp/test-gpu-config.log | sed 's/^/      /'
+;; esac
+
+case " $PARTS " in *" alloc "*)
+  # Any device buffer: the C test with railcc's library, then NCCL's (the test's own check).
+  timeout 400 bash nccl-compat/tests/alloc/alloc.sh > /tmp/test-gpu-alloc.log 2>&1
+  verdict "alloc: libnccl with buffers from every allocator, mpirun -np 2 (nccl-compat/tests/alloc/alloc.sh)" $? /tmp/test-gpu-alloc.log notable
+  grep -E "^(PASS|FAIL)" /tmp/test-gpu-alloc.log | sed 's/^/      /'
+  NCCL_LIB=$(python3 -c "import nvidia.nccl, os; print(os.path.join(nvidia.nccl.__path__[0], 'lib'))" 2>/dev/null)
+  LIB="$NCCL_LIB" LABEL=nccl timeout 400 bash nccl-compat/tests/alloc/alloc.sh > /tmp/test-gpu-alloc-nccl.log 2>&1
+  verdict "alloc: the same test with NCCL $NCCL_LIB (the test itself is right)" $? /tmp/test-gpu-alloc-nccl.log notable
+  grep -E "^(PASS|FAIL)" /tmp/test-gpu-alloc-nccl.log | sed 's/^/      /'
+  timeout 900 bash nccl-compat/tests/torch/alloc.sh > /tmp/test-gpu-torch-alloc.log 2>&1
+  verdict "alloc: PyTorch's allocators through torchrun, railcc and NCCL (nccl-compat/tests/torch/alloc.sh)" $? /tmp/test-gpu-torch-alloc.log notable
+  grep -E "^(PASS|FAIL|      )" /tmp/test-gpu-torch-alloc.log
 ;; esac
 
 echo "test-gpu: $PASSED passed, $FAILED failed${FAILS:+ (${FAILS#; })}"

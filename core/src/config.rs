@@ -315,10 +315,22 @@ pub fn railcc_rank() -> Option<usize> {
     process_env("RAILCC_RANK").and_then(|r| r.trim().parse().ok())
 }
 
+/// The timeout of a wait that has none: libnccl's default, since NCCL waits for a late rank
+/// and leaves deciding that a wait is a hang to the framework's watchdog, which then calls
+/// ncclCommAbort. Ten years rather than infinity, so deadlines stay representable as an
+/// `Instant` and as a kernel's nanoseconds.
+pub const NO_DEADLINE_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
+
 impl Config {
     /// Defaults overridden by the process environment.
     pub fn from_env() -> Result<Config> {
         Config::default().apply_vars(|k| crate::nccl_env::lookup(&process_env, k))
+    }
+
+    /// libnccl's configuration: as [`Config::from_env`], but waits have no deadline
+    /// ([`NO_DEADLINE_MS`]) unless RAILCC_TIMEOUT_MS is set.
+    pub fn from_env_waiting() -> Result<Config> {
+        from_env_waiting_in(&process_env)
     }
 
     /// The `debug` setting alone, from the process environment (RAILCC_DEBUG, else
@@ -435,6 +447,15 @@ impl Config {
     }
 }
 
+fn from_env_waiting_in(env: &dyn Fn(&str) -> Option<String>) -> Result<Config> {
+    let lookup = |k: &str| crate::nccl_env::lookup(env, k);
+    let mut c = Config::default().apply_vars(lookup)?;
+    if lookup("RAILCC_TIMEOUT_MS").is_none() {
+        c.timeout_ms = NO_DEADLINE_MS;
+    }
+    Ok(c)
+}
+
 /// One row of `railcc config`.
 #[derive(Debug, Clone)]
 pub struct ConfigRow {
@@ -512,6 +533,24 @@ mod tests {
         assert_eq!(cfg.timeout_ms, 1500);
         assert_eq!(cfg.algo, AlgoChoice::Ring);
         assert_eq!(cfg.chunk_bytes, Config::default().chunk_bytes);
+    }
+
+    #[test]
+    fn libnccl_waits_without_a_deadline_unless_a_timeout_is_set() {
+        let none = from_env_waiting_in(&|_| None).unwrap();
+        assert_eq!(none.timeout_ms, NO_DEADLINE_MS);
+        // Far, yet an Instant and a kernel's nanoseconds still hold it.
+        assert!(std::time::Instant::now()
+            .checked_add(none.timeout() * 2)
+            .is_some());
+        assert!(none.timeout().as_nanos() < u64::MAX as u128 / 4);
+        let set = from_env_waiting_in(&|k| (k == "RAILCC_TIMEOUT_MS").then(|| "2500".into()));
+        assert_eq!(set.unwrap().timeout_ms, 2500);
+        assert_eq!(
+            Config::default().timeout_ms,
+            60_000,
+            "elsewhere the default stays"
+        );
     }
 
     #[test]

@@ -197,6 +197,12 @@ impl GpuCtx {
         self.abort.store(0, 1);
     }
 
+    /// Whether a kernel of this context waited past its deadline for a peer (kernels.rs:
+    /// `ABORT_TIMED_OUT`); every wait of the context has stopped since.
+    pub fn kernels_timed_out(&self) -> bool {
+        self.abort.load(0) == crate::kernels::ABORT_TIMED_OUT
+    }
+
     pub fn ll_func(&self, dt: DataType, op: ReduceOp) -> Result<sys::CUfunction> {
         self.ll_funcs
             .get(&(dt, op))

@@ -10,10 +10,18 @@ use std::collections::HashMap;
 
 pub const HANDLE_BYTES: usize = 64;
 
+/// [`BufDesc::kind`] of a legacy IPC handle.
+pub const KIND_LEGACY: u64 = 0;
+/// [`BufDesc::kind`] of a buffer of VMM pieces (`vmm.rs`): `handle` holds, as a little-endian
+/// u64, how many pieces the owner had posted once this buffer's were; `base` is the buffer's
+/// address in the owner and `size` its length.
+pub const KIND_VMM: u64 = 1;
+
 /// One buffer as its owner exports it.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BufDesc {
+    pub kind: u64,
     pub handle: [u8; HANDLE_BYTES],
     /// The allocation's base in the owner's address space (the cache key) and our offset in it.
     pub base: u64,
@@ -39,6 +47,7 @@ pub fn export(ptr: u64) -> Result<BufDesc> {
         )?;
     }
     Ok(BufDesc {
+        kind: KIND_LEGACY,
         handle: h.reserved.map(|c| c as u8),
         base,
         offset: ptr - base,

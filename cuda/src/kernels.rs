@@ -23,6 +23,9 @@ pub const SYNC_BYTES: usize = (8 + MAX_PEERS * MAX_BLOCKS + 8) * 8;
 /// mapped host memory): `SYNC_ABORT` in `source`.
 pub const SYNC_ABORT_OFFSET: usize = (8 + MAX_PEERS * MAX_BLOCKS + 2) * 8;
 const _: () = assert!(SYNC_ABORT_OFFSET + 8 <= SYNC_BYTES);
+/// The abort word's value when a kernel, not the host, stopped the waits: one waited past its
+/// deadline (`ABORT_TIMED_OUT` in `source`).
+pub const ABORT_TIMED_OUT: u32 = 2;
 /// Where the low-latency scratch starts in each GPU's area (see ll.rs).
 pub const SCRATCH_OFFSET: usize = 128 * 1024;
 const _: () = assert!(SYNC_BYTES <= SCRATCH_OFFSET);
@@ -103,16 +106,26 @@ __device__ __forceinline__ unsigned long long now_ns() { unsigned long long t; a
 // Word SYNC_ABORT of this GPU's area holds the address of a word in mapped host memory that
 // the host sets when a peer died or the communicator was aborted: waits stop (the result is
 // garbage, the host reports the error) and the kernel ends, so the stream and the GPU stay
-// usable. (Word SYNC_EPOCH + 1 is the low-latency kernel's block counter.)
+// usable. A wait past its deadline (only with RAILCC_TIMEOUT_MS; libnccl waits as NCCL does)
+// sets that word to ABORT_TIMED_OUT itself: every wait of the context stops the same way, and
+// the host reports a timeout. Never __trap(): it would leave the process's CUDA context unusable.
+// (Word SYNC_EPOCH + 1 is the low-latency kernel's block counter.)
 #define SYNC_ABORT (SYNC_EPOCH + 2)
+#define ABORT_TIMED_OUT 2u
 __device__ __forceinline__ bool aborted(unsigned long long sync) {
   unsigned long long a = ((volatile unsigned long long*)sync)[SYNC_ABORT];
   return a != 0 && *(volatile unsigned int*)a != 0;
 }
+__device__ __forceinline__ void timed_out(unsigned long long sync) {
+  unsigned long long a = ((volatile unsigned long long*)sync)[SYNC_ABORT];
+  // A plain store (atomics on mapped host memory need PCIe atomics); racing the host's own
+  // abort is harmless: either value stops every wait.
+  if (a != 0 && *(volatile unsigned int*)a == 0) *(volatile unsigned int*)a = ABORT_TIMED_OUT;
+}
 __device__ __forceinline__ void wait_at_least(volatile unsigned long long* p, unsigned long long epoch, unsigned long long t0, unsigned long long timeout_ns, unsigned long long sync) {
   unsigned int spins = 0;
   while (*p < epoch) {
-    if (now_ns() - t0 > timeout_ns) __trap(); // a peer never arrived: fail loudly, never hang
+    if (now_ns() - t0 > timeout_ns) { timed_out(sync); return; } // a peer never arrived
     if ((++spins & 1023u) == 0 && aborted(sync)) return;
   }
 }
@@ -208,7 +221,7 @@ __device__ void p2p_wait(unsigned long long area, int word, unsigned long long e
   unsigned long long t0 = now_ns();
   unsigned int spins = 0;
   while ((long long)(w[word] - e) < 0) {{
-    if (now_ns() - t0 > timeout_ns) __trap(); // the peer never came: fail loudly, never hang
+    if (now_ns() - t0 > timeout_ns) {{ timed_out(area); return; }} // the peer never came
     if ((++spins & 255u) == 0 && aborted(area)) return;
   }}
 }}
@@ -337,6 +350,8 @@ mod tests {
         // SYNC_EPOCH is word 8 + MAX_PEERS * MAX_BLOCKS, SYNC_ABORT two words later.
         assert!(s.contains("#define SYNC_EPOCH (8 + 8 * MAX_BLOCKS)") && MAX_PEERS == 8);
         assert!(s.contains("#define SYNC_ABORT (SYNC_EPOCH + 2)"));
+        assert!(s.contains(&format!("#define ABORT_TIMED_OUT {ABORT_TIMED_OUT}u")));
+        assert!(!s.contains("__trap();"), "a kernel never traps");
         assert_eq!(SYNC_ABORT_OFFSET, (8 + 8 * MAX_BLOCKS + 2) * 8);
     }
 

@@ -16,6 +16,8 @@
 //!   copies between pinned and device memory, pinned buffers (what the network engine builds
 //!   on);
 //! - [`ipc`]: CUDA IPC handles of device allocations, and the cache of peers' opened ones;
+//! - [`vmm`]: memory of the virtual memory API (PyTorch's expandable segments, ncclMemAlloc):
+//!   how a buffer can be shared, its pieces' file descriptors, peers' pieces mapped as views;
 //! - [`dmabuf`]: device memory exported as dma-buf (GPUDirect RDMA);
 //! - [`nvml`]: NVLink counts between GPUs (`railcc topo`).
 
@@ -30,6 +32,7 @@ pub mod launch;
 pub mod ll;
 pub mod nvml;
 pub mod staging;
+pub mod vmm;
 
 /// What errors raised by a CUDA call or by NVRTC name as their transport.
 pub const NAME: &str = "cuda";

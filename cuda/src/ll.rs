@@ -78,7 +78,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const unsigned ch
         unsigned int a, f1, b, f2, spins = 0;
         do {{
           asm volatile("ld.volatile.global.v4.u32 {{%0,%1,%2,%3}}, [%4];" : "=r"(a), "=r"(f1), "=r"(b), "=r"(f2) : "l"(src) : "memory");
-          if (now_ns() - t0 > timeout_ns) __trap(); // a peer never came: fail, never hang
+          if (now_ns() - t0 > timeout_ns) {{ timed_out((unsigned long long)area); break; }} // a peer never came
           if ((++spins & 1023u) == 0 && aborted((unsigned long long)area)) break; // kernels.rs: SYNC_ABORT
         }} while (f1 != flag || f2 != flag);
         v = make_uint2(a, b);

@@ -43,10 +43,6 @@ macro_rules! not_implemented {
         }
     };
 }
-not_implemented!(ncclCommWindowRegister, "symmetric windows are not implemented",
-    comm: *mut Comm, buff: *mut c_void, size: usize, win: *mut *mut c_void, flags: c_int);
-not_implemented!(ncclCommWindowDeregister, "symmetric windows are not implemented",
-    comm: *mut Comm, win: *mut c_void);
 not_implemented!(ncclDevCommCreate, "the device API is not implemented",
     comm: *mut Comm, reqs: *const c_void, out: *mut c_void);
 not_implemented!(ncclDevCommDestroy, "the device API is not implemented",

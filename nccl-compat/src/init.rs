@@ -128,6 +128,7 @@ pub(crate) fn finish_init(comm: *const Comm, id: &railcc_core::bootstrap::Unique
         Ok((b, boot)) => {
             let _ = c.boot.set(boot);
             if crate::debug().informs() {
+                crate::route_events();
                 let path = match &b {
                     Backend::Local(clique) => clique.ready().map_or_else(
                         |e| e.to_string(),
@@ -266,8 +267,14 @@ pub unsafe extern "C" fn ncclCommAbort(comm: *mut Comm) -> NcclResult {
     // SAFETY: NULL or a live communicator (NCCL's contract).
     // Kernels waiting on peers stop, and streams waiting on the network are let go, at once
     // instead of at the deadline.
-    if let Some(Backend::Gpu(g)) = unsafe { comm.as_ref() }.and_then(|c| c.backend.get()) {
-        g.comm.abort();
+    match unsafe { comm.as_ref() }.and_then(|c| c.backend.get()) {
+        Some(Backend::Gpu(g)) => g.comm.abort(),
+        Some(Backend::Local(clique)) => {
+            if let Ok(g) = clique.ready() {
+                g.abort();
+            }
+        }
+        None => {}
     }
     // SAFETY: forwarded.
     unsafe { ncclCommDestroy(comm) }
@@ -295,7 +302,8 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(
         }
         Ok(c.broken.lock().clone().or_else(|| match c.backend.get() {
             Some(Backend::Gpu(g)) => g.comm.async_error(),
-            _ => None,
+            Some(Backend::Local(clique)) => clique.ready().ok().and_then(|g| g.async_error()),
+            None => None,
         }))
     }) {
         Ok(Ok(b)) => b.map_or(SUCCESS, |e| result_of(e.kind, &e.to_string())),

@@ -147,6 +147,48 @@ pub(crate) fn log_line(msg: &str) {
     }
 }
 
+/// At NCCL_DEBUG=INFO, routes railcc's own info and warning events (the way each buffer
+/// reaches peers, bounce buffers, dead peers) into libnccl's messages; once per process, and
+/// only where the program has no tracing subscriber of its own.
+pub(crate) fn route_events() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        if debug().informs() {
+            let _ = tracing_subscriber::fmt()
+                .with_max_level(tracing::Level::INFO)
+                .without_time()
+                .with_target(false)
+                .with_ansi(false)
+                .with_writer(|| EventLines(Vec::new()))
+                .try_init();
+        }
+    });
+}
+
+/// One formatted event, written out as NCCL INFO lines when dropped.
+struct EventLines(Vec<u8>);
+
+impl std::io::Write for EventLines {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for EventLines {
+    fn drop(&mut self) {
+        for line in String::from_utf8_lossy(&self.0).lines() {
+            let line = line.trim();
+            if !line.is_empty() {
+                log_line(&format!("NCCL INFO railcc: {line}"));
+            }
+        }
+    }
+}
+
 /// Records `e` for ncclGetLastError (and stderr at NCCL_DEBUG=WARN and above) and returns its
 /// code.
 fn fail(e: &Error) -> NcclResult {
@@ -173,14 +215,18 @@ fn invalid(msg: impl Into<String>) -> NcclResult {
 }
 
 /// railcc's configuration from the RAILCC_* variables, or the NCCL ones that map to them
-/// (`railcc_core::nccl_env`; `railcc config` lists both).
+/// (`railcc_core::nccl_env`; `railcc config` lists both). Waits have no deadline unless
+/// RAILCC_TIMEOUT_MS is set, as NCCL's (`Config::from_env_waiting`).
 pub(crate) fn config() -> Result<railcc_core::Config, Error> {
-    railcc_core::Config::from_env()
+    railcc_core::Config::from_env_waiting()
 }
 
-/// The deadline of every wait (RAILCC_TIMEOUT_MS).
+/// The deadline of every wait: none unless RAILCC_TIMEOUT_MS is set.
 fn timeout() -> Duration {
-    config().map_or(Duration::from_secs(60), |c| c.timeout())
+    config().map_or(
+        Duration::from_millis(railcc_core::config::NO_DEADLINE_MS),
+        |c| c.timeout(),
+    )
 }
 
 /// The CUDA device current on this thread (cudaSetDevice makes its primary context current),

@@ -6,11 +6,15 @@
 //! - [`multi`]: one process driving several GPUs (like `ncclCommInitAll`), peer access enabled
 //!   between every pair;
 //! - [`proc`] and [`table`]: one process per GPU (torchrun style), peers' buffers mapped through
-//!   CUDA IPC handles that each call publishes in a shared-memory table.
+//!   handles that each call publishes in a shared-memory table;
+//! - [`share`] and [`fdpass`]: those handles for any allocator: legacy IPC handles, VMM
+//!   pieces' file descriptors passed over Unix sockets, or none (the data is bounced).
 
+pub mod fdpass;
 pub mod multi;
 pub mod plan;
 pub mod proc;
+pub mod share;
 pub mod table;
 
 /// What errors about peers (one that cannot be reached, died or fell behind) name as their
@@ -23,7 +27,8 @@ pub const NAME: &str = "nvlink";
 pub struct Settings {
     /// Folder of the compiled kernels (None: compile in every process).
     pub cache: Option<std::path::PathBuf>,
-    /// How long a kernel or a host wait waits for a peer before the call fails.
+    /// How long a kernel or a host wait waits for a peer before the call fails (libnccl:
+    /// `railcc_core::config::NO_DEADLINE_MS` unless set).
     pub timeout: std::time::Duration,
     /// Thread blocks per GPU wanted (0: one per SM), clamped to what stays resident.
     pub max_blocks: usize,

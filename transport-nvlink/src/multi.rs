@@ -4,8 +4,8 @@
 //! and returns at once, so one thread starts a collective on every GPU without deadlock: group
 //! semantics come for free. Peers' buffers are addressed directly (peer access is enabled
 //! between every pair), which is all that differs from one process per GPU (`proc.rs`): the
-//! kernel choice and launch are `plan`'s. A peer that never arrives makes the kernel stop
-//! after the communicator's timeout (the call then fails) instead of hanging.
+//! kernel choice and launch are `plan`'s. With a timeout set, a peer that never arrives makes
+//! the kernels stop at it ([`MultiGpu::async_error`] then says so) instead of hanging.
 
 use crate::plan::{choose, clamp_blocks, enqueue, spec, Kernel, Launch, Peers};
 use crate::Settings;
@@ -70,6 +70,30 @@ impl MultiGpu {
             ll_max_bytes: s.ll_max_bytes,
             turn: parking_lot::Mutex::new(()),
         })
+    }
+
+    /// A timeout of a kernel that waited for a peer, if one did: the GPUs' waits have stopped
+    /// and results since are garbage.
+    pub fn async_error(&self) -> Option<Error> {
+        let g = self.gpus.iter().find(|g| g.kernels_timed_out())?;
+        Some(
+            Error::new(
+                ErrorKind::Timeout,
+                format!(
+                    "GPU {}: a kernel waited longer than the timeout (RAILCC_TIMEOUT_MS) for a peer GPU",
+                    g.ordinal
+                ),
+            )
+            .transport(crate::NAME),
+        )
+    }
+
+    /// Stops every kernel's waits now (results are garbage; [`MultiGpu::async_error`] stays
+    /// None: the caller holds the reason).
+    pub fn abort(&self) {
+        for g in &self.gpus {
+            g.abort_kernels();
+        }
     }
 
     /// Thread blocks per GPU a call takes at most.

@@ -4,8 +4,10 @@
 //! At init the ranks of one host swap, over the bootstrap, the IPC handles of their sync areas
 //! and the name of a shared-memory table (table.rs). Each call publishes the call's shape and
 //! buffers in the table, reads the peers' (which also catches mismatched calls), maps any
-//! allocation not seen before, and enqueues the same kernel as the one-process path on the
-//! caller's stream. The call returns once every rank has published, without waiting for any GPU.
+//! allocation not seen before (share.rs: legacy IPC or VMM descriptors), and enqueues the same
+//! kernel as the one-process path on the caller's stream. A buffer no peer can map (a
+//! stream-ordered pool's) is copied into, or out of, this rank's bounce buffer around the
+//! kernel ([`ProcGpu::bounce`]). The call returns once every rank has published, without waiting for any GPU.
 //! Sends and receives go through the same table (a mailbox per pair of ranks) and copy
 //! straight from the sender's buffer (`ProcGpu::p2p`).
 //!
@@ -14,15 +16,19 @@
 //! dies, the communicator breaks naming it: the kernels stop waiting (`GpuCtx::abort_kernels`),
 //! waiting calls fail and later ones fail at once.
 
+use crate::fdpass::FdPost;
 use crate::plan::{choose, clamp_blocks, enqueue, Launch, Peers};
+use crate::share::Share;
 use crate::table::ShmTable;
 use crate::Settings;
 use parking_lot::Mutex;
 use railcc_core::agree::{agree, Exchange};
 use railcc_core::call::{Call, CollArgs, CollKind};
 use railcc_core::{Error, ErrorKind, Result};
-use railcc_cuda::gpu::{copy_async, is_capturing, stream_of, GpuCtx, Stream};
-use railcc_cuda::ipc::{export, open, Imports, HANDLE_BYTES};
+use railcc_cuda::gpu::{
+    copy_async, is_capturing, stream_of, stream_waits_for, DevBuf, GpuCtx, Stream,
+};
+use railcc_cuda::ipc::{export, open, HANDLE_BYTES};
 use railcc_cuda::kernels::MAX_PEERS;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -36,7 +42,10 @@ pub struct ProcGpu {
     /// Every rank's sync area as this GPU addresses it.
     syncs: Vec<u64>,
     table: ShmTable,
-    imports: Mutex<Imports>,
+    share: Mutex<Share>,
+    /// Where the data of buffers no peer can map goes through (made and grown on use), and
+    /// the stream that used it last.
+    bounce: Mutex<(Option<DevBuf>, Option<usize>)>,
     /// Per peer, the staging slots of buffered sends (made on first use).
     stages: Mutex<std::collections::HashMap<usize, railcc_cuda::gpu::DevBuf>>,
     calls: AtomicU64,
@@ -119,11 +128,14 @@ struct Hello {
     shm: String,
     blocks: u32,
     proc: Proc,
+    /// Proves this rank's descriptor messages (fdpass.rs) to its peers.
+    token: u64,
 }
 
 impl Hello {
     fn encode(&self) -> Vec<u8> {
         let mut v = Vec::new();
+        v.extend_from_slice(&self.token.to_le_bytes());
         v.extend_from_slice(&self.sync);
         v.extend_from_slice(&self.blocks.to_le_bytes());
         v.extend_from_slice(&self.proc.pid.to_le_bytes());
@@ -136,6 +148,8 @@ impl Hello {
     }
 
     fn decode(b: &[u8]) -> Option<Hello> {
+        let token = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
+        let b = b.get(8..)?;
         let sync: [u8; HANDLE_BYTES] = b.get(..HANDLE_BYTES)?.try_into().ok()?;
         let blocks = u32::from_le_bytes(b.get(HANDLE_BYTES..HANDLE_BYTES + 4)?.try_into().ok()?);
         let pid = u32::from_le_bytes(b.get(HANDLE_BYTES + 4..HANDLE_BYTES + 8)?.try_into().ok()?);
@@ -158,6 +172,7 @@ impl Hello {
             shm,
             blocks,
             proc: Proc { pid, start },
+            token,
         })
     }
 }
@@ -200,6 +215,10 @@ impl ProcGpu {
             Ok((gpu, sync, blocks, table))
         });
         let name = |x: usize| names.and_then(|n| n.get(x).copied()).unwrap_or(x);
+        let secret = railcc_core::auth::Secret::random()?.0;
+        let token = u64::from_le_bytes([
+            secret[0], secret[1], secret[2], secret[3], secret[4], secret[5], secret[6], secret[7],
+        ]);
         let ((gpu, _, _, table0), hellos) =
             agree(setup, exchange, &name, |(_, sync, blocks, _)| {
                 Hello {
@@ -208,6 +227,7 @@ impl ProcGpu {
                     shm: shm.clone(),
                     blocks: *blocks,
                     proc: Proc::me(),
+                    token,
                 }
                 .encode()
             })?;
@@ -236,6 +256,8 @@ impl ProcGpu {
                 Some(t) => t,
                 None => ShmTable::open(&hellos[0].shm, nranks, false)?,
             };
+            // Bound now, before any peer can send: peers send only once init is over.
+            let post = FdPost::bind(hellos[0].shm.trim_start_matches('/'), rank)?;
             gpu.bind()?;
             let mut syncs = Vec::with_capacity(nranks);
             for (r, h) in hellos.iter().enumerate() {
@@ -245,9 +267,15 @@ impl ProcGpu {
                     open(&h.sync).map_err(|e| e.peer(r))?
                 });
             }
-            Ok((table, syncs))
+            Ok((table, syncs, post))
         })();
-        let ((table, syncs), _) = agree(opened, exchange, &name, |_| Vec::new())?;
+        let ((table, syncs, post), _) = agree(opened, exchange, &name, |_| Vec::new())?;
+        let share = Share::new(
+            rank,
+            gpu.ordinal as i32,
+            post,
+            hellos.iter().map(|h| h.token).collect(),
+        );
         if rank == 0 {
             ShmTable::unlink(&hellos[0].shm);
         }
@@ -283,7 +311,8 @@ impl ProcGpu {
             nranks,
             syncs,
             table,
-            imports: Mutex::new(Imports::default()),
+            share: Mutex::new(share),
+            bounce: Mutex::new((None, None)),
             stages: Mutex::new(std::collections::HashMap::new()),
             calls: AtomicU64::new(0),
             timeout: settings.timeout,
@@ -295,9 +324,21 @@ impl ProcGpu {
         })
     }
 
-    /// The error that broke this communicator (a peer died, or it was aborted), if any.
+    /// The error that broke this communicator (a peer died, it was aborted, or a kernel waited
+    /// past the timeout), if any.
     pub fn async_error(&self) -> Option<Error> {
-        self.broken.lock().clone()
+        let mut b = self.broken.lock();
+        if b.is_none() && self.gpu.kernels_timed_out() {
+            *b = Some(
+                Error::new(
+                    ErrorKind::Timeout,
+                    "a GPU kernel waited longer than the timeout (RAILCC_TIMEOUT_MS) for a peer",
+                )
+                .rank(self.rank)
+                .transport(crate::NAME),
+            );
+        }
+        b.clone()
     }
 
     /// As [`ProcGpu::abort`], with `why` as the communicator's error.
@@ -367,13 +408,38 @@ impl ProcGpu {
         } else {
             c.send
         };
-        let mine = [export(send)?, export(c.recv)?];
+        // A reduce writes the root's receive buffer alone: the others may pass NULL too.
+        let c = &Call {
+            recv: if a.coll == CollKind::Reduce && self.rank != a.root && c.recv == 0 {
+                send
+            } else {
+                c.recv
+            },
+            ..*c
+        };
+        let es = a.dtype.size() as u64;
+        let (send_len, recv_len) = (a.send_elems() as u64 * es, a.recv_elems() as u64 * es);
+        let deadline = Instant::now() + self.timeout;
+        let broken = || self.async_error();
+        let mut share = self.share.lock();
+        let exported = (
+            share.export(send, send_len, deadline, &broken)?,
+            share.export(c.recv, recv_len, deadline, &broken)?,
+        );
+        let stream = stream_of(c.stream);
+        let (send, recv, mine, out) = match exported {
+            (Some(s), Some(r)) => (send, c.recv, [s, r], None),
+            _ => {
+                // SAFETY: the caller's buffers and stream (this function's contract).
+                let (s, r, out) =
+                    unsafe { self.bounce(c.stream, (send, send_len), (c.recv, recv_len)) }?;
+                (s, r, [export(s)?, export(r)?], Some(out))
+            }
+        };
         let shape = a.to_words();
         let call = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
         self.table.publish(call, self.rank, shape, mine);
-        let deadline = Instant::now() + self.timeout;
-        let (mut ins, mut outs) = (vec![send; n], vec![c.recv; n]);
-        let mut imports = self.imports.lock();
+        let (mut ins, mut outs) = (vec![send; n], vec![recv; n]);
         for p in (0..n).filter(|&p| p != self.rank) {
             let (theirs, bufs) = self
                 .table
@@ -393,10 +459,10 @@ impl ProcGpu {
                 .rank(self.rank)
                 .transport(crate::NAME));
             }
-            ins[p] = imports.map(p, &bufs[0])?;
-            outs[p] = imports.map(p, &bufs[1])?;
+            ins[p] = share.map(p, &bufs[0], deadline, &broken)?;
+            outs[p] = share.map(p, &bufs[1], deadline, &broken)?;
         }
-        drop(imports);
+        drop(share);
         let peers = Peers {
             ins: &ins,
             outs: &outs,
@@ -406,17 +472,104 @@ impl ProcGpu {
         let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
         // SAFETY: the peers' buffers and sync areas are mapped into this context by IPC; the
         // caller vouches for its own buffers and stream.
-        unsafe {
-            enqueue(
-                &self.gpu,
-                stream_of(c.stream),
-                self.rank,
-                &a,
-                k,
-                &peers,
-                timeout_ns,
-            )
+        let launch = unsafe { enqueue(&self.gpu, stream, self.rank, &a, k, &peers, timeout_ns) }?;
+        if let Some((dst, src, len)) = out {
+            // SAFETY: the bounce buffer and the caller's receive buffer hold `len` bytes.
+            unsafe {
+                copy_async(
+                    dst,
+                    src,
+                    len,
+                    stream,
+                    "cuMemcpyAsync (out of the bounce buffer)",
+                )
+            }?;
         }
+        Ok(launch)
+    }
+
+    /// Moves a call's buffers into this rank's bounce buffer (cudaMalloc memory, which peers
+    /// map), for buffers peers cannot map: the send data is copied in on `stream` now, and
+    /// the returned (dst, src, len) is the copy out of the receive part, for after the kernel.
+    /// A send buffer inside the receive buffer, or the other way round (NCCL's in-place
+    /// calls), keeps its place. The buffer grows to the largest call; a call on another
+    /// stream than the last waits for that stream first, so two calls never share it.
+    ///
+    /// # Safety
+    /// As for [`ProcGpu::collective`].
+    unsafe fn bounce(
+        &self,
+        stream: usize,
+        (send, send_len): (u64, u64),
+        (recv, recv_len): (u64, u64),
+    ) -> Result<(u64, u64, (u64, u64, usize))> {
+        let overlap = send < recv + recv_len.max(1) && recv < send + send_len.max(1);
+        let (lo, need) = if overlap {
+            let lo = send.min(recv);
+            (lo, (send + send_len).max(recv + recv_len) - lo)
+        } else {
+            (0, send_len.next_multiple_of(256) + recv_len)
+        };
+        // SAFETY: the caller's stream (this function's contract).
+        let base = unsafe { self.bounce_room(stream, need) }?;
+        let s = stream_of(stream);
+        let (s_at, r_at) = if overlap {
+            (base + (send - lo), base + (recv - lo))
+        } else {
+            (base, base + send_len.next_multiple_of(256))
+        };
+        if send_len > 0 {
+            // SAFETY: the caller's send buffer and our bounce buffer hold `send_len` bytes.
+            unsafe {
+                copy_async(
+                    s_at,
+                    send,
+                    send_len as usize,
+                    s,
+                    "cuMemcpyAsync (into the bounce buffer)",
+                )
+            }?;
+        }
+        Ok((s_at, r_at, (recv, r_at, recv_len as usize)))
+    }
+
+    /// The bounce buffer's address, with room for `need` bytes, for work on `stream`: made or
+    /// grown (not under capture: nothing can be allocated then), and after the last user's
+    /// stream's work when that was another stream.
+    ///
+    /// # Safety
+    /// `stream` a live stream of this GPU.
+    unsafe fn bounce_room(&self, stream: usize, need: u64) -> Result<u64> {
+        let mut b = self.bounce.lock();
+        let s = stream_of(stream);
+        if let Some(last) = b.1.filter(|&l| l != stream) {
+            // SAFETY: both streams of this GPU, live (the caller's contract for each call).
+            unsafe { stream_waits_for(&self.gpu, s, &self.gpu, stream_of(last)) }?;
+        }
+        b.1 = Some(stream);
+        if b.0.as_ref().is_none_or(|d| (d.bytes as u64) < need) {
+            // SAFETY: the caller's stream of this GPU.
+            if unsafe { is_capturing(&self.gpu, s) }? {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    format!(
+                        "a buffer peers cannot map (from a stream-ordered pool such as cudaMallocAsync's?) in a CUDA graph capture needs {need} bytes of bounce buffer; run one such call outside the capture first"
+                    ),
+                )
+                .rank(self.rank)
+                .transport(crate::NAME));
+            }
+            // Freeing the old one waits for the device's work (cuMemFree synchronizes), and
+            // peers are done with it once our kernels are: each ends after every peer's.
+            b.0 = None;
+            let bytes = (need as usize).next_power_of_two().max(1 << 20);
+            tracing::info!(
+                "rank {}: bounce buffer of {bytes} bytes for buffers peers cannot map",
+                self.rank
+            );
+            b.0 = Some(self.gpu.alloc(bytes)?);
+        }
+        Ok(b.0.as_ref().map_or(0, |d| d.ptr))
     }
 }
 
@@ -494,10 +647,32 @@ impl ProcGpu {
             // sender's buffer or slot mapped by IPC), live until the stream passes the copy.
             unsafe { copy_async(dst, src, o.bytes, o.stream, what) }
         };
+        // Large sends from buffers no peer can map go through the bounce buffer, each at its
+        // own place in it.
+        let mut bounced = std::collections::HashMap::<usize, u64>::new();
+        let mut need = 0u64;
+        for (i, o) in ops.iter().enumerate().filter(|(_, o)| o.send) {
+            // SAFETY: the caller's stream of this GPU (this function's contract).
+            let unstaged = o.bytes > STAGE_SLOT_BYTES
+                || (o.bytes > 0 && unsafe { is_capturing(&self.gpu, o.stream) }?);
+            if unstaged && railcc_cuda::vmm::sharing_of(o.ptr)? == railcc_cuda::vmm::Sharing::None {
+                bounced.insert(i, need);
+                need += (o.bytes as u64).next_multiple_of(256);
+            }
+        }
+        if let Some(first) = ops.iter().find(|o| o.send) {
+            if need > 0 {
+                // SAFETY: the caller's stream (this function's contract).
+                let base = unsafe { self.bounce_room(first.stream as usize, need) }?;
+                for at in bounced.values_mut() {
+                    *at += base;
+                }
+            }
+        }
         // Sends first: buffered ones are complete on the stream once copied to a slot.
         let mut buffered = std::collections::HashMap::<usize, u64>::new();
         let mut waits = Vec::new();
-        for o in ops.iter().filter(|o| o.send) {
+        for (i, o) in ops.iter().enumerate().filter(|(_, o)| o.send) {
             let n = buffered.entry(o.peer).or_insert(0);
             let slot = if *n < STAGE_SLOTS {
                 self.stage_slot(o)?
@@ -513,7 +688,23 @@ impl ProcGpu {
                 }
                 None => {
                     waits.push(*o);
-                    export(o.ptr)?
+                    match bounced.get(&i) {
+                        Some(&at) => {
+                            copy(at, o.ptr, o, "cuMemcpyAsync (send into the bounce buffer)")?;
+                            export(at)?
+                        }
+                        None => self
+                            .share
+                            .lock()
+                            .export(o.ptr, o.bytes as u64, deadline, &broken)?
+                            .ok_or_else(|| {
+                                Error::invalid(format!(
+                                    "send to rank {}: buffer 0x{:x} cannot be shared",
+                                    o.peer, o.ptr
+                                ))
+                                .rank(me)
+                            })?,
+                    }
                 }
             };
             self.table
@@ -538,7 +729,7 @@ impl ProcGpu {
                 .rank(me)
                 .transport(crate::NAME));
             }
-            let src = self.imports.lock().map(o.peer, &desc)?;
+            let src = self.share.lock().map(o.peer, &desc, deadline, &broken)?;
             step(o, P2pStep::WaitReady, 0)?;
             copy(o.ptr, src, o, "cuMemcpyAsync (receive from a peer process)")?;
             step(o, P2pStep::Copied, 0)?;
@@ -596,13 +787,14 @@ mod tests {
             shm: "/railcc-1-2".into(),
             blocks: 132,
             proc: Proc { pid: 42, start: 7 },
+            token: 99,
         };
         let bytes = h.encode();
         assert!(Hello::decode(&bytes[..70]).is_none());
         let d = Hello::decode(&bytes).unwrap();
         assert_eq!(
-            (d.host, d.shm, d.blocks, d.sync, d.proc),
-            (h.host, h.shm, 132, h.sync, h.proc)
+            (d.host, d.shm, d.blocks, d.sync, d.proc, d.token),
+            (h.host, h.shm, 132, h.sync, h.proc, 99)
         );
     }
 

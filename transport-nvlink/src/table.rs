@@ -297,6 +297,7 @@ mod tests {
 
     fn desc(b: u8) -> BufDesc {
         BufDesc {
+            kind: 0,
             handle: [b; HANDLE_BYTES],
             base: b as u64,
             offset: 0,

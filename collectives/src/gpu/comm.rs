@@ -234,7 +234,7 @@ impl GpuComm {
     /// The error that broke the communicator (a peer died, an abort), if any.
     pub fn async_error(&self) -> Option<Error> {
         match &self.path {
-            Path::InProcess(_) => None,
+            Path::InProcess(m) => m.async_error(),
             Path::Peer(pg) => pg.async_error(),
             Path::Net { net, hier } => net
                 .async_error()
@@ -245,7 +245,7 @@ impl GpuComm {
     /// Stops every call now: kernels and waiting streams let go, later calls fail.
     pub fn abort(&self) {
         match &self.path {
-            Path::InProcess(_) => {}
+            Path::InProcess(m) => m.abort(),
             Path::Peer(pg) => pg.abort(),
             Path::Net { net, hier } => {
                 net.abort();

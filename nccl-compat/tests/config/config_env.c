@@ -4,13 +4,18 @@
  *                                    stream is held HOLD s by a host function, so GPU 0's
  *                                    kernel waits for a peer that comes late: with
  *                                    RAILCC_TIMEOUT_MS below HOLD s the call must fail first;
+ *   config_env inproc late HOLD      the same without RAILCC_TIMEOUT_MS: libnccl waits as NCCL
+ *                                    does (no deadline), so the call completes, checked;
  *   config_env inproc run            one all_reduce on GPUs 0 and 1, result checked;
  *   mpirun -np 2 config_env mpi timeout HOLD   one process per GPU; rank 1 calls HOLD s late;
+ *   mpirun -np 2 config_env mpi late HOLD      likewise, to complete (no deadline);
  *   mpirun -np 2 config_env mpi run  one all_reduce, result checked;
  *   config_env inproc ctas / mpirun -np 2 config_env mpi ctas: communicators made by
  *                                    ncclCommInitRankConfig with maxCTAs 8 and commName
  *                                    "ctas-test" (one process: in a group), a 256 MB
  *                                    all_reduce checked; the script reads NCCL_DEBUG=INFO.
+ * A call that returned and whose stream finished can still have failed: the communicator's
+ * asynchronous error (ncclCommGetAsyncError, as PyTorch's watchdog asks) counts too.
  * Prints "config_env: <mode> <what>: ok|failed after X.X s: reason|completed after X.X s";
  * the script judges. Exit status 1 only on a setup failure. */
 #include <mpi.h>
@@ -32,6 +37,14 @@ static double now(void) {
 }
 
 static int hold_s = 0;
+/* The ways of running in which one rank comes late. */
+static int holds(const char* what) { return strcmp(what, "timeout") == 0 || strcmp(what, "late") == 0; }
+/* The communicator's asynchronous error (ncclSuccess when none). */
+static ncclResult_t async_error(ncclComm_t c) {
+  ncclResult_t a = ncclSuccess;
+  if (ncclCommGetAsyncError(c, &a) != ncclSuccess) return ncclInternalError;
+  return a;
+}
 static void CUDART_CB hold(void* arg) { (void)arg; sleep(hold_s); }
 
 static float* filled(int value) {
@@ -57,7 +70,7 @@ static int wrong(const float* d, float want) {
 static void report(const char* mode, const char* what, double t0, ncclResult_t r, cudaError_t e, int bad) {
   double dt = now() - t0;
   if (r != ncclSuccess)
-    printf("config_env: %s %s: failed after %.1f s: %s\n", mode, what, dt, ncclGetLastError(NULL));
+    printf("config_env: %s %s: failed after %.1f s: %s: %s\n", mode, what, dt, ncclGetErrorString(r), ncclGetLastError(NULL));
   else if (e != cudaSuccess)
     printf("config_env: %s %s: failed after %.1f s: %s\n", mode, what, dt, cudaGetErrorString(e));
   else if (bad)
@@ -101,7 +114,7 @@ static void inproc(const char* what) {
     CHECK(cudaStreamCreate(&s[g]) == cudaSuccess);
     buf[g] = filled(g + 1);
   }
-  if (strcmp(what, "timeout") == 0) {
+  if (holds(what)) {
     CHECK(cudaSetDevice(1) == cudaSuccess);
     CHECK(cudaLaunchHostFunc(s[1], hold, NULL) == cudaSuccess);
   }
@@ -115,6 +128,7 @@ static void inproc(const char* what) {
     CHECK(cudaSetDevice(0) == cudaSuccess);
     e = cudaStreamSynchronize(s[0]);
   }
+  if (r == ncclSuccess && e == cudaSuccess) r = async_error(comms[0]);
   int bad = (r == ncclSuccess && e == cudaSuccess) ? wrong(buf[0], 3.0f) : 0;
   report("inproc", what, t0, r, e, bad);
 }
@@ -141,18 +155,19 @@ static void per_process(const char* what) {
   CHECK(cudaStreamCreate(&s) == cudaSuccess);
   float* buf = filled(rank + 1);
   MPI_Barrier(MPI_COMM_WORLD);
-  int late = strcmp(what, "timeout") == 0 && rank == 1;
+  int late = holds(what) && rank == 1;
   if (late) sleep(hold_s);
   double t0 = now();
   ncclResult_t r = ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, comm, (railccStream_t)s);
   cudaError_t e = r == ncclSuccess ? cudaStreamSynchronize(s) : cudaSuccess;
+  if (r == ncclSuccess && e == cudaSuccess) r = async_error(comm);
   int bad = (r == ncclSuccess && e == cudaSuccess) ? wrong(buf, 3.0f) : 0;
   /* Rank 1 is the late one: its own outcome is not what is judged. */
   if (!late) report("mpi", what, t0, r, e, bad);
 }
 
 int main(int argc, char** argv) {
-  if (argc < 3) { fprintf(stderr, "usage: config_env inproc|mpi timeout|run [HOLD_S]\n"); return 2; }
+  if (argc < 3) { fprintf(stderr, "usage: config_env inproc|mpi timeout|late|run|ctas [HOLD_S]\n"); return 2; }
   hold_s = argc > 3 ? atoi(argv[3]) : 8;
   if (strcmp(argv[1], "mpi") == 0) {
     MPI_Init(&argc, &argv);

@@ -3,7 +3,11 @@
 # RAILCC_CACHE_DIR=off in both ways of running (one process driving the GPUs, one process per
 # GPU under mpirun), issue 28. Prepare with bench/compare/gpu-prepare.sh; carry .device.
 #   timeout  RAILCC_TIMEOUT_MS=2000 and a peer 8 s late: the call fails within 6 s (a build that
-#            kept its own 30 s deadline completes after 8 s instead);
+#            kept its own 30 s deadline completes after 8 s instead); the kernel that waited
+#            stops and the communicator's asynchronous error says so (no __trap);
+#   late     RAILCC_TIMEOUT_MS unset and a peer LATE_S (default 70) s late, both ways of
+#            running at once: each call completes, checked (libnccl waits as NCCL: no deadline,
+#            issue 29; an older build failed at its 60 s default);
 #   cache    RAILCC_CACHE_DIR=off: a checked all_reduce runs and no kernel cache appears (not
 #            under $HOME/.cache/railcc, not as a folder named "off"); with the variable unset
 #            the same run fills $HOME/.cache/railcc (so the check can see a cache at all);
@@ -44,6 +48,21 @@ export RAILCC_CACHE_DIR="$work/cache" RAILCC_TIMEOUT_MS=2000
 judge_timeout "timeout: one process driving 2 GPUs, RAILCC_TIMEOUT_MS=2000, a peer 8 s late" "$work/inproc-timeout.log"
 ( cd "$work" && timeout 60 $MPI ./config_env mpi timeout 8 ) > "$work/mpi-timeout.log" 2>&1
 judge_timeout "timeout: one process per GPU (mpirun -np 2), RAILCC_TIMEOUT_MS=2000, a peer 8 s late" "$work/mpi-timeout.log"
+
+# No deadline by default: both ways of running at once, to spend the wait once.
+unset RAILCC_TIMEOUT_MS
+LATE_S=${LATE_S:-70}
+( cd "$work" && timeout $((LATE_S + 90)) ./config_env inproc late "$LATE_S" ) > "$work/inproc-late.log" 2>&1 &
+( cd "$work" && timeout $((LATE_S + 90)) ${MPI/-x RAILCC_TIMEOUT_MS/} ./config_env mpi late "$LATE_S" ) > "$work/mpi-late.log" 2>&1
+wait
+for m in inproc mpi; do
+  line=$(grep -m1 "^config_env: $m late: " "$work/$m-late.log")
+  echo "      ${line:-no verdict line}"
+  case $line in
+    *"completed after "*" s ok") pass "late: $m, no RAILCC_TIMEOUT_MS, a peer $LATE_S s late: ${line#*: late: }" ;;
+    *) fail "late: $m, no RAILCC_TIMEOUT_MS, a peer $LATE_S s late: ${line:-no verdict line}" ;;
+  esac
+done
 
 # cache_run LABEL HOME_DIR: a checked all_reduce both ways, from inside $work/cwd.
 cache_run() {

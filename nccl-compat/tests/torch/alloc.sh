@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# On a GPU machine with 2 or more GPUs: alloc.py through torchrun, one rank per GPU, with
+# railcc's libnccl (LD_PRELOAD) and with NCCL (torch's own), under four allocator settings:
+#   default      PyTorch's caching allocator (cudaMalloc segments);
+#   expandable   PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (cuMemCreate pieces);
+#   async        PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync (a stream-ordered pool);
+#   reghook      TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1 (every segment registered).
+# A run passes when every rank checks every result. Then, from the same call's figures:
+# railcc's 256 MB all_reduce busbw under expandable segments >= NCCL's (same allocator), and
+# railcc under expandable segments no slower than 0.95x railcc's default-allocator figure at
+# every size. Prepare with bench/compare/gpu-prepare.sh; carry .device. ALLOC_WAYS picks the
+# settings. Logs: $OUT/torch-alloc-<lib>-<way>.log. Exit 1 if anything failed.
+set -uo pipefail
+cd "$(dirname "$0")/../../.."
+source bench/compare/gpu-env.sh
+mkdir -p "$OUT"
+LIB=$PWD/.device/lib/libnccl.so.2
+PY=$PWD/nccl-compat/tests/torch/alloc.py
+NGPU=$(nvidia-smi -L | wc -l)
+export PYTHONUNBUFFERED=1 NCCL_DEBUG=INFO
+fails=0
+port=29561
+
+# run LIB WAY: one torchrun; prints PASS/FAIL.
+run() {
+  local lib=$1 way=$2 log=$OUT/torch-alloc-$1-$2.log
+  local env=()
+  case $way in
+    expandable) env+=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) ;;
+    async) env+=(PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync) ;;
+    reghook) env+=(TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1) ;;
+  esac
+  [ "$lib" = railcc ] && env+=(LD_PRELOAD="$LIB")
+  port=$((port + 1))
+  env "${env[@]}" timeout -k 10 240 python3 -m torch.distributed.run --nproc_per_node "$NGPU" \
+    --master_addr 127.0.0.1 --master_port $port "$PY" > "$log" 2>&1
+  local rc=$? oks
+  oks=$(grep -c "^alloc.py: rank [0-9]*: [0-9]* checks ok, 0 failed" "$log")
+  if [ "$rc" = 0 ] && [ "$oks" = "$NGPU" ]; then
+    echo "PASS  torch alloc $lib $way: $(grep -m1 -o '[0-9]* checks ok' "$log") per rank"
+  else
+    echo "FAIL  torch alloc $lib $way: exit status $rc, $oks of $NGPU ranks with every check ok"
+    grep -E "wrong|Error|error" "$log" | grep -v "NCCL INFO" | head -n 6 | sed 's/^/      /'
+    fails=$((fails + 1))
+  fi
+  grep "^alloc.py: all_reduce" "$log" | sed "s/^alloc.py:/      $lib $way:/"
+}
+
+for way in ${ALLOC_WAYS:-default expandable async reghook}; do
+  run railcc "$way"
+  run nccl "$way"
+done
+
+# Value printing apart from the judging: the figure of LIB WAY at SIZE ("us" or "busbw").
+figure() {
+  sed -n "s/^alloc.py: all_reduce $3 B: \([0-9.]*\) us, busbw \([0-9.]*\) GB\/s/\1 \2/p" \
+    "$OUT/torch-alloc-$1-$2.log" 2>/dev/null | head -n 1
+}
+judge() {
+  if python3 -c "import sys; sys.exit(0 if $2 else 1)" 2>/dev/null; then echo "PASS  $1"; else echo "FAIL  $1"; fails=$((fails + 1)); fi
+}
+big=$((256 << 20))
+read -r _ rb <<< "$(figure railcc expandable $big)"
+read -r _ nb <<< "$(figure nccl expandable $big)"
+if [ -n "${rb:-}" ] && [ -n "${nb:-}" ]; then
+  judge "expandable segments, 256 MB all_reduce busbw: railcc $rb against NCCL $nb GB/s (ratio $(python3 -c "print(f'{$rb/$nb:.3f}')"), want >= 1.0)" "$rb >= $nb"
+fi
+for size in $((4 << 10)) $((4 << 20)) $big; do
+  read -r te _ <<< "$(figure railcc expandable $size)"
+  read -r td _ <<< "$(figure railcc default $size)"
+  [ -n "${te:-}" ] && [ -n "${td:-}" ] || continue
+  judge "railcc at $size B: expandable segments $te us against the default allocator's $td us (want <= 1/0.95 of it)" "$te <= $td / 0.95"
+done
+echo "torch alloc.sh: $fails failed"
+[ "$fails" = 0 ]

@@ -1,0 +1,201 @@
+//! How the ranks of one host reach each other's buffers, whatever allocator made them
+//! (the per-process GPU path, proc.rs).
+//!
+//! - cudaMalloc memory: a legacy IPC handle in the call's table entry (`railcc_cuda::ipc`).
+//! - VMM memory with file-descriptor handles (PyTorch's expandable segments, ncclMemAlloc):
+//!   each new piece's descriptor goes once to every peer over the host's descriptor sockets
+//!   (fdpass.rs) before the entry that needs it is published; the entry says how many pieces
+//!   its owner had posted, so a reader takes in messages until it has that many
+//!   (`railcc_cuda::vmm`).
+//! - Anything else (`cudaMallocAsync` pools): [`Share::export`] says None and the caller moves
+//!   the data through its own bounce buffer (proc.rs, `ProcGpu::bounce`).
+//!
+//! Each allocation's path is logged once at info level (NCCL_DEBUG=INFO in libnccl).
+
+use crate::fdpass::{FdPost, WORDS};
+use railcc_core::{Error, ErrorKind, Result};
+use railcc_cuda::ipc::{self, BufDesc, Imports, KIND_LEGACY, KIND_VMM};
+use railcc_cuda::vmm::{self, Piece, Sharing, VmmImports};
+use std::collections::{HashMap, HashSet};
+use std::os::fd::AsFd;
+use std::time::Instant;
+
+/// What this rank has taken in from its peers.
+struct Inbox {
+    rank: usize,
+    /// Every rank's token: a message claiming to come from rank r must carry tokens[r].
+    tokens: Vec<u64>,
+    /// Per peer, how many pieces it has posted that we took in.
+    got: Vec<u64>,
+    vmm: VmmImports,
+}
+
+impl Inbox {
+    /// Takes in every message waiting on our socket.
+    fn drain(&mut self, post: &FdPost) -> Result<()> {
+        while let Some((w, fd)) = post.try_recv()? {
+            let [token, from, seq, base, size, id] = w;
+            let from = from as usize;
+            if self.tokens.get(from) != Some(&token) || from == self.rank {
+                tracing::warn!(
+                    "rank {}: dropped a buffer descriptor that does not come from a peer of this communicator",
+                    self.rank
+                );
+                continue;
+            }
+            self.vmm.add(from, Piece { base, size, id }, fd)?;
+            self.got[from] = self.got[from].max(seq);
+        }
+        Ok(())
+    }
+}
+
+/// One rank's side of buffer sharing on its host.
+pub struct Share {
+    rank: usize,
+    nranks: usize,
+    device: i32,
+    post: FdPost,
+    inbox: Inbox,
+    /// Pieces posted to every peer: base to buffer id.
+    sent: HashMap<u64, u64>,
+    posted: u64,
+    legacy: Imports,
+    /// Allocations whose path was logged.
+    told: HashSet<u64>,
+}
+
+impl Share {
+    /// `post` bound under the communicator's name; `tokens` every rank's (from the bootstrap).
+    pub fn new(rank: usize, device: i32, post: FdPost, tokens: Vec<u64>) -> Share {
+        let nranks = tokens.len();
+        Share {
+            rank,
+            nranks,
+            device,
+            post,
+            inbox: Inbox {
+                rank,
+                tokens,
+                got: vec![0; nranks],
+                vmm: VmmImports::default(),
+            },
+            sent: HashMap::new(),
+            posted: 0,
+            legacy: Imports::default(),
+            told: HashSet::new(),
+        }
+    }
+
+    fn tell(&mut self, ptr: u64, len: u64, how: Sharing) {
+        if self.told.len() < 4096 && self.told.insert(ptr) {
+            tracing::info!(
+                "rank {}: buffer 0x{ptr:x} ({len} bytes) reaches peers by {}",
+                self.rank,
+                how.name()
+            );
+        }
+    }
+
+    /// What peers need to reach `[ptr, ptr + len)`, or None when they cannot (the caller
+    /// bounces the data). New VMM pieces are posted to every peer first.
+    pub fn export(
+        &mut self,
+        ptr: u64,
+        len: u64,
+        deadline: Instant,
+        broken: &dyn Fn() -> Option<Error>,
+    ) -> Result<Option<BufDesc>> {
+        let how = vmm::sharing_of(ptr).map_err(|e| e.rank(self.rank))?;
+        self.tell(ptr, len, how);
+        match how {
+            Sharing::Legacy => Ok(Some(ipc::export(ptr)?)),
+            Sharing::None => Ok(None),
+            Sharing::Fd => {
+                for p in vmm::pieces(ptr, len)? {
+                    if self.sent.get(&p.base) == Some(&p.id) {
+                        continue;
+                    }
+                    let fd = vmm::export_fd(p.base)?;
+                    let seq = self.posted + 1;
+                    let words: [u64; WORDS] = [
+                        self.inbox.tokens[self.rank],
+                        self.rank as u64,
+                        seq,
+                        p.base,
+                        p.size,
+                        p.id,
+                    ];
+                    for to in (0..self.nranks).filter(|&r| r != self.rank) {
+                        let (post, inbox) = (&self.post, &mut self.inbox);
+                        post.send(to, words, fd.as_fd(), deadline, broken, &mut || {
+                            inbox.drain(post)
+                        })
+                        .map_err(|e| e.rank(self.rank))?;
+                    }
+                    self.posted = seq;
+                    // A piece replaced at this base in our process replaces it at the peers.
+                    self.sent.retain(|b, _| *b >= p.end() || *b < p.base);
+                    self.sent.insert(p.base, p.id);
+                }
+                let mut handle = [0u8; ipc::HANDLE_BYTES];
+                handle[..8].copy_from_slice(&self.posted.to_le_bytes());
+                Ok(Some(BufDesc {
+                    kind: KIND_VMM,
+                    handle,
+                    base: ptr,
+                    offset: 0,
+                    size: len,
+                }))
+            }
+        }
+    }
+
+    /// Peer `peer`'s buffer `d` as an address in this process.
+    pub fn map(
+        &mut self,
+        peer: usize,
+        d: &BufDesc,
+        deadline: Instant,
+        broken: &dyn Fn() -> Option<Error>,
+    ) -> Result<u64> {
+        match d.kind {
+            KIND_LEGACY => self.legacy.map(peer, d),
+            KIND_VMM => {
+                let mut need = [0u8; 8];
+                need.copy_from_slice(&d.handle[..8]);
+                let need = u64::from_le_bytes(need);
+                while self.inbox.got.get(peer).copied().unwrap_or(u64::MAX) < need {
+                    self.inbox.drain(&self.post)?;
+                    if self.inbox.got[peer] >= need {
+                        break;
+                    }
+                    if let Some(e) = broken() {
+                        return Err(e);
+                    }
+                    if Instant::now() > deadline {
+                        return Err(Error::new(
+                            ErrorKind::Timeout,
+                            format!(
+                                "rank {peer} published a buffer whose descriptors did not come in time"
+                            ),
+                        )
+                        .peer(peer)
+                        .transport(crate::NAME));
+                    }
+                    std::thread::yield_now();
+                }
+                self.inbox
+                    .vmm
+                    .view(peer, d.base, d.size, self.device)
+                    .map_err(|e| e.rank(self.rank))
+            }
+            k => Err(Error::new(
+                ErrorKind::Protocol,
+                format!("rank {peer} published a buffer of unknown kind {k}"),
+            )
+            .peer(peer)
+            .transport(crate::NAME)),
+        }
+    }
+}
