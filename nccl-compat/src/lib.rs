@@ -158,6 +158,7 @@ pub(crate) fn route_events() {
                 .with_max_level(tracing::Level::INFO)
                 .without_time()
                 .with_target(false)
+                .with_level(false)
                 .with_ansi(false)
                 .with_writer(|| EventLines(Vec::new()))
                 .try_init();

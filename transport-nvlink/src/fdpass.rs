@@ -4,15 +4,20 @@
 //! message whole with its descriptor, and an abstract name leaves nothing on disk.
 //!
 //! Why libc here: std's Unix sockets cannot send ancillary data on stable Rust.
-//! Each message carries the sender's token (from the authenticated bootstrap), so a stranger's
-//! datagram is dropped.
+//! A message is some u64 words with up to [`MAX_FDS`] descriptors: one message per buffer,
+//! however many pieces it has, since a datagram socket queues only a few messages
+//! (net.unix.max_dgram_qlen, 10 by default) before a sender must wait for the reader.
+//! The words start with the sender's token (from the authenticated bootstrap), so a
+//! stranger's datagram is dropped by the reader.
 
 use railcc_core::{Error, ErrorKind, Result};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-/// Words of one message: token, sender rank, then the payload.
-pub const WORDS: usize = 6;
+/// Descriptors one message carries at most (the kernel's SCM_MAX_FD is 253).
+pub const MAX_FDS: usize = 200;
+/// Words one message carries at most.
+pub const MAX_WORDS: usize = 8 + 4 * MAX_FDS;
 
 pub struct FdPost {
     sock: OwnedFd,
@@ -70,30 +75,38 @@ impl FdPost {
         })
     }
 
-    /// Sends `words` with a copy of `fd` to rank `to`. A full receiver (it has not read its
+    /// Sends `words` with copies of `fds` to rank `to`. A full receiver (it has not read its
     /// messages yet) is waited for, while `drain` empties our own queue so that two ranks
     /// sending to each other do not wait on each other; `broken` and the deadline end the wait.
     pub fn send(
         &self,
         to: usize,
-        words: [u64; WORDS],
-        fd: BorrowedFd<'_>,
+        words: &[u64],
+        fds: &[BorrowedFd<'_>],
         deadline: Instant,
         broken: &dyn Fn() -> Option<Error>,
         drain: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
+        if words.len() > MAX_WORDS || fds.is_empty() || fds.len() > MAX_FDS {
+            return Err(Error::invalid(format!(
+                "a descriptor message of {} words and {} descriptors (1 to {MAX_FDS})",
+                words.len(),
+                fds.len()
+            )));
+        }
         let (mut a, len) = addr_of(&format!("{}-fd-{to}", self.prefix))?;
-        let mut payload = words;
+        let mut payload = words.to_vec();
         let mut iov = libc::iovec {
             iov_base: payload.as_mut_ptr() as *mut libc::c_void,
-            iov_len: std::mem::size_of_val(&payload),
+            iov_len: payload.len() * 8,
         };
+        let fd_bytes = (std::mem::size_of::<i32>() * fds.len()) as u32;
         // SAFETY: CMSG_SPACE is a pure size computation.
-        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32) } as usize;
+        let space = unsafe { libc::CMSG_SPACE(fd_bytes) } as usize;
         let mut control = vec![0u8; space];
         loop {
             // SAFETY: every pointer in the header points at live locals of the right sizes;
-            // the control buffer holds exactly one SCM_RIGHTS message with one descriptor.
+            // the control buffer holds exactly one SCM_RIGHTS message with `fds`.
             let r = unsafe {
                 let mut m: libc::msghdr = std::mem::zeroed();
                 m.msg_name = &mut a as *mut _ as *mut libc::c_void;
@@ -105,8 +118,11 @@ impl FdPost {
                 let c = libc::CMSG_FIRSTHDR(&m);
                 (*c).cmsg_level = libc::SOL_SOCKET;
                 (*c).cmsg_type = libc::SCM_RIGHTS;
-                (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<i32>() as u32) as _;
-                std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut i32, fd.as_raw_fd());
+                (*c).cmsg_len = libc::CMSG_LEN(fd_bytes) as _;
+                let data = libc::CMSG_DATA(c) as *mut i32;
+                for (i, fd) in fds.iter().enumerate() {
+                    std::ptr::write_unaligned(data.add(i), fd.as_raw_fd());
+                }
                 libc::sendmsg(self.sock.as_raw_fd(), &m, libc::MSG_NOSIGNAL)
             };
             if r >= 0 {
@@ -137,15 +153,17 @@ impl FdPost {
         }
     }
 
-    /// The next message and its descriptor, if one waits now.
-    pub fn try_recv(&self) -> Result<Option<([u64; WORDS], OwnedFd)>> {
-        let mut payload = [0u64; WORDS];
+    /// The next message (its words and descriptors), if one waits now.
+    #[allow(clippy::type_complexity)]
+    pub fn try_recv(&self) -> Result<Option<(Vec<u64>, Vec<OwnedFd>)>> {
+        let mut payload = vec![0u64; MAX_WORDS];
         let mut iov = libc::iovec {
             iov_base: payload.as_mut_ptr() as *mut libc::c_void,
-            iov_len: std::mem::size_of_val(&payload),
+            iov_len: payload.len() * 8,
         };
         // SAFETY: a pure size computation.
-        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<i32>() as u32 * 4) } as usize;
+        let space = unsafe { libc::CMSG_SPACE((std::mem::size_of::<i32>() * (MAX_FDS + 8)) as u32) }
+            as usize;
         let mut control = vec![0u8; space];
         // SAFETY: pointers to live locals of the right sizes; the kernel fills at most
         // `space` control bytes.
@@ -189,10 +207,13 @@ impl FdPost {
                 c = libc::CMSG_NXTHDR(&m, c);
             }
         }
-        let whole = n as usize == std::mem::size_of_val(&payload)
+        let whole = (n as usize).is_multiple_of(8)
             && m.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) == 0;
         match (whole, fds.len()) {
-            (true, 1) => Ok(fds.pop().map(|fd| (payload, fd))),
+            (true, 1..) => {
+                payload.truncate(n as usize / 8);
+                Ok(Some((payload, fds)))
+            }
             _ => {
                 tracing::warn!(
                     "dropped a malformed message on the descriptor socket ({n} bytes, {} descriptors)",
@@ -208,34 +229,40 @@ impl FdPost {
 mod tests {
     use super::*;
     use std::io::{Read, Seek, Write};
+    use std::os::fd::AsFd;
+
+    fn text_of(fd: OwnedFd) -> String {
+        let mut g = std::fs::File::from(fd);
+        g.rewind().unwrap();
+        let mut s = String::new();
+        g.read_to_string(&mut s).unwrap();
+        s
+    }
 
     #[test]
-    fn a_descriptor_travels_with_its_words() {
+    fn descriptors_travel_with_their_words() {
         let prefix = format!("railcc-test-fd-{}", std::process::id());
         let a = FdPost::bind(&prefix, 0).unwrap();
         let b = FdPost::bind(&prefix, 1).unwrap();
         assert!(FdPost::bind(&prefix, 1).is_err(), "a name is taken once");
         let mut f = tempfile_with(b"piece");
+        let f2 = tempfile_with(b"second");
         let later = Instant::now() + Duration::from_secs(5);
-        a.send(
-            1,
-            [1, 0, 7, 8, 9, 10],
-            std::os::fd::AsFd::as_fd(&f),
-            later,
-            &|| None,
-            &mut || Ok(()),
-        )
-        .unwrap();
+        let fds = [f.as_fd(), f2.as_fd()];
+        a.send(1, &[1, 0, 7, 8, 9], &fds, later, &|| None, &mut || Ok(()))
+            .unwrap();
         f.write_all(b"!").unwrap();
-        let (w, fd) = b.try_recv().unwrap().expect("a message waits");
-        assert_eq!(w, [1, 0, 7, 8, 9, 10]);
+        let (w, mut got) = b.try_recv().unwrap().expect("a message waits");
+        assert_eq!(w, [1, 0, 7, 8, 9]);
+        assert_eq!(got.len(), 2, "both descriptors came");
+        assert_eq!(text_of(got.pop().unwrap()), "second", "in order");
         // The same open file: what was written after sending shows through the copy.
-        let mut g = std::fs::File::from(fd);
-        g.rewind().unwrap();
-        let mut s = String::new();
-        g.read_to_string(&mut s).unwrap();
-        assert_eq!(s, "piece!");
+        assert_eq!(text_of(got.pop().unwrap()), "piece!");
         assert!(b.try_recv().unwrap().is_none(), "one message was sent");
+        let e = a
+            .send(1, &[0; 4], &[], later, &|| None, &mut || Ok(()))
+            .unwrap_err();
+        assert!(e.to_string().contains("0 descriptors"), "{e}");
     }
 
     #[test]
@@ -249,8 +276,8 @@ mod tests {
         for _ in 0..10_000 {
             last = a.send(
                 1,
-                [0; WORDS],
-                std::os::fd::AsFd::as_fd(&f),
+                &[0; 4],
+                &[f.as_fd()],
                 Instant::now() + Duration::from_millis(100),
                 &|| None,
                 &mut || {
@@ -270,8 +297,8 @@ mod tests {
         let e = a
             .send(
                 5,
-                [0; WORDS],
-                std::os::fd::AsFd::as_fd(&f),
+                &[0; 4],
+                &[f.as_fd()],
                 Instant::now(),
                 &|| None,
                 &mut || Ok(()),

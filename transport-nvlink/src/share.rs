@@ -12,7 +12,7 @@
 //!
 //! Each allocation's path is logged once at info level (NCCL_DEBUG=INFO in libnccl).
 
-use crate::fdpass::{FdPost, WORDS};
+use crate::fdpass::{FdPost, MAX_FDS};
 use railcc_core::{Error, ErrorKind, Result};
 use railcc_cuda::ipc::{self, BufDesc, Imports, KIND_LEGACY, KIND_VMM};
 use railcc_cuda::vmm::{self, Piece, Sharing, VmmImports};
@@ -31,20 +31,26 @@ struct Inbox {
 }
 
 impl Inbox {
-    /// Takes in every message waiting on our socket.
+    /// Takes in every message waiting on our socket: [token, sender, the number of its
+    /// first piece, then base, size and id of each] with one descriptor per piece.
     fn drain(&mut self, post: &FdPost) -> Result<()> {
-        while let Some((w, fd)) = post.try_recv()? {
-            let [token, from, seq, base, size, id] = w;
-            let from = from as usize;
-            if self.tokens.get(from) != Some(&token) || from == self.rank {
+        while let Some((w, fds)) = post.try_recv()? {
+            let from = w.get(1).map_or(usize::MAX, |&f| f as usize);
+            let ok = w.len() == 3 + 3 * fds.len()
+                && from != self.rank
+                && self.tokens.get(from) == w.first();
+            if !ok {
                 tracing::warn!(
-                    "rank {}: dropped a buffer descriptor that does not come from a peer of this communicator",
+                    "rank {}: dropped a buffer descriptor message that does not come from a peer of this communicator",
                     self.rank
                 );
                 continue;
             }
-            self.vmm.add(from, Piece { base, size, id }, fd)?;
-            self.got[from] = self.got[from].max(seq);
+            for (i, fd) in fds.into_iter().enumerate() {
+                let [base, size, id] = [w[3 + 3 * i], w[4 + 3 * i], w[5 + 3 * i]];
+                self.vmm.add(from, Piece { base, size, id }, fd)?;
+                self.got[from] = self.got[from].max(w[2] + i as u64);
+            }
         }
         Ok(())
     }
@@ -87,8 +93,9 @@ impl Share {
         }
     }
 
-    fn tell(&mut self, ptr: u64, len: u64, how: Sharing) {
-        if self.told.len() < 4096 && self.told.insert(ptr) {
+    /// Logs `how` for the allocation at `key` once.
+    fn tell(&mut self, key: u64, ptr: u64, len: u64, how: Sharing) {
+        if self.told.len() < 4096 && self.told.insert(key) {
             tracing::info!(
                 "rank {}: buffer 0x{ptr:x} ({len} bytes) reaches peers by {}",
                 self.rank,
@@ -107,36 +114,51 @@ impl Share {
         broken: &dyn Fn() -> Option<Error>,
     ) -> Result<Option<BufDesc>> {
         let how = vmm::sharing_of(ptr).map_err(|e| e.rank(self.rank))?;
-        self.tell(ptr, len, how);
         match how {
-            Sharing::Legacy => Ok(Some(ipc::export(ptr)?)),
-            Sharing::None => Ok(None),
+            Sharing::Legacy => {
+                let d = ipc::export(ptr)?;
+                self.tell(d.base, ptr, len, how);
+                Ok(Some(d))
+            }
+            Sharing::None => {
+                self.tell(ptr, ptr, len, how);
+                Ok(None)
+            }
             Sharing::Fd => {
-                for p in vmm::pieces(ptr, len)? {
-                    if self.sent.get(&p.base) == Some(&p.id) {
-                        continue;
-                    }
-                    let fd = vmm::export_fd(p.base)?;
-                    let seq = self.posted + 1;
-                    let words: [u64; WORDS] = [
+                let pieces = vmm::pieces(ptr, len)?;
+                self.tell(pieces.first().map_or(ptr, |p| p.base), ptr, len, how);
+                let new: Vec<Piece> = pieces
+                    .into_iter()
+                    .filter(|p| self.sent.get(&p.base) != Some(&p.id))
+                    .collect();
+                // One message per peer for up to MAX_FDS pieces.
+                for batch in new.chunks(MAX_FDS) {
+                    let fds = batch
+                        .iter()
+                        .map(|p| vmm::export_fd(p.base))
+                        .collect::<Result<Vec<_>>>()?;
+                    let mut words = vec![
                         self.inbox.tokens[self.rank],
                         self.rank as u64,
-                        seq,
-                        p.base,
-                        p.size,
-                        p.id,
+                        self.posted + 1,
                     ];
+                    for p in batch {
+                        words.extend_from_slice(&[p.base, p.size, p.id]);
+                    }
+                    let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
                     for to in (0..self.nranks).filter(|&r| r != self.rank) {
                         let (post, inbox) = (&self.post, &mut self.inbox);
-                        post.send(to, words, fd.as_fd(), deadline, broken, &mut || {
+                        post.send(to, &words, &borrowed, deadline, broken, &mut || {
                             inbox.drain(post)
                         })
                         .map_err(|e| e.rank(self.rank))?;
                     }
-                    self.posted = seq;
-                    // A piece replaced at this base in our process replaces it at the peers.
-                    self.sent.retain(|b, _| *b >= p.end() || *b < p.base);
-                    self.sent.insert(p.base, p.id);
+                    self.posted += batch.len() as u64;
+                    for p in batch {
+                        // A piece replaced at this base in our process replaces it at the peers.
+                        self.sent.retain(|b, _| *b >= p.end() || *b < p.base);
+                        self.sent.insert(p.base, p.id);
+                    }
                 }
                 let mut handle = [0u8; ipc::HANDLE_BYTES];
                 handle[..8].copy_from_slice(&self.posted.to_le_bytes());

@@ -24,7 +24,7 @@
 #include "nccl.h"
 
 #define CHECK(x) do { if (!(x)) { fprintf(stderr, "alloc: setup failed at %s:%d: %s\n", __FILE__, __LINE__, #x); MPI_Abort(MPI_COMM_WORLD, 1); } } while (0)
-#define PIECES_MAX 64
+#define PIECES_MAX 160
 
 typedef struct {
   const char* kind;

@@ -17,12 +17,18 @@ import torch.distributed as dist
 OK, FAILED = 0, 0
 
 
+def say(line):
+    # One write per line: the ranks share the log, and print() writes the newline apart.
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def check(name, got, want):
     global OK, FAILED
     bad = (got != want).sum().item()
     if bad:
         FAILED += 1
-        print(f"alloc.py: rank {dist.get_rank()}: {name}: {bad} wrong", flush=True)
+        say(f"alloc.py: rank {dist.get_rank()}: {name}: {bad} wrong")
     else:
         OK += 1
 
@@ -88,15 +94,15 @@ def main():
     if rank == 0:
         conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "default")
         hook = os.environ.get("TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK", "0")
-        print(f"alloc.py: torch {torch.__version__}, allocator {conf}, register hook {hook}", flush=True)
+        say(f"alloc.py: torch {torch.__version__}, allocator {conf}, register hook {hook}")
     sizes = [4 << 10, 4 << 20, 256 << 20]
     for nbytes in sizes:
         collectives(nbytes, rank, world, dev)
     for nbytes in sizes:
         us, busbw = timing(nbytes, world, dev)
         if rank == 0:
-            print(f"alloc.py: all_reduce {nbytes} B: {us:.1f} us, busbw {busbw:.1f} GB/s", flush=True)
-    print(f"alloc.py: rank {rank}: {OK} checks ok, {FAILED} failed", flush=True)
+            say(f"alloc.py: all_reduce {nbytes} B: {us:.1f} us, busbw {busbw:.1f} GB/s")
+    say(f"alloc.py: rank {rank}: {OK} checks ok, {FAILED} failed")
     dist.destroy_process_group()
     sys.exit(1 if FAILED else 0)
 
