@@ -32,26 +32,30 @@ pub struct BufDesc {
 /// The IPC handle of the allocation holding `ptr`, and `ptr`'s offset in it.
 pub fn export(ptr: u64) -> Result<BufDesc> {
     let (mut base, mut size) = (0u64, 0usize);
+    // SAFETY: valid out-pointers; the driver validates `ptr`.
+    check(
+        unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) },
+        "cuMemGetAddressRange (is the buffer device memory from cudaMalloc?)",
+    )?;
+    export_in(ptr, base, size as u64)
+}
+
+/// As [`export`], where the allocation holding `ptr` is known to be `[base, base + size)`.
+pub fn export_in(ptr: u64, base: u64, size: u64) -> Result<BufDesc> {
     let mut h = sys::CUipcMemHandle {
         reserved: [0; HANDLE_BYTES],
     };
-    // SAFETY: valid out-pointers; the driver validates `ptr`.
-    unsafe {
-        check(
-            sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr),
-            "cuMemGetAddressRange (is the buffer device memory from cudaMalloc?)",
-        )?;
-        check(
-            sys::cuIpcGetMemHandle(&mut h, base),
-            "cuIpcGetMemHandle (buffers must come from cudaMalloc/cuMemAlloc to be shared)",
-        )?;
-    }
+    // SAFETY: valid out-pointer; the driver validates `base`.
+    check(
+        unsafe { sys::cuIpcGetMemHandle(&mut h, base) },
+        "cuIpcGetMemHandle (buffers must come from cudaMalloc/cuMemAlloc to be shared)",
+    )?;
     Ok(BufDesc {
         kind: KIND_LEGACY,
         handle: h.reserved.map(|c| c as u8),
         base,
         offset: ptr - base,
-        size: size as u64,
+        size,
     })
 }
 

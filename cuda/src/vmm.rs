@@ -38,30 +38,66 @@ impl Sharing {
     }
 }
 
-fn attr(ptr: u64, a: sys::CUpointer_attribute) -> Result<u64> {
-    let mut v = 0u64;
-    // SAFETY: every attribute asked here is at most 8 bytes; the driver validates `ptr`.
-    check(
-        unsafe { sys::cuPointerGetAttribute(&mut v as *mut u64 as *mut c_void, a, ptr) },
-        "cuPointerGetAttribute (is the buffer device memory?)",
-    )?;
-    Ok(v)
+/// What the driver knows of an address: how its memory can be shared, and the mapped range
+/// (allocation or piece) holding it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PtrInfo {
+    pub sharing: Sharing,
+    pub piece: Piece,
 }
 
-/// How `ptr`'s memory can be shared. An address that is not device memory is an error.
-pub fn sharing_of(ptr: u64) -> Result<Sharing> {
+/// [`PtrInfo`] of `ptr`, in one driver call (this runs for every buffer of every call). An
+/// address that is not device memory is an error.
+pub fn info(ptr: u64) -> Result<PtrInfo> {
     use sys::CUpointer_attribute as A;
-    // The legacy attribute is a 4-byte bool; read into a zeroed u64 its low bytes say it.
-    if attr(ptr, A::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE)? as u32 != 0 {
-        return Ok(Sharing::Legacy);
+    let mut attrs = [
+        A::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+        A::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
+        A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+        A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
+        A::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+    ];
+    // Each attribute is at most 8 bytes (the legacy flag a bool or int: its low bytes).
+    let mut v = [0u64; 5];
+    let mut data: Vec<*mut c_void> = v.iter_mut().map(|x| x as *mut u64 as *mut c_void).collect();
+    // SAFETY: five attributes, five 8-byte outputs, all live for the call.
+    check(
+        unsafe {
+            sys::cuPointerGetAttributes(
+                attrs.len() as u32,
+                attrs.as_mut_ptr(),
+                data.as_mut_ptr(),
+                ptr,
+            )
+        },
+        "cuPointerGetAttributes",
+    )?;
+    let [legacy, types, base, size, id] = v;
+    // An address the driver does not know gets zeros rather than an error.
+    if size == 0 || base > ptr || base + size <= ptr {
+        return Err(Error::new(
+            ErrorKind::InvalidArgument,
+            format!("0x{ptr:x} is not device memory this process has mapped"),
+        )
+        .transport(crate::NAME));
     }
     let fd = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0 as u64;
-    let types = attr(ptr, A::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES)?;
-    Ok(if types & fd != 0 {
+    let sharing = if legacy as u32 & 0xff != 0 {
+        Sharing::Legacy
+    } else if types & fd != 0 {
         Sharing::Fd
     } else {
         Sharing::None
+    };
+    Ok(PtrInfo {
+        sharing,
+        piece: Piece { base, size, id },
     })
+}
+
+/// How `ptr`'s memory can be shared.
+pub fn sharing_of(ptr: u64) -> Result<Sharing> {
+    Ok(info(ptr)?.sharing)
 }
 
 /// One mapped piece of a VMM buffer, in its owner's address space.
@@ -79,24 +115,14 @@ impl Piece {
     }
 }
 
-/// The pieces that hold `[ptr, ptr + len)` (one when `len` is 0).
-pub fn pieces(ptr: u64, len: u64) -> Result<Vec<Piece>> {
-    let mut out = Vec::new();
-    let mut at = ptr;
-    loop {
-        let (mut base, mut size) = (0u64, 0usize);
-        // SAFETY: valid out-pointers; the driver validates `at`.
-        check(
-            unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, at) },
-            "cuMemGetAddressRange (is the whole buffer mapped?)",
-        )?;
-        let id = attr(at, sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID)?;
-        let p = Piece {
-            base,
-            size: size as u64,
-            id,
-        };
-        if p.size == 0 || p.end() <= at {
+/// The pieces that hold `[ptr, ptr + len)` (one when `len` is 0), from `first`, the piece
+/// holding `ptr`.
+pub fn pieces(first: Piece, ptr: u64, len: u64) -> Result<Vec<Piece>> {
+    let mut out = vec![first];
+    let mut at = first.end();
+    while at < ptr + len.max(1) {
+        let p = info(at)?.piece;
+        if p.end() <= at {
             return Err(Error::new(
                 ErrorKind::Io,
                 format!("the driver gave an empty range for 0x{at:x}"),
@@ -105,10 +131,8 @@ pub fn pieces(ptr: u64, len: u64) -> Result<Vec<Piece>> {
         }
         out.push(p);
         at = p.end();
-        if at >= ptr + len.max(1) {
-            return Ok(out);
-        }
     }
+    Ok(out)
 }
 
 /// A descriptor another process can import for the allocation mapped at `base` (a piece's).

@@ -113,20 +113,14 @@ impl Share {
         deadline: Instant,
         broken: &dyn Fn() -> Option<Error>,
     ) -> Result<Option<BufDesc>> {
-        let how = vmm::sharing_of(ptr).map_err(|e| e.rank(self.rank))?;
+        let at = vmm::info(ptr).map_err(|e| e.rank(self.rank))?;
+        let how = at.sharing;
+        self.tell(at.piece.base, ptr, len, how);
         match how {
-            Sharing::Legacy => {
-                let d = ipc::export(ptr)?;
-                self.tell(d.base, ptr, len, how);
-                Ok(Some(d))
-            }
-            Sharing::None => {
-                self.tell(ptr, ptr, len, how);
-                Ok(None)
-            }
+            Sharing::Legacy => Ok(Some(ipc::export_in(ptr, at.piece.base, at.piece.size)?)),
+            Sharing::None => Ok(None),
             Sharing::Fd => {
-                let pieces = vmm::pieces(ptr, len)?;
-                self.tell(pieces.first().map_or(ptr, |p| p.base), ptr, len, how);
+                let pieces = vmm::pieces(at.piece, ptr, len)?;
                 let new: Vec<Piece> = pieces
                     .into_iter()
                     .filter(|p| self.sent.get(&p.base) != Some(&p.id))

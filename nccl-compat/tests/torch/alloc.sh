@@ -8,8 +8,10 @@
 # A run passes when every rank checks every result. Then, from the same call's figures:
 # railcc's 256 MB all_reduce busbw under expandable segments >= NCCL's (same allocator), and
 # railcc under expandable segments no slower than 0.95x railcc's default-allocator figure at
-# every size. Prepare with bench/compare/gpu-prepare.sh; carry .device. ALLOC_WAYS picks the
-# settings. Logs: $OUT/torch-alloc-<lib>-<way>.log. Exit 1 if anything failed.
+# every size; each figure the median of ALLOC_REPEATS (default 1) runs, the runs of all
+# settings and both libraries interleaved. Prepare with bench/compare/gpu-prepare.sh; carry
+# .device. ALLOC_WAYS and ALLOC_LIBS pick settings and libraries.
+# Logs: $OUT/torch-alloc-<lib>-<way>-<repeat>.log. Exit 1 if anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 source bench/compare/gpu-env.sh
@@ -21,9 +23,9 @@ export PYTHONUNBUFFERED=1 NCCL_DEBUG=INFO
 fails=0
 port=29561
 
-# run LIB WAY: one torchrun; prints PASS/FAIL.
+# run LIB WAY REPEAT: one torchrun; prints PASS/FAIL.
 run() {
-  local lib=$1 way=$2 log=$OUT/torch-alloc-$1-$2.log
+  local lib=$1 way=$2 log=$OUT/torch-alloc-$1-$2-$3.log
   local env=()
   case $way in
     expandable) env+=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) ;;
@@ -46,30 +48,37 @@ run() {
   grep "^alloc.py: all_reduce" "$log" | sed "s/^alloc.py:/      $lib $way:/"
 }
 
-for way in ${ALLOC_WAYS:-default expandable async reghook}; do
-  run railcc "$way"
-  run nccl "$way"
+for r in $(seq "${ALLOC_REPEATS:-1}"); do
+  for way in ${ALLOC_WAYS:-default expandable async reghook}; do
+    for lib in ${ALLOC_LIBS:-railcc nccl}; do
+      run "$lib" "$way" "$r"
+    done
+  done
 done
 
-# Value printing apart from the judging: the figure of LIB WAY at SIZE ("us" or "busbw").
+# Value printing apart from the judging: "<us> <busbw>" of LIB WAY at SIZE, medians over the
+# repeats (nothing when no run printed it).
 figure() {
-  sed -n "s/^alloc.py: all_reduce $3 B: \([0-9.]*\) us, busbw \([0-9.]*\) GB\/s/\1 \2/p" \
-    "$OUT/torch-alloc-$1-$2.log" 2>/dev/null | head -n 1
+  cat "$OUT"/torch-alloc-"$1"-"$2"-*.log 2>/dev/null | python3 -c '
+import re, statistics, sys
+rows = [m.groups() for m in re.finditer(r"^alloc.py: all_reduce " + sys.argv[1] + r" B: ([0-9.]+) us, busbw ([0-9.]+) GB/s", sys.stdin.read(), re.M)]
+if rows:
+    print(statistics.median(float(u) for u, _ in rows), statistics.median(float(b) for _, b in rows), len(rows))' "$3"
 }
 judge() {
   if python3 -c "import sys; sys.exit(0 if $2 else 1)" 2>/dev/null; then echo "PASS  $1"; else echo "FAIL  $1"; fails=$((fails + 1)); fi
 }
 big=$((256 << 20))
-read -r _ rb <<< "$(figure railcc expandable $big)"
-read -r _ nb <<< "$(figure nccl expandable $big)"
+read -r _ rb k <<< "$(figure railcc expandable $big)"
+read -r _ nb _ <<< "$(figure nccl expandable $big)"
 if [ -n "${rb:-}" ] && [ -n "${nb:-}" ]; then
-  judge "expandable segments, 256 MB all_reduce busbw: railcc $rb against NCCL $nb GB/s (ratio $(python3 -c "print(f'{$rb/$nb:.3f}')"), want >= 1.0)" "$rb >= $nb"
+  judge "expandable segments, 256 MB all_reduce busbw (median of $k): railcc $rb against NCCL $nb GB/s (ratio $(python3 -c "print(f'{$rb/$nb:.3f}')"), want >= 1.0)" "$rb >= $nb"
 fi
 for size in $((4 << 10)) $((4 << 20)) $big; do
-  read -r te _ <<< "$(figure railcc expandable $size)"
-  read -r td _ <<< "$(figure railcc default $size)"
+  read -r te _ k <<< "$(figure railcc expandable $size)"
+  read -r td _ _ <<< "$(figure railcc default $size)"
   [ -n "${te:-}" ] && [ -n "${td:-}" ] || continue
-  judge "railcc at $size B: expandable segments $te us against the default allocator's $td us (want <= 1/0.95 of it)" "$te <= $td / 0.95"
+  judge "railcc at $size B (median of $k): expandable segments $te us against the default allocator's $td us (want <= 1/0.95 of it)" "$te <= $td / 0.95"
 done
 echo "torch alloc.sh: $fails failed"
 [ "$fails" = 0 ]
