@@ -46,21 +46,19 @@ pub struct PtrInfo {
     pub piece: Piece,
 }
 
-/// [`PtrInfo`] of `ptr`, in one driver call (this runs for every buffer of every call). An
+/// [`PtrInfo`] of `ptr`, in two driver calls (this runs for every buffer of every call). An
 /// address that is not device memory is an error.
 pub fn info(ptr: u64) -> Result<PtrInfo> {
     use sys::CUpointer_attribute as A;
     let mut attrs = [
         A::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
         A::CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
-        A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-        A::CU_POINTER_ATTRIBUTE_RANGE_SIZE,
         A::CU_POINTER_ATTRIBUTE_BUFFER_ID,
     ];
     // Each attribute is at most 8 bytes (the legacy flag a bool or int: its low bytes).
-    let mut v = [0u64; 5];
+    let mut v = [0u64; 3];
     let mut data: Vec<*mut c_void> = v.iter_mut().map(|x| x as *mut u64 as *mut c_void).collect();
-    // SAFETY: five attributes, five 8-byte outputs, all live for the call.
+    // SAFETY: three attributes, three 8-byte outputs, all live for the call.
     check(
         unsafe {
             sys::cuPointerGetAttributes(
@@ -72,15 +70,15 @@ pub fn info(ptr: u64) -> Result<PtrInfo> {
         },
         "cuPointerGetAttributes",
     )?;
-    let [legacy, types, base, size, id] = v;
-    // An address the driver does not know gets zeros rather than an error.
-    if size == 0 || base > ptr || base + size <= ptr {
-        return Err(Error::new(
-            ErrorKind::InvalidArgument,
-            format!("0x{ptr:x} is not device memory this process has mapped"),
-        )
-        .transport(crate::NAME));
-    }
+    let [legacy, types, id] = v;
+    // The mapping holding `ptr` (for VMM memory one piece, where the range attributes would
+    // give the whole reservation); an error for an address that is not device memory.
+    let (mut base, mut size) = (0u64, 0usize);
+    // SAFETY: valid out-pointers; the driver validates `ptr`.
+    check(
+        unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) },
+        "cuMemGetAddressRange (is the buffer device memory?)",
+    )?;
     let fd = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR.0 as u64;
     let sharing = if legacy as u32 & 0xff != 0 {
         Sharing::Legacy
@@ -91,7 +89,11 @@ pub fn info(ptr: u64) -> Result<PtrInfo> {
     };
     Ok(PtrInfo {
         sharing,
-        piece: Piece { base, size, id },
+        piece: Piece {
+            base,
+            size: size as u64,
+            id,
+        },
     })
 }
 
