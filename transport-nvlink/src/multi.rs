@@ -12,10 +12,9 @@ use crate::Settings;
 use railcc_core::call::{Call, P2pOp};
 use railcc_core::{Error, ErrorKind, Result};
 use railcc_cuda::driver;
-use railcc_cuda::gpu::{
-    copy_async, enable_peer_access, stream_of, stream_waits_for, GpuCtx, Stream,
-};
+use railcc_cuda::gpu::{copy_async, enable_peer_access, stream_of, GpuCtx, Stream};
 use railcc_cuda::kernels::MAX_PEERS;
+use railcc_cuda::launch::{p2p_step, P2pStep};
 
 /// The GPUs of this process, with peer access enabled between every pair.
 pub struct MultiGpu {
@@ -179,9 +178,14 @@ impl MultiGpu {
     }
 
     /// A message from rank `src` (its send `s`, to `s.peer`) into the receive `r` of rank
-    /// `s.peer`: the receiver's stream waits for the sender's stream to reach the send,
-    /// copies, and the sender's stream waits for the copy (so the send buffer is not reused
-    /// early). The caller has paired them (libnccl's clique refuses sizes that differ).
+    /// `s.peer`: the sender's stream marks the data ready, the receiver's stream waits for
+    /// that, copies and marks it copied, and the sender's stream waits for the copy (so the
+    /// send buffer is not reused early). The marks are one-thread kernels counting in the
+    /// GPUs' sync areas (`railcc_cuda::launch::p2p_step`, as between processes), not events:
+    /// each stream can then be captured into a CUDA graph of its own (nccl-tests `-G`), which
+    /// an event recorded in one capture and waited on in another forbids, and the counts
+    /// live on the GPU, so replays pair up. The caller has paired them (libnccl's clique
+    /// refuses sizes that differ).
     ///
     /// # Safety
     /// Both buffers are their GPU's device memory of `s.bytes`, each stream a live stream of
@@ -198,12 +202,31 @@ impl MultiGpu {
             return Ok(());
         }
         let (ss, rs) = (stream_of(s.stream), stream_of(r.stream));
+        let (areas_s, areas_r) = ((gs.sync.ptr, gr.sync.ptr), (gr.sync.ptr, gs.sync.ptr));
         let _t = self.turn.lock();
         // SAFETY: the streams are the callers' streams of each GPU; peer access between the
-        // GPUs is enabled (new), so the receiver's copy reads the sender's memory; both
-        // ranges are the callers' buffers of `bytes`.
+        // GPUs is enabled (new), so the steps reach the peer's area and the receiver's copy
+        // reads the sender's memory; both ranges are the callers' buffers of `bytes`; the
+        // areas live as long as the GPUs.
         unsafe {
-            stream_waits_for(gr, rs, gs, ss)?;
+            gs.bind()?;
+            p2p_step(
+                gs,
+                ss,
+                (P2pStep::Ready, 0),
+                areas_s,
+                (src, dst),
+                self.timeout_ns,
+            )?;
+            gr.bind()?;
+            p2p_step(
+                gr,
+                rs,
+                (P2pStep::WaitReady, 0),
+                areas_r,
+                (dst, src),
+                self.timeout_ns,
+            )?;
             copy_async(
                 r.ptr,
                 s.ptr,
@@ -211,7 +234,23 @@ impl MultiGpu {
                 rs,
                 "cuMemcpyAsync (send/recv between GPUs)",
             )?;
-            stream_waits_for(gs, ss, gr, rs)
+            p2p_step(
+                gr,
+                rs,
+                (P2pStep::Copied, 0),
+                areas_r,
+                (dst, src),
+                self.timeout_ns,
+            )?;
+            gs.bind()?;
+            p2p_step(
+                gs,
+                ss,
+                (P2pStep::WaitCopied, 0),
+                areas_s,
+                (src, dst),
+                self.timeout_ns,
+            )
         }
     }
 }
