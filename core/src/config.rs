@@ -155,7 +155,8 @@ macro_rules! config {
 }
 
 config! {
-    /// Deadline for any wait with no progress (bootstrap, connect, data), in milliseconds.
+    /// Deadline for any wait with no progress (bootstrap, connect, data), in milliseconds
+    /// (libnccl: none unless set, as NCCL).
     timeout_ms: u64 = 60_000, "RAILCC_TIMEOUT_MS";
     /// Interfaces for sockets: a prefix list like NCCL's (`eth`, `^docker`, `=lo`). Empty: the
     /// interface that reaches the bootstrap root, loopback for a local job.
