@@ -22,11 +22,14 @@
 #  alloc  libnccl with buffers from any allocator: cudaMalloc, VMM pieces with and without
 #         shareable handles, cudaMallocAsync, ncclMemAlloc (nccl-compat/tests/alloc/alloc.sh,
 #         railcc's library and NCCL's), and PyTorch's allocators through torchrun
-#         (nccl-compat/tests/torch/alloc.sh).
+#         (nccl-compat/tests/torch/alloc.sh);
+#  recover after a killed rank the survivors fail within 1 s naming it, then shrink or re-init
+#         in the same processes (one host and 2 emulated hosts x 2), and ncclCommAbort from
+#         another thread stops waiting kernels within 1 s (nccl-compat/tests/recover/recover.sh).
 # A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
 # exit status 1 if any failed. Without a CUDA driver: a SKIP line, exit 0.
-# TEST_GPU_PARTS="unit bench nccl shared shrink split config alloc" picks parts (one 10-minute device call may not hold them all),
+# TEST_GPU_PARTS="unit bench nccl shared shrink split config alloc recover" picks parts (one 10-minute device call may not hold them all),
 # TEST_GPU_COLLS the bench's collectives, RAILCC_BIN another railcc binary;
 # logs under $OUT (default /tmp/out): test-gpu.log (every line of every check).
 set -uo pipefail
@@ -50,7 +53,7 @@ source bench/compare/tables.sh
 R=${RAILCC_BIN:-$R}   # another railcc binary (to see a broken build fail these checks)
 export RAILCC_TIMEOUT_MS=30000
 NG=${NG:-$(nvidia-smi -L | wc -l)}
-PARTS=${TEST_GPU_PARTS:-unit bench nccl shared shrink split config alloc}
+PARTS=${TEST_GPU_PARTS:-unit bench nccl shared shrink split config alloc recover}
 PASSED=0 FAILED=0 FAILS=""
 : > "$LOG"
 
@@ -210,6 +213,12 @@ case " $PARTS " in *" alloc "*)
   timeout 900 bash nccl-compat/tests/torch/alloc.sh > /tmp/test-gpu-torch-alloc.log 2>&1
   verdict "alloc: PyTorch's allocators through torchrun, railcc and NCCL (nccl-compat/tests/torch/alloc.sh)" $? /tmp/test-gpu-torch-alloc.log notable
   grep -E "^(PASS|FAIL|      )" /tmp/test-gpu-torch-alloc.log
+;; esac
+
+case " $PARTS " in *" recover "*)
+  timeout 900 bash nccl-compat/tests/recover/recover.sh > /tmp/test-gpu-recover.log 2>&1
+  verdict "recover: a killed rank, then shrink or re-init in the same processes; ncclCommAbort within 1 s (nccl-compat/tests/recover/recover.sh)" $? /tmp/test-gpu-recover.log notable
+  grep -E "^(PASS|FAIL|      )" /tmp/test-gpu-recover.log
 ;; esac
 
 echo "test-gpu: $PASSED passed, $FAILED failed${FAILS:+ (${FAILS#; })}"
