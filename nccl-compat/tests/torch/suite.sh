@@ -13,6 +13,9 @@
 # (what torch itself refuses) are printed. Prepare with bench/compare/gpu-prepare.sh and carry
 # .device. Logs: $OUT/suite-*.log. Exit 1 if anything failed. SUITE_RUNS picks runs (the
 # loss comparison needs nccl-hosts); SUITE_VERBOSE=1 names each check as it starts.
+# SUITE_ALLOC picks PyTorch's allocator for every run (issue 29): default, expandable
+# (expandable_segments:True), async (backend:cudaMallocAsync) or reghook
+# (TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1).
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 source bench/compare/gpu-env.sh
@@ -21,6 +24,14 @@ LIB=$PWD/.device/lib/libnccl.so.2
 PY=$PWD/nccl-compat/tests/torch/suite.py
 NGPU=$(nvidia-smi -L | wc -l)
 LIMIT=${SUITE_LIMIT:-240}
+case ${SUITE_ALLOC:-default} in
+  default) ;;
+  expandable) export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ;;
+  async) export PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync ;;
+  reghook) export TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1 ;;
+  *) echo "FAIL  suite: SUITE_ALLOC=${SUITE_ALLOC} is none of default, expandable, async, reghook"; exit 1 ;;
+esac
+[ "${SUITE_ALLOC:-default}" = default ] || echo "suite.sh: allocator ${SUITE_ALLOC}"
 export NCCL_SOCKET_IFNAME=lo RAILCC_SOCKET_IFNAME=lo RAILCC_TIMEOUT_MS=60000 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 fails=0
 
