@@ -203,6 +203,12 @@ impl GpuCtx {
         self.abort.load(0) == crate::kernels::ABORT_TIMED_OUT
     }
 
+    /// Whether this context's kernels were told to stop waiting ([`GpuCtx::abort_kernels`])
+    /// or stopped on their own at a deadline.
+    pub fn kernels_stopped(&self) -> bool {
+        self.abort.load(0) != 0
+    }
+
     pub fn ll_func(&self, dt: DataType, op: ReduceOp) -> Result<sys::CUfunction> {
         self.ll_funcs
             .get(&(dt, op))

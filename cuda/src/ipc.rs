@@ -29,6 +29,17 @@ pub struct BufDesc {
     pub size: u64,
 }
 
+impl BufDesc {
+    /// No buffer (an entry that carries none).
+    pub const EMPTY: BufDesc = BufDesc {
+        kind: KIND_LEGACY,
+        handle: [0; HANDLE_BYTES],
+        base: 0,
+        offset: 0,
+        size: 0,
+    };
+}
+
 /// The IPC handle of the allocation holding `ptr`, and `ptr`'s offset in it.
 pub fn export(ptr: u64) -> Result<BufDesc> {
     let (mut base, mut size) = (0u64, 0usize);

@@ -8,7 +8,8 @@
 //! however many pieces it has, since a datagram socket queues only a few messages
 //! (net.unix.max_dgram_qlen, 10 by default) before a sender must wait for the reader.
 //! The words start with the sender's token (from the authenticated bootstrap), so a
-//! stranger's datagram is dropped by the reader.
+//! stranger's datagram is dropped by the reader. The reader is a thread of its own
+//! (share.rs), so a queue never stays full while its owner waits for something else.
 
 use railcc_core::{Error, ErrorKind, Result};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -75,9 +76,9 @@ impl FdPost {
         })
     }
 
-    /// Sends `words` with copies of `fds` to rank `to`. A full receiver (it has not read its
-    /// messages yet) is waited for, while `drain` empties our own queue so that two ranks
-    /// sending to each other do not wait on each other; `broken` and the deadline end the wait.
+    /// Sends `words` with copies of `fds` to rank `to`. A full receiver queue (or too many
+    /// descriptors in flight) is waited for until its reader catches up; `broken` and the
+    /// deadline end the wait.
     pub fn send(
         &self,
         to: usize,
@@ -85,7 +86,6 @@ impl FdPost {
         fds: &[BorrowedFd<'_>],
         deadline: Instant,
         broken: &dyn Fn() -> Option<Error>,
-        drain: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
         if words.len() > MAX_WORDS || fds.is_empty() || fds.len() > MAX_FDS {
             return Err(Error::invalid(format!(
@@ -103,7 +103,8 @@ impl FdPost {
         let fd_bytes = (std::mem::size_of::<i32>() * fds.len()) as u32;
         // SAFETY: CMSG_SPACE is a pure size computation.
         let space = unsafe { libc::CMSG_SPACE(fd_bytes) } as usize;
-        let mut control = vec![0u8; space];
+        // u64 words: aligned for the cmsghdr laid over them.
+        let mut control = vec![0u64; space.div_ceil(8)];
         loop {
             // SAFETY: every pointer in the header points at live locals of the right sizes;
             // the control buffer holds exactly one SCM_RIGHTS message with `fds`.
@@ -129,7 +130,10 @@ impl FdPost {
                 return Ok(());
             }
             let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EAGAIN) {
+            if !matches!(
+                e.raw_os_error(),
+                Some(libc::EAGAIN) | Some(libc::ETOOMANYREFS)
+            ) {
                 return Err(Error::new(
                     ErrorKind::Io,
                     format!("sending a buffer's descriptor to rank {to}: {e}"),
@@ -148,7 +152,6 @@ impl FdPost {
                 .peer(to)
                 .transport(crate::NAME));
             }
-            drain()?;
             std::thread::sleep(Duration::from_micros(50));
         }
     }
@@ -164,7 +167,8 @@ impl FdPost {
         // SAFETY: a pure size computation.
         let space = unsafe { libc::CMSG_SPACE((std::mem::size_of::<i32>() * (MAX_FDS + 8)) as u32) }
             as usize;
-        let mut control = vec![0u8; space];
+        // u64 words: aligned for the cmsghdr laid over them.
+        let mut control = vec![0u64; space.div_ceil(8)];
         // SAFETY: pointers to live locals of the right sizes; the kernel fills at most
         // `space` control bytes.
         let (n, m) = unsafe {
@@ -207,8 +211,16 @@ impl FdPost {
                 c = libc::CMSG_NXTHDR(&m, c);
             }
         }
-        let whole = (n as usize).is_multiple_of(8)
-            && m.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) == 0;
+        let whole = (n as usize).is_multiple_of(8) && m.msg_flags & libc::MSG_TRUNC == 0;
+        if m.msg_flags & libc::MSG_CTRUNC != 0 {
+            // Descriptors were lost (this process ran out of them): the pieces they stood
+            // for can never be mapped, so the communicator cannot go on.
+            return Err(Error::new(
+                ErrorKind::Io,
+                "descriptors of a peer's buffer were lost on the way (too many open files?)",
+            )
+            .transport(crate::NAME));
+        }
         match (whole, fds.len()) {
             (true, 1..) => {
                 payload.truncate(n as usize / 8);
@@ -222,6 +234,18 @@ impl FdPost {
                 Ok(None)
             }
         }
+    }
+
+    /// Waits up to `timeout` for a message to read; whether one is there.
+    pub fn wait_readable(&self, timeout: Duration) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, timeout.as_millis().min(i32::MAX as u128) as i32) };
+        r > 0 && p.revents & libc::POLLIN != 0
     }
 }
 
@@ -249,8 +273,7 @@ mod tests {
         let f2 = tempfile_with(b"second");
         let later = Instant::now() + Duration::from_secs(5);
         let fds = [f.as_fd(), f2.as_fd()];
-        a.send(1, &[1, 0, 7, 8, 9], &fds, later, &|| None, &mut || Ok(()))
-            .unwrap();
+        a.send(1, &[1, 0, 7, 8, 9], &fds, later, &|| None).unwrap();
         f.write_all(b"!").unwrap();
         let (w, mut got) = b.try_recv().unwrap().expect("a message waits");
         assert_eq!(w, [1, 0, 7, 8, 9]);
@@ -259,50 +282,53 @@ mod tests {
         // The same open file: what was written after sending shows through the copy.
         assert_eq!(text_of(got.pop().unwrap()), "piece!");
         assert!(b.try_recv().unwrap().is_none(), "one message was sent");
-        let e = a
-            .send(1, &[0; 4], &[], later, &|| None, &mut || Ok(()))
-            .unwrap_err();
+        let e = a.send(1, &[0; 4], &[], later, &|| None).unwrap_err();
         assert!(e.to_string().contains("0 descriptors"), "{e}");
     }
 
     #[test]
-    fn a_full_receiver_is_a_named_timeout_and_drain_runs_meanwhile() {
+    fn a_full_receiver_is_a_named_timeout() {
         let prefix = format!("railcc-test-fdfull-{}", std::process::id());
         let a = FdPost::bind(&prefix, 0).unwrap();
-        let _b = FdPost::bind(&prefix, 1).unwrap();
+        let b = FdPost::bind(&prefix, 1).unwrap();
         let f = tempfile_with(b"x");
-        let mut drains = 0;
+        assert!(
+            !b.wait_readable(Duration::from_millis(1)),
+            "nothing sent yet"
+        );
         let mut last = Ok(());
+        let mut sent = 0;
         for _ in 0..10_000 {
-            last = a.send(
-                1,
-                &[0; 4],
-                &[f.as_fd()],
-                Instant::now() + Duration::from_millis(100),
-                &|| None,
-                &mut || {
-                    drains += 1;
-                    Ok(())
-                },
-            );
+            let soon = Instant::now() + Duration::from_millis(100);
+            last = a.send(1, &[0; 4], &[f.as_fd()], soon, &|| None);
             if last.is_err() {
                 break;
             }
+            sent += 1;
         }
         let e = last.unwrap_err();
         assert_eq!(e.kind, ErrorKind::Timeout, "{e}");
         assert!(e.to_string().contains("rank 1"), "{e}");
-        assert!(drains > 0);
+        // The reader catches up: every message is whole, and sending works again.
+        assert!(b.wait_readable(Duration::from_millis(100)));
+        let mut read = 0;
+        while b.try_recv().unwrap().is_some() {
+            read += 1;
+        }
+        assert_eq!(read, sent);
+        let later = Instant::now() + Duration::from_secs(5);
+        a.send(1, &[0; 4], &[f.as_fd()], later, &|| None).unwrap();
+        // A broken communicator ends the wait with its error.
+        let gone = || Some(Error::new(ErrorKind::PeerClosed, "rank 1 died"));
+        for _ in 0..10_000 {
+            if let Err(e) = a.send(1, &[0; 4], &[f.as_fd()], later, &gone) {
+                assert_eq!(e.kind, ErrorKind::PeerClosed);
+                break;
+            }
+        }
         // Nobody listens under this name: an error naming the rank, not a hang.
         let e = a
-            .send(
-                5,
-                &[0; 4],
-                &[f.as_fd()],
-                Instant::now(),
-                &|| None,
-                &mut || Ok(()),
-            )
+            .send(5, &[0; 4], &[f.as_fd()], Instant::now(), &|| None)
             .unwrap_err();
         assert!(e.to_string().contains("rank 5"), "{e}");
     }

@@ -71,24 +71,33 @@ impl MultiGpu {
         })
     }
 
-    /// A timeout of a kernel that waited for a peer, if one did: the GPUs' waits have stopped
-    /// and results since are garbage.
+    /// Why the GPUs' waits stopped, if they did: a kernel waited past the timeout for a peer
+    /// GPU, or [`MultiGpu::abort`] was called (every rank of the process learns it, not only
+    /// the one aborted). Results since are garbage.
     pub fn async_error(&self) -> Option<Error> {
-        let g = self.gpus.iter().find(|g| g.kernels_timed_out())?;
-        Some(
+        if let Some(g) = self.gpus.iter().find(|g| g.kernels_timed_out()) {
+            return Some(
+                Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "GPU {}: a kernel waited longer than the timeout (RAILCC_TIMEOUT_MS) for a peer GPU",
+                        g.ordinal
+                    ),
+                )
+                .transport(crate::NAME),
+            );
+        }
+        self.gpus.iter().any(|g| g.kernels_stopped()).then(|| {
             Error::new(
-                ErrorKind::Timeout,
-                format!(
-                    "GPU {}: a kernel waited longer than the timeout (RAILCC_TIMEOUT_MS) for a peer GPU",
-                    g.ordinal
-                ),
+                ErrorKind::Aborted,
+                "the communicator was aborted (ncclCommAbort on one of its ranks)",
             )
-            .transport(crate::NAME),
-        )
+            .transport(crate::NAME)
+        })
     }
 
-    /// Stops every kernel's waits now (results are garbage; [`MultiGpu::async_error`] stays
-    /// None: the caller holds the reason).
+    /// Stops every kernel's waits now (results are garbage; [`MultiGpu::async_error`] says
+    /// so from then on).
     pub fn abort(&self) {
         for g in &self.gpus {
             g.abort_kernels();
@@ -184,8 +193,11 @@ impl MultiGpu {
     /// GPUs' sync areas (`railcc_cuda::launch::p2p_step`, as between processes), not events:
     /// each stream can then be captured into a CUDA graph of its own (nccl-tests `-G`), which
     /// an event recorded in one capture and waited on in another forbids, and the counts
-    /// live on the GPU, so replays pair up. The caller has paired them (libnccl's clique
-    /// refuses sizes that differ).
+    /// live on the GPU, so replays pair up. The counts pair the n-th send of a (sender,
+    /// receiver) pair with the n-th receive in the order the GPUs run them: each side's
+    /// messages of one pair on one stream, as libnccl's callers issue them (two streams per
+    /// side could pair crosswise). The caller has paired them (libnccl's clique refuses sizes
+    /// that differ).
     ///
     /// # Safety
     /// Both buffers are their GPU's device memory of `s.bytes`, each stream a live stream of

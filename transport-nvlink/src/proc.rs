@@ -28,7 +28,7 @@ use railcc_core::{Error, ErrorKind, Result};
 use railcc_cuda::gpu::{
     copy_async, is_capturing, stream_of, stream_waits_for, DevBuf, GpuCtx, Stream,
 };
-use railcc_cuda::ipc::{export, open, HANDLE_BYTES};
+use railcc_cuda::ipc::{export, open, BufDesc, HANDLE_BYTES};
 use railcc_cuda::kernels::MAX_PEERS;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -45,7 +45,7 @@ pub struct ProcGpu {
     share: Mutex<Share>,
     /// Where the data of buffers no peer can map goes through (made and grown on use), and
     /// the stream that used it last.
-    bounce: Mutex<(Option<DevBuf>, Option<usize>)>,
+    bounce: Mutex<Bounce>,
     /// Per peer, the staging slots of buffered sends (made on first use).
     stages: Mutex<std::collections::HashMap<usize, railcc_cuda::gpu::DevBuf>>,
     calls: AtomicU64,
@@ -270,17 +270,17 @@ impl ProcGpu {
             Ok((table, syncs, post))
         })();
         let ((table, syncs, post), _) = agree(opened, exchange, &name, |_| Vec::new())?;
-        let share = Share::new(
-            rank,
-            gpu.ordinal as i32,
-            post,
-            hellos.iter().map(|h| h.token).collect(),
-        );
         if rank == 0 {
             ShmTable::unlink(&hellos[0].shm);
         }
         let max_blocks = hellos.iter().map(|h| h.blocks).min().unwrap_or(1);
         let gpu = Arc::new(gpu);
+        let share = Share::new(
+            rank,
+            gpu.clone(),
+            post,
+            hellos.iter().map(|h| h.token).collect(),
+        )?;
         let broken = Arc::new(Mutex::new(None));
         // Peers whose process this one can see (another pid namespace hides them): watched.
         let peers: Vec<(usize, Proc)> = hellos
@@ -312,7 +312,7 @@ impl ProcGpu {
             syncs,
             table,
             share: Mutex::new(share),
-            bounce: Mutex::new((None, None)),
+            bounce: Mutex::new(Bounce::default()),
             stages: Mutex::new(std::collections::HashMap::new()),
             calls: AtomicU64::new(0),
             timeout: settings.timeout,
@@ -401,6 +401,30 @@ impl ProcGpu {
         }
         self.check_alive()?;
         self.gpu.bind()?;
+        let call = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut published = false;
+        // SAFETY: this function's contract.
+        let r = unsafe { self.collective_as(c, call, &mut published) };
+        if let Err(e) = &r {
+            // The peers must not wait for this rank's part of the call: a rank that failed
+            // before publishing says so in its entry (they fail at once, naming it), and the
+            // communicator breaks (its asynchronous error says why, later calls fail).
+            if !published {
+                self.table
+                    .publish(call, self.rank, FAILED_SHAPE, [BufDesc::EMPTY; 2]);
+            }
+            self.abort_with(e.clone());
+        }
+        r
+    }
+
+    /// [`ProcGpu::collective`] as call number `call`; `published` set once this rank's entry
+    /// is in the table.
+    ///
+    /// # Safety
+    /// As for [`ProcGpu::collective`].
+    unsafe fn collective_as(&self, c: &Call, call: u64, published: &mut bool) -> Result<Launch> {
+        let (a, n) = (c.args, self.nranks);
         // A broadcast reads the root's send buffer alone: the others may pass NULL (NCCL's),
         // and export their receive buffer in its place.
         let send = if a.coll == CollKind::Broadcast && self.rank != a.root {
@@ -409,12 +433,9 @@ impl ProcGpu {
             c.send
         };
         // A reduce writes the root's receive buffer alone: the others may pass NULL too.
+        let no_recv = a.coll == CollKind::Reduce && self.rank != a.root && c.recv == 0;
         let c = &Call {
-            recv: if a.coll == CollKind::Reduce && self.rank != a.root && c.recv == 0 {
-                send
-            } else {
-                c.recv
-            },
+            recv: if no_recv { send } else { c.recv },
             ..*c
         };
         let es = a.dtype.size() as u64;
@@ -437,14 +458,23 @@ impl ProcGpu {
             }
         };
         let shape = a.to_words();
-        let call = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
         self.table.publish(call, self.rank, shape, mine);
+        *published = true;
         let (mut ins, mut outs) = (vec![send; n], vec![recv; n]);
         for p in (0..n).filter(|&p| p != self.rank) {
             let (theirs, bufs) = self
                 .table
                 .read(call, p, deadline, &|| self.async_error())
                 .map_err(|e| e.rank(self.rank))?;
+            if theirs == FAILED_SHAPE {
+                return Err(Error::new(
+                    ErrorKind::Aborted,
+                    format!("GPU call {call}: rank {p} failed its part of the call"),
+                )
+                .peer(p)
+                .rank(self.rank)
+                .transport(crate::NAME));
+            }
             if theirs != shape {
                 return Err(Error::new(
                     ErrorKind::Mismatch,
@@ -473,7 +503,7 @@ impl ProcGpu {
         // SAFETY: the peers' buffers and sync areas are mapped into this context by IPC; the
         // caller vouches for its own buffers and stream.
         let launch = unsafe { enqueue(&self.gpu, stream, self.rank, &a, k, &peers, timeout_ns) }?;
-        if let Some((dst, src, len)) = out {
+        if let Some((dst, src, len)) = out.filter(|_| !no_recv) {
             // SAFETY: the bounce buffer and the caller's receive buffer hold `len` bytes.
             unsafe {
                 copy_async(
@@ -542,14 +572,19 @@ impl ProcGpu {
     unsafe fn bounce_room(&self, stream: usize, need: u64) -> Result<u64> {
         let mut b = self.bounce.lock();
         let s = stream_of(stream);
-        if let Some(last) = b.1.filter(|&l| l != stream) {
-            // SAFETY: both streams of this GPU, live (the caller's contract for each call).
-            unsafe { stream_waits_for(&self.gpu, s, &self.gpu, stream_of(last)) }?;
+        // SAFETY: the caller's stream of this GPU.
+        let capturing = unsafe { is_capturing(&self.gpu, s) }?;
+        // A capture neither waits on an eager stream's event nor becomes the last user (its
+        // replays come later, unseen: see `Bounce`).
+        if !capturing {
+            if let Some(last) = b.last.filter(|&l| l != stream) {
+                // SAFETY: both streams of this GPU, live (the caller's contract for each call).
+                unsafe { stream_waits_for(&self.gpu, s, &self.gpu, stream_of(last)) }?;
+            }
+            b.last = Some(stream);
         }
-        b.1 = Some(stream);
-        if b.0.as_ref().is_none_or(|d| (d.bytes as u64) < need) {
-            // SAFETY: the caller's stream of this GPU.
-            if unsafe { is_capturing(&self.gpu, s) }? {
+        if b.buf.as_ref().is_none_or(|d| (d.bytes as u64) < need) {
+            if capturing {
                 return Err(Error::new(
                     ErrorKind::Unsupported,
                     format!(
@@ -559,19 +594,51 @@ impl ProcGpu {
                 .rank(self.rank)
                 .transport(crate::NAME));
             }
-            // Freeing the old one waits for the device's work (cuMemFree synchronizes), and
-            // peers are done with it once our kernels are: each ends after every peer's.
-            b.0 = None;
             let bytes = (need as usize).next_power_of_two().max(1 << 20);
             tracing::info!(
                 "rank {}: bounce buffer of {bytes} bytes for buffers peers cannot map",
                 self.rank
             );
-            b.0 = Some(self.gpu.alloc(bytes)?);
+            let new = self.gpu.alloc(bytes)?;
+            // The old one stays until the communicator goes: work in flight or a captured
+            // graph may still use it, and freeing would wait for the whole device.
+            if let Some(old) = b.buf.replace(new) {
+                b.retired.push(old);
+            }
         }
-        Ok(b.0.as_ref().map_or(0, |d| d.ptr))
+        Ok(b.buf.as_ref().map_or(0, |d| d.ptr))
+    }
+
+    /// After sends from the bounce buffer on several streams: the last user's stream waits
+    /// for the others, so the next user waits for all of them.
+    ///
+    /// # Safety
+    /// Live streams of this GPU.
+    unsafe fn bounce_joins(&self, others: &[usize]) -> Result<()> {
+        let b = self.bounce.lock();
+        if let Some(last) = b.last {
+            for &o in others.iter().filter(|&&o| o != last) {
+                // SAFETY: both streams of this GPU (the caller's contract).
+                unsafe { stream_waits_for(&self.gpu, stream_of(last), &self.gpu, stream_of(o)) }?;
+            }
+        }
+        Ok(())
     }
 }
+
+/// This rank's bounce buffer (for the data of buffers no peer can map), the last stream that
+/// used it (the next user's stream waits for it), and the smaller ones it replaced. Limit: a
+/// CUDA graph captured with a bounced call replays on the buffer it was captured with,
+/// unordered with eager calls that use it meanwhile.
+#[derive(Default)]
+struct Bounce {
+    buf: Option<DevBuf>,
+    last: Option<usize>,
+    retired: Vec<DevBuf>,
+}
+
+/// The shape a rank publishes for a call it failed before its entry was ready.
+const FAILED_SHAPE: [u64; 5] = [u64::MAX; 5];
 
 /// Bytes of one staging slot of a buffered send (larger sends rendezvous).
 const STAGE_SLOT_BYTES: usize = 2 << 20;
@@ -647,26 +714,46 @@ impl ProcGpu {
             // sender's buffer or slot mapped by IPC), live until the stream passes the copy.
             unsafe { copy_async(dst, src, o.bytes, o.stream, what) }
         };
-        // Large sends from buffers no peer can map go through the bounce buffer, each at its
-        // own place in it.
+        // How each send goes: through a staging slot (small, at most STAGE_SLOTS per peer in
+        // a batch, not under capture), from the caller's buffer, or, for a buffer no peer can
+        // map, through the bounce buffer, each at its own place in it.
+        let mut staged = vec![false; ops.len()];
         let mut bounced = std::collections::HashMap::<usize, u64>::new();
+        let mut per_peer = std::collections::HashMap::<usize, u64>::new();
         let mut need = 0u64;
         for (i, o) in ops.iter().enumerate().filter(|(_, o)| o.send) {
             // SAFETY: the caller's stream of this GPU (this function's contract).
-            let unstaged = o.bytes > STAGE_SLOT_BYTES
-                || (o.bytes > 0 && unsafe { is_capturing(&self.gpu, o.stream) }?);
-            if unstaged && railcc_cuda::vmm::sharing_of(o.ptr)? == railcc_cuda::vmm::Sharing::None {
+            let capturing = o.bytes > 0 && unsafe { is_capturing(&self.gpu, o.stream) }?;
+            let k = per_peer.entry(o.peer).or_insert(0);
+            if *k < STAGE_SLOTS && o.bytes <= STAGE_SLOT_BYTES && !capturing {
+                *k += 1;
+                staged[i] = true;
+            } else if o.bytes > 0
+                && railcc_cuda::vmm::sharing_of(o.ptr)? == railcc_cuda::vmm::Sharing::None
+            {
                 bounced.insert(i, need);
                 need += (o.bytes as u64).next_multiple_of(256);
             }
         }
-        if let Some(first) = ops.iter().find(|o| o.send) {
-            if need > 0 {
-                // SAFETY: the caller's stream (this function's contract).
-                let base = unsafe { self.bounce_room(first.stream as usize, need) }?;
-                for at in bounced.values_mut() {
-                    *at += base;
-                }
+        let mut bounce_streams: Vec<usize> = Vec::new();
+        for (i, o) in ops.iter().enumerate() {
+            let s = o.stream as usize;
+            if bounced.contains_key(&i) && !bounce_streams.contains(&s) {
+                bounce_streams.push(s);
+            }
+        }
+        if let Some(&first) = bounce_streams.first() {
+            // SAFETY: the caller's streams (this function's contract).
+            let base = unsafe { self.bounce_room(first, need) }?;
+            for at in bounced.values_mut() {
+                *at += base;
+            }
+            for &other in &bounce_streams[1..] {
+                // Each stream's copies in come after the buffer's last user.
+                // SAFETY: as above.
+                unsafe {
+                    stream_waits_for(&self.gpu, stream_of(other), &self.gpu, stream_of(first))
+                }?;
             }
         }
         // Sends first: buffered ones are complete on the stream once copied to a slot.
@@ -674,11 +761,7 @@ impl ProcGpu {
         let mut waits = Vec::new();
         for (i, o) in ops.iter().enumerate().filter(|(_, o)| o.send) {
             let n = buffered.entry(o.peer).or_insert(0);
-            let slot = if *n < STAGE_SLOTS {
-                self.stage_slot(o)?
-            } else {
-                None
-            };
+            let slot = if staged[i] { self.stage_slot(o)? } else { None };
             let desc = match slot {
                 Some(slot) => {
                     *n += 1;
@@ -737,6 +820,10 @@ impl ProcGpu {
         // Sends straight from the caller's buffer end when the receiver has copied them.
         for o in &waits {
             step(o, P2pStep::WaitCopied, 0)?;
+        }
+        if bounce_streams.len() > 1 {
+            // SAFETY: the caller's streams.
+            unsafe { self.bounce_joins(&bounce_streams) }?;
         }
         Ok(())
     }

@@ -5,20 +5,27 @@
 //! - VMM memory with file-descriptor handles (PyTorch's expandable segments, ncclMemAlloc):
 //!   each new piece's descriptor goes once to every peer over the host's descriptor sockets
 //!   (fdpass.rs) before the entry that needs it is published; the entry says how many pieces
-//!   its owner had posted, so a reader takes in messages until it has that many
-//!   (`railcc_cuda::vmm`).
+//!   its owner had posted, so a reader waits until it has taken in that many
+//!   (`railcc_cuda::vmm`). A thread per rank takes messages in as they come (the socket
+//!   queues only a few, and a rank may be waiting for something else, such as a peer's
+//!   table entry, while its queue fills).
 //! - Anything else (`cudaMallocAsync` pools): [`Share::export`] says None and the caller moves
 //!   the data through its own bounce buffer (proc.rs, `ProcGpu::bounce`).
 //!
 //! Each allocation's path is logged once at info level (NCCL_DEBUG=INFO in libnccl).
 
 use crate::fdpass::{FdPost, MAX_FDS};
+use parking_lot::{Condvar, Mutex};
 use railcc_core::{Error, ErrorKind, Result};
+use railcc_cuda::gpu::GpuCtx;
 use railcc_cuda::ipc::{self, BufDesc, Imports, KIND_LEGACY, KIND_VMM};
 use railcc_cuda::vmm::{self, Piece, Sharing, VmmImports};
 use std::collections::{HashMap, HashSet};
 use std::os::fd::AsFd;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// What this rank has taken in from its peers.
 struct Inbox {
@@ -28,6 +35,9 @@ struct Inbox {
     /// Per peer, how many pieces it has posted that we took in.
     got: Vec<u64>,
     vmm: VmmImports,
+    /// What stopped the reader (lost descriptors, an import that failed): every later map
+    /// of a VMM buffer fails with it.
+    failed: Option<Error>,
 }
 
 impl Inbox {
@@ -56,41 +66,87 @@ impl Inbox {
     }
 }
 
+/// The inbox, shared with the reader thread, and its signal.
+type Shared = Arc<(Mutex<Inbox>, Condvar)>;
+
+/// Takes messages in until `stop`.
+fn read_loop(post: Arc<FdPost>, inbox: Shared, gpu: Arc<GpuCtx>, stop: Arc<AtomicBool>) {
+    // Imports and mappings are made in this GPU's context.
+    let bound = gpu.bind();
+    while !stop.load(Ordering::Relaxed) {
+        if !post.wait_readable(Duration::from_millis(50)) {
+            continue;
+        }
+        let (lock, signal) = &*inbox;
+        let mut i = lock.lock();
+        if i.failed.is_none() {
+            if let Err(e) = bound.clone().and_then(|_| i.drain(&post)) {
+                tracing::warn!("rank {}: buffer descriptors: {e}", i.rank);
+                i.failed = Some(e);
+            }
+        } else {
+            // Broken: keep the queue empty so senders never wait on us.
+            while let Ok(Some(_)) = post.try_recv() {}
+        }
+        signal.notify_all();
+    }
+}
+
 /// One rank's side of buffer sharing on its host.
 pub struct Share {
     rank: usize,
     nranks: usize,
     device: i32,
-    post: FdPost,
-    inbox: Inbox,
-    /// Pieces posted to every peer: base to buffer id.
-    sent: HashMap<u64, u64>,
+    post: Arc<FdPost>,
+    inbox: Shared,
+    tokens: Vec<u64>,
+    /// Pieces posted to every peer: base to (buffer id, size).
+    sent: HashMap<u64, (u64, u64)>,
     posted: u64,
     legacy: Imports,
     /// Allocations whose path was logged.
     told: HashSet<u64>,
+    reader: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
 }
 
 impl Share {
-    /// `post` bound under the communicator's name; `tokens` every rank's (from the bootstrap).
-    pub fn new(rank: usize, device: i32, post: FdPost, tokens: Vec<u64>) -> Share {
+    /// `post` bound under the communicator's name; `tokens` every rank's (from the
+    /// bootstrap). Starts the reader thread.
+    pub fn new(rank: usize, gpu: Arc<GpuCtx>, post: FdPost, tokens: Vec<u64>) -> Result<Share> {
         let nranks = tokens.len();
-        Share {
+        let post = Arc::new(post);
+        let inbox: Shared = Arc::new((
+            Mutex::new(Inbox {
+                rank,
+                tokens: tokens.clone(),
+                got: vec![0; nranks],
+                vmm: VmmImports::default(),
+                failed: None,
+            }),
+            Condvar::new(),
+        ));
+        let stop = Arc::new(AtomicBool::new(false));
+        let device = gpu.ordinal as i32;
+        let reader = {
+            let (p, i, s) = (post.clone(), inbox.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("railcc-gpu-fds".into())
+                .spawn(move || read_loop(p, i, gpu, s))
+                .map_err(|e| Error::io("starting the descriptor reader", &e))?
+        };
+        Ok(Share {
             rank,
             nranks,
             device,
             post,
-            inbox: Inbox {
-                rank,
-                tokens,
-                got: vec![0; nranks],
-                vmm: VmmImports::default(),
-            },
+            inbox,
+            tokens,
             sent: HashMap::new(),
             posted: 0,
             legacy: Imports::default(),
             told: HashSet::new(),
-        }
+            reader: Some((stop, reader)),
+        })
     }
 
     /// Logs `how` for the allocation at `key` once.
@@ -123,7 +179,7 @@ impl Share {
                 let pieces = vmm::pieces(at.piece, ptr, len)?;
                 let new: Vec<Piece> = pieces
                     .into_iter()
-                    .filter(|p| self.sent.get(&p.base) != Some(&p.id))
+                    .filter(|p| self.sent.get(&p.base) != Some(&(p.id, p.size)))
                     .collect();
                 // One message per peer for up to MAX_FDS pieces.
                 for batch in new.chunks(MAX_FDS) {
@@ -132,7 +188,7 @@ impl Share {
                         .map(|p| vmm::export_fd(p.base))
                         .collect::<Result<Vec<_>>>()?;
                     let mut words = vec![
-                        self.inbox.tokens[self.rank],
+                        self.tokens.get(self.rank).copied().unwrap_or(0),
                         self.rank as u64,
                         self.posted + 1,
                     ];
@@ -141,17 +197,16 @@ impl Share {
                     }
                     let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
                     for to in (0..self.nranks).filter(|&r| r != self.rank) {
-                        let (post, inbox) = (&self.post, &mut self.inbox);
-                        post.send(to, &words, &borrowed, deadline, broken, &mut || {
-                            inbox.drain(post)
-                        })
-                        .map_err(|e| e.rank(self.rank))?;
+                        self.post
+                            .send(to, &words, &borrowed, deadline, broken)
+                            .map_err(|e| e.rank(self.rank))?;
                     }
                     self.posted += batch.len() as u64;
                     for p in batch {
-                        // A piece replaced at this base in our process replaces it at the peers.
-                        self.sent.retain(|b, _| *b >= p.end() || *b < p.base);
-                        self.sent.insert(p.base, p.id);
+                        // A piece replaced in our process replaces what it overlaps at the peers.
+                        self.sent
+                            .retain(|b, (_, size)| *b >= p.end() || b + *size <= p.base);
+                        self.sent.insert(p.base, (p.id, p.size));
                     }
                 }
                 let mut handle = [0u8; ipc::HANDLE_BYTES];
@@ -181,10 +236,11 @@ impl Share {
                 let mut need = [0u8; 8];
                 need.copy_from_slice(&d.handle[..8]);
                 let need = u64::from_le_bytes(need);
-                while self.inbox.got.get(peer).copied().unwrap_or(u64::MAX) < need {
-                    self.inbox.drain(&self.post)?;
-                    if self.inbox.got[peer] >= need {
-                        break;
+                let (lock, signal) = &*self.inbox;
+                let mut i = lock.lock();
+                while i.got.get(peer).copied().unwrap_or(u64::MAX) < need {
+                    if let Some(e) = &i.failed {
+                        return Err(Error::earlier(e).rank(self.rank));
                     }
                     if let Some(e) = broken() {
                         return Err(e);
@@ -199,10 +255,9 @@ impl Share {
                         .peer(peer)
                         .transport(crate::NAME));
                     }
-                    std::thread::yield_now();
+                    signal.wait_for(&mut i, Duration::from_millis(20));
                 }
-                self.inbox
-                    .vmm
+                i.vmm
                     .view(peer, d.base, d.size, self.device)
                     .map_err(|e| e.rank(self.rank))
             }
@@ -212,6 +267,15 @@ impl Share {
             )
             .peer(peer)
             .transport(crate::NAME)),
+        }
+    }
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        if let Some((stop, h)) = self.reader.take() {
+            stop.store(true, Ordering::Relaxed);
+            let _ = h.join();
         }
     }
 }
