@@ -245,7 +245,12 @@ impl FdPost {
         };
         // SAFETY: one valid pollfd.
         let r = unsafe { libc::poll(&mut p, 1, timeout.as_millis().min(i32::MAX as u128) as i32) };
-        r > 0 && p.revents & libc::POLLIN != 0
+        let readable = r > 0 && p.revents & libc::POLLIN != 0;
+        if r != 0 && !readable {
+            // An error state or an interrupted poll: wait anyway, so a caller's loop never spins.
+            std::thread::sleep(timeout);
+        }
+        readable
     }
 }
 
