@@ -125,6 +125,7 @@ fn round_to(dt: DataType, v: f64) -> f64 {
 }
 
 /// Little-endian bytes of an integer element.
+#[cfg(test)]
 fn encode_int(dt: DataType, v: i128, out: &mut Vec<u8>) {
     out.extend_from_slice(&(v as u128).to_le_bytes()[..dt.size()]);
 }
@@ -149,19 +150,18 @@ pub fn fill_input(fill: Fill, a: &CollArgs, rank: usize, seed: u64) -> Vec<u8> {
     if fill == Fill::Exact {
         return reference::fill_input(a, rank, seed);
     }
-    let n = a.send_elems();
-    if a.dtype.is_float() {
-        let v: Vec<f64> = (0..n)
-            .map(|i| random_float(a.dtype, a.op, rank, i, seed))
-            .collect();
-        reference::encode(a.dtype, &v)
+    let (dt, es) = (a.dtype, a.dtype.size());
+    let mut out = vec![0u8; a.send_elems() * es];
+    if dt.is_float() {
+        reference::fill_in_parallel(&mut out, es, &|i, slot| {
+            reference::encode_one(dt, random_float(dt, a.op, rank, i, seed), slot)
+        });
     } else {
-        let mut out = Vec::with_capacity(n * a.dtype.size());
-        for i in 0..n {
-            encode_int(a.dtype, random_int(a.dtype, rank, i, seed), &mut out);
-        }
-        out
+        reference::fill_in_parallel(&mut out, es, &|i, slot| {
+            slot.copy_from_slice(&(random_int(dt, rank, i, seed) as u128).to_le_bytes()[..es])
+        });
     }
+    out
 }
 
 /// What one element of a receive buffer must hold.

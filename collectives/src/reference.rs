@@ -46,22 +46,27 @@ fn arr8(x: &[u8]) -> [u8; 8] {
 
 /// Encodes f64 values; integers wrap modulo 2^bits like the kernels' wrapping arithmetic.
 pub fn encode(dt: DataType, v: &[f64]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(v.len() * dt.size());
-    for &x in v {
-        let i = x as i128;
-        match dt {
-            DataType::I8 | DataType::U8 => out.push(i as u8),
-            DataType::I32 | DataType::U32 => out.extend_from_slice(&(i as u32).to_le_bytes()),
-            DataType::I64 | DataType::U64 => out.extend_from_slice(&(i as u64).to_le_bytes()),
-            DataType::F16 => out.extend_from_slice(&f16::from_f64(x).to_le_bytes()),
-            DataType::Bf16 => out.extend_from_slice(&bf16::from_f64(x).to_le_bytes()),
-            DataType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
-            DataType::F64 => out.extend_from_slice(&x.to_le_bytes()),
-            DataType::F8E4M3 => out.push(F8E4M3::from_f64(x).to_bits()),
-            DataType::F8E5M2 => out.push(F8E5M2::from_f64(x).to_bits()),
-        }
+    let mut out = vec![0u8; v.len() * dt.size()];
+    for (x, slot) in v.iter().zip(out.chunks_exact_mut(dt.size())) {
+        encode_one(dt, *x, slot);
     }
     out
+}
+
+/// `x` as one element of `dt` in `slot` (exactly `dt.size()` bytes).
+pub(crate) fn encode_one(dt: DataType, x: f64, slot: &mut [u8]) {
+    let i = x as i128;
+    match dt {
+        DataType::I8 | DataType::U8 => slot[0] = i as u8,
+        DataType::I32 | DataType::U32 => slot.copy_from_slice(&(i as u32).to_le_bytes()),
+        DataType::I64 | DataType::U64 => slot.copy_from_slice(&(i as u64).to_le_bytes()),
+        DataType::F16 => slot.copy_from_slice(&f16::from_f64(x).to_le_bytes()),
+        DataType::Bf16 => slot.copy_from_slice(&bf16::from_f64(x).to_le_bytes()),
+        DataType::F32 => slot.copy_from_slice(&(x as f32).to_le_bytes()),
+        DataType::F64 => slot.copy_from_slice(&x.to_le_bytes()),
+        DataType::F8E4M3 => slot[0] = F8E4M3::from_f64(x).to_bits(),
+        DataType::F8E5M2 => slot[0] = F8E5M2::from_f64(x).to_bits(),
+    }
 }
 
 /// A small integer for element `i` of `rank`, chosen so that sums and products over up to 64
@@ -122,9 +127,12 @@ pub fn fill_value(a: &CollArgs, rank: usize, i: usize, seed: u64) -> f64 {
 
 /// Every rank's input buffer for a call (the send buffer's contents).
 pub fn fill_input(a: &CollArgs, rank: usize, seed: u64) -> Vec<u8> {
-    let n = a.send_elems();
-    let v: Vec<f64> = (0..n).map(|i| fill_value(a, rank, i, seed)).collect();
-    encode(a.dtype, &v)
+    let dt = a.dtype;
+    let mut out = vec![0u8; a.send_elems() * dt.size()];
+    fill_in_parallel(&mut out, dt.size(), &|i, slot| {
+        encode_one(dt, fill_value(a, rank, i, seed), slot)
+    });
+    out
 }
 
 /// Reduces `xs` (one value per rank, in rank order) exactly, then rounds into `dt` the way the
@@ -268,12 +276,42 @@ pub fn count_wrong(a: &CollArgs, rank: usize, out: &[u8], seed: u64) -> u64 {
     })
 }
 
+/// Elements a thread takes at least before work is spread over cores.
+const PER_THREAD: usize = 1 << 20;
+
+/// Threads for `n` elements: every core once there are millions, else one.
+fn threads_for(n: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |p| p.get());
+    cores.min(n / PER_THREAD).max(1)
+}
+
+/// Writes every element of `out` (elements of `es` bytes) with `put(index, its bytes)`, on
+/// every core once there are millions: inputs are made element by element too, and one core
+/// takes about 8 s for 1 GB (issue 30).
+pub(crate) fn fill_in_parallel(out: &mut [u8], es: usize, put: &(dyn Fn(usize, &mut [u8]) + Sync)) {
+    let n = out.len() / es.max(1);
+    let threads = threads_for(n);
+    let per = n.div_ceil(threads).max(1);
+    let fill = |first: usize, part: &mut [u8]| {
+        for (j, slot) in part.chunks_exact_mut(es.max(1)).enumerate() {
+            put(first + j, slot);
+        }
+    };
+    if threads == 1 {
+        return fill(0, out);
+    }
+    // A panic in a part is the caller's panic, as it would be on one thread (scope rethrows).
+    std::thread::scope(|s| {
+        for (t, part) in out.chunks_mut(per * es).enumerate() {
+            s.spawn(move || fill(t * per, part));
+        }
+    });
+}
+
 /// How many of elements 0..n are `bad`, on every core once there are millions: the reference
 /// is computed element by element, and one core takes about a minute for 1 GB (issue 30).
 pub(crate) fn count_in_parallel(n: usize, bad: &(dyn Fn(usize) -> bool + Sync)) -> u64 {
-    const PER_THREAD: usize = 1 << 20;
-    let cores = std::thread::available_parallelism().map_or(1, |p| p.get());
-    let threads = cores.min(n / PER_THREAD).max(1);
+    let threads = threads_for(n);
     let count = |r: std::ops::Range<usize>| r.filter(|&i| bad(i)).count() as u64;
     if threads == 1 {
         return count(0..n);
@@ -294,6 +332,27 @@ pub(crate) fn count_in_parallel(n: usize, bad: &(dyn Fn(usize) -> bool + Sync)) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn inputs_made_on_several_threads_equal_those_made_on_one() {
+        use railcc_core::call::{CollArgs, CollKind};
+        // 3 Mi elements: several threads wherever there are several cores (CI has 2).
+        for dt in [DataType::F16, DataType::I32, DataType::F8E4M3] {
+            let a = CollArgs {
+                coll: CollKind::AllReduce,
+                nranks: 3,
+                count: (3 << 20) + 5,
+                dtype: dt,
+                op: ReduceOp::Sum,
+                root: 0,
+            };
+            let one: Vec<f64> = (0..a.count).map(|i| fill_value(&a, 2, i, 9)).collect();
+            assert_eq!(fill_input(&a, 2, 9), encode(dt, &one), "{dt:?}");
+        }
+        let mut out = vec![0u8; 10];
+        fill_in_parallel(&mut out, 2, &|i, slot| slot.copy_from_slice(&[i as u8, 7]));
+        assert_eq!(out, [0, 7, 1, 7, 2, 7, 3, 7, 4, 7]);
+    }
 
     #[test]
     fn counting_on_several_threads_finds_every_wrong_element() {
