@@ -241,6 +241,7 @@ impl ProcGpu {
             })
             .collect::<Result<Vec<_>>>()?;
         // Second step: open the table and the peers' sync areas, everyone or no one.
+        let gpu = Arc::new(gpu);
         let opened = (|| {
             if let Some(r) = hellos.iter().position(|h| h.host != hellos[rank].host) {
                 return Err(Error::new(
@@ -267,20 +268,14 @@ impl ProcGpu {
                     open(&h.sync).map_err(|e| e.peer(r))?
                 });
             }
-            Ok((table, syncs, post))
+            let tokens = hellos.iter().map(|h| h.token).collect();
+            Ok((table, syncs, Share::new(rank, gpu.clone(), post, tokens)?))
         })();
-        let ((table, syncs, post), _) = agree(opened, exchange, &name, |_| Vec::new())?;
+        let ((table, syncs, share), _) = agree(opened, exchange, &name, |_| Vec::new())?;
         if rank == 0 {
             ShmTable::unlink(&hellos[0].shm);
         }
         let max_blocks = hellos.iter().map(|h| h.blocks).min().unwrap_or(1);
-        let gpu = Arc::new(gpu);
-        let share = Share::new(
-            rank,
-            gpu.clone(),
-            post,
-            hellos.iter().map(|h| h.token).collect(),
-        )?;
         let broken = Arc::new(Mutex::new(None));
         // Peers whose process this one can see (another pid namespace hides them): watched.
         let peers: Vec<(usize, Proc)> = hellos
