@@ -130,6 +130,20 @@ impl FdPost {
                 return Ok(());
             }
             let e = std::io::Error::last_os_error();
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ECONNREFUSED) | Some(libc::ENOENT)
+            ) {
+                // No socket of that name here: the peer is gone, or lives in another network
+                // namespace (abstract names are scoped by it). Unsupported: the caller may
+                // move the data another way.
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    format!("rank {to}'s descriptor socket cannot be reached (another network namespace?): {e}"),
+                )
+                .peer(to)
+                .transport(crate::NAME));
+            }
             if !matches!(
                 e.raw_os_error(),
                 Some(libc::EAGAIN) | Some(libc::ETOOMANYREFS)
@@ -331,10 +345,12 @@ mod tests {
                 break;
             }
         }
-        // Nobody listens under this name: an error naming the rank, not a hang.
+        // Nobody listens under this name: an error naming the rank, not a hang, of the kind
+        // that lets the caller bounce the data instead.
         let e = a
             .send(5, &[0; 4], &[f.as_fd()], Instant::now(), &|| None)
             .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Unsupported, "{e}");
         assert!(e.to_string().contains("rank 5"), "{e}");
     }
 

@@ -106,6 +106,9 @@ pub struct Share {
     legacy: Imports,
     /// Allocations whose path was logged.
     told: HashSet<u64>,
+    /// Descriptors cannot reach some peer (another network namespace): VMM buffers are
+    /// bounced from then on.
+    no_fds: bool,
     reader: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
 }
 
@@ -145,6 +148,7 @@ impl Share {
             posted: 0,
             legacy: Imports::default(),
             told: HashSet::new(),
+            no_fds: false,
             reader: Some((stop, reader)),
         })
     }
@@ -170,7 +174,10 @@ impl Share {
         broken: &dyn Fn() -> Option<Error>,
     ) -> Result<Option<BufDesc>> {
         let at = vmm::info(ptr).map_err(|e| e.rank(self.rank))?;
-        let how = at.sharing;
+        let how = match at.sharing {
+            Sharing::Fd if self.no_fds => Sharing::None,
+            h => h,
+        };
         self.tell(at.piece.base, ptr, len, how);
         match how {
             Sharing::Legacy => Ok(Some(ipc::export_in(ptr, at.piece.base, at.piece.size)?)),
@@ -197,9 +204,20 @@ impl Share {
                     }
                     let borrowed: Vec<_> = fds.iter().map(|f| f.as_fd()).collect();
                     for to in (0..self.nranks).filter(|&r| r != self.rank) {
-                        self.post
-                            .send(to, &words, &borrowed, deadline, broken)
-                            .map_err(|e| e.rank(self.rank))?;
+                        match self.post.send(to, &words, &borrowed, deadline, broken) {
+                            Ok(()) => {}
+                            Err(e) if e.kind == ErrorKind::Unsupported => {
+                                // Peers that got this message count it, so later numbers
+                                // still agree; nothing more is sent to anyone.
+                                tracing::warn!(
+                                    "rank {}: {e}; buffers of VMM memory go through the bounce buffer from now on",
+                                    self.rank
+                                );
+                                self.no_fds = true;
+                                return Ok(None);
+                            }
+                            Err(e) => return Err(e.rank(self.rank)),
+                        }
                     }
                     self.posted += batch.len() as u64;
                     for p in batch {
