@@ -190,8 +190,15 @@ pub fn expect_all_fail(outs: &[RankOutcome], needle: &str, limit: Option<Duratio
             );
         }
     }
+    expect_one_names(outs, &[needle]);
+}
+
+/// Some rank's error names one of `needles` (the disagreement as either side sees it: which
+/// rank notices first is a race).
+pub fn expect_one_names(outs: &[RankOutcome], needles: &[&str]) {
     assert!(
-        outs.iter().any(|o| o.stdout.contains(needle)),
-        "no rank reported '{needle}': {outs:#?}"
+        outs.iter()
+            .any(|o| needles.iter().any(|n| o.stdout.contains(n))),
+        "no rank reported any of {needles:?}: {outs:#?}"
     );
 }
