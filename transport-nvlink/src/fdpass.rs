@@ -130,30 +130,26 @@ impl FdPost {
                 return Ok(());
             }
             let e = std::io::Error::last_os_error();
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::ECONNREFUSED) | Some(libc::ENOENT)
-            ) {
+            let failed =
+                |kind, what: String| Err(Error::new(kind, what).peer(to).transport(crate::NAME));
+            match e.raw_os_error() {
+                // The receiver's queue is full, or too many descriptors are in flight: wait.
+                Some(libc::EAGAIN) | Some(libc::ETOOMANYREFS) => {}
                 // No socket of that name here: the peer is gone, or lives in another network
                 // namespace (abstract names are scoped by it). Unsupported: the caller may
                 // move the data another way.
-                return Err(Error::new(
-                    ErrorKind::Unsupported,
-                    format!("rank {to}'s descriptor socket cannot be reached (another network namespace?): {e}"),
-                )
-                .peer(to)
-                .transport(crate::NAME));
-            }
-            if !matches!(
-                e.raw_os_error(),
-                Some(libc::EAGAIN) | Some(libc::ETOOMANYREFS)
-            ) {
-                return Err(Error::new(
-                    ErrorKind::Io,
-                    format!("sending a buffer's descriptor to rank {to}: {e}"),
-                )
-                .peer(to)
-                .transport(crate::NAME));
+                Some(libc::ECONNREFUSED) | Some(libc::ENOENT) => {
+                    return failed(
+                        ErrorKind::Unsupported,
+                        format!("rank {to}'s descriptor socket cannot be reached (another network namespace?): {e}"),
+                    )
+                }
+                _ => {
+                    return failed(
+                        ErrorKind::Io,
+                        format!("sending a buffer's descriptor to rank {to}: {e}"),
+                    )
+                }
             }
             if let Some(e) = broken() {
                 return Err(e);
