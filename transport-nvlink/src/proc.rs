@@ -449,7 +449,12 @@ impl ProcGpu {
                 // SAFETY: the caller's buffers and stream (this function's contract).
                 let (s, r, out) =
                     unsafe { self.bounce(c.stream, (send, send_len), (c.recv, recv_len)) }?;
-                (s, r, [export(s)?, export(r)?], Some(out))
+                (
+                    s,
+                    r,
+                    [self.bounce_desc(s)?, self.bounce_desc(r)?],
+                    Some(out),
+                )
             }
         };
         let shape = a.to_words();
@@ -595,6 +600,7 @@ impl ProcGpu {
                 self.rank
             );
             let new = self.gpu.alloc(bytes)?;
+            b.desc = Some(export(new.ptr)?);
             // The old one stays until the communicator goes: work in flight or a captured
             // graph may still use it, and freeing would wait for the whole device.
             if let Some(old) = b.buf.replace(new) {
@@ -602,6 +608,17 @@ impl ProcGpu {
             }
         }
         Ok(b.buf.as_ref().map_or(0, |d| d.ptr))
+    }
+
+    /// The descriptor peers map for `at`, an address in the bounce buffer.
+    fn bounce_desc(&self, at: u64) -> Result<BufDesc> {
+        match self.bounce.lock().desc {
+            Some(d) if d.base <= at && at < d.base + d.size.max(1) => Ok(BufDesc {
+                offset: at - d.base,
+                ..d
+            }),
+            _ => export(at),
+        }
     }
 
     /// After sends from the bounce buffer on several streams: the last user's stream waits
@@ -628,6 +645,8 @@ impl ProcGpu {
 #[derive(Default)]
 struct Bounce {
     buf: Option<DevBuf>,
+    /// `buf`'s IPC descriptor, made once per buffer rather than on every call.
+    desc: Option<BufDesc>,
     last: Option<usize>,
     retired: Vec<DevBuf>,
 }
@@ -769,7 +788,7 @@ impl ProcGpu {
                     match bounced.get(&i) {
                         Some(&at) => {
                             copy(at, o.ptr, o, "cuMemcpyAsync (send into the bounce buffer)")?;
-                            export(at)?
+                            self.bounce_desc(at)?
                         }
                         None => self
                             .share
