@@ -306,7 +306,7 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(
             None => None,
         }))
     }) {
-        Ok(Ok(b)) => b.map_or(SUCCESS, |e| result_of(e.kind, &e.to_string())),
+        Ok(Ok(b)) => b.map_or(SUCCESS, |e| fail_async(&e)),
         Ok(Err(in_progress)) => in_progress,
         Err(code) => return code,
     };

@@ -202,6 +202,20 @@ fn fail(e: &Error) -> NcclResult {
     code
 }
 
+/// As [`fail`] for an asynchronous error (ncclCommGetAsyncError, polled in a loop): recorded
+/// and warned once, not on every poll.
+fn fail_async(e: &Error) -> NcclResult {
+    let msg = e.to_string();
+    let mut last = LAST_ERROR.lock();
+    if *last != msg {
+        if debug().warns() {
+            log_line(&format!("NCCL WARN {msg}"));
+        }
+        *last = msg.clone();
+    }
+    result_of(e.kind, &msg)
+}
+
 fn usage(msg: impl Into<String>) -> NcclResult {
     let msg = Error::new(ErrorKind::Unsupported, msg.into()).to_string();
     if debug().warns() {

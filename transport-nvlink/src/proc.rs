@@ -41,7 +41,7 @@ pub struct ProcGpu {
     pub nranks: usize,
     /// Every rank's sync area as this GPU addresses it.
     syncs: Vec<u64>,
-    table: ShmTable,
+    table: Arc<ShmTable>,
     share: Mutex<Share>,
     /// Where the data of buffers no peer can map goes through (made and grown on use), and
     /// the stream that used it last.
@@ -89,35 +89,74 @@ impl Proc {
     }
 }
 
-/// Watches the peers' processes until `stop`; the first death breaks the communicator.
-fn watch(
+/// What the watcher thread of one rank looks after.
+struct Watch {
     me: usize,
+    /// Peers whose process is visible here, with the process each reported.
     peers: Vec<(usize, Proc)>,
+    /// The communicator's rank of each local rank (the hierarchy's names).
     names: Vec<usize>,
     gpu: Arc<GpuCtx>,
     broken: Arc<Mutex<Option<Error>>>,
-    stop: Arc<AtomicBool>,
-) {
-    while !stop.load(Ordering::Relaxed) {
-        if let Some((r, p)) = peers.iter().find(|(_, p)| !p.alive()) {
-            let name = |x: usize| names.get(x).copied().unwrap_or(x);
-            let e = Error::new(
-                ErrorKind::PeerClosed,
-                format!(
-                    "rank {} (pid {}) exited during GPU collectives",
-                    name(*r),
-                    p.pid
-                ),
-            )
-            .peer(name(*r))
-            .rank(name(me))
-            .transport(crate::NAME);
-            tracing::warn!("{e}");
-            broken.lock().get_or_insert(e);
-            gpu.abort_kernels();
-            return;
+    table: Arc<ShmTable>,
+}
+
+impl Watch {
+    fn name(&self, x: usize) -> usize {
+        self.names.get(x).copied().unwrap_or(x)
+    }
+
+    /// Until `stop` or the communicator breaks: every 20 ms, whether a peer's process died or a
+    /// peer reported a failure in the table (both break this rank), and whether this rank's
+    /// kernels ran past their deadline (reported to the peers, which would otherwise wait).
+    fn run(&self, stop: &AtomicBool) {
+        while !stop.load(Ordering::Relaxed) {
+            if let Some((r, p)) = self.peers.iter().find(|(_, p)| !p.alive()) {
+                let e = Error::new(
+                    ErrorKind::PeerClosed,
+                    format!(
+                        "rank {} (pid {}) exited during GPU collectives",
+                        self.name(*r),
+                        p.pid
+                    ),
+                )
+                .peer(self.name(*r))
+                .rank(self.name(self.me))
+                .transport(crate::NAME);
+                return self.break_with(e, true);
+            }
+            if let Some((r, text)) = self.table.broken() {
+                if r != self.me {
+                    let e = Error::new(
+                        ErrorKind::PeerClosed,
+                        format!("rank {} broke the communicator: {text}", self.name(r)),
+                    )
+                    .peer(self.name(r))
+                    .rank(self.name(self.me))
+                    .transport(crate::NAME);
+                    return self.break_with(e, false);
+                }
+            }
+            if self.gpu.kernels_timed_out() {
+                let e = Error::new(
+                    ErrorKind::Timeout,
+                    "a GPU kernel waited longer than the timeout (RAILCC_TIMEOUT_MS) for a peer",
+                )
+                .rank(self.name(self.me))
+                .transport(crate::NAME);
+                return self.break_with(e, true);
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
-        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    fn break_with(&self, e: Error, report: bool) {
+        tracing::warn!("{e}");
+        let first = self.broken.lock().get_or_insert(e).clone();
+        self.gpu.abort_kernels();
+        if report {
+            self.table.report_broken(self.me, &first.to_string());
+        }
     }
 }
 
@@ -292,12 +331,20 @@ impl ProcGpu {
             );
         }
         let stop = Arc::new(AtomicBool::new(false));
+        let table = Arc::new(table);
         let watcher = {
-            let (g, b, s) = (gpu.clone(), broken.clone(), stop.clone());
-            let names = names.map_or_else(|| (0..nranks).collect(), <[usize]>::to_vec);
+            let w = Watch {
+                me: rank,
+                peers,
+                names: names.map_or_else(|| (0..nranks).collect(), <[usize]>::to_vec),
+                gpu: gpu.clone(),
+                broken: broken.clone(),
+                table: table.clone(),
+            };
+            let s = stop.clone();
             std::thread::Builder::new()
                 .name("railcc-gpu-watch".into())
-                .spawn(move || watch(rank, peers, names, g, b, s))
+                .spawn(move || w.run(&s))
                 .map_err(|e| Error::io("starting the GPU peer watcher", &e))?
         };
         Ok(ProcGpu {
@@ -336,13 +383,17 @@ impl ProcGpu {
         b.clone()
     }
 
-    /// As [`ProcGpu::abort`], with `why` as the communicator's error.
+    /// As [`ProcGpu::abort`], with `why` as the communicator's error; the host's other ranks
+    /// break too, hearing the first failure (`why` unless one came before).
     pub fn abort_with(&self, why: Error) {
-        self.broken.lock().get_or_insert(why);
+        let first = self.broken.lock().get_or_insert(why).clone();
         self.gpu.abort_kernels();
+        self.table.report_broken(self.rank, &first.to_string());
     }
 
-    /// Stops every call now: kernels stop waiting, later calls fail.
+    /// Stops every call now: kernels stop waiting, later calls fail. The peers are not told
+    /// (as with NCCL, each rank aborts its own communicator; a teardown that aborts one rank
+    /// first must not fail the others' last calls).
     pub fn abort(&self) {
         self.broken.lock().get_or_insert_with(|| {
             Error::new(ErrorKind::Aborted, "communicator aborted")

@@ -43,10 +43,26 @@ const _: () = assert!(std::mem::size_of::<Mail>() <= MAIL_BYTES);
 /// the first of them.
 pub const MAIL_DEPTH: u64 = 64;
 
+/// The first failure a rank of the host reports to the others: who (rank + 1, 0 while none;
+/// the first writer wins), then its text, then the text's length (written last: nonzero once
+/// the text is whole).
+#[repr(C)]
+struct Broken {
+    by: AtomicU64,
+    len: AtomicU64,
+    text: [u8; BROKEN_TEXT],
+}
+
+const BROKEN_TEXT: usize = 1008;
+const BROKEN_BYTES: usize = 1024;
+const _: () = assert!(std::mem::size_of::<Broken>() <= BROKEN_BYTES);
+
 /// A POSIX shared-memory table of two slots per rank (alternating by call parity: a rank can
 /// only reach call k+2 once every peer has published call k+1, which it does after reading
 /// call k, so a slot is never overwritten while a peer still reads it), then a mailbox of
-/// MAIL_DEPTH entries per (sender, receiver) for send/recv.
+/// MAIL_DEPTH entries per (sender, receiver) for send/recv, then the host's first failure (so
+/// a rank that breaks for a reason its peers cannot see, a lost network peer or a kernel past
+/// its deadline, stops them too instead of leaving them waiting without a deadline).
 pub struct ShmTable {
     base: *mut u8,
     bytes: usize,
@@ -60,7 +76,9 @@ unsafe impl Sync for ShmTable {}
 impl ShmTable {
     /// Creates (`create`) or opens the segment `name` (like "/railcc-..."), sized for `nranks`.
     pub fn open(name: &str, nranks: usize, create: bool) -> Result<ShmTable> {
-        let bytes = 2 * nranks * SLOT_BYTES + nranks * nranks * MAIL_DEPTH as usize * MAIL_BYTES;
+        let bytes = 2 * nranks * SLOT_BYTES
+            + nranks * nranks * MAIL_DEPTH as usize * MAIL_BYTES
+            + BROKEN_BYTES;
         let cname = CString::new(name).map_err(|_| Error::invalid("shm name has a NUL byte"))?;
         let flags = if create {
             libc::O_RDWR | libc::O_CREAT | libc::O_EXCL
@@ -136,6 +154,53 @@ impl ShmTable {
         let i = (src * self.nranks + dst) * MAIL_DEPTH as usize + (seq % MAIL_DEPTH) as usize;
         // SAFETY: src, dst < nranks, so the entry lies inside the mapping.
         unsafe { self.base.add(2 * self.nranks * SLOT_BYTES + i * MAIL_BYTES) as *mut Mail }
+    }
+
+    fn broken_record(&self) -> *mut Broken {
+        // SAFETY: the record is the last BROKEN_BYTES of the mapping.
+        unsafe { self.base.add(self.bytes - BROKEN_BYTES) as *mut Broken }
+    }
+
+    /// Reports `rank`'s failure to the host's other ranks, unless one was reported before
+    /// (then false). `text` is cut to fit, at a character boundary.
+    pub fn report_broken(&self, rank: usize, text: &str) -> bool {
+        let b = self.broken_record();
+        // SAFETY: the record lies in the mapping; `by` and `len` are only accessed atomically,
+        // and only the rank that wins `by` writes `text`, before it stores `len`.
+        unsafe {
+            if (*b)
+                .by
+                .compare_exchange(0, rank as u64 + 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
+                return false;
+            }
+            let mut n = text.len().min(BROKEN_TEXT);
+            while !text.is_char_boundary(n) {
+                n -= 1;
+            }
+            let dst = std::ptr::addr_of_mut!((*b).text) as *mut u8;
+            std::ptr::copy_nonoverlapping(text.as_ptr(), dst, n);
+            (*b).len.store(n as u64 + 1, Ordering::Release);
+        }
+        true
+    }
+
+    /// The failure a rank of the host reported, once its text is whole: (rank, text).
+    pub fn broken(&self) -> Option<(usize, String)> {
+        let b = self.broken_record();
+        // SAFETY: as in report_broken; the text is complete once `len` is nonzero (Acquire).
+        unsafe {
+            let by = (*b).by.load(Ordering::Acquire);
+            let len = (*b).len.load(Ordering::Acquire);
+            if by == 0 || len == 0 {
+                return None;
+            }
+            let n = (len - 1).min(BROKEN_TEXT as u64) as usize;
+            let src = std::ptr::addr_of!((*b).text) as *const u8;
+            let bytes = std::slice::from_raw_parts(src, n);
+            Some((by as usize - 1, String::from_utf8_lossy(bytes).into_owned()))
+        }
     }
 
     /// Posts message `seq` (1, 2, ...) from `src` to `dst`: its buffer and size. Waits (to
@@ -303,6 +368,23 @@ mod tests {
             offset: 0,
             size: 1,
         }
+    }
+
+    #[test]
+    fn the_first_failure_reported_reaches_every_mapping_and_later_ones_do_not() {
+        let name = format!("/railcc-test-broken-{}", std::process::id());
+        let a = ShmTable::open(&name, 3, true).unwrap();
+        let b = ShmTable::open(&name, 3, false).unwrap();
+        ShmTable::unlink(&name);
+        assert_eq!(b.broken(), None);
+        let long = format!("rank 3 exited: {}é", "x".repeat(BROKEN_TEXT));
+        assert!(a.report_broken(1, &long));
+        assert!(!b.report_broken(2, "a later failure"));
+        let (by, text) = b.broken().unwrap();
+        assert_eq!(by, 1);
+        assert!(text.starts_with("rank 3 exited: xxx"), "{text}");
+        assert!(text.len() <= BROKEN_TEXT && long.starts_with(&text));
+        assert_eq!(a.broken(), Some((by, text)));
     }
 
     #[test]

@@ -48,7 +48,9 @@ kill_case() {
   done
   local killed_at
   killed_at=$(date +%s.%N)
-  kill -9 "${pids[3]}"
+  # pids[3] is timeout's; the rank is its child (SIGKILL to timeout would leave it running).
+  pkill -9 -P "${pids[3]}"
+  kill -9 "${pids[3]}" 2>/dev/null
   for r in 0 1 2; do wait "${pids[$r]}"; done
   wait "${pids[3]}" 2>/dev/null
   cat "$d"/rank?.log > "$OUT/recover-$name.log"

@@ -10,8 +10,10 @@
 # railcc under expandable segments no slower than 0.95x railcc's default-allocator figure at
 # every size; each figure the median of ALLOC_REPEATS (default 1) runs, the runs of all
 # settings and both libraries interleaved. Prepare with bench/compare/gpu-prepare.sh; carry
-# .device. ALLOC_WAYS and ALLOC_LIBS pick settings and libraries.
-# Logs: $OUT/torch-alloc-<lib>-<way>-<repeat>.log. Exit 1 if anything failed.
+# .device. ALLOC_WAYS and ALLOC_LIBS pick settings and libraries. ALLOC_LAYOUT=2x2 runs two
+# emulated hosts of half the GPUs each (two torchrun nodes, NCCL_HOSTID/RAILCC_HOSTID) instead
+# of one host (host, the default).
+# Logs: $OUT/torch-alloc[-2x2]-<lib>-<way>-<repeat>[.node<i>].log. Exit 1 if anything failed.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 source bench/compare/gpu-env.sh
@@ -23,9 +25,15 @@ export PYTHONUNBUFFERED=1 NCCL_DEBUG=INFO
 fails=0
 port=29561
 
-# run LIB WAY REPEAT: one torchrun; prints PASS/FAIL.
+LAYOUT=${ALLOC_LAYOUT:-host}
+TAG=torch-alloc
+[ "$LAYOUT" = host ] || TAG=torch-alloc-$LAYOUT
+[ "$LAYOUT" = host ] || [ "$LAYOUT" = 2x2 ] || { echo "FAIL  ALLOC_LAYOUT=$LAYOUT is neither host nor 2x2"; exit 1; }
+[ "$LAYOUT" = host ] || [ $((NGPU % 2)) = 0 ] || { echo "FAIL  ALLOC_LAYOUT=2x2 wants an even GPU count, found $NGPU"; exit 1; }
+
+# run LIB WAY REPEAT: one torchrun per emulated host; prints PASS/FAIL.
 run() {
-  local lib=$1 way=$2 log=$OUT/torch-alloc-$1-$2-$3.log
+  local lib=$1 way=$2 log=$OUT/$TAG-$1-$2-$3.log
   local env=()
   case $way in
     expandable) env+=(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True) ;;
@@ -34,14 +42,29 @@ run() {
   esac
   [ "$lib" = railcc ] && env+=(LD_PRELOAD="$LIB")
   port=$((port + 1))
-  env "${env[@]}" timeout -k 10 240 python3 -m torch.distributed.run --nproc_per_node "$NGPU" \
-    --master_addr 127.0.0.1 --master_port $port "$PY" > "$log" 2>&1
-  local rc=$? oks
+  local rc=0 oks
+  if [ "$LAYOUT" = host ]; then
+    env "${env[@]}" timeout -k 10 240 python3 -m torch.distributed.run --nproc_per_node "$NGPU" \
+      --master_addr 127.0.0.1 --master_port $port "$PY" > "$log" 2>&1 || rc=$?
+  else
+    local half=$((NGPU / 2)) i pids=() gpus
+    for i in 0 1; do
+      gpus=$(seq -s, $((i * half)) $((i * half + half - 1)))
+      env "${env[@]}" CUDA_VISIBLE_DEVICES=$gpus NCCL_HOSTID=host$i RAILCC_HOSTID=host$i \
+        NCCL_SOCKET_IFNAME=lo RAILCC_SOCKET_IFNAME=lo \
+        timeout -k 10 240 python3 -m torch.distributed.run --nnodes 2 --node_rank $i \
+        --nproc_per_node $half --master_addr 127.0.0.1 --master_port $port "$PY" \
+        < /dev/null > "$log.node$i" 2>&1 &
+      pids[$i]=$!
+    done
+    for i in 0 1; do wait "${pids[$i]}" || rc=$?; done
+    cat "$log.node0" "$log.node1" > "$log"
+  fi
   oks=$(grep -c "^alloc.py: rank [0-9]*: [0-9]* checks ok, 0 failed" "$log")
   if [ "$rc" = 0 ] && [ "$oks" = "$NGPU" ]; then
-    echo "PASS  torch alloc $lib $way: $(grep -m1 -o '[0-9]* checks ok' "$log") per rank"
+    echo "PASS  torch alloc $LAYOUT $lib $way: $(grep -m1 -o '[0-9]* checks ok' "$log") per rank"
   else
-    echo "FAIL  torch alloc $lib $way: exit status $rc, $oks of $NGPU ranks with every check ok"
+    echo "FAIL  torch alloc $LAYOUT $lib $way: exit status $rc, $oks of $NGPU ranks with every check ok"
     grep -E "wrong|Error|error" "$log" | grep -v "NCCL INFO" | head -n 6 | sed 's/^/      /'
     fails=$((fails + 1))
   fi
@@ -59,7 +82,7 @@ done
 # Value printing apart from the judging: "<us> <busbw>" of LIB WAY at SIZE, medians over the
 # repeats (nothing when no run printed it).
 figure() {
-  cat "$OUT"/torch-alloc-"$1"-"$2"-*.log 2>/dev/null | python3 -c '
+  cat "$OUT/$TAG-$1-$2"-*.log 2>/dev/null | python3 -c '
 import re, statistics, sys
 rows = [m.groups() for m in re.finditer(r"^alloc.py: all_reduce " + sys.argv[1] + r" B: ([0-9.]+) us, busbw ([0-9.]+) GB/s", sys.stdin.read(), re.M)]
 if rows:

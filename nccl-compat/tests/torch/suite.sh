@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
-# On a GPU machine (device kinds nvidia-h200, nvidia-h200-x2): issue 18's PyTorch suite
-# (suite.py) with 4 ranks, three runs:
+# On a GPU machine: issue 18's PyTorch suite (suite.py) with 4 ranks. Runs (SUITE_RUNS):
 #   railcc-host   railcc's libnccl (LD_PRELOAD), one host: torchrun --nproc_per_node 4 (ranks
 #                 share the GPUs where fewer than 4: the per-process path, CUDA IPC);
-#   railcc-hosts  railcc's libnccl, 4 emulated hosts (NCCL_HOSTID/RAILCC_HOSTID per process,
-#                 one torchrun node each, GPU i mod the GPU count): the network path;
-#   nccl-hosts    NCCL itself, the same 4 emulated hosts (NCCL refuses two ranks of one host
-#                 on one GPU, so its baseline is this layout).
+#   nccl-host     NCCL itself, the same layout (only where the machine has 4 GPUs: NCCL
+#                 refuses two ranks of one host on one GPU);
+#   railcc-2x2    railcc, 2 emulated hosts x 2 ranks (two torchrun nodes of 2 processes,
+#                 NCCL_HOSTID/RAILCC_HOSTID per node): the hierarchy, GPU-local inside a host;
+#   nccl-2x2      NCCL, the same layout;
+#   railcc-hosts  railcc's libnccl, 4 emulated hosts (one torchrun node each, GPU i mod the
+#                 GPU count): the network path;
+#   nccl-hosts    NCCL itself, the same 4 emulated hosts.
+# Default runs: railcc-host railcc-hosts nccl-hosts (fewer than 4 GPUs), railcc-host nccl-host
+# railcc-2x2 nccl-2x2 (4 or more).
 # A run passes when every rank exits 0 and prints "suite: rank R: N checks ok". Then the DDP
-# loss curves of the railcc runs must equal NCCL's within 1e-5, and the FSDP2 (bf16 reduce)
-# curves within 2e-2 (bf16 sums in another order round differently). Figures and SKIP lines
-# (what torch itself refuses) are printed. Prepare with bench/compare/gpu-prepare.sh and carry
-# .device. Logs: $OUT/suite-*.log. Exit 1 if anything failed. SUITE_RUNS picks runs (the
-# loss comparison needs nccl-hosts); SUITE_VERBOSE=1 names each check as it starts.
+# loss curves of each railcc run must equal NCCL's of the same layout (else of the nearest
+# NCCL run made: host, 2x2, hosts) within 1e-5, and the FSDP2 (bf16 reduce) curves within
+# 2e-2 (bf16 sums in another order round differently). NCCL's curves may come from an earlier
+# call with another allocator (the allocator does not change NCCL's sums): files
+# $OUT/suite-nccl-<layout>[-<alloc>].{ddp,fsdp}.loss.txt. Figures and SKIP lines (what torch
+# itself refuses) are printed. Prepare with bench/compare/gpu-prepare.sh and carry .device.
+# Logs: $OUT/suite-<run>[-<alloc>]*.log. Exit 1 if anything failed. SUITE_VERBOSE=1 names
+# each check as it starts.
 # SUITE_ALLOC picks PyTorch's allocator for every run (issue 29): default, expandable
 # (expandable_segments:True), async (backend:cudaMallocAsync) or reghook
-# (TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1).
+# (TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1); run names other than default's carry it.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 source bench/compare/gpu-env.sh
@@ -31,7 +39,9 @@ case ${SUITE_ALLOC:-default} in
   reghook) export TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1 ;;
   *) echo "FAIL  suite: SUITE_ALLOC=${SUITE_ALLOC} is none of default, expandable, async, reghook"; exit 1 ;;
 esac
-[ "${SUITE_ALLOC:-default}" = default ] || echo "suite.sh: allocator ${SUITE_ALLOC}"
+ALLOC=${SUITE_ALLOC:-default}
+SFX=""
+[ "$ALLOC" = default ] || { SFX="-$ALLOC"; echo "suite.sh: allocator $ALLOC"; }
 export NCCL_SOCKET_IFNAME=lo RAILCC_SOCKET_IFNAME=lo RAILCC_TIMEOUT_MS=60000 PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 fails=0
 
@@ -51,36 +61,49 @@ verdict() {
   [ -z "$skips" ] || echo "$skips" | sed 's/^/  /'
 }
 
-RUNS=${SUITE_RUNS:-railcc-host railcc-hosts nccl-hosts}
-case " $RUNS " in *" railcc-host "*)
-log=$OUT/suite-railcc-host.log
-LD_PRELOAD=$LIB timeout -k 10 "$LIMIT" python3 -m torch.distributed.run --nproc_per_node 4 \
-  --master_addr 127.0.0.1 --master_port 29541 "$PY" "$OUT/suite-railcc-host" > "$log" 2>&1
-RCS=$?
-verdict railcc-host "$log"
-pkill -9 -f "$PY" 2>/dev/null
-;; esac
+if [ "$NGPU" -ge 4 ]; then RUNS=${SUITE_RUNS:-railcc-host nccl-host railcc-2x2 nccl-2x2}
+else RUNS=${SUITE_RUNS:-railcc-host railcc-hosts nccl-hosts}; fi
 
-# hosts NAME PORT [VAR=VALUE...]: 4 one-rank nodes, each its own emulated host.
-hosts() {
-  local name=$1 port=$2 i pids=()
+# host NAME PORT [VAR=VALUE...]: one torchrun of 4 processes on this host.
+host() {
+  local name=$1$SFX port=$2 log
   shift 2
+  log=$OUT/suite-$name.log
+  env "$@" timeout -k 10 "$LIMIT" python3 -m torch.distributed.run --nproc_per_node 4 \
+    --master_addr 127.0.0.1 --master_port "$port" "$PY" "$OUT/suite-$name" > "$log" 2>&1
+  RCS=$?
+  verdict "$name" "$log"
+  pkill -9 -f "$PY" 2>/dev/null
+}
+case " $RUNS " in *" railcc-host "*) host railcc-host 29541 LD_PRELOAD="$LIB" ;; esac
+case " $RUNS " in *" nccl-host "*) host nccl-host 29544 ;; esac
+
+# hosts NAME PORT NODES [VAR=VALUE...]: NODES torchrun nodes of 4/NODES processes, each node
+# its own emulated host; node i's processes use GPUs from i * 4/NODES on (mod the GPU count).
+hosts() {
+  local name=$1$SFX port=$2 nodes=$3 i pids=() per gpus g
+  shift 3
+  per=$((4 / nodes))
   RCS=0
-  for i in 0 1 2 3; do
-    env "$@" CUDA_VISIBLE_DEVICES=$((i % NGPU)) NCCL_HOSTID=host$i RAILCC_HOSTID=host$i \
-      timeout -k 10 "$LIMIT" python3 -m torch.distributed.run --nnodes 4 --node_rank $i \
-        --nproc_per_node 1 --master_addr 127.0.0.1 --master_port "$port" \
+  for i in $(seq 0 $((nodes - 1))); do
+    gpus=""
+    for g in $(seq $((i * per)) $((i * per + per - 1))); do gpus="$gpus${gpus:+,}$((g % NGPU))"; done
+    env "$@" CUDA_VISIBLE_DEVICES=$gpus NCCL_HOSTID=host$i RAILCC_HOSTID=host$i \
+      timeout -k 10 "$LIMIT" python3 -m torch.distributed.run --nnodes "$nodes" --node_rank $i \
+        --nproc_per_node $per --master_addr 127.0.0.1 --master_port "$port" \
         "$PY" "$OUT/suite-$name" < /dev/null > "$OUT/suite-$name.node$i.log" 2>&1 &
     pids[$i]=$!
   done
-  for i in 0 1 2 3; do
+  for i in $(seq 0 $((nodes - 1))); do
     wait "${pids[$i]}" || RCS=$?
   done
   pkill -9 -f "$PY" 2>/dev/null
   verdict "$name" "$OUT"/suite-$name.node?.log
 }
-case " $RUNS " in *" railcc-hosts "*) hosts railcc-hosts 29542 LD_PRELOAD="$LIB" ;; esac
-case " $RUNS " in *" nccl-hosts "*) hosts nccl-hosts 29543 ;; esac
+case " $RUNS " in *" railcc-2x2 "*) hosts railcc-2x2 29545 2 LD_PRELOAD="$LIB" ;; esac
+case " $RUNS " in *" nccl-2x2 "*) hosts nccl-2x2 29546 2 ;; esac
+case " $RUNS " in *" railcc-hosts "*) hosts railcc-hosts 29542 4 LD_PRELOAD="$LIB" ;; esac
+case " $RUNS " in *" nccl-hosts "*) hosts nccl-hosts 29543 4 ;; esac
 
 # Value printing apart from the verdict: max |difference| of two loss files, or "missing".
 loss_diff() {
@@ -93,14 +116,26 @@ b = [float(x) for x in open(sys.argv[2]) if x.strip()]
 print(f"{max(abs(x - y) for x, y in zip(a, b)):.3e}" if a and len(a) == len(b) else "unequal")
 PY
 }
+# nccl_curve LAYOUT KIND: NCCL's loss file for a railcc run of LAYOUT (same layout first, this
+# allocator first), or nothing.
+nccl_curve() {
+  local l f
+  for l in "$1" host 2x2 hosts; do
+    for f in "$OUT/suite-nccl-$l$SFX.$2.loss.txt" "$OUT/suite-nccl-$l.$2.loss.txt"; do
+      [ -e "$f" ] && { echo "$f"; return; }
+    done
+  done
+}
 for kind in ddp fsdp; do
   tol=1e-5; [ $kind = fsdp ] && tol=2e-2
-  for run in railcc-host railcc-hosts; do
-    d=$(loss_diff "$OUT/suite-$run.$kind.loss.txt" "$OUT/suite-nccl-hosts.$kind.loss.txt")
+  for run in $RUNS; do
+    case $run in railcc-*) ;; *) continue ;; esac
+    ref=$(nccl_curve "${run#railcc-}" $kind)
+    d=$(loss_diff "$OUT/suite-$run$SFX.$kind.loss.txt" "${ref:-/nonexistent}")
     if python3 -c "import sys; sys.exit(0 if '$d'[0].isdigit() and float('$d') <= $tol else 1)"; then
-      echo "PASS  $kind loss, $run against NCCL: max difference $d (tolerance $tol)"
+      echo "PASS  $kind loss, $run$SFX against NCCL ($(basename "$ref" .$kind.loss.txt)): max difference $d (tolerance $tol)"
     else
-      echo "FAIL  $kind loss, $run against NCCL: max difference $d (tolerance $tol)"
+      echo "FAIL  $kind loss, $run$SFX against NCCL (${ref:-no NCCL run}): max difference $d (tolerance $tol)"
       fails=$((fails + 1))
     fi
   done
