@@ -433,6 +433,65 @@ pub fn enable_peer_access(from: &GpuCtx, to: &GpuCtx) -> Result<()> {
 }
 
 /// A CUDA event for timing.
+/// A point in one stream's work that other streams can wait for: an event without timing,
+/// recorded again for each new point (a wait takes the point recorded at the time it is
+/// enqueued), destroyed on drop.
+pub struct Marker {
+    ev: sys::CUevent,
+}
+
+// SAFETY: a CUevent is a driver handle usable from any thread with its context current.
+unsafe impl Send for Marker {}
+
+impl Marker {
+    /// Made in `gpu`'s context.
+    pub fn new(gpu: &GpuCtx) -> Result<Marker> {
+        gpu.bind()?;
+        let mut ev: sys::CUevent = std::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: valid out-pointer; the context is current.
+        check(
+            unsafe { sys::cuEventCreate(&mut ev, flags) },
+            "cuEventCreate",
+        )?;
+        Ok(Marker { ev })
+    }
+
+    /// Marks the work enqueued so far on `stream`.
+    ///
+    /// # Safety
+    /// `stream` a live stream of the marker's context, which is current.
+    pub unsafe fn record(&self, stream: Stream) -> Result<()> {
+        // SAFETY: the caller's contract; the event is ours.
+        check(
+            unsafe { sys::cuEventRecord(self.ev, stream) },
+            "cuEventRecord",
+        )
+    }
+
+    /// Makes `stream` wait for the last marked point.
+    ///
+    /// # Safety
+    /// `stream` a live stream of the marker's context, which is current.
+    pub unsafe fn wait(&self, stream: Stream) -> Result<()> {
+        // SAFETY: the caller's contract; the event is ours.
+        check(
+            unsafe { sys::cuStreamWaitEvent(stream, self.ev, 0) },
+            "cuStreamWaitEvent",
+        )
+    }
+}
+
+impl Drop for Marker {
+    fn drop(&mut self) {
+        // SAFETY: the event was created by us and is destroyed once (the driver keeps it
+        // until pending waits are done).
+        unsafe {
+            let _ = sys::cuEventDestroy_v2(self.ev);
+        }
+    }
+}
+
 pub struct Timer {
     ev: sys::CUevent,
 }

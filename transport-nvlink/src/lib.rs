@@ -8,10 +8,12 @@
 //! - [`proc`] and [`table`]: one process per GPU (torchrun style), peers' buffers mapped through
 //!   handles that each call publishes in a shared-memory table;
 //! - [`share`] and [`fdpass`]: those handles for any allocator: legacy IPC handles, VMM
-//!   pieces' file descriptors passed over Unix sockets, or none (the data is bounced).
+//!   pieces' file descriptors passed over Unix sockets, or none (the data is bounced);
+//! - [`order`]: one communicator's kernels on a GPU run one after another, whatever streams.
 
 pub mod fdpass;
 pub mod multi;
+pub mod order;
 pub mod plan;
 pub mod proc;
 pub mod share;

@@ -7,6 +7,7 @@
 //! kernel choice and launch are `plan`'s. With a timeout set, a peer that never arrives makes
 //! the kernels stop at it ([`MultiGpu::async_error`] then says so) instead of hanging.
 
+use crate::order::KernelOrder;
 use crate::plan::{choose, clamp_blocks, enqueue, spec, Kernel, Launch, Peers};
 use crate::Settings;
 use railcc_core::call::{Call, P2pOp};
@@ -27,6 +28,8 @@ pub struct MultiGpu {
     ll_max_bytes: usize,
     /// Launches from several threads take turns (each enqueues on every GPU).
     turn: parking_lot::Mutex<()>,
+    /// Per GPU, the order of its collective kernels across streams.
+    orders: Vec<parking_lot::Mutex<KernelOrder>>,
 }
 
 impl MultiGpu {
@@ -68,6 +71,7 @@ impl MultiGpu {
             min_blocks: s.min_blocks.min(u32::MAX as usize) as u32,
             ll_max_bytes: s.ll_max_bytes,
             turn: parking_lot::Mutex::new(()),
+            orders: ordinals.iter().map(|_| Default::default()).collect(),
         })
     }
 
@@ -172,15 +176,17 @@ impl MultiGpu {
             // SAFETY: peer access is enabled between every pair, so GPU g addresses every
             // buffer and sync area; the caller vouches for the buffers and streams.
             launched = Some(unsafe {
-                enqueue(
-                    gpu,
-                    stream_of(calls[g].stream),
-                    g,
-                    &a,
-                    k,
-                    &peers,
-                    self.timeout_ns,
-                )
+                self.orders[g].lock().run(gpu, calls[g].stream, || {
+                    enqueue(
+                        gpu,
+                        stream_of(calls[g].stream),
+                        g,
+                        &a,
+                        k,
+                        &peers,
+                        self.timeout_ns,
+                    )
+                })
             }?);
         }
         launched.ok_or_else(|| Error::invalid("no GPUs"))
@@ -263,6 +269,16 @@ impl MultiGpu {
                 (src, dst),
                 self.timeout_ns,
             )
+        }
+    }
+}
+impl Drop for MultiGpu {
+    fn drop(&mut self) {
+        // The markers go before their GPUs' contexts (the `gpus` field drops first).
+        for (gpu, o) in self.gpus.iter().zip(&self.orders) {
+            if gpu.bind().is_ok() {
+                o.lock().release();
+            }
         }
     }
 }

@@ -17,6 +17,7 @@
 //! waiting calls fail and later ones fail at once.
 
 use crate::fdpass::FdPost;
+use crate::order::KernelOrder;
 use crate::plan::{choose, clamp_blocks, enqueue, Launch, Peers};
 use crate::share::Share;
 use crate::table::ShmTable;
@@ -49,6 +50,8 @@ pub struct ProcGpu {
     /// Per peer, the staging slots of buffered sends (made on first use).
     stages: Mutex<std::collections::HashMap<usize, railcc_cuda::gpu::DevBuf>>,
     calls: AtomicU64,
+    /// The last collective kernel enqueued outside a capture: its stream, and a marker after it.
+    kernel_order: Mutex<KernelOrder>,
     timeout: Duration,
     max_blocks: u32,
     min_blocks: u32,
@@ -357,6 +360,7 @@ impl ProcGpu {
             bounce: Mutex::new(Bounce::default()),
             stages: Mutex::new(std::collections::HashMap::new()),
             calls: AtomicU64::new(0),
+            kernel_order: Mutex::new(KernelOrder::default()),
             timeout: settings.timeout,
             max_blocks,
             min_blocks: settings.min_blocks.min(u32::MAX as usize) as u32,
@@ -553,7 +557,11 @@ impl ProcGpu {
         let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
         // SAFETY: the peers' buffers and sync areas are mapped into this context by IPC; the
         // caller vouches for its own buffers and stream.
-        let launch = unsafe { enqueue(&self.gpu, stream, self.rank, &a, k, &peers, timeout_ns) }?;
+        let launch = unsafe {
+            self.kernel_order.lock().run(&self.gpu, c.stream, || {
+                enqueue(&self.gpu, stream, self.rank, &a, k, &peers, timeout_ns)
+            })
+        }?;
         if let Some((dst, src, len)) = out.filter(|_| !no_recv) {
             // SAFETY: the bounce buffer and the caller's receive buffer hold `len` bytes.
             unsafe {
@@ -923,6 +931,10 @@ impl Drop for ProcGpu {
         if let Some((stop, h)) = self.watcher.take() {
             stop.store(true, Ordering::Relaxed);
             let _ = h.join();
+        }
+        // Before the GPU's context can go with the `gpu` field.
+        if self.gpu.bind().is_ok() {
+            self.kernel_order.lock().release();
         }
     }
 }

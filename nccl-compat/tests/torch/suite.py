@@ -41,7 +41,8 @@ def check(name, fn):
         refused = any(w in msg.lower() for w in ("not supported", "unsupported", "not currently", "currenlty"))
         if refused and not from_library:
             SKIPPED.append(name)
-            print(f"SKIP {name}: torch refuses it: {msg}", flush=True)
+            sys.stdout.write(f"SKIP {name}: torch refuses it: {msg}\n")
+            sys.stdout.flush()
             return
         traceback.print_exc()
         raise SystemExit(f"suite: rank {dist.get_rank()}: {name}: FAILED: {msg}")
@@ -288,7 +289,9 @@ def main():
     groups(rank, world, dev)
     check("DDP training", lambda: train(rank, world, dev, out, "ddp"))
     check("FSDP2 training, bf16 reduce", lambda: train(rank, world, dev, out, "fsdp"))
-    print(f"suite: rank {rank}: {OK} checks ok, {len(SKIPPED)} skipped", flush=True)
+    # One write (print writes the newline apart, so ranks sharing a log would mix lines).
+    sys.stdout.write(f"suite: rank {rank}: {OK} checks ok, {len(SKIPPED)} skipped\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
 
 
