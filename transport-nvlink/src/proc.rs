@@ -375,14 +375,15 @@ impl ProcGpu {
     pub fn async_error(&self) -> Option<Error> {
         let mut b = self.broken.lock();
         if b.is_none() && self.gpu.kernels_timed_out() {
-            *b = Some(
-                Error::new(
-                    ErrorKind::Timeout,
-                    "a GPU kernel waited longer than the timeout (RAILCC_TIMEOUT_MS) for a peer",
-                )
-                .rank(self.rank)
-                .transport(crate::NAME),
-            );
+            let e = Error::new(
+                ErrorKind::Timeout,
+                "a GPU kernel waited longer than the timeout (RAILCC_TIMEOUT_MS) for a peer",
+            )
+            .rank(self.rank)
+            .transport(crate::NAME);
+            // The host's other ranks stop too (the watcher would, within 20 ms).
+            self.table.report_broken(self.rank, &e.to_string());
+            *b = Some(e);
         }
         b.clone()
     }

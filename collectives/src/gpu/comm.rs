@@ -211,10 +211,21 @@ impl GpuComm {
         }
     }
 
-    /// An error when either part of the communicator is broken; the other part is then
-    /// stopped with the same cause, so the peers waiting on it hear it too.
+    /// An error when either part of the communicator is broken (see `async_error`).
     fn not_broken(&self) -> Result<()> {
-        let cause = match &self.path {
+        self.async_error()
+            .map_or(Ok(()), |e| Err(Error::earlier(&e).rank(self.rank)))
+    }
+
+    /// The error that broke the communicator (a peer died, an abort), if any. When one part
+    /// of a networked communicator broke, the other is stopped with the same cause before the
+    /// caller hears of it, so the peers waiting on that part hear it too, even when the caller
+    /// then aborts at once (ncclCommShrink after a failure).
+    pub fn async_error(&self) -> Option<Error> {
+        match &self.path {
+            Path::InProcess(m) => m.async_error(),
+            Path::Peer(pg) => pg.async_error(),
+            Path::Net { net, hier: None } => net.async_error(),
             Path::Net { net, hier: Some(h) } => match (net.async_error(), h.async_error()) {
                 (Some(e), None) => {
                     h.abort_with(e.clone());
@@ -226,19 +237,6 @@ impl GpuComm {
                 }
                 (n, h) => n.or(h),
             },
-            _ => self.async_error(),
-        };
-        cause.map_or(Ok(()), |e| Err(Error::earlier(&e).rank(self.rank)))
-    }
-
-    /// The error that broke the communicator (a peer died, an abort), if any.
-    pub fn async_error(&self) -> Option<Error> {
-        match &self.path {
-            Path::InProcess(m) => m.async_error(),
-            Path::Peer(pg) => pg.async_error(),
-            Path::Net { net, hier } => net
-                .async_error()
-                .or_else(|| hier.as_ref().and_then(|h| h.async_error())),
         }
     }
 

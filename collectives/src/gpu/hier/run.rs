@@ -165,17 +165,21 @@ impl HierGpu {
         a.nranks == self.layout.nranks() && takes(a)
     }
 
-    /// The error that broke either part, if any, naming ranks as the communicator does.
+    /// The error that broke either part, if any, naming ranks as the communicator does. The
+    /// first time, both parts are stopped with it (as the watcher thread would within 10 ms):
+    /// the host's other ranks and the other hosts hear it before this rank's caller can abort.
     pub fn async_error(&self) -> Option<Error> {
         if let Some(e) = self.cause.lock().clone() {
             return Some(e);
         }
         // The host's part names ranks as the communicator does (ProcGpu's names).
-        self.local.async_error().or_else(|| {
+        let e = self.local.async_error().or_else(|| {
             self.cross
                 .async_error()
                 .map(|e| to_global(e, &self.group, self.rank))
-        })
+        })?;
+        self.abort_with(e.clone());
+        self.cause.lock().clone().or(Some(e))
     }
 
     /// `rank`'s local index when it shares this rank's host.
