@@ -203,6 +203,9 @@ config! {
     /// GPU all-reduces up to this many bytes per rank use the low-latency kernel (one exchange,
     /// no barriers); larger ones the bulk kernel. 0 disables it; at most 65536.
     gpu_ll_max_bytes: usize = 65536, "RAILCC_GPU_LL_MAX_BYTES";
+    /// 1: the bulk GPU kernel loads every input's data of two 16-byte vectors at once before
+    /// reducing (more reads in flight, for few thread blocks); 0: one input at a time.
+    gpu_wide_loads: usize = 0, "RAILCC_GPU_WIDE_LOADS";
     /// Network transport: auto (RDMA when every rank has an active RDMA port, else TCP), tcp,
     /// or rdma (an error when a rank has none).
     transport: String = "auto".to_string(), "RAILCC_TRANSPORT";

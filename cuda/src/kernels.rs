@@ -262,7 +262,7 @@ extern "C" __global__ void p2p_wait_copied(unsigned long long mine, unsigned lon
             // 16-byte vector loop over the aligned middle, scalar loop for the ends.
             s.push_str(&format!(
                 r#"
-extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, int n, Ptrs outs, int n_out, unsigned long long begin, unsigned long long end, int avg_n, Ptrs syncs, int n_gpus, int me, unsigned long long timeout_ns) {{
+extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, int n, Ptrs outs, int n_out, unsigned long long begin, unsigned long long end, int avg_n, Ptrs syncs, int n_gpus, int me, unsigned long long timeout_ns, int wide) {{
   typedef {t} T;
   const unsigned long long epoch = call_epoch(syncs.p[me]);
   arrive_ready(syncs, n_gpus, me, epoch, timeout_ns);
@@ -283,6 +283,44 @@ extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, int n, Ptrs o
     T v = {st}(acc);
     for (int r = 0; r < n_out; r++) ((T*)outs.p[r])[i] = v;
   }}
+  // Wide: every input's 16 bytes of two vectors loaded at once before any arithmetic (up to
+  // 16 loads in flight a thread, where the narrow loop below has one), so few blocks keep
+  // NVLink's read latency covered. The same sums in the same order.
+  if (wide) {{
+    const unsigned long long vn = ve / V;
+    for (unsigned long long j = vb / V + tid; j < vn; j += 2 * stride) {{
+      const bool two = j + stride < vn;
+      uint4 y[2][8];
+#pragma unroll
+      for (int r = 0; r < 8; r++) {{
+        if (r < n) {{
+          y[0][r] = ((const uint4*)ins.p[r])[j];
+          if (two) y[1][r] = ((const uint4*)ins.p[r])[j + stride];
+        }}
+      }}
+#pragma unroll
+      for (int u = 0; u < 2; u++) {{
+        if (u == 1 && !two) break;
+        T* xv = (T*)&y[u][0];
+        {acc} accs[V];
+#pragma unroll
+        for (int k = 0; k < V; k++) accs[k] = {ld}(xv[k]);
+#pragma unroll
+        for (int r = 1; r < 8; r++) {{
+          if (r < n) {{
+            T* yv = (T*)&y[u][r];
+#pragma unroll
+            for (int k = 0; k < V; k++) {{ {acc} a = accs[k], b = {ld}(yv[k]); accs[k] = {expr}; }}
+          }}
+        }}
+        uint4 x;
+        T* ov = (T*)&x;
+#pragma unroll
+        for (int k = 0; k < V; k++) {{ {acc} acc = accs[k]; {avg} ov[k] = {st}(acc); }}
+        for (int r = 0; r < n_out; r++) ((uint4*)outs.p[r])[j + u * stride] = x;
+      }}
+    }}
+  }} else
   for (unsigned long long j = vb / V + tid; j < ve / V; j += stride) {{
     uint4 x = ((const uint4*)ins.p[0])[j];
     T* xv = (T*)&x;

@@ -44,6 +44,9 @@ pub struct CallShape<'a> {
     pub avg_n: i32,
     pub blocks: u32,
     pub timeout_ns: u64,
+    /// The bulk kernel's wide loop: every input's data of two vectors loaded at once
+    /// (`RAILCC_GPU_WIDE_LOADS`).
+    pub wide: bool,
 }
 
 /// Enqueues GPU `me`'s kernel on `stream`.
@@ -73,7 +76,8 @@ pub unsafe fn launch(
     let mut n_gpus = shape.syncs.len() as i32;
     let mut me_i = me as i32;
     let mut timeout = shape.timeout_ns;
-    let mut params: [*mut c_void; 11] = [
+    let mut wide = i32::from(shape.wide);
+    let mut params: [*mut c_void; 12] = [
         &mut pin as *mut Ptrs as *mut c_void,
         &mut n_in as *mut i32 as *mut c_void,
         &mut pout as *mut Ptrs as *mut c_void,
@@ -85,6 +89,7 @@ pub unsafe fn launch(
         &mut n_gpus as *mut i32 as *mut c_void,
         &mut me_i as *mut i32 as *mut c_void,
         &mut timeout as *mut u64 as *mut c_void,
+        &mut wide as *mut i32 as *mut c_void,
     ];
     // SAFETY: the parameters match the kernel's signature (kernels.rs) and live across the
     // call; the caller vouches for the pointers.
@@ -282,27 +287,36 @@ mod gpu_tests {
                 outs: vec![out.ptr],
                 range: (0, count as u64),
             };
-            let shape = CallShape {
-                dt,
-                op: ReduceOp::Sum,
-                syncs: &[gpu.sync.ptr],
-                avg_n: 8,
-                blocks: 4,
-                timeout_ns: 10_000_000_000,
-            };
-            // SAFETY: every pointer is a live allocation of `count` elements on this GPU,
-            // kept until the synchronize below.
-            unsafe { launch(&gpu, gpu.stream, 0, &s, &shape) }.expect("launch");
-            gpu.synchronize().expect("kernel ran");
-            let mut host = vec![0u8; count * 2];
-            gpu.download(&out, 0, &mut host).expect("download");
-            let got: Vec<f32> = host.chunks_exact(2).map(|b| dec([b[0], b[1]])).collect();
-            let bad = got.iter().filter(|&&v| v != wide).count();
-            println!(
-                "wide accumulation {dt}: {big} + 7 x 1 on the GPU = {} in every element ({bad} differ); storage-type accumulation gives {narrow}",
-                got[0]
-            );
-            assert_eq!(bad, 0, "{dt}: first {}, want {wide}", got[0]);
+            // Both loops of the bulk kernel: one input at a time, and every input at once.
+            for loads in [false, true] {
+                let shape = CallShape {
+                    dt,
+                    op: ReduceOp::Sum,
+                    syncs: &[gpu.sync.ptr],
+                    avg_n: 8,
+                    blocks: 4,
+                    timeout_ns: 10_000_000_000,
+                    wide: loads,
+                };
+                gpu.upload(&out, 0, &vec![0u8; count * 2]).expect("clear");
+                // SAFETY: every pointer is a live allocation of `count` elements on this
+                // GPU, kept until the synchronize below.
+                unsafe { launch(&gpu, gpu.stream, 0, &s, &shape) }.expect("launch");
+                gpu.synchronize().expect("kernel ran");
+                let mut host = vec![0u8; count * 2];
+                gpu.download(&out, 0, &mut host).expect("download");
+                let got: Vec<f32> = host.chunks_exact(2).map(|b| dec([b[0], b[1]])).collect();
+                let bad = got.iter().filter(|&&v| v != wide).count();
+                println!(
+                    "wide accumulation {dt}: {big} + 7 x 1 on the GPU = {} in every element ({bad} differ); storage-type accumulation gives {narrow} (8 inputs loaded at once: {loads})",
+                    got[0]
+                );
+                assert_eq!(
+                    bad, 0,
+                    "{dt} (wide loads {loads}): first {}, want {wide}",
+                    got[0]
+                );
+            }
         }
     }
 
@@ -416,6 +430,7 @@ mod gpu_tests {
                     avg_n: 2,
                     blocks: 8,
                     timeout_ns: 10_000_000_000,
+                    wide: op == ReduceOp::Max,
                 };
                 // SAFETY: three live allocations of 65,536 bytes on this GPU, kept until the
                 // synchronize below.

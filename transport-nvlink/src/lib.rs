@@ -38,6 +38,8 @@ pub struct Settings {
     pub min_blocks: usize,
     /// All-reduces up to this many bytes per rank take the low-latency kernel.
     pub ll_max_bytes: usize,
+    /// The bulk kernel's wide loop (every input's data loaded at once).
+    pub wide_loads: bool,
 }
 
 impl Settings {

@@ -26,6 +26,7 @@ pub struct MultiGpu {
     max_blocks: u32,
     min_blocks: u32,
     ll_max_bytes: usize,
+    wide_loads: bool,
     /// Launches from several threads take turns (each enqueues on every GPU).
     turn: parking_lot::Mutex<()>,
     /// Per GPU, the order of its collective kernels across streams.
@@ -70,6 +71,7 @@ impl MultiGpu {
             max_blocks,
             min_blocks: s.min_blocks.min(u32::MAX as usize) as u32,
             ll_max_bytes: s.ll_max_bytes,
+            wide_loads: s.wide_loads,
             turn: parking_lot::Mutex::new(()),
             orders: ordinals.iter().map(|_| Default::default()).collect(),
         })
@@ -159,7 +161,11 @@ impl MultiGpu {
         let ins: Vec<u64> = calls.iter().map(|c| c.send).collect();
         let outs: Vec<u64> = calls.iter().map(|c| c.recv).collect();
         let syncs: Vec<u64> = self.gpus.iter().map(|g| g.sync.ptr).collect();
-        let k = choose(&a, self.ll_max_bytes, (self.min_blocks, self.max_blocks));
+        let k = choose(
+            &a,
+            (self.ll_max_bytes, self.wide_loads),
+            (self.min_blocks, self.max_blocks),
+        );
         if let Kernel::Bulk { .. } = k {
             // A bad argument launches nothing: what `spec` refuses (the collective, the root,
             // an in-place sendrecv) is the same for every GPU, so GPU 0's part checks it.

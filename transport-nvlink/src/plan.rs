@@ -27,14 +27,15 @@ pub enum Kernel {
     /// The low-latency all-reduce: flagged lines pushed into every peer's scratch, one
     /// exchange, no barrier.
     Ll { blocks: u32 },
-    /// The bulk kernel: "ready" barrier, each GPU's part over peer memory, "done" barrier.
-    Bulk { blocks: u32 },
+    /// The bulk kernel: "ready" barrier, each GPU's part over peer memory, "done" barrier;
+    /// `wide`: its loop that loads every input at once.
+    Bulk { blocks: u32, wide: bool },
 }
 
 impl Kernel {
     pub fn blocks(self) -> u32 {
         match self {
-            Kernel::Ll { blocks } | Kernel::Bulk { blocks } => blocks,
+            Kernel::Ll { blocks } | Kernel::Bulk { blocks, .. } => blocks,
         }
     }
 }
@@ -44,7 +45,11 @@ impl Kernel {
 /// the bulk kernel; blocks by the work, at least `min_blocks` (NCCL's minCTAs) and at most
 /// `max_blocks` (the communicator's, fixed at init from `RAILCC_GPU_MAX_BLOCKS` or maxCTAs and
 /// what stays resident). It depends only on the call's shape, so every rank chooses the same.
-pub fn choose(a: &CollArgs, ll_max_bytes: usize, (min_blocks, max_blocks): (u32, u32)) -> Kernel {
+pub fn choose(
+    a: &CollArgs,
+    (ll_max_bytes, wide): (usize, bool),
+    (min_blocks, max_blocks): (u32, u32),
+) -> Kernel {
     let nbytes = a.count * a.dtype.size();
     let floor = |b: u32| b.max(min_blocks.min(max_blocks));
     if ll::takes(a.coll, nbytes, ll_max_bytes) {
@@ -54,6 +59,7 @@ pub fn choose(a: &CollArgs, ll_max_bytes: usize, (min_blocks, max_blocks): (u32,
     } else {
         Kernel::Bulk {
             blocks: floor(blocks(a.coll, a.nranks, a.count, a.dtype, max_blocks)),
+            wide,
         }
     }
 }
@@ -97,7 +103,7 @@ pub unsafe fn enqueue(
                 threads_per_block: ll::THREADS,
             })
         }
-        Kernel::Bulk { blocks } => {
+        Kernel::Bulk { blocks, wide } => {
             let s = spec(a.coll, g, p.ins, p.outs, a.count, a.dtype, a.root)?;
             let shape = CallShape {
                 dt: a.dtype,
@@ -106,6 +112,7 @@ pub unsafe fn enqueue(
                 avg_n: p.ins.len() as i32,
                 blocks,
                 timeout_ns,
+                wide,
             };
             // SAFETY: the caller's contract.
             unsafe { launch(gpu, stream, g, &s, &shape) }?;
@@ -286,19 +293,37 @@ mod tests {
             root: 0,
         };
         // 8 B: the low-latency kernel, one block by the work; minCTAs 4 makes it 4.
-        assert_eq!(choose(&a(2), 65536, (0, 132)), Kernel::Ll { blocks: 1 });
-        assert_eq!(choose(&a(2), 65536, (4, 132)), Kernel::Ll { blocks: 4 });
+        assert_eq!(
+            choose(&a(2), (65536, false), (0, 132)),
+            Kernel::Ll { blocks: 1 }
+        );
+        assert_eq!(
+            choose(&a(2), (65536, false), (4, 132)),
+            Kernel::Ll { blocks: 4 }
+        );
         // Large: the bulk kernel, every block it may have; maxCTAs 8 bounds it.
         assert_eq!(
-            choose(&a(1 << 28), 65536, (0, 132)),
-            Kernel::Bulk { blocks: 132 }
+            choose(&a(1 << 28), (65536, false), (0, 132)),
+            Kernel::Bulk {
+                blocks: 132,
+                wide: false
+            }
         );
         assert_eq!(
-            choose(&a(1 << 28), 65536, (0, 8)),
-            Kernel::Bulk { blocks: 8 }
+            choose(&a(1 << 28), (65536, true), (0, 8)),
+            Kernel::Bulk {
+                blocks: 8,
+                wide: true
+            }
         );
         // A floor above the ceiling gives the ceiling.
-        assert_eq!(choose(&a(2), 0, (16, 8)), Kernel::Bulk { blocks: 8 });
+        assert_eq!(
+            choose(&a(2), (0, false), (16, 8)),
+            Kernel::Bulk {
+                blocks: 8,
+                wide: false
+            }
+        );
     }
 
     #[test]

@@ -56,6 +56,7 @@ pub struct ProcGpu {
     max_blocks: u32,
     min_blocks: u32,
     ll_max_bytes: usize,
+    wide_loads: bool,
     broken: Arc<Mutex<Option<Error>>>,
     watcher: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
 }
@@ -365,6 +366,7 @@ impl ProcGpu {
             max_blocks,
             min_blocks: settings.min_blocks.min(u32::MAX as usize) as u32,
             ll_max_bytes: settings.ll_max_bytes,
+            wide_loads: settings.wide_loads,
             broken,
             watcher: Some((stop, watcher)),
         })
@@ -554,7 +556,11 @@ impl ProcGpu {
             outs: &outs,
             syncs: &self.syncs,
         };
-        let k = choose(&a, self.ll_max_bytes, (self.min_blocks, self.max_blocks));
+        let k = choose(
+            &a,
+            (self.ll_max_bytes, self.wide_loads),
+            (self.min_blocks, self.max_blocks),
+        );
         let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
         // SAFETY: the peers' buffers and sync areas are mapped into this context by IPC; the
         // caller vouches for its own buffers and stream.

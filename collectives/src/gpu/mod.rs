@@ -30,5 +30,6 @@ pub fn settings(cfg: &Config) -> Settings {
         max_blocks: cfg.gpu_max_blocks,
         min_blocks: cfg.gpu_min_blocks,
         ll_max_bytes: cfg.gpu_ll_max_bytes,
+        wide_loads: cfg.gpu_wide_loads != 0,
     }
 }
