@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# On a GPU machine (issue 30): all_reduce through railcc's libnccl against NCCL in one call,
+# nccl-tests `-g NG` (one process), at NCCL's own channel count and at railcc's default, with
+# the bulk kernel's narrow and wide loops (RAILCC_GPU_WIDE_LOADS=0/1). NCCL's channel count is
+# read from its NCCL_DEBUG=INFO lines ("N coll channels") and given to railcc as
+# RAILCC_GPU_MAX_BLOCKS, so the comparison is at NCCL's SM budget. Prints, per size, the busbw
+# of each run and its ratio to NCCL's (out of place). Logs: $OUT/blocks-ab-*.log.
+# AB_SIZES (default "-b 2M -e 1G -f 4"), AB_ITERS (-n, default 20), NG (default every GPU),
+# AB_BLOCKS (default: NCCL's channel count and 0 = one per SM).
+# Prepare with bench/compare/gpu-prepare.sh; carry .device.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source bench/compare/gpu-env.sh
+source bench/compare/tables.sh
+mkdir -p "$OUT"
+NG=${NG:-$(nvidia-smi -L | wc -l)}
+NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
+[ -e "$NCCL_HOME/lib/libnccl.so" ] || ln -sf "$NCCL_HOME/lib/libnccl.so.2" "$NCCL_HOME/lib/libnccl.so"
+if [ ! -x $NT/build/all_reduce_perf ]; then
+  make -C $NT -j"$(nproc)" MPI=0 CUDA_HOME=/usr/local/cuda NCCL_HOME="$NCCL_HOME" \
+    NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" src.build > /tmp/nccl-tests-build.log 2>&1 \
+    || { tail -20 /tmp/nccl-tests-build.log; echo "FAIL  nccl-tests build"; exit 1; }
+fi
+FLAGS="${AB_SIZES:--b 2M -e 1G -f 4} -g $NG -n ${AB_ITERS:-20} -w 5 -c 1"
+run() {  # NAME LIBDIR [VAR=VALUE...]: one all_reduce_perf run; its log is $OUT/blocks-ab-NAME.log
+  local name=$1 lib=$2
+  shift 2
+  env "$@" LD_LIBRARY_PATH="$lib:/usr/local/cuda/lib64" timeout 300 $NT/build/all_reduce_perf $FLAGS \
+    > "$OUT/blocks-ab-$name.log" 2>&1
+  local rc=$? why
+  why=$(table_problem "$OUT/blocks-ab-$name.log")
+  [ "$rc" = 0 ] && [ -z "$why" ] || echo "FAIL  $name: exit $rc ${why}"
+}
+run nccl "$NCCL_HOME/lib" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT
+ch=$(grep -o "[0-9]* coll channels" "$OUT/blocks-ab-nccl.log" | head -n 1 | awk '{print $1}')
+echo "NCCL: ${ch:-?} coll channels ($(grep -m1 -o 'NCCL version [0-9.]*' "$OUT/blocks-ab-nccl.log"))"
+names=(nccl)
+for b in ${AB_BLOCKS:-${ch:-24} 0}; do
+  for w in 0 1; do
+    run "railcc-b$b-w$w" "$PWD/.device/lib" RAILCC_GPU_MAX_BLOCKS=$b RAILCC_GPU_WIDE_LOADS=$w
+    names+=("railcc-b$b-w$w")
+  done
+done
+# The table: size, then each run's out-of-place busbw and its ratio to NCCL's.
+python3 - "$OUT" "${names[@]}" <<'PY'
+import re, sys
+out, names = sys.argv[1], sys.argv[2:]
+rows = {}
+for n in names:
+    for line in open(f"{out}/blocks-ab-{n}.log", errors="replace"):
+        f = line.split()
+        if len(f) >= 12 and re.fullmatch(r"\d+", f[0]) and re.fullmatch(r"[\d.]+", f[7]):
+            rows.setdefault(int(f[0]), {})[n] = float(f[7])
+print("size        " + "".join(f"{n:>22}" for n in names))
+for size in sorted(rows):
+    r = rows[size]
+    base = r.get("nccl")
+    cells = []
+    for n in names:
+        v = r.get(n)
+        cells.append(f"{'-':>22}" if v is None else f"{v:>10.1f} ({v / base:5.2f}x)" if base else f"{v:>22.1f}")
+    print(f"{size:<12}" + "".join(f"{c:>22}" for c in cells))
+PY
