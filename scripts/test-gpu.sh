@@ -102,11 +102,12 @@ case " $PARTS " in *" unit "*)
     [ $rc != 0 ] || rc=$r
   done
   if [ $rc = 0 ] && grep -q "SKIP" /tmp/test-gpu-unit.log; then rc=99; echo "a GPU test skipped on a GPU machine" >> /tmp/test-gpu-unit.log; fi
-  for line in "wide accumulation bfloat16" "fp8 f8e5m2 max: 0 of 65536" "scale kernel: f32 host"; do
+  for line in "wide accumulation bfloat16" "fp8 f8e5m2 max: 0 of 65536" "scale kernel: f32 host" \
+      "p2p batch kernels: 18 messages one way and 2 the other, 2 rounds, 0 bytes wrong"; do
     grep -q "$line" /tmp/test-gpu-unit.log || rc=98
   done
   verdict "unit: cuda and transport-nvlink tests with a driver (wide accumulation, NVRTC, dma-buf)" $rc /tmp/test-gpu-unit.log notable
-  grep -E "wide accumulation|fp8 f8|scale kernel|test result" /tmp/test-gpu-unit.log | sed 's/^/      /'
+  grep -E "wide accumulation|fp8 f8|scale kernel|p2p batch|test result" /tmp/test-gpu-unit.log | sed 's/^/      /'
   # libnccl from C with a driver: ncclCommInitAll over the GPUs must work (CI checks the
   # clean error without one).
   timeout 120 bash nccl-compat/tests/c_api.sh .device/lib driver "$NG" > /tmp/test-gpu-capi.log 2>&1

@@ -31,6 +31,7 @@ pub mod kernels;
 pub mod launch;
 pub mod ll;
 pub mod nvml;
+pub mod p2p_many;
 pub mod staging;
 pub mod vmm;
 
