@@ -40,6 +40,8 @@ pub struct Settings {
     pub ll_max_bytes: usize,
     /// The bulk kernel's wide loop (every input's data loaded at once).
     pub wide_loads: bool,
+    /// A group's sends and receives as batch kernels (`railcc_cuda::p2p_many`).
+    pub p2p_batch: bool,
 }
 
 impl Settings {

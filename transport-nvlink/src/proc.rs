@@ -31,6 +31,7 @@ use railcc_cuda::gpu::{
 };
 use railcc_cuda::ipc::{export, open, BufDesc, HANDLE_BYTES};
 use railcc_cuda::kernels::MAX_PEERS;
+use railcc_cuda::p2p_many;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -57,6 +58,8 @@ pub struct ProcGpu {
     min_blocks: u32,
     ll_max_bytes: usize,
     wide_loads: bool,
+    /// A group's sends and receives as batch kernels (`RAILCC_GPU_P2P_BATCH`).
+    p2p_batch: bool,
     broken: Arc<Mutex<Option<Error>>>,
     watcher: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
 }
@@ -367,6 +370,7 @@ impl ProcGpu {
             min_blocks: settings.min_blocks.min(u32::MAX as usize) as u32,
             ll_max_bytes: settings.ll_max_bytes,
             wide_loads: settings.wide_loads,
+            p2p_batch: settings.p2p_batch,
             broken,
             watcher: Some((stop, watcher)),
         })
@@ -815,6 +819,27 @@ impl ProcGpu {
                 need += (o.bytes as u64).next_multiple_of(256);
             }
         }
+        // One launch per stream for the group's messages (`railcc_cuda::p2p_many`) where the
+        // receives keep their order: all on one stream. A staged send first marks the sends
+        // before it to the same peer ready (its slot's wait counts every earlier message).
+        let recv_streams: Vec<usize> = ops
+            .iter()
+            .filter(|o| !o.send)
+            .map(|o| o.stream as usize)
+            .collect();
+        let batch = self.p2p_batch && recv_streams.windows(2).all(|w| w[0] == w[1]);
+        let mut ready: Vec<(Stream, [u32; MAX_PEERS])> = Vec::new();
+        let count_in = |v: &mut Vec<(Stream, [u32; MAX_PEERS])>, o: &P2p| match v
+            .iter_mut()
+            .find(|(st, _)| *st == o.stream)
+        {
+            Some((_, c)) => c[o.peer] += 1,
+            None => {
+                let mut c = [0u32; MAX_PEERS];
+                c[o.peer] = 1;
+                v.push((o.stream, c));
+            }
+        };
         let mut bounce_streams: Vec<usize> = Vec::new();
         for (i, o) in ops.iter().enumerate() {
             let s = o.stream as usize;
@@ -845,6 +870,23 @@ impl ProcGpu {
             let desc = match slot {
                 Some(slot) => {
                     *n += 1;
+                    if let Some((_, c)) = ready
+                        .iter_mut()
+                        .find(|(st, c)| *st == o.stream && c[o.peer] > 0)
+                    {
+                        let mut only = [0u32; MAX_PEERS];
+                        only[o.peer] = std::mem::take(&mut c[o.peer]);
+                        // SAFETY: the caller's stream; the areas live for the communicator.
+                        unsafe {
+                            p2p_many::ready_many(
+                                &self.gpu,
+                                o.stream,
+                                (self.gpu.sync.ptr, &self.syncs),
+                                me,
+                                &only,
+                            )
+                        }?;
+                    }
                     step(o, P2pStep::WaitCopied, STAGE_SLOTS - 1)?;
                     copy(slot, o.ptr, o, "cuMemcpyAsync (send into a staging slot)")?;
                     export(slot)?
@@ -873,8 +915,19 @@ impl ProcGpu {
             self.table
                 .post(me, o.peer, o.seq, (o.bytes as u64, desc), deadline, &broken)
                 .map_err(|e| e.rank(me))?;
-            step(o, P2pStep::Ready, 0)?;
+            if batch {
+                count_in(&mut ready, o);
+            } else {
+                step(o, P2pStep::Ready, 0)?;
+            }
         }
+        for (st, c) in ready.iter().filter(|(_, c)| c.iter().any(|&n| n > 0)) {
+            // SAFETY: the caller's stream; the areas live for the communicator's life.
+            unsafe {
+                p2p_many::ready_many(&self.gpu, *st, (self.gpu.sync.ptr, &self.syncs), me, c)
+            }?;
+        }
+        let mut msgs = Vec::new();
         for o in ops.iter().filter(|o| !o.send) {
             let (bytes, desc) = self
                 .table
@@ -893,13 +946,49 @@ impl ProcGpu {
                 .transport(crate::NAME));
             }
             let src = self.share.lock().map(o.peer, &desc, deadline, &broken)?;
+            if batch {
+                msgs.push(p2p_many::RecvMsg {
+                    src,
+                    dst: o.ptr,
+                    bytes: o.bytes as u64,
+                    peer: o.peer,
+                });
+                continue;
+            }
             step(o, P2pStep::WaitReady, 0)?;
             copy(o.ptr, src, o, "cuMemcpyAsync (receive from a peer process)")?;
             step(o, P2pStep::Copied, 0)?;
         }
+        if let (false, Some(o)) = (msgs.is_empty(), ops.iter().find(|o| !o.send)) {
+            // SAFETY: the peers' buffers are mapped, ours the caller's, on its stream.
+            unsafe {
+                p2p_many::recv_many(
+                    &self.gpu,
+                    o.stream,
+                    (self.gpu.sync.ptr, &self.syncs),
+                    me,
+                    &msgs,
+                    self.max_blocks,
+                    timeout_ns,
+                )
+            }?;
+        }
         // Sends straight from the caller's buffer end when the receiver has copied them.
-        for o in &waits {
-            step(o, P2pStep::WaitCopied, 0)?;
+        if batch {
+            let mut copied = Vec::new();
+            for o in &waits {
+                count_in(&mut copied, o);
+            }
+            for (st, c) in &copied {
+                // SAFETY: as above.
+                unsafe {
+                    p2p_many::wait_copied_many(&self.gpu, *st, self.gpu.sync.ptr, c, timeout_ns, 0)
+                }?;
+            }
+        } else {
+            for o in &waits {
+                step(o, P2pStep::WaitCopied, 0)?;
+            }
         }
         if bounce_streams.len() > 1 {
             // SAFETY: the caller's streams.

@@ -31,5 +31,6 @@ pub fn settings(cfg: &Config) -> Settings {
         min_blocks: cfg.gpu_min_blocks,
         ll_max_bytes: cfg.gpu_ll_max_bytes,
         wide_loads: cfg.gpu_wide_loads != 0,
+        p2p_batch: cfg.gpu_p2p_batch != 0,
     }
 }
