@@ -23,6 +23,8 @@
 #         shareable handles, cudaMallocAsync, ncclMemAlloc (nccl-compat/tests/alloc/alloc.sh,
 #         railcc's library and NCCL's), and PyTorch's allocators through torchrun
 #         (nccl-compat/tests/torch/alloc.sh);
+#  p2pbatch the send/recv collectives of nccl-tests with RAILCC_GPU_P2P_BATCH=1 (batch kernels),
+#         -g N, -t N, mpirun -np N, eager and -G 10;
 #  register nccl-tests with buffer registration (-R 1: ncclCommRegister) and symmetric windows
 #         (-R 2: ncclMemAlloc + ncclCommWindowRegister), -d all, -g N and mpirun -np N;
 #  recover after a killed rank the survivors fail within 1 s naming it, then shrink or re-init
@@ -31,7 +33,7 @@
 # A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
 # exit status 1 if any failed. Without a CUDA driver: a SKIP line, exit 0.
-# TEST_GPU_PARTS="unit bench nccl register shared shrink split config alloc recover" picks parts (one 10-minute device call may not hold them all),
+# TEST_GPU_PARTS="unit bench nccl p2pbatch register shared shrink split config alloc recover" picks parts (one 10-minute device call may not hold them all),
 # TEST_GPU_COLLS the bench's collectives, RAILCC_BIN another railcc binary;
 # logs under $OUT (default /tmp/out): test-gpu.log (every line of every check).
 set -uo pipefail
@@ -55,7 +57,7 @@ source bench/compare/tables.sh
 R=${RAILCC_BIN:-$R}   # another railcc binary (to see a broken build fail these checks)
 export RAILCC_TIMEOUT_MS=30000
 NG=${NG:-$(nvidia-smi -L | wc -l)}
-PARTS=${TEST_GPU_PARTS:-unit bench nccl register shared shrink split config alloc recover}
+PARTS=${TEST_GPU_PARTS:-unit bench nccl p2pbatch register shared shrink split config alloc recover}
 PASSED=0 FAILED=0 FAILS=""
 : > "$LOG"
 
@@ -163,6 +165,24 @@ case " $PARTS " in *" nccl "*)
     check "libnccl $b mpirun -np $NG $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $MPIRUN $NTM/build/${b}_perf $F -g 1
     check "libnccl $b -g $NG -G 10 $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $NT/build/${b}_perf $F -g $NG -G 10
   done
+;; esac
+
+case " $PARTS " in *" p2pbatch "*)
+  # Sends and receives as batch kernels (RAILCC_GPU_P2P_BATCH=1): one process (-g, -t) and
+  # one per GPU (mpirun), eager and -G 10, every dtype.
+  build_nccl_tests
+  OURS="$PWD/.device/lib"
+  MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x RAILCC_GPU_P2P_BATCH"
+  export RAILCC_GPU_P2P_BATCH=1
+  for b in sendrecv alltoall alltoallv scatter gather hypercube; do
+    F="-b 8 -e 64M -f 32 -n 2 -w 1 -c 1 -d all"
+    check "libnccl batch $b -g $NG $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $NT/build/${b}_perf $F -g $NG
+    check "libnccl batch $b -t $NG $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $NT/build/${b}_perf $F -t $NG -g 1
+    check "libnccl batch $b mpirun -np $NG $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $MPIRUN $NTM/build/${b}_perf $F -g 1
+    check "libnccl batch $b -g $NG -G 10 $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $NT/build/${b}_perf $F -g $NG -G 10
+    check "libnccl batch $b mpirun -np $NG -G 10 $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $MPIRUN $NTM/build/${b}_perf $F -g 1 -G 10
+  done
+  unset RAILCC_GPU_P2P_BATCH
 ;; esac
 
 case " $PARTS " in *" register "*)

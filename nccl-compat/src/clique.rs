@@ -51,6 +51,9 @@ pub struct Clique {
     slots: Mutex<HashMap<u64, Slot>>,
     pairs: Mutex<HashMap<(usize, usize, u64), Pair>>,
     done: Condvar,
+    /// Batched sends posted for their receivers, by (sender, receiver, message number).
+    posted: Mutex<HashMap<(usize, usize, u64), P2pOp>>,
+    posted_cv: Condvar,
     pub timeout: Duration,
 }
 
@@ -76,6 +79,8 @@ impl Clique {
                 slots: Mutex::new(HashMap::new()),
                 pairs: Mutex::new(HashMap::new()),
                 done: Condvar::new(),
+                posted: Mutex::new(HashMap::new()),
+                posted_cv: Condvar::new(),
                 timeout,
             })
         });
@@ -198,6 +203,108 @@ impl Clique {
             self.done.notify_all();
         }
         Ticket::P2p(src, dst, seq)
+    }
+
+    /// Whether sends and receives go as batch kernels (`RAILCC_GPU_P2P_BATCH`; the GPUs are
+    /// open).
+    pub fn batches_p2p(&self) -> bool {
+        self.ready()
+            .ok()
+            .and_then(|g| g.in_process_gpus())
+            .is_some_and(|m| m.p2p_batch())
+    }
+
+    /// The sends and receives `ops` (rank, message number of its direction, op) of one
+    /// thread's group, as batch kernels (`railcc_cuda::p2p_many`): every send marked ready
+    /// per rank and stream first (posted here for its receiver), then every receive per rank
+    /// and stream pulled from its sender's buffer once that sender posted it (another
+    /// thread's group may post it: waited for to the deadline), then every send waited for.
+    /// A rank's receives must share one stream (`batches_p2p` callers check). A size that
+    /// differs between the two sides breaks the communicator: the sender's mark is counted.
+    pub fn batch_p2p(&self, ops: &[(usize, u64, P2pOp)]) -> Result<()> {
+        let g = self.ready()?;
+        let m = g
+            .in_process_gpus()
+            .ok_or_else(|| Error::new(ErrorKind::Unsupported, "send/recv batch without GPUs"))?;
+        let mut sends: Vec<(usize, usize, [u32; railcc_cuda::kernels::MAX_PEERS])> = Vec::new();
+        {
+            let mut posted = self.posted.lock();
+            for (r, seq, op) in ops.iter().filter(|o| o.2.send) {
+                if op.peer >= self.nranks {
+                    return Err(invalid(format!(
+                        "ncclSend: peer {} out of range for {} ranks",
+                        op.peer, self.nranks
+                    )));
+                }
+                posted.insert((*r, op.peer, *seq), *op);
+                match sends.iter_mut().find(|x| x.0 == *r && x.1 == op.stream) {
+                    Some(x) => x.2[op.peer] += 1,
+                    None => {
+                        let mut c = [0; railcc_cuda::kernels::MAX_PEERS];
+                        c[op.peer] = 1;
+                        sends.push((*r, op.stream, c));
+                    }
+                }
+            }
+            self.posted_cv.notify_all();
+        }
+        for (r, st, c) in &sends {
+            // SAFETY: NCCL's contract: the rank's stream, its send buffers written before it.
+            unsafe { m.ready_many(*r, *st, c) }?;
+        }
+        let deadline = Instant::now() + self.timeout;
+        let mut recvs: Vec<(usize, usize, Vec<railcc_cuda::p2p_many::RecvMsg>)> = Vec::new();
+        for (r, seq, op) in ops.iter().filter(|o| !o.2.send) {
+            let from = op.peer;
+            let sent = {
+                let mut posted = self.posted.lock();
+                loop {
+                    if let Some(s) = posted.remove(&(from, *r, *seq)) {
+                        break s;
+                    }
+                    if self.posted_cv.wait_until(&mut posted, deadline).timed_out() {
+                        return Err(Error::new(
+                            ErrorKind::Timeout,
+                            format!(
+                                "message {seq} from rank {from} to rank {r}: the send was not posted within {:?}",
+                                self.timeout
+                            ),
+                        ));
+                    }
+                }
+            };
+            if sent.bytes != op.bytes {
+                let e = Error::new(
+                    ErrorKind::Mismatch,
+                    format!(
+                        "send from rank {from} has {} bytes, the receive on rank {r} expects {}",
+                        sent.bytes, op.bytes
+                    ),
+                );
+                m.abort();
+                return Err(e);
+            }
+            let msg = railcc_cuda::p2p_many::RecvMsg {
+                src: sent.ptr,
+                dst: op.ptr,
+                bytes: op.bytes as u64,
+                peer: from,
+            };
+            match recvs.iter_mut().find(|x| x.0 == *r && x.1 == op.stream) {
+                Some(x) => x.2.push(msg),
+                None => recvs.push((*r, op.stream, vec![msg])),
+            }
+        }
+        for (r, st, msgs) in &recvs {
+            // SAFETY: NCCL's contract: both sides' buffers are device memory of their GPUs,
+            // live until the streams pass the messages; peer access is enabled.
+            unsafe { m.recv_many(*r, *st, msgs) }?;
+        }
+        for (r, st, c) in &sends {
+            // SAFETY: the rank's stream.
+            unsafe { m.wait_copied_many(*r, *st, c) }?;
+        }
+        Ok(())
     }
 
     /// Waits for a submitted call's launch and returns its result (each participant collects it

@@ -67,12 +67,25 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
     let mut self_sends: HashMap<usize, std::collections::VecDeque<P2pOp>> = HashMap::new();
     let mut self_recvs: Vec<(*const Comm, P2pOp)> = Vec::new();
     let mut batches: Vec<(*const Comm, Vec<P2pOp>)> = Vec::new();
+    let mut local_batches: Vec<LocalBatch> = Vec::new();
     for (c, op) in p2ps {
         // SAFETY: handles in a group are live (NCCL's contract).
         let cr = unsafe { &*c };
         let Some(Backend::Gpu(g)) = cr.backend.get() else {
-            match submit_p2p(c, op) {
-                Ok(t) => tickets.push((c, t)),
+            match local_batch_entry(c, op) {
+                Ok(Some((clique, rank, seq))) => {
+                    match local_batches
+                        .iter_mut()
+                        .find(|b| Arc::ptr_eq(&b.1, &clique))
+                    {
+                        Some(b) => b.2.push((rank, seq, op)),
+                        None => local_batches.push((c, clique, vec![(rank, seq, op)])),
+                    }
+                }
+                Ok(None) => match submit_p2p(c, op) {
+                    Ok(t) => tickets.push((c, t)),
+                    Err(r) => note(r),
+                },
                 Err(r) => note(r),
             }
             continue;
@@ -89,6 +102,9 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
             Some(g) => g.1.push(op),
             None => batches.push((c, vec![op])),
         }
+    }
+    for (c, clique, ops) in local_batches {
+        tickets.push((c, Ticket::Done(run_local_batch(&clique, &ops))));
     }
     for (c, ops) in batches {
         // SAFETY: as above.
@@ -376,8 +392,57 @@ pub extern "C" fn ncclScatter(
     )
 }
 
+/// One clique's sends and receives of a group (a handle of it, the clique, and each op with
+/// its rank and message number).
+type LocalBatch = (*const Comm, Arc<Clique>, Vec<(usize, u64, P2pOp)>);
+
+/// For a communicator of this process whose sends and receives go as batch kernels: its
+/// clique, the rank and the message's number (counted here as `submit_p2p` would); None for
+/// every other communicator.
+fn local_batch_entry(
+    comm: *const Comm,
+    op: P2pOp,
+) -> Result<Option<(Arc<Clique>, usize, u64)>, NcclResult> {
+    with_comm(comm, if op.send { "ncclSend" } else { "ncclRecv" }, |c| {
+        let Some(Backend::Local(clique)) = c.backend.get() else {
+            return Ok(None);
+        };
+        if !clique.batches_p2p() {
+            return Ok(None);
+        }
+        if let Some(e) = c.broken.lock().clone() {
+            return Err(fail(&e));
+        }
+        Ok(Some((
+            clique.clone(),
+            c.rank,
+            c.next_p2p_seq(op.peer, op.send),
+        )))
+    })?
+}
+
+/// One thread's sends and receives of a group on a batching clique: each rank's receives on
+/// one stream (the batch counts them in order there).
+fn run_local_batch(clique: &Clique, ops: &[(usize, u64, P2pOp)]) -> railcc_core::Result<()> {
+    for (r, _, op) in ops.iter().filter(|o| !o.2.send) {
+        if let Some((_, _, other)) = ops
+            .iter()
+            .find(|(r2, _, o)| r2 == r && !o.send && o.stream != op.stream)
+        {
+            return Err(Error::invalid(format!(
+                "RAILCC_GPU_P2P_BATCH: rank {r} receives on two streams in one group (0x{:x} and 0x{:x}); batches take one",
+                op.stream, other.stream
+            )));
+        }
+    }
+    clique.batch_p2p(ops)
+}
+
 /// Hands one send or receive to its communicator.
 fn submit_p2p(comm: *const Comm, op: P2pOp) -> Result<Ticket, NcclResult> {
+    if let Some((clique, rank, seq)) = local_batch_entry(comm, op)? {
+        return Ok(Ticket::Done(clique.batch_p2p(&[(rank, seq, op)])));
+    }
     let (peer, send) = (op.peer, op.send);
     with_comm(comm, if send { "ncclSend" } else { "ncclRecv" }, |c| {
         c.wait_init();

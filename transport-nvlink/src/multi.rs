@@ -27,6 +27,7 @@ pub struct MultiGpu {
     min_blocks: u32,
     ll_max_bytes: usize,
     wide_loads: bool,
+    p2p_batch: bool,
     /// Launches from several threads take turns (each enqueues on every GPU).
     turn: parking_lot::Mutex<()>,
     /// Per GPU, the order of its collective kernels across streams.
@@ -72,6 +73,7 @@ impl MultiGpu {
             min_blocks: s.min_blocks.min(u32::MAX as usize) as u32,
             ll_max_bytes: s.ll_max_bytes,
             wide_loads: s.wide_loads,
+            p2p_batch: s.p2p_batch,
             turn: parking_lot::Mutex::new(()),
             orders: ordinals.iter().map(|_| Default::default()).collect(),
         })
@@ -278,6 +280,92 @@ impl MultiGpu {
         }
     }
 }
+impl MultiGpu {
+    /// Whether a group's sends and receives go as batch kernels (`RAILCC_GPU_P2P_BATCH`).
+    pub fn p2p_batch(&self) -> bool {
+        self.p2p_batch
+    }
+
+    fn batch_gpu(&self, g: usize) -> Result<(&GpuCtx, Vec<u64>)> {
+        let gpu = self.gpus.get(g).ok_or_else(|| {
+            Error::invalid(format!(
+                "send/recv: rank {g} out of range for {} ranks",
+                self.gpus.len()
+            ))
+        })?;
+        Ok((gpu, self.gpus.iter().map(|x| x.sync.ptr).collect()))
+    }
+
+    /// Rank `g`'s sends of a group on `stream`, `per_peer[p]` of them to rank p, marked ready
+    /// (`railcc_cuda::p2p_many::ready_many`).
+    ///
+    /// # Safety
+    /// `stream` a live stream of GPU `g`, after the sends' data is written.
+    pub unsafe fn ready_many(&self, g: usize, stream: usize, per_peer: &[u32]) -> Result<()> {
+        let (gpu, areas) = self.batch_gpu(g)?;
+        let _t = self.turn.lock();
+        // SAFETY: the caller's stream; the sync areas live as long as the GPUs.
+        unsafe {
+            railcc_cuda::p2p_many::ready_many(
+                gpu,
+                stream_of(stream),
+                (areas[g], &areas),
+                g,
+                per_peer,
+            )
+        }
+    }
+
+    /// Rank `g`'s receives of a group on `stream`, pulled from the senders' buffers by
+    /// thread blocks (at most the communicator's per call), each once its sender marked it.
+    ///
+    /// # Safety
+    /// Every `src` the peer's device memory and every `dst` GPU g's, of `bytes`, live until
+    /// the stream passes the copy; `stream` a live stream of GPU g.
+    pub unsafe fn recv_many(
+        &self,
+        g: usize,
+        stream: usize,
+        msgs: &[railcc_cuda::p2p_many::RecvMsg],
+    ) -> Result<u32> {
+        let (gpu, areas) = self.batch_gpu(g)?;
+        let _t = self.turn.lock();
+        // SAFETY: peer access is enabled between every pair, so GPU g reads every sender's
+        // buffer; the caller vouches for the buffers and stream.
+        unsafe {
+            railcc_cuda::p2p_many::recv_many(
+                gpu,
+                stream_of(stream),
+                (areas[g], &areas),
+                g,
+                msgs,
+                self.max_blocks,
+                self.timeout_ns,
+            )
+        }
+    }
+
+    /// Waits on `stream` until every rank p with `per_peer[p] != 0` has copied rank g's sends.
+    ///
+    /// # Safety
+    /// `stream` a live stream of GPU `g`.
+    pub unsafe fn wait_copied_many(&self, g: usize, stream: usize, per_peer: &[u32]) -> Result<()> {
+        let (gpu, areas) = self.batch_gpu(g)?;
+        let _t = self.turn.lock();
+        // SAFETY: as in ready_many.
+        unsafe {
+            railcc_cuda::p2p_many::wait_copied_many(
+                gpu,
+                stream_of(stream),
+                areas[g],
+                per_peer,
+                self.timeout_ns,
+                0,
+            )
+        }
+    }
+}
+
 impl Drop for MultiGpu {
     fn drop(&mut self) {
         // The markers go before their GPUs' contexts (the `gpus` field drops first).

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# On a GPU machine (issue 30): sendrecv and alltoall through railcc's libnccl against NCCL in
+# one call, copy-engine copies per message (RAILCC_GPU_P2P_BATCH=0) and batch kernels (=1),
+# one process (-g NG) and one per GPU (mpirun -np NG). railcc's batch kernels are given
+# NCCL's channel count as their block limit (read from NCCL's NCCL_DEBUG=INFO lines). Prints,
+# per collective, way of running and size, each run's out-of-place busbw and its ratio to
+# NCCL's. Logs: $OUT/p2p-ab-*.log. P2P_SIZES (default "-b 1M -e 256M -f 4"), P2P_COLLS
+# (default "sendrecv alltoall"), NG (default every GPU).
+# Prepare with bench/compare/gpu-prepare.sh; carry .device.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source bench/compare/gpu-env.sh
+source bench/compare/tables.sh
+mkdir -p "$OUT"
+NG=${NG:-$(nvidia-smi -L | wc -l)}
+NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
+[ -e "$NCCL_HOME/lib/libnccl.so" ] || ln -sf "$NCCL_HOME/lib/libnccl.so.2" "$NCCL_HOME/lib/libnccl.so"
+NTM=/tmp/nccl-tests-mpi
+inc=$(mpicc --showme:incdirs 2>/dev/null | awk '{print $1}')
+MPI_HOME=$(dirname "${inc:-/usr/include}")
+[ -d $NTM ] || cp -r .device/nccl-tests $NTM
+build() {
+  [ -x "$1/build/alltoall_perf" ] || make -C "$1" -j"$(nproc)" MPI="$2" MPI_HOME="$MPI_HOME" CUDA_HOME=/usr/local/cuda \
+    NCCL_HOME="$NCCL_HOME" NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" src.build > "/tmp/p2p-ab-build-$2.log" 2>&1
+}
+build $NT 0 & b0=$!
+build $NTM 1 & b1=$!
+wait $b0 || { echo "FAIL  nccl-tests build"; exit 1; }
+wait $b1 || { echo "FAIL  nccl-tests build (MPI)"; exit 1; }
+FLAGS="${P2P_SIZES:--b 1M -e 256M -f 4} -n 20 -w 5 -c 1"
+MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_GPU_P2P_BATCH -x RAILCC_GPU_MAX_BLOCKS -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS"
+run() {  # NAME WAY(g|mpi) COLL LIBDIR [VAR=VALUE...]
+  local name=$1 way=$2 c=$3 lib=$4 rc why
+  shift 4
+  local log="$OUT/p2p-ab-$c-$way-$name.log"
+  if [ "$way" = g ]; then
+    env "$@" LD_LIBRARY_PATH="$lib:/usr/local/cuda/lib64" timeout 300 $NT/build/${c}_perf $FLAGS -g "$NG" > "$log" 2>&1
+  else
+    env "$@" LD_LIBRARY_PATH="$lib:/usr/local/cuda/lib64" timeout 300 $MPIRUN $NTM/build/${c}_perf $FLAGS -g 1 > "$log" 2>&1
+  fi
+  rc=$?
+  why=$(table_problem "$log")
+  [ "$rc" = 0 ] && [ -z "$why" ] || echo "FAIL  $c $way $name: exit $rc ${why}"
+}
+for c in ${P2P_COLLS:-sendrecv alltoall}; do
+  for way in g mpi; do
+    # Every run sets every variable mpirun forwards (-x of an unset one is refused).
+    run nccl $way "$c" "$NCCL_HOME/lib" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT RAILCC_GPU_P2P_BATCH=0 RAILCC_GPU_MAX_BLOCKS=0
+    ch=$(grep -o "[0-9]* coll channels" "$OUT/p2p-ab-$c-$way-nccl.log" | head -n 1 | awk '{print $1}')
+    echo "== $c, $way: NCCL ${ch:-?} coll channels"
+    q=(NCCL_DEBUG=WARN NCCL_DEBUG_SUBSYS=INIT)
+    run copies $way "$c" "$PWD/.device/lib" "${q[@]}" RAILCC_GPU_P2P_BATCH=0 RAILCC_GPU_MAX_BLOCKS=0
+    run batch $way "$c" "$PWD/.device/lib" "${q[@]}" RAILCC_GPU_P2P_BATCH=1 RAILCC_GPU_MAX_BLOCKS="${ch:-24}"
+    run batch-all $way "$c" "$PWD/.device/lib" "${q[@]}" RAILCC_GPU_P2P_BATCH=1 RAILCC_GPU_MAX_BLOCKS=0
+    python3 - "$OUT" "$c" "$way" nccl copies batch batch-all <<'PY'
+import re, sys
+out, c, way, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+rows = {}
+for n in names:
+    try:
+        lines = open(f"{out}/p2p-ab-{c}-{way}-{n}.log", errors="replace").read().splitlines()
+    except OSError:
+        continue
+    for line in lines:
+        f = line.split()
+        # size count type redop root time algbw busbw #wrong ...
+        if len(f) >= 12 and re.fullmatch(r"\d+", f[0]) and re.fullmatch(r"[\d.]+", f[7]):
+            rows.setdefault(int(f[0]), {})[n] = float(f[7])
+print("size        " + "".join(f"{n:>20}" for n in names))
+for size in sorted(rows):
+    r, base = rows[size], rows[size].get("nccl")
+    cells = [f"{'-':>20}" if r.get(n) is None else (f"{r[n]:>9.1f} ({r[n] / base:5.2f}x)" if base else f"{r[n]:>20.1f}") for n in names]
+    print(f"{size:<12}" + "".join(f"{x:>20}" for x in cells))
+PY
+  done
+done
