@@ -330,18 +330,22 @@ impl MultiGpu {
     ) -> Result<u32> {
         let (gpu, areas) = self.batch_gpu(g)?;
         let _t = self.turn.lock();
+        // In the GPU's kernel order: two at once on two streams would share the area's count
+        // of finished blocks.
         // SAFETY: peer access is enabled between every pair, so GPU g reads every sender's
         // buffer; the caller vouches for the buffers and stream.
         unsafe {
-            railcc_cuda::p2p_many::recv_many(
-                gpu,
-                stream_of(stream),
-                (areas[g], &areas),
-                g,
-                msgs,
-                self.max_blocks,
-                self.timeout_ns,
-            )
+            self.orders[g].lock().run(gpu, stream, || {
+                railcc_cuda::p2p_many::recv_many(
+                    gpu,
+                    stream_of(stream),
+                    (areas[g], &areas),
+                    g,
+                    msgs,
+                    self.max_blocks,
+                    self.timeout_ns,
+                )
+            })
         }
     }
 

@@ -960,17 +960,23 @@ impl ProcGpu {
             step(o, P2pStep::Copied, 0)?;
         }
         if let (false, Some(o)) = (msgs.is_empty(), ops.iter().find(|o| !o.send)) {
+            // In the communicator's kernel order: two at once on two streams would share the
+            // area's count of finished blocks.
             // SAFETY: the peers' buffers are mapped, ours the caller's, on its stream.
             unsafe {
-                p2p_many::recv_many(
-                    &self.gpu,
-                    o.stream,
-                    (self.gpu.sync.ptr, &self.syncs),
-                    me,
-                    &msgs,
-                    self.max_blocks,
-                    timeout_ns,
-                )
+                self.kernel_order
+                    .lock()
+                    .run(&self.gpu, o.stream as usize, || {
+                        p2p_many::recv_many(
+                            &self.gpu,
+                            o.stream,
+                            (self.gpu.sync.ptr, &self.syncs),
+                            me,
+                            &msgs,
+                            self.max_blocks,
+                            timeout_ns,
+                        )
+                    })
             }?;
         }
         // Sends straight from the caller's buffer end when the receiver has copied them.
