@@ -77,50 +77,66 @@ pub(crate) fn encode_one(dt: DataType, x: f64, slot: &mut [u8]) {
 /// from at most 8 ranks (those with `rank % g == i % g`, `g = ceil(nranks / 8)`): every partial
 /// sum, in any order, stays within 8.
 pub fn fill_value(a: &CollArgs, rank: usize, i: usize, seed: u64) -> f64 {
-    let (dt, op) = (a.dtype, a.op);
-    let fp8 = matches!(dt, DataType::F8E4M3 | DataType::F8E5M2);
-    let reduces = matches!(
-        a.coll,
-        CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter
-    );
-    let h = (rank as u64)
-        .wrapping_mul(0x9e37_79b9)
-        .wrapping_add((i as u64).wrapping_mul(2_654_435_761))
-        .wrapping_add(seed);
-    let h = (h ^ (h >> 13)).wrapping_mul(0x5bd1_e995);
-    let h = h ^ (h >> 15);
-    let signed = !matches!(dt, DataType::U8 | DataType::U32 | DataType::U64);
-    match op {
-        _ if fp8 && reduces && a.nranks > 8 && {
-            let g = a.nranks.div_ceil(8);
-            rank % g != i % g
-        } =>
-        {
-            0.0
+    Pattern::new(a, seed).at(rank, i)
+}
+
+/// [`fill_value`]'s choices for one call, made once (a check asks for every rank's value of
+/// every element: billions at 1 GB).
+#[derive(Clone, Copy)]
+struct Pattern {
+    seed: u64,
+    prod: bool,
+    signed: bool,
+    /// fp8 reductions: every value 1 (2 for some products below rank 8).
+    ones: bool,
+    fp8: bool,
+    /// fp8 reductions above 8 ranks: only ranks with `rank % g == i % g` give a value.
+    sparse: Option<usize>,
+}
+
+impl Pattern {
+    fn new(a: &CollArgs, seed: u64) -> Pattern {
+        let fp8 = matches!(a.dtype, DataType::F8E4M3 | DataType::F8E5M2);
+        let reduces = matches!(
+            a.coll,
+            CollKind::AllReduce | CollKind::Reduce | CollKind::ReduceScatter
+        );
+        Pattern {
+            seed,
+            prod: a.op == ReduceOp::Prod,
+            signed: !matches!(a.dtype, DataType::U8 | DataType::U32 | DataType::U64),
+            ones: fp8 && reduces,
+            fp8,
+            sparse: (fp8 && reduces && a.nranks > 8).then(|| a.nranks.div_ceil(8)),
         }
-        ReduceOp::Prod => {
-            let mag = if h.is_multiple_of(16) && (!fp8 || rank < 8) {
+    }
+
+    #[inline]
+    fn at(&self, rank: usize, i: usize) -> f64 {
+        if self.sparse.is_some_and(|g| rank % g != i % g) {
+            return 0.0;
+        }
+        let h = (rank as u64)
+            .wrapping_mul(0x9e37_79b9)
+            .wrapping_add((i as u64).wrapping_mul(2_654_435_761))
+            .wrapping_add(self.seed);
+        let h = (h ^ (h >> 13)).wrapping_mul(0x5bd1_e995);
+        let h = h ^ (h >> 15);
+        let mag = if self.prod {
+            if h.is_multiple_of(16) && (!self.fp8 || rank < 8) {
                 2.0
             } else {
                 1.0
-            };
-            if signed && (h >> 8).is_multiple_of(2) {
-                -mag
-            } else {
-                mag
             }
-        }
-        _ => {
-            let v = if fp8 && reduces {
-                1.0
-            } else {
-                (h % 4) as f64 + 1.0 // 1..=4
-            };
-            if signed && (h >> 8).is_multiple_of(2) {
-                -v
-            } else {
-                v
-            }
+        } else if self.ones {
+            1.0
+        } else {
+            (h % 4) as f64 + 1.0 // 1..=4
+        };
+        if self.signed && (h >> 8).is_multiple_of(2) {
+            -mag
+        } else {
+            mag
         }
     }
 }
@@ -129,8 +145,9 @@ pub fn fill_value(a: &CollArgs, rank: usize, i: usize, seed: u64) -> f64 {
 pub fn fill_input(a: &CollArgs, rank: usize, seed: u64) -> Vec<u8> {
     let dt = a.dtype;
     let mut out = vec![0u8; a.send_elems() * dt.size()];
+    let pat = Pattern::new(a, seed);
     fill_in_parallel(&mut out, dt.size(), &|i, slot| {
-        encode_one(dt, fill_value(a, rank, i, seed), slot)
+        encode_one(dt, pat.at(rank, i), slot)
     });
     out
 }
@@ -210,14 +227,15 @@ pub fn expected(a: &CollArgs, inputs: &[Vec<u8>], rank: usize, prior_recv: &[u8]
 
 /// Rounds an exact value into `dt` the way the kernels store it (integers wrap).
 pub fn wrap(dt: DataType, v: f64) -> f64 {
-    let i = v as i128;
+    // f64 to i128 is a library call: only integers pay it (the checks run it per element).
+    let i = || v as i128;
     match dt {
-        DataType::I8 => i as i8 as f64,
-        DataType::U8 => i as u8 as f64,
-        DataType::I32 => i as i32 as f64,
-        DataType::U32 => i as u32 as f64,
-        DataType::I64 => i as i64 as f64,
-        DataType::U64 => i as u64 as f64,
+        DataType::I8 => i() as i8 as f64,
+        DataType::U8 => i() as u8 as f64,
+        DataType::I32 => i() as i32 as f64,
+        DataType::U32 => i() as u32 as f64,
+        DataType::I64 => i() as i64 as f64,
+        DataType::U64 => i() as u64 as f64,
         DataType::F16 => f16::from_f64(v).to_f64(),
         DataType::Bf16 => bf16::from_f64(v).to_f64(),
         DataType::F32 => v as f32 as f64,
@@ -251,8 +269,12 @@ fn decode_at(dt: DataType, b: &[u8], i: usize) -> f64 {
 /// copy of the other ranks' data. `None` where the buffer's content is unspecified (a rooted
 /// reduce's non-root receive buffer).
 pub fn expected_value(a: &CollArgs, rank: usize, i: usize, seed: u64) -> Option<f64> {
+    expected_with(a, &Pattern::new(a, seed), rank, i)
+}
+
+fn expected_with(a: &CollArgs, pat: &Pattern, rank: usize, i: usize) -> Option<f64> {
     let (dt, op, p, c) = (a.dtype, a.op, a.nranks, a.count);
-    let fill = |r: usize, j: usize| fill_value(a, r, j, seed);
+    let fill = |r: usize, j: usize| pat.at(r, j);
     let reduced = |j: usize| reduce_exact(dt, op, p, (0..p).map(|r| fill(r, j)));
     let v = match a.coll {
         CollKind::AllReduce => reduced(i),
@@ -271,8 +293,9 @@ pub fn expected_value(a: &CollArgs, rank: usize, i: usize, seed: u64) -> Option<
 /// Counts elements of `out` (the receive buffer of `rank`) that differ from [`expected_value`].
 pub fn count_wrong(a: &CollArgs, rank: usize, out: &[u8], seed: u64) -> u64 {
     let n = out.len() / a.dtype.size();
+    let pat = Pattern::new(a, seed);
     count_in_parallel(n, &|i| {
-        expected_value(a, rank, i, seed).is_some_and(|e| e != decode_at(a.dtype, out, i))
+        expected_with(a, &pat, rank, i).is_some_and(|e| e != decode_at(a.dtype, out, i))
     })
 }
 
