@@ -103,13 +103,22 @@ case " $PARTS " in *" unit "*)
     fi
     [ $rc != 0 ] || rc=$r
   done
+  # The bench's GPU check of results against the host's (collectives' test, run alone).
+  if [ -x .device/bin/railcc-collectives-tests ]; then
+    timeout 300 .device/bin/railcc-collectives-tests the_gpu_counts_what_the_host_counts --test-threads 1 --nocapture >> /tmp/test-gpu-unit.log 2>&1
+    r=$?
+  else
+    echo ".device/bin/railcc-collectives-tests missing: run bench/compare/gpu-prepare.sh again" >> /tmp/test-gpu-unit.log; r=96
+  fi
+  [ $rc != 0 ] || rc=$r
   if [ $rc = 0 ] && grep -q "SKIP" /tmp/test-gpu-unit.log; then rc=99; echo "a GPU test skipped on a GPU machine" >> /tmp/test-gpu-unit.log; fi
   for line in "wide accumulation bfloat16" "fp8 f8e5m2 max: 0 of 65536" "scale kernel: f32 host" \
-      "p2p batch kernels: 18 messages one way and 2 the other, 2 rounds, 0 bytes wrong"; do
+      "p2p batch kernels: 18 messages one way and 2 the other, 2 rounds, 0 bytes wrong" \
+      "disagree with the host"; do
     grep -q "$line" /tmp/test-gpu-unit.log || rc=98
   done
   verdict "unit: cuda and transport-nvlink tests with a driver (wide accumulation, NVRTC, dma-buf)" $rc /tmp/test-gpu-unit.log notable
-  grep -E "wide accumulation|fp8 f8|scale kernel|p2p batch|test result" /tmp/test-gpu-unit.log | sed 's/^/      /'
+  grep -E "wide accumulation|fp8 f8|scale kernel|p2p batch|GPU check of results|test result" /tmp/test-gpu-unit.log | sed 's/^/      /'
   # libnccl from C with a driver: ncclCommInitAll over the GPUs must work (CI checks the
   # clean error without one).
   timeout 120 bash nccl-compat/tests/c_api.sh .device/lib driver "$NG" > /tmp/test-gpu-capi.log 2>&1

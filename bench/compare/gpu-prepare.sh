@@ -23,6 +23,10 @@ cp "$tests" .device/bin/railcc-cuda-tests
 tests=$(test_binary railcc-transport-nvlink railcc_transport_nvlink)
 [ -x "$tests" ] || { echo "gpu-prepare: no transport-nvlink test binary"; exit 1; }
 cp "$tests" .device/bin/railcc-nvlink-tests
+# The collectives crate's: scripts/test-gpu.sh runs its GPU check test alone.
+tests=$(test_binary railcc-collectives railcc_collectives)
+[ -x "$tests" ] || { echo "gpu-prepare: no railcc-collectives test binary"; exit 1; }
+cp "$tests" .device/bin/railcc-collectives-tests
 cp target/release/libnccl.so .device/lib/libnccl.so.2
 # Without debug info: the carried tree must stay under the device's 64 MiB.
 strip --strip-debug .device/bin/* .device/lib/*

@@ -54,6 +54,11 @@ pub struct BenchArgs {
     /// Check results (1) or not (0).
     #[arg(short = 'c', long = "check", default_value_t = 1)]
     pub check: u8,
+    /// Where GPU results of the exact fill are checked: host (downloaded, the reference
+    /// computed on every core) or gpu (a kernel counts what differs where the result lies;
+    /// only the bytes around it come back).
+    #[arg(long = "check-on", value_enum, default_value = "host")]
+    pub check_on: CheckOn,
     /// Data type: int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16, f8e4m3, f8e5m2, or all.
     #[arg(short = 'd', long = "datatype", default_value = "float")]
     pub dtype: String,
@@ -196,4 +201,12 @@ mod tests {
         ));
         assert!(parse_collective("gossip").is_err());
     }
+}
+
+/// Where `railcc bench --device cuda` checks results (`--check-on`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CheckOn {
+    #[default]
+    Host,
+    Gpu,
 }

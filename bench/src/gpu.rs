@@ -12,7 +12,7 @@
 //! ([`check_graph`]). `--fill random` checks random inputs against an error bound
 //! (`collectives::precision`).
 
-use crate::args::BenchArgs;
+use crate::args::{BenchArgs, CheckOn};
 use crate::report::bus_factor;
 use railcc_collectives::gpu::GpuComm;
 use railcc_collectives::plan::CollArgs;
@@ -99,22 +99,59 @@ pub(crate) fn place(
     }
 }
 
+/// How results are checked: the fill they came from, and whether on the GPU that holds
+/// them (`--check-on gpu`, exact fill only).
+#[derive(Clone, Copy)]
+pub(crate) struct CheckHow {
+    fill: Fill,
+    on_gpu: bool,
+}
+
+impl CheckHow {
+    pub(crate) fn of(a: &BenchArgs) -> CheckHow {
+        CheckHow {
+            fill: a.fill,
+            on_gpu: a.check_on == CheckOn::Gpu && a.fill == Fill::Exact,
+        }
+    }
+}
+
 /// (wrong elements, out-of-bounds bytes) after a call (the stream must be synchronized).
 pub(crate) fn check(
     gpu: &GpuCtx,
     p: &Placed,
     args: &CollArgs,
     rank: usize,
-    fill: Fill,
+    how: CheckHow,
 ) -> Result<(u64, u64), String> {
     let buf = p.recv.as_ref().unwrap_or(&p.send);
+    let (at, end) = (p.recv_at.start, p.recv_at.end.min(p.image.len()));
+    let differ = |x: &[u8], y: &[u8]| x.iter().zip(y).filter(|(a, b)| a != b).count() as u64;
+    if how.on_gpu {
+        // The receive range is counted where it lies; only the bytes around it (guards, and
+        // an in-place call's other parts) come back to be compared.
+        // SAFETY: the receive range is `buf`'s memory on this GPU; the call is synchronized.
+        let wrong = unsafe {
+            railcc_collectives::gpu_check::count_wrong_on_gpu(
+                gpu,
+                args,
+                rank,
+                buf.ptr + at as u64,
+                SEED,
+            )
+        }
+        .map_err(err)?;
+        let (mut head, mut tail) = (vec![0u8; at], vec![0u8; p.image.len() - end]);
+        gpu.download(buf, 0, &mut head).map_err(err)?;
+        gpu.download(buf, end, &mut tail).map_err(err)?;
+        let oob = differ(&head, &p.image[..at]) + differ(&tail, &p.image[end..]);
+        return Ok((wrong, oob));
+    }
     let mut host = vec![0u8; p.image.len()];
     gpu.download(buf, 0, &mut host).map_err(err)?;
-    let wrong = count_wrong(fill, args, rank, &host[p.recv_at.clone()], SEED);
+    let wrong = count_wrong(how.fill, args, rank, &host[p.recv_at.clone()], SEED);
     // Bytes outside the receive range that changed (guards, and an in-place call's other
     // parts), compared slice by slice rather than byte by byte over the whole allocation.
-    let (at, end) = (p.recv_at.start, p.recv_at.end.min(host.len()));
-    let differ = |x: &[u8], y: &[u8]| x.iter().zip(y).filter(|(a, b)| a != b).count() as u64;
     let oob = differ(&host[..at], &p.image[..at]) + differ(&host[end..], &p.image[end..]);
     Ok((wrong, oob))
 }
@@ -225,7 +262,7 @@ pub(crate) struct Calls<'a> {
 /// launched and checked, as nccl-tests checks under `-G`.
 pub(crate) fn check_graph(
     args: &CollArgs,
-    fill: Fill,
+    how: CheckHow,
     in_place: bool,
     mine: &Mine<'_>,
     c: &Calls<'_>,
@@ -244,7 +281,7 @@ pub(crate) fn check_graph(
     }
     let (mut wrong, mut oob) = (0, 0);
     for (gpu, p, rank) in mine {
-        let (w, o) = check(gpu, p, args, *rank, fill)?;
+        let (w, o) = check(gpu, p, args, *rank, how)?;
         wrong += w;
         oob += o;
     }
@@ -302,7 +339,7 @@ impl Runner for Single {
         mg.synchronize().map_err(err)?;
         if a.check != 0 {
             for (g, p) in placed.iter().enumerate() {
-                let (w, o) = check(mg.gpu(g), p, args, g, a.fill)?;
+                let (w, o) = check(mg.gpu(g), p, args, g, CheckHow::of(a))?;
                 s.wrong += w;
                 s.oob += o;
             }
@@ -318,7 +355,7 @@ impl Runner for Single {
                 sync: &|| mg.synchronize().map_err(err),
                 together: &|| Ok(()),
             };
-            let (w, o) = check_graph(args, a.fill, in_place, &mine, &calls)?;
+            let (w, o) = check_graph(args, CheckHow::of(a), in_place, &mine, &calls)?;
             s.wrong += w;
             s.oob += o;
         }
@@ -378,7 +415,7 @@ impl Runner for PerProcess<'_> {
             return Err(err(e));
         }
         if a.check != 0 {
-            (s.wrong, s.oob) = check(gpu, &p, args, me, a.fill)?;
+            (s.wrong, s.oob) = check(gpu, &p, args, me, CheckHow::of(a))?;
         }
         // Peers write into our receive buffer: nobody reuses buffers until all have checked.
         self.comm.barrier().map_err(err)?;
@@ -395,7 +432,7 @@ impl Runner for PerProcess<'_> {
                 sync: &|| gpu.synchronize().map_err(err),
                 together: &|| self.comm.barrier().map_err(err),
             };
-            let (w, o) = check_graph(args, a.fill, in_place, &[(gpu, &p, me)], &calls)?;
+            let (w, o) = check_graph(args, CheckHow::of(a), in_place, &[(gpu, &p, me)], &calls)?;
             s.wrong += w;
             s.oob += o;
             // Every rank has checked before anyone frees what peers write into.

@@ -7,7 +7,7 @@
 use crate::args::BenchArgs;
 use crate::gpu::{
     agree, check, check_graph, describe_gpus, err, graph_note, place, sweep, time_calls, Calls,
-    Runner, Sample,
+    CheckHow, Runner, Sample,
 };
 use railcc_collectives::gpu::GpuComm;
 use railcc_collectives::plan::CollArgs;
@@ -68,7 +68,7 @@ impl Runner for NetAsync<'_> {
         gpu.synchronize().map_err(err)?;
         self.broken()?;
         if a.check != 0 {
-            (s.wrong, s.oob) = check(gpu, &p, args, me, a.fill)?;
+            (s.wrong, s.oob) = check(gpu, &p, args, me, CheckHow::of(a))?;
         }
         // How long a call takes to return when the stream is idle (nothing queued ahead of
         // it): the timed loop below measures back-pressure once the stream is full.
@@ -103,7 +103,7 @@ impl Runner for NetAsync<'_> {
             launch()?;
             gpu.synchronize().map_err(err)?;
             self.broken()?;
-            let (w, o) = check(gpu, &p, args, me, a.fill)?;
+            let (w, o) = check(gpu, &p, args, me, CheckHow::of(a))?;
             s.wrong += w;
             s.oob += o;
         }
@@ -117,7 +117,7 @@ impl Runner for NetAsync<'_> {
                 },
                 together: &|| self.comm.barrier().map_err(err),
             };
-            let (w, o) = check_graph(args, a.fill, in_place, &[(gpu, &p, me)], &calls)?;
+            let (w, o) = check_graph(args, CheckHow::of(a), in_place, &[(gpu, &p, me)], &calls)?;
             s.wrong += w;
             s.oob += o;
         }

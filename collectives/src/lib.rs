@@ -6,6 +6,7 @@ pub mod conn;
 pub mod cost;
 pub mod exec;
 pub mod gpu;
+pub mod gpu_check;
 pub mod plan;
 pub mod precision;
 pub mod rails;

@@ -83,19 +83,19 @@ pub fn fill_value(a: &CollArgs, rank: usize, i: usize, seed: u64) -> f64 {
 /// [`fill_value`]'s choices for one call, made once (a check asks for every rank's value of
 /// every element: billions at 1 GB).
 #[derive(Clone, Copy)]
-struct Pattern {
-    seed: u64,
-    prod: bool,
-    signed: bool,
+pub(crate) struct Pattern {
+    pub(crate) seed: u64,
+    pub(crate) prod: bool,
+    pub(crate) signed: bool,
     /// fp8 reductions: every value 1 (2 for some products below rank 8).
-    ones: bool,
-    fp8: bool,
+    pub(crate) ones: bool,
+    pub(crate) fp8: bool,
     /// fp8 reductions above 8 ranks: only ranks with `rank % g == i % g` give a value.
-    sparse: Option<usize>,
+    pub(crate) sparse: Option<usize>,
 }
 
 impl Pattern {
-    fn new(a: &CollArgs, seed: u64) -> Pattern {
+    pub(crate) fn new(a: &CollArgs, seed: u64) -> Pattern {
         let fp8 = matches!(a.dtype, DataType::F8E4M3 | DataType::F8E5M2);
         let reduces = matches!(
             a.coll,

@@ -64,6 +64,8 @@ pub struct GpuCtx {
     scale_funcs: HashMap<DataType, sys::CUfunction>,
     /// The p2p kernels, in kernels::P2P_KERNELS' order.
     p2p_funcs: Vec<sys::CUfunction>,
+    /// The bench's result check per dtype (check.rs).
+    check_funcs: HashMap<DataType, sys::CUfunction>,
     pub sms: i32,
     /// The word this context's kernels poll while they wait for peers (kernels.rs:
     /// `SYNC_ABORT`): set, they stop waiting and end.
@@ -118,6 +120,7 @@ impl GpuCtx {
             ll_funcs: HashMap::new(),
             scale_funcs: HashMap::new(),
             p2p_funcs: Vec::new(),
+            check_funcs: HashMap::new(),
             sms,
             abort,
         };
@@ -183,6 +186,8 @@ impl GpuCtx {
                     .insert((dt, op), get(crate::ll::kernel_name(dt, op))?);
             }
             self.scale_funcs.insert(dt, get(scale_name(dt))?);
+            self.check_funcs
+                .insert(dt, get(crate::check::kernel_name(dt))?);
         }
         self.p2p_funcs = crate::kernels::P2P_KERNELS
             .iter()
@@ -222,6 +227,13 @@ impl GpuCtx {
             .get(i)
             .copied()
             .ok_or_else(|| Error::new(ErrorKind::Unsupported, "no p2p kernel"))
+    }
+
+    pub fn check_func(&self, dt: DataType) -> Result<sys::CUfunction> {
+        self.check_funcs
+            .get(&dt)
+            .copied()
+            .ok_or_else(|| Error::new(ErrorKind::Unsupported, "no check kernel for dtype"))
     }
 
     pub fn scale_func(&self, dt: DataType) -> Result<sys::CUfunction> {

@@ -257,6 +257,7 @@ extern "C" __global__ void p2p_wait_copied(unsigned long long mine, unsigned lon
         p2p = P2P_OFFSET
     ));
     s.push_str(crate::p2p_many::SOURCE);
+    s.push_str(&crate::check::source());
     for dt in DataType::ALL {
         let (t, acc, ld, st) = ctype(dt);
         for op in ReduceOp::ALL {

@@ -21,6 +21,7 @@
 //! - [`dmabuf`]: device memory exported as dma-buf (GPUDirect RDMA);
 //! - [`nvml`]: NVLink counts between GPUs (`railcc topo`).
 
+pub mod check;
 pub mod compile;
 pub mod dmabuf;
 pub mod driver;
