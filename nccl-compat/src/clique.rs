@@ -226,85 +226,88 @@ impl Clique {
         let m = g
             .in_process_gpus()
             .ok_or_else(|| Error::new(ErrorKind::Unsupported, "send/recv batch without GPUs"))?;
-        let mut sends: Vec<(usize, usize, [u32; railcc_cuda::kernels::MAX_PEERS])> = Vec::new();
-        {
-            let mut posted = self.posted.lock();
-            for (r, seq, op) in ops.iter().filter(|o| o.2.send) {
-                if op.peer >= self.nranks {
-                    return Err(invalid(format!(
-                        "ncclSend: peer {} out of range for {} ranks",
-                        op.peer, self.nranks
-                    )));
-                }
-                posted.insert((*r, op.peer, *seq), *op);
-                match sends.iter_mut().find(|x| x.0 == *r && x.1 == op.stream) {
-                    Some(x) => x.2[op.peer] += 1,
-                    None => {
-                        let mut c = [0; railcc_cuda::kernels::MAX_PEERS];
-                        c[op.peer] = 1;
-                        sends.push((*r, op.stream, c));
-                    }
-                }
-            }
-            self.posted_cv.notify_all();
-        }
-        for (r, st, c) in &sends {
-            // SAFETY: NCCL's contract: the rank's stream, its send buffers written before it.
-            unsafe { m.ready_many(*r, *st, c) }?;
-        }
-        let deadline = Instant::now() + self.timeout;
-        let mut recvs: Vec<(usize, usize, Vec<railcc_cuda::p2p_many::RecvMsg>)> = Vec::new();
-        for (r, seq, op) in ops.iter().filter(|o| !o.2.send) {
-            let from = op.peer;
-            let sent = {
+        // Any failure leaves the two sides' counts apart (numbers taken, sends posted or
+        // marked): the communicator breaks rather than pair later messages wrongly.
+        let run = || -> Result<()> {
+            let mut sends: Vec<(usize, usize, [u32; railcc_cuda::kernels::MAX_PEERS])> = Vec::new();
+            {
                 let mut posted = self.posted.lock();
-                loop {
-                    if let Some(s) = posted.remove(&(from, *r, *seq)) {
-                        break s;
+                for (r, seq, op) in ops.iter().filter(|o| o.2.send) {
+                    if op.peer >= self.nranks {
+                        return Err(invalid(format!(
+                            "ncclSend: peer {} out of range for {} ranks",
+                            op.peer, self.nranks
+                        )));
                     }
-                    if self.posted_cv.wait_until(&mut posted, deadline).timed_out() {
-                        return Err(Error::new(
+                    posted.insert((*r, op.peer, *seq), *op);
+                    match sends.iter_mut().find(|x| x.0 == *r && x.1 == op.stream) {
+                        Some(x) => x.2[op.peer] += 1,
+                        None => {
+                            let mut c = [0; railcc_cuda::kernels::MAX_PEERS];
+                            c[op.peer] = 1;
+                            sends.push((*r, op.stream, c));
+                        }
+                    }
+                }
+                self.posted_cv.notify_all();
+            }
+            for (r, st, c) in &sends {
+                // SAFETY: NCCL's contract: the rank's stream, its send buffers written before it.
+                unsafe { m.ready_many(*r, *st, c) }?;
+            }
+            let deadline = Instant::now() + self.timeout;
+            let mut recvs: Vec<(usize, usize, Vec<railcc_cuda::p2p_many::RecvMsg>)> = Vec::new();
+            for (r, seq, op) in ops.iter().filter(|o| !o.2.send) {
+                let from = op.peer;
+                let sent = {
+                    let mut posted = self.posted.lock();
+                    loop {
+                        if let Some(s) = posted.remove(&(from, *r, *seq)) {
+                            break s;
+                        }
+                        if self.posted_cv.wait_until(&mut posted, deadline).timed_out() {
+                            return Err(Error::new(
                             ErrorKind::Timeout,
                             format!(
                                 "message {seq} from rank {from} to rank {r}: the send was not posted within {:?}",
                                 self.timeout
                             ),
                         ));
+                        }
                     }
-                }
-            };
-            if sent.bytes != op.bytes {
-                let e = Error::new(
-                    ErrorKind::Mismatch,
-                    format!(
+                };
+                if sent.bytes != op.bytes {
+                    return Err(Error::new(
+                        ErrorKind::Mismatch,
+                        format!(
                         "send from rank {from} has {} bytes, the receive on rank {r} expects {}",
                         sent.bytes, op.bytes
                     ),
-                );
-                m.abort();
-                return Err(e);
+                    ));
+                }
+                let msg = railcc_cuda::p2p_many::RecvMsg {
+                    src: sent.ptr,
+                    dst: op.ptr,
+                    bytes: op.bytes as u64,
+                    peer: from,
+                };
+                match recvs.iter_mut().find(|x| x.0 == *r && x.1 == op.stream) {
+                    Some(x) => x.2.push(msg),
+                    None => recvs.push((*r, op.stream, vec![msg])),
+                }
             }
-            let msg = railcc_cuda::p2p_many::RecvMsg {
-                src: sent.ptr,
-                dst: op.ptr,
-                bytes: op.bytes as u64,
-                peer: from,
-            };
-            match recvs.iter_mut().find(|x| x.0 == *r && x.1 == op.stream) {
-                Some(x) => x.2.push(msg),
-                None => recvs.push((*r, op.stream, vec![msg])),
+            for (r, st, msgs) in &recvs {
+                // SAFETY: NCCL's contract: both sides' buffers are device memory of their GPUs,
+                // live until the streams pass the messages; peer access is enabled.
+                unsafe { m.recv_many(*r, *st, msgs) }?;
             }
-        }
-        for (r, st, msgs) in &recvs {
-            // SAFETY: NCCL's contract: both sides' buffers are device memory of their GPUs,
-            // live until the streams pass the messages; peer access is enabled.
-            unsafe { m.recv_many(*r, *st, msgs) }?;
-        }
-        for (r, st, c) in &sends {
-            // SAFETY: the rank's stream.
-            unsafe { m.wait_copied_many(*r, *st, c) }?;
-        }
-        Ok(())
+            for (r, st, c) in &sends {
+                // SAFETY: the rank's stream.
+                unsafe { m.wait_copied_many(*r, *st, c) }?;
+            }
+            Ok(())
+        };
+        run().inspect_err(|_| m.abort())
     }
 
     /// Waits for a submitted call's launch and returns its result (each participant collects it

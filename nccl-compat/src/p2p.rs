@@ -73,13 +73,13 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
         let cr = unsafe { &*c };
         let Some(Backend::Gpu(g)) = cr.backend.get() else {
             match local_batch_entry(c, op) {
-                Ok(Some((clique, rank, seq))) => {
+                Ok(Some((clique, _))) => {
                     match local_batches
                         .iter_mut()
                         .find(|b| Arc::ptr_eq(&b.1, &clique))
                     {
-                        Some(b) => b.2.push((rank, seq, op)),
-                        None => local_batches.push((c, clique, vec![(rank, seq, op)])),
+                        Some(b) => b.2.push((c, op)),
+                        None => local_batches.push((c, clique, vec![(c, op)])),
                     }
                 }
                 Ok(None) => match submit_p2p(c, op) {
@@ -392,18 +392,18 @@ pub extern "C" fn ncclScatter(
     )
 }
 
-/// One clique's sends and receives of a group (a handle of it, the clique, and each op with
-/// its rank and message number).
-type LocalBatch = (*const Comm, Arc<Clique>, Vec<(usize, u64, P2pOp)>);
+/// One clique's sends and receives of a group: a handle of it, the clique, and each op with
+/// its rank's handle.
+type LocalBatch = (*const Comm, Arc<Clique>, Vec<(*const Comm, P2pOp)>);
 
-/// For a communicator of this process whose sends and receives go as batch kernels: its
-/// clique, the rank and the message's number (counted here as `submit_p2p` would); None for
-/// every other communicator.
+/// For a communicator of this process whose sends and receives go as batch kernels (once its
+/// init is done): its clique and rank; None for every other communicator.
 fn local_batch_entry(
     comm: *const Comm,
     op: P2pOp,
-) -> Result<Option<(Arc<Clique>, usize, u64)>, NcclResult> {
+) -> Result<Option<(Arc<Clique>, usize)>, NcclResult> {
     with_comm(comm, if op.send { "ncclSend" } else { "ncclRecv" }, |c| {
+        c.wait_init();
         let Some(Backend::Local(clique)) = c.backend.get() else {
             return Ok(None);
         };
@@ -413,35 +413,39 @@ fn local_batch_entry(
         if let Some(e) = c.broken.lock().clone() {
             return Err(fail(&e));
         }
-        Ok(Some((
-            clique.clone(),
-            c.rank,
-            c.next_p2p_seq(op.peer, op.send),
-        )))
+        Ok(Some((clique.clone(), c.rank)))
     })?
 }
 
-/// One thread's sends and receives of a group on a batching clique: each rank's receives on
-/// one stream (the batch counts them in order there).
-fn run_local_batch(clique: &Clique, ops: &[(usize, u64, P2pOp)]) -> railcc_core::Result<()> {
-    for (r, _, op) in ops.iter().filter(|o| !o.2.send) {
-        if let Some((_, _, other)) = ops
+/// One thread's sends and receives of a group on a batching clique. Each rank's messages
+/// must share one stream (the batch counts them in order there): checked before any is
+/// numbered, so a refused group leaves the counts as they were. Then each gets its number
+/// (as `submit_p2p` would count it) and the clique runs them.
+fn run_local_batch(clique: &Clique, ops: &[(*const Comm, P2pOp)]) -> railcc_core::Result<()> {
+    for (c, op) in ops {
+        if let Some((_, other)) = ops
             .iter()
-            .find(|(r2, _, o)| r2 == r && !o.send && o.stream != op.stream)
+            .find(|(c2, o)| std::ptr::eq(*c2, *c) && o.stream != op.stream)
         {
             return Err(Error::invalid(format!(
-                "RAILCC_GPU_P2P_BATCH: rank {r} receives on two streams in one group (0x{:x} and 0x{:x}); batches take one",
+                "RAILCC_GPU_P2P_BATCH: one rank's sends and receives of a group on two streams (0x{:x} and 0x{:x}); batches take one",
                 op.stream, other.stream
             )));
         }
     }
-    clique.batch_p2p(ops)
+    let mut numbered = Vec::with_capacity(ops.len());
+    for &(c, op) in ops {
+        // SAFETY: handles in a group are live (NCCL's contract).
+        let cr = unsafe { &*c };
+        numbered.push((cr.rank, cr.next_p2p_seq(op.peer, op.send), op));
+    }
+    clique.batch_p2p(&numbered)
 }
 
 /// Hands one send or receive to its communicator.
 fn submit_p2p(comm: *const Comm, op: P2pOp) -> Result<Ticket, NcclResult> {
-    if let Some((clique, rank, seq)) = local_batch_entry(comm, op)? {
-        return Ok(Ticket::Done(clique.batch_p2p(&[(rank, seq, op)])));
+    if let Some((clique, _)) = local_batch_entry(comm, op)? {
+        return Ok(Ticket::Done(run_local_batch(&clique, &[(comm, op)])));
     }
     let (peer, send) = (op.peer, op.send);
     with_comm(comm, if send { "ncclSend" } else { "ncclRecv" }, |c| {

@@ -117,6 +117,8 @@ impl Watch {
     /// peer reported a failure in the table (both break this rank), and whether this rank's
     /// kernels ran past their deadline (reported to the peers, which would otherwise wait).
     fn run(&self, stop: &AtomicBool) {
+        // Since when a peer's claim of the failure record has had no text.
+        let mut textless: Option<Instant> = None;
         while !stop.load(Ordering::Relaxed) {
             if let Some((r, p)) = self.peers.iter().find(|(_, p)| !p.alive()) {
                 let e = Error::new(
@@ -132,7 +134,17 @@ impl Watch {
                 .transport(crate::NAME);
                 return self.break_with(e, true);
             }
-            if let Some((r, text)) = self.table.broken() {
+            let report = self.table.broken().or_else(|| {
+                let r = self.table.claimed().filter(|&r| r != self.me)?;
+                let since = *textless.get_or_insert_with(Instant::now);
+                (since.elapsed() > Duration::from_millis(200)).then(|| {
+                    (
+                        r,
+                        "its report never completed (did its process die?)".to_string(),
+                    )
+                })
+            });
+            if let Some((r, text)) = report {
                 if r != self.me {
                     let e = Error::new(
                         ErrorKind::PeerClosed,
@@ -808,9 +820,13 @@ impl ProcGpu {
         for (i, o) in ops.iter().enumerate().filter(|(_, o)| o.send) {
             // SAFETY: the caller's stream of this GPU (this function's contract).
             let capturing = o.bytes > 0 && unsafe { is_capturing(&self.gpu, o.stream) }?;
+            // Only a peer's first STAGE_SLOTS sends of the group may be staged, whatever their
+            // size: a later one's slot wait would be for a message of this group, which the
+            // peer copies only after its own sends (two ranks doing this wait on each other).
             let k = per_peer.entry(o.peer).or_insert(0);
-            if *k < STAGE_SLOTS && o.bytes <= STAGE_SLOT_BYTES && !capturing {
-                *k += 1;
+            let early = *k < STAGE_SLOTS;
+            *k += 1;
+            if early && o.bytes <= STAGE_SLOT_BYTES && !capturing {
                 staged[i] = true;
             } else if o.bytes > 0
                 && railcc_cuda::vmm::sharing_of(o.ptr)? == railcc_cuda::vmm::Sharing::None
@@ -819,15 +835,18 @@ impl ProcGpu {
                 need += (o.bytes as u64).next_multiple_of(256);
             }
         }
-        // One launch per stream for the group's messages (`railcc_cuda::p2p_many`) where the
-        // receives keep their order: all on one stream. A staged send first marks the sends
-        // before it to the same peer ready (its slot's wait counts every earlier message).
-        let recv_streams: Vec<usize> = ops
-            .iter()
-            .filter(|o| !o.send)
-            .map(|o| o.stream as usize)
-            .collect();
-        let batch = self.p2p_batch && recv_streams.windows(2).all(|w| w[0] == w[1]);
+        // Batch kernels (`railcc_cuda::p2p_many`) where the counts keep message order: every
+        // message of the group on one stream, not under capture (a graph's batch could run
+        // beside another's). A staged send first marks the sends before it to the same peer
+        // ready (its slot's wait counts every earlier message).
+        let one_stream = ops.windows(2).all(|w| w[0].stream == w[1].stream);
+        let batch = self.p2p_batch
+            && one_stream
+            && match ops.first() {
+                // SAFETY: the caller's stream of this GPU.
+                Some(o) => !unsafe { is_capturing(&self.gpu, o.stream) }?,
+                None => false,
+            };
         let mut ready: Vec<(Stream, [u32; MAX_PEERS])> = Vec::new();
         let count_in = |v: &mut Vec<(Stream, [u32; MAX_PEERS])>, o: &P2p| match v
             .iter_mut()

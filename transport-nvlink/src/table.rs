@@ -186,6 +186,15 @@ impl ShmTable {
         true
     }
 
+    /// The rank that claimed the failure record, even before its text is whole (a reporter
+    /// that died in between never completes it).
+    pub fn claimed(&self) -> Option<usize> {
+        let b = self.broken_record();
+        // SAFETY: `by` lies in the mapping and is only accessed atomically.
+        let by = unsafe { (*b).by.load(Ordering::Acquire) };
+        by.checked_sub(1).map(|r| r as usize)
+    }
+
     /// The failure a rank of the host reported, once its text is whole: (rank, text).
     pub fn broken(&self) -> Option<(usize, String)> {
         let b = self.broken_record();
@@ -376,12 +385,12 @@ mod tests {
         let a = ShmTable::open(&name, 3, true).unwrap();
         let b = ShmTable::open(&name, 3, false).unwrap();
         ShmTable::unlink(&name);
-        assert_eq!(b.broken(), None);
+        assert_eq!((b.broken(), b.claimed()), (None, None));
         let long = format!("rank 3 exited: {}é", "x".repeat(BROKEN_TEXT));
         assert!(a.report_broken(1, &long));
         assert!(!b.report_broken(2, "a later failure"));
         let (by, text) = b.broken().unwrap();
-        assert_eq!(by, 1);
+        assert_eq!((by, b.claimed()), (1, Some(1)));
         assert!(text.starts_with("rank 3 exited: xxx"), "{text}");
         assert!(text.len() <= BROKEN_TEXT && long.starts_with(&text));
         assert_eq!(a.broken(), Some((by, text)));
