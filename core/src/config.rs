@@ -271,6 +271,10 @@ config! {
     /// Pieces of a GPU network call in flight per stream (the staging ring's depth): the
     /// copies in run this far ahead of the network. 2 to 16.
     gpu_net_ring: usize = 8, "RAILCC_GPU_NET_RING";
+    /// Pinned staging bytes a stream's GPU network calls may hold (send and receive slots of
+    /// the ring together); pieces are cut to fit. 0: no budget (pieces up to 32 MiB, a ring
+    /// of up to 512 MiB at the default depth).
+    gpu_net_staging_bytes: usize = 0, "RAILCC_GPU_NET_STAGING_BYTES";
     /// Prints, when a GPU network communicator closes, where its calls' time went: time to
     /// enqueue, each piece's host part, and the stream's turnaround between pieces.
     gpu_net_trace: u8 = 0, "RAILCC_GPU_NET_TRACE";

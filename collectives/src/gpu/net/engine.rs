@@ -120,6 +120,8 @@ pub struct GpuNet {
     tx: Sender<ToProgress>,
     progress: Option<JoinHandle<()>>,
     cut: Cut,
+    /// Every staging slot's size under a budget (`RAILCC_GPU_NET_STAGING_BYTES`).
+    slot_cap: Option<usize>,
     ring_depth: usize,
     timeout: Duration,
     desc: String,
@@ -145,6 +147,7 @@ impl GpuNet {
         cfg.gpu_ordinal = ordinal as i64;
         let nranks = members.len();
         let nch = cfg.gpu_net_channels;
+        let slot_cap = super::ring::budget_slot_bytes(cfg.gpu_net_staging_bytes, cfg.gpu_net_ring);
         // This rank's part before the all-gather; a failure still takes part in it (so every
         // rank of `parent` leaves at the same all-gather, and the caller's next ones pair up).
         let prep = (|| -> Result<_> {
@@ -241,11 +244,13 @@ impl GpuNet {
             progress: Some(progress),
             cut: Cut {
                 channels: nch,
-                chunk_bytes: cfg.gpu_net_chunk_bytes,
-                max_piece_bytes: cfg.gpu_net_chunk_bytes.max(32 << 20),
+                chunk_bytes: slot_cap
+                    .map_or(cfg.gpu_net_chunk_bytes, |c| c.min(cfg.gpu_net_chunk_bytes)),
+                max_piece_bytes: slot_cap.unwrap_or(cfg.gpu_net_chunk_bytes.max(32 << 20)),
                 target_pieces: 8,
                 min_spread_bytes: 64 * 1024,
             },
+            slot_cap,
             ring_depth: cfg.gpu_net_ring,
             timeout: cfg.timeout(),
             desc,
@@ -395,6 +400,7 @@ impl GpuNet {
             stream as usize,
             sb.max(rb),
             self.ring_depth,
+            self.slot_cap,
             captured,
             &self.ctx,
             &self.shared.comms,

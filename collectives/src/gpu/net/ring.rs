@@ -14,8 +14,23 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// A new stream's ring holds pieces of this many bytes (a ring cannot grow while the stream
-/// is being captured: CUDA refuses pinned allocations then).
+/// is being captured: CUDA refuses pinned allocations then), or of the budget's slot size.
 const FIRST_SLOT_BYTES: usize = 4 << 20;
+
+/// The slot size a staging budget of `budget` bytes per stream allows at ring depth `depth`
+/// (send and receive slots): a power of two, at least 4 KiB; None without a budget.
+pub fn budget_slot_bytes(budget: usize, depth: usize) -> Option<usize> {
+    if budget == 0 {
+        return None;
+    }
+    let per = budget / (2 * depth.max(1));
+    let pow = if per.is_power_of_two() {
+        per
+    } else {
+        per.next_power_of_two() / 2
+    };
+    Some(pow.max(4096))
+}
 
 pub struct Ring {
     pub slot_bytes: usize,
@@ -99,11 +114,15 @@ pub struct Rings {
 
 impl Rings {
     /// `stream`'s ring, with slots of at least `need` bytes.
+    /// With a budget (`slot_cap`, from [`budget_slot_bytes`]), the first ring already has
+    /// slots of that size and never grows (pieces are cut to fit it).
+    #[allow(clippy::too_many_arguments)]
     pub fn for_stream(
         &self,
         stream: usize,
         need: usize,
         depth: usize,
+        slot_cap: Option<usize>,
         capturing: bool,
         ctx: &Ctx,
         comms: &[Arc<Communicator>],
@@ -118,11 +137,43 @@ impl Rings {
                 "a captured GPU network call needs staging pieces of {need} bytes but this stream has {have}: make one call of that size on this stream before capturing (CUDA allows no pinned allocation during capture)"
             )));
         }
-        let bytes = need.next_power_of_two().max(FIRST_SLOT_BYTES);
+        let bytes = match slot_cap {
+            Some(cap) => cap.max(need.next_power_of_two()),
+            None => need.next_power_of_two().max(FIRST_SLOT_BYTES),
+        };
         let ring = Arc::new(Ring::new(ctx, bytes, depth, comms)?);
         if let Some(old) = m.insert(stream, ring.clone()) {
             self.retired.lock().push(old);
         }
         Ok(ring)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::budget_slot_bytes;
+
+    #[test]
+    fn a_budget_gives_power_of_two_slots_that_fit_it() {
+        assert_eq!(budget_slot_bytes(0, 8), None);
+        // 64 MiB at depth 8: 8 send and 8 receive slots of 4 MiB.
+        assert_eq!(budget_slot_bytes(64 << 20, 8), Some(4 << 20));
+        // Not a power of two: rounded down, so the ring stays within the budget.
+        assert_eq!(budget_slot_bytes(100 << 20, 8), Some(4 << 20));
+        assert_eq!(budget_slot_bytes(48 << 20, 3), Some(8 << 20));
+        // Tiny budgets: 4 KiB slots at least.
+        assert_eq!(budget_slot_bytes(1000, 8), Some(4096));
+        for (budget, depth) in [
+            (64usize << 20, 8usize),
+            (100 << 20, 8),
+            (48 << 20, 3),
+            (7 << 20, 16),
+        ] {
+            let s = budget_slot_bytes(budget, depth).unwrap_or(0);
+            assert!(
+                s.is_power_of_two() && 2 * depth * s <= budget,
+                "{budget} {depth}: {s}"
+            );
+        }
     }
 }
