@@ -53,6 +53,8 @@ pub struct ProcGpu {
     calls: AtomicU64,
     /// The last collective kernel enqueued outside a capture: its stream, and a marker after it.
     kernel_order: Mutex<KernelOrder>,
+    /// This rank as the communicator numbers it (the hierarchy's name), for errors.
+    own_name: usize,
     timeout: Duration,
     max_blocks: u32,
     min_blocks: u32,
@@ -351,6 +353,7 @@ impl ProcGpu {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let table = Arc::new(table);
+        let own_name = name(rank);
         let watcher = {
             let w = Watch {
                 me: rank,
@@ -377,6 +380,7 @@ impl ProcGpu {
             stages: Mutex::new(std::collections::HashMap::new()),
             calls: AtomicU64::new(0),
             kernel_order: Mutex::new(KernelOrder::default()),
+            own_name,
             timeout: settings.timeout,
             max_blocks,
             min_blocks: settings.min_blocks.min(u32::MAX as usize) as u32,
@@ -397,7 +401,7 @@ impl ProcGpu {
                 ErrorKind::Timeout,
                 "a GPU kernel waited longer than the timeout (RAILCC_TIMEOUT_MS) for a peer",
             )
-            .rank(self.rank)
+            .rank(self.own_name)
             .transport(crate::NAME);
             // The host's other ranks stop too (the watcher would, within 20 ms).
             self.table.report_broken(self.rank, &e.to_string());
@@ -420,7 +424,7 @@ impl ProcGpu {
     pub fn abort(&self) {
         self.broken.lock().get_or_insert_with(|| {
             Error::new(ErrorKind::Aborted, "communicator aborted")
-                .rank(self.rank)
+                .rank(self.own_name)
                 .transport(crate::NAME)
         });
         self.gpu.abort_kernels();
