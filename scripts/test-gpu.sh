@@ -145,18 +145,9 @@ case " $PARTS " in *" bench "*)
 ;; esac
 
 # nccl-tests, built once per machine: plain (-g, -t) and with MPI (mpirun), both at once.
-NTM=/tmp/nccl-tests-mpi
-build_nccl_tests() {
-  NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
-  [ -e "$NCCL_HOME/lib/libnccl.so" ] || ln -sf "$NCCL_HOME/lib/libnccl.so.2" "$NCCL_HOME/lib/libnccl.so"
-  inc=$(mpicc --showme:incdirs 2>/dev/null | awk '{print $1}')
-  MPI_HOME=${MPI_HOME:-$(dirname "${inc:-/usr/include}")}
-  [ -d $NT ] || cp -r .device/nccl-tests $NT
-  [ -d $NTM ] || cp -r .device/nccl-tests $NTM
-  build() { make -C "$1" -j8 MPI="$2" MPI_HOME="$MPI_HOME" CUDA_HOME=/usr/local/cuda NCCL_HOME="$NCCL_HOME" \
-      NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" src.build > "/tmp/nccl-build-$2.log" 2>&1; }
-  [ -x $NT/build/all_reduce_perf ] || build $NT 0 & b0=$!
-  [ -x $NTM/build/all_reduce_perf ] || build $NTM 1 & b1=$!
+build_nccl_tests() {   # both builds at once (gpu-env.sh's nccl_tests_build)
+  nccl_tests_build $NT 0 & b0=$!
+  nccl_tests_build $NTM 1 & b1=$!
   wait $b0; s0=$?; wait $b1; s1=$?
   verdict "nccl-tests build (plain and MPI)" $((s0 + s1)) /tmp/nccl-build-1.log notable
 }

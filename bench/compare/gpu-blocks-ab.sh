@@ -14,13 +14,7 @@ source bench/compare/gpu-env.sh
 source bench/compare/tables.sh
 mkdir -p "$OUT"
 NG=${NG:-$(nvidia-smi -L | wc -l)}
-NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
-[ -e "$NCCL_HOME/lib/libnccl.so" ] || ln -sf "$NCCL_HOME/lib/libnccl.so.2" "$NCCL_HOME/lib/libnccl.so"
-if [ ! -x $NT/build/all_reduce_perf ]; then
-  make -C $NT -j"$(nproc)" MPI=0 CUDA_HOME=/usr/local/cuda NCCL_HOME="$NCCL_HOME" \
-    NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" src.build > /tmp/nccl-tests-build.log 2>&1 \
-    || { tail -20 /tmp/nccl-tests-build.log; echo "FAIL  nccl-tests build"; exit 1; }
-fi
+nccl_tests_build $NT 0 || { tail -20 /tmp/nccl-build-0.log; echo "FAIL  nccl-tests build"; exit 1; }
 FLAGS="${AB_SIZES:--b 2M -e 1G -f 4} -g $NG -n ${AB_ITERS:-20} -w 5 -c 1"
 run() {  # NAME LIBDIR [VAR=VALUE...]: one all_reduce_perf run; its log is $OUT/blocks-ab-NAME.log
   local name=$1 lib=$2

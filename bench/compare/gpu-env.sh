@@ -5,4 +5,18 @@ export RAILCC_CACHE_DIR=${RAILCC_CACHE_DIR:-/tmp/railcc-cache}
 OUT=${OUT:-/tmp/out}
 R=.device/bin/railcc
 NT=/tmp/nccl-tests   # nccl-tests builds here, outside the carried tree
+NTM=/tmp/nccl-tests-mpi   # and with MPI here
 [ -d $NT ] || cp -r .device/nccl-tests $NT
+# nccl_tests_build DIR MPI(0|1): builds nccl-tests in DIR (a copy of .device/nccl-tests made
+# if absent) against the image's NCCL, unless built already; log /tmp/nccl-build-MPI.log.
+# Sets NCCL_HOME (with the libnccl.so link the build needs).
+nccl_tests_build() {
+  NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
+  [ -e "$NCCL_HOME/lib/libnccl.so" ] || ln -sf "$NCCL_HOME/lib/libnccl.so.2" "$NCCL_HOME/lib/libnccl.so"
+  local inc mpi_home
+  inc=$(mpicc --showme:incdirs 2>/dev/null | awk '{print $1}')
+  mpi_home=${MPI_HOME:-$(dirname "${inc:-/usr/include}")}
+  [ -d "$1" ] || cp -r .device/nccl-tests "$1"
+  [ -x "$1/build/all_reduce_perf" ] || make -C "$1" -j8 MPI="$2" MPI_HOME="$mpi_home" CUDA_HOME=/usr/local/cuda \
+    NCCL_HOME="$NCCL_HOME" NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" src.build > "/tmp/nccl-build-$2.log" 2>&1
+}

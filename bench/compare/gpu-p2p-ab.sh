@@ -13,20 +13,11 @@ source bench/compare/gpu-env.sh
 source bench/compare/tables.sh
 mkdir -p "$OUT"
 NG=${NG:-$(nvidia-smi -L | wc -l)}
-NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
-[ -e "$NCCL_HOME/lib/libnccl.so" ] || ln -sf "$NCCL_HOME/lib/libnccl.so.2" "$NCCL_HOME/lib/libnccl.so"
-NTM=/tmp/nccl-tests-mpi
-inc=$(mpicc --showme:incdirs 2>/dev/null | awk '{print $1}')
-MPI_HOME=$(dirname "${inc:-/usr/include}")
-[ -d $NTM ] || cp -r .device/nccl-tests $NTM
-build() {
-  [ -x "$1/build/alltoall_perf" ] || make -C "$1" -j"$(nproc)" MPI="$2" MPI_HOME="$MPI_HOME" CUDA_HOME=/usr/local/cuda \
-    NCCL_HOME="$NCCL_HOME" NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" src.build > "/tmp/p2p-ab-build-$2.log" 2>&1
-}
-build $NT 0 & b0=$!
-build $NTM 1 & b1=$!
+nccl_tests_build $NT 0 & b0=$!
+nccl_tests_build $NTM 1 & b1=$!
 wait $b0 || { echo "FAIL  nccl-tests build"; exit 1; }
 wait $b1 || { echo "FAIL  nccl-tests build (MPI)"; exit 1; }
+NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
 FLAGS="${P2P_SIZES:--b 1M -e 256M -f 4} -n 20 -w 5 -c 1"
 MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_GPU_P2P_BATCH -x RAILCC_GPU_MAX_BLOCKS -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS"
 run() {  # NAME WAY(g|mpi) COLL LIBDIR [VAR=VALUE...]

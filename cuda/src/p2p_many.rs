@@ -176,7 +176,24 @@ pub unsafe fn ready_many(
     me: usize,
     per_peer: &[u32],
 ) -> Result<()> {
-    let f = gpu.p2p_func(READY_MANY)?;
+    // SAFETY: the caller's contract.
+    unsafe { per_peer_step(gpu, stream, READY_MANY, (mine, theirs), me, per_peer) }
+}
+
+/// Launches `P2P_KERNELS[kernel]`, a one-block kernel of the signature `(mine, theirs, me,
+/// counts)` (p2p_ready_many, p2p_recv_done), on `stream`.
+///
+/// # Safety
+/// As for [`ready_many`].
+unsafe fn per_peer_step(
+    gpu: &GpuCtx,
+    stream: sys::CUstream,
+    kernel: usize,
+    (mine, theirs): (u64, &[u64]),
+    me: usize,
+    per_peer: &[u32],
+) -> Result<()> {
+    let f = gpu.p2p_func(kernel)?;
     let (mut a, mut t, mut m, mut c) = (mine, ptrs(theirs), me as i32, counts(per_peer)?);
     let mut params: [*mut c_void; 4] = [
         &mut a as *mut u64 as *mut c_void,
@@ -185,7 +202,7 @@ pub unsafe fn ready_many(
         &mut c as *mut Counts as *mut c_void,
     ];
     gpu.bind()?;
-    // SAFETY: the parameters match p2p_ready_many's signature; the caller vouches for the
+    // SAFETY: the parameters match the signature of both kernels; the caller vouches for the
     // areas and stream.
     unsafe {
         enqueue(
@@ -194,7 +211,7 @@ pub unsafe fn ready_many(
             32,
             stream,
             &mut params,
-            "cuLaunchKernel(p2p_ready_many)",
+            "cuLaunchKernel(p2p batch step)",
         )
     }
 }
@@ -267,7 +284,6 @@ pub unsafe fn recv_many(
     timeout_ns: u64,
 ) -> Result<u32> {
     let f = gpu.p2p_func(RECV_MANY)?;
-    let done = gpu.p2p_func(RECV_DONE)?;
     // A rank's messages to itself count in its own area (`theirs[me]` is `mine`).
     if let Some(m) = msgs.iter().find(|m| m.peer >= MAX_PEERS) {
         return Err(Error::invalid(format!(
@@ -323,25 +339,8 @@ pub unsafe fn recv_many(
         for m in batch {
             per_peer[m.peer] += 1;
         }
-        let (mut a2, mut t2, mut me2, mut c2) = (mine, ptrs(theirs), me as i32, counts(&per_peer)?);
-        let mut done_params: [*mut c_void; 4] = [
-            &mut a2 as *mut u64 as *mut c_void,
-            &mut t2 as *mut Ptrs as *mut c_void,
-            &mut me2 as *mut i32 as *mut c_void,
-            &mut c2 as *mut Counts as *mut c_void,
-        ];
-        // SAFETY: the parameters match p2p_recv_done's signature; the areas live for the
-        // communicator's life.
-        unsafe {
-            enqueue(
-                done,
-                1,
-                32,
-                stream,
-                &mut done_params,
-                "cuLaunchKernel(p2p_recv_done)",
-            )
-        }?;
+        // SAFETY: the areas live for the communicator's life; the caller's stream.
+        unsafe { per_peer_step(gpu, stream, RECV_DONE, (mine, theirs), me, &per_peer) }?;
     }
     Ok(most)
 }

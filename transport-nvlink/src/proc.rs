@@ -98,6 +98,17 @@ impl Proc {
     }
 }
 
+/// The error of a kernel that stopped at its deadline (kernels.rs `ABORT_TIMED_OUT`), on
+/// rank `rank` as the communicator numbers it.
+fn kernel_timeout(rank: usize) -> Error {
+    Error::new(
+        ErrorKind::Timeout,
+        "a GPU kernel waited longer than the timeout (RAILCC_TIMEOUT_MS) for a peer",
+    )
+    .rank(rank)
+    .transport(crate::NAME)
+}
+
 /// What the watcher thread of one rank looks after.
 struct Watch {
     me: usize,
@@ -159,13 +170,7 @@ impl Watch {
                 }
             }
             if self.gpu.kernels_timed_out() {
-                let e = Error::new(
-                    ErrorKind::Timeout,
-                    "a GPU kernel waited longer than the timeout (RAILCC_TIMEOUT_MS) for a peer",
-                )
-                .rank(self.name(self.me))
-                .transport(crate::NAME);
-                return self.break_with(e, true);
+                return self.break_with(kernel_timeout(self.name(self.me)), true);
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -397,12 +402,7 @@ impl ProcGpu {
     pub fn async_error(&self) -> Option<Error> {
         let mut b = self.broken.lock();
         if b.is_none() && self.gpu.kernels_timed_out() {
-            let e = Error::new(
-                ErrorKind::Timeout,
-                "a GPU kernel waited longer than the timeout (RAILCC_TIMEOUT_MS) for a peer",
-            )
-            .rank(self.own_name)
-            .transport(crate::NAME);
+            let e = kernel_timeout(self.own_name);
             // The host's other ranks stop too (the watcher would, within 20 ms).
             self.table.report_broken(self.rank, &e.to_string());
             *b = Some(e);
