@@ -34,7 +34,8 @@
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
 # exit status 1 if any failed. Without a CUDA driver: a SKIP line, exit 0.
 # TEST_GPU_PARTS="unit bench nccl p2pbatch register shared shrink split config alloc recover" picks parts (one 10-minute device call may not hold them all),
-# TEST_GPU_COLLS the bench's collectives, RAILCC_BIN another railcc binary;
+# TEST_GPU_COLLS the bench's collectives, TEST_GPU_P2PBATCH_BINS and TEST_GPU_SHARED_BINS those
+# parts' nccl-tests, RAILCC_BIN another railcc binary;
 # logs under $OUT (default /tmp/out): test-gpu.log (every line of every check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -174,7 +175,7 @@ case " $PARTS " in *" p2pbatch "*)
   OURS="$PWD/.device/lib"
   MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x RAILCC_GPU_P2P_BATCH"
   export RAILCC_GPU_P2P_BATCH=1
-  for b in sendrecv alltoall alltoallv scatter gather hypercube; do
+  for b in ${TEST_GPU_P2PBATCH_BINS:-sendrecv alltoall alltoallv scatter gather hypercube}; do
     F="-b 8 -e 64M -f 32 -n 2 -w 1 -c 1 -d all"
     check "libnccl batch $b -g $NG $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $NT/build/${b}_perf $F -g $NG
     check "libnccl batch $b -t $NG $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $NT/build/${b}_perf $F -t $NG -g 1

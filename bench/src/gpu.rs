@@ -48,7 +48,86 @@ pub(crate) struct Placed {
     pub(crate) recv_ptr: u64,
     /// The receive range inside the allocation that holds it, and that allocation's image.
     pub(crate) recv_at: std::ops::Range<usize>,
-    pub(crate) image: Vec<u8>,
+    pub(crate) image: Image,
+}
+
+/// What the allocation holding a receive buffer held before the call, to compare the bytes
+/// around the receive range and to reset it: the bytes themselves, or (`--check-on gpu`)
+/// guard bytes with the exact fill's input at `input`, which the GPU writes, so gigabytes of
+/// input are never made on the host nor cross PCIe (issue 30).
+pub(crate) enum Image {
+    Host(Vec<u8>),
+    Gpu { len: usize, input: Option<InputAt> },
+}
+
+/// Where a GPU-written input lies in an allocation: `rank`'s send elements of `args` from
+/// byte `at`.
+#[derive(Clone, Copy)]
+pub(crate) struct InputAt {
+    at: usize,
+    args: CollArgs,
+    rank: usize,
+}
+
+impl InputAt {
+    /// Writes the input (the exact fill) on the GPU.
+    fn write(&self, gpu: &GpuCtx, buf: &DevBuf) -> Result<(), String> {
+        // SAFETY: `place` made `buf` with room for the send elements from `at`.
+        unsafe {
+            railcc_collectives::gpu_check::fill_on_gpu(
+                gpu,
+                &self.args,
+                self.rank,
+                buf.ptr + self.at as u64,
+                SEED,
+                0..self.args.send_elems(),
+            )
+        }
+        .map_err(err)
+    }
+}
+
+impl Image {
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Image::Host(v) => v.len(),
+            Image::Gpu { len, .. } => *len,
+        }
+    }
+
+    /// The image's bytes in `range`.
+    fn bytes(&self, range: std::ops::Range<usize>) -> Vec<u8> {
+        let input = match self {
+            Image::Host(v) => return v[range].to_vec(),
+            Image::Gpu { input, .. } => input,
+        };
+        let mut out = vec![GUARD_BYTE; range.len()];
+        if let Some(i) = input {
+            let es = i.args.dtype.size();
+            let end = i.at + i.args.send_elems() * es;
+            let (lo, hi) = (range.start.max(i.at), range.end.min(end));
+            if lo < hi {
+                let elems = (lo - i.at) / es..(hi - i.at).div_ceil(es);
+                let part =
+                    railcc_collectives::reference::fill_part(&i.args, i.rank, SEED, elems.clone());
+                let skip = lo - (i.at + elems.start * es);
+                out[lo - range.start..hi - range.start]
+                    .copy_from_slice(&part[skip..skip + (hi - lo)]);
+            }
+        }
+        out
+    }
+
+    /// Puts the image back into `buf`, the allocation it describes.
+    pub(crate) fn restore(&self, gpu: &GpuCtx, buf: &DevBuf) -> Result<(), String> {
+        match self {
+            Image::Host(v) => gpu.upload(buf, 0, v).map_err(err),
+            Image::Gpu { len, input } => {
+                gpu.memset(buf, 0, *len, GUARD_BYTE).map_err(err)?;
+                input.map_or(Ok(()), |i| i.write(gpu, buf))
+            }
+        }
+    }
 }
 
 pub(crate) fn place(
@@ -59,6 +138,9 @@ pub(crate) fn place(
     a: &BenchArgs,
 ) -> Result<Placed, String> {
     let (offset, es) = (a.offset, args.dtype.size());
+    if CheckHow::of(a).on_gpu {
+        return place_on_gpu(gpu, args, rank, in_place, offset);
+    }
     let input = fill_input(a.fill, args, rank, SEED);
     let framed = |body: &[u8]| {
         let mut v = vec![GUARD_BYTE; offset];
@@ -79,7 +161,7 @@ pub(crate) fn place(
             recv_at: offset + recv.start..offset + recv.end,
             send: b,
             recv: None,
-            image,
+            image: Image::Host(image),
         })
     } else {
         let send_image = framed(&input);
@@ -94,9 +176,66 @@ pub(crate) fn place(
             recv_at: offset..offset + args.recv_elems() * es,
             send: s,
             recv: Some(r),
-            image,
+            image: Image::Host(image),
         })
     }
+}
+
+/// [`place`] for `--check-on gpu`: the same layout, the guard bytes set and the exact fill's
+/// input written on the GPU.
+fn place_on_gpu(
+    gpu: &GpuCtx,
+    args: &CollArgs,
+    rank: usize,
+    in_place: bool,
+    offset: usize,
+) -> Result<Placed, String> {
+    let es = args.dtype.size();
+    if in_place {
+        let (send, recv, total) = args.in_place_ranges(rank);
+        let len = offset + total + GUARD;
+        let b = gpu.alloc(len).map_err(err)?;
+        let image = Image::Gpu {
+            len,
+            input: Some(InputAt {
+                at: offset + send.start,
+                args: *args,
+                rank,
+            }),
+        };
+        image.restore(gpu, &b)?;
+        return Ok(Placed {
+            send_ptr: b.ptr + (offset + send.start) as u64,
+            recv_ptr: b.ptr + (offset + recv.start) as u64,
+            recv_at: offset + recv.start..offset + recv.end,
+            send: b,
+            recv: None,
+            image,
+        });
+    }
+    let send_len = offset + args.send_elems() * es + GUARD;
+    let len = offset + args.recv_elems() * es + GUARD;
+    let s = gpu.alloc(send_len).map_err(err)?;
+    let r = gpu.alloc(len).map_err(err)?;
+    let send_image = Image::Gpu {
+        len: send_len,
+        input: Some(InputAt {
+            at: offset,
+            args: *args,
+            rank,
+        }),
+    };
+    send_image.restore(gpu, &s)?;
+    let image = Image::Gpu { len, input: None };
+    image.restore(gpu, &r)?;
+    Ok(Placed {
+        send_ptr: s.ptr + offset as u64,
+        recv_ptr: r.ptr + offset as u64,
+        recv_at: offset..offset + args.recv_elems() * es,
+        send: s,
+        recv: Some(r),
+        image,
+    })
 }
 
 /// How results are checked: the fill they came from, and whether on the GPU that holds
@@ -141,10 +280,11 @@ pub(crate) fn check(
             )
         }
         .map_err(err)?;
-        let (mut head, mut tail) = (vec![0u8; at], vec![0u8; p.image.len() - end]);
+        let len = p.image.len();
+        let (mut head, mut tail) = (vec![0u8; at], vec![0u8; len - end]);
         gpu.download(buf, 0, &mut head).map_err(err)?;
         gpu.download(buf, end, &mut tail).map_err(err)?;
-        let oob = differ(&head, &p.image[..at]) + differ(&tail, &p.image[end..]);
+        let oob = differ(&head, &p.image.bytes(0..at)) + differ(&tail, &p.image.bytes(end..len));
         return Ok((wrong, oob));
     }
     let mut host = vec![0u8; p.image.len()];
@@ -152,7 +292,9 @@ pub(crate) fn check(
     let wrong = count_wrong(how.fill, args, rank, &host[p.recv_at.clone()], SEED);
     // Bytes outside the receive range that changed (guards, and an in-place call's other
     // parts), compared slice by slice rather than byte by byte over the whole allocation.
-    let oob = differ(&host[..at], &p.image[..at]) + differ(&host[end..], &p.image[end..]);
+    let len = p.image.len();
+    let oob =
+        differ(&host[..at], &p.image.bytes(0..at)) + differ(&host[end..], &p.image.bytes(end..len));
     Ok((wrong, oob))
 }
 
@@ -271,8 +413,7 @@ pub(crate) fn check_graph(
     if !repeat_stable(args, in_place) {
         (c.together)()?;
         for (gpu, p, _) in mine {
-            gpu.upload(p.recv.as_ref().unwrap_or(&p.send), 0, &p.image)
-                .map_err(err)?;
+            p.image.restore(gpu, p.recv.as_ref().unwrap_or(&p.send))?;
         }
         (c.together)()?;
         let graphs = capture(c.launch, 1, c.streams)?;

@@ -97,8 +97,7 @@ impl Runner for NetAsync<'_> {
             // A call made after the timed ones, on the same buffers, reset to the first
             // image, is checked too: reuse of stages and flag slots must not show in it.
             self.comm.barrier().map_err(err)?;
-            gpu.upload(p.recv.as_ref().unwrap_or(&p.send), 0, &p.image)
-                .map_err(err)?;
+            p.image.restore(gpu, p.recv.as_ref().unwrap_or(&p.send))?;
             self.comm.barrier().map_err(err)?;
             launch()?;
             gpu.synchronize().map_err(err)?;

@@ -45,6 +45,33 @@ pub unsafe fn count_wrong_on_gpu(
     unsafe { count_wrong(gpu, a.dtype, out, a.recv_elems() as u64, &args) }
 }
 
+/// Writes elements `elems` of `rank`'s exact-fill input for call `a` (as
+/// [`reference::fill_input`] makes them) at `out` on `gpu`, and waits for it.
+///
+/// # Safety
+/// `out` is device memory of `gpu` with room for `elems.len()` elements of `a.dtype`.
+pub unsafe fn fill_on_gpu(
+    gpu: &GpuCtx,
+    a: &CollArgs,
+    rank: usize,
+    out: u64,
+    seed: u64,
+    elems: std::ops::Range<usize>,
+) -> Result<()> {
+    let args = check_args(a, rank, seed)?;
+    // SAFETY: the caller's contract.
+    unsafe {
+        railcc_cuda::check::fill(
+            gpu,
+            a.dtype,
+            out,
+            elems.len() as u64,
+            elems.start as u64,
+            &args,
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,7 +81,8 @@ mod tests {
 
     /// On a GPU: for every collective, dtype and op (4 ranks, and 12 for fp8's sparse
     /// pattern), a correct result with 5 planted errors: the GPU counts what the host counts,
-    /// the planted ones. Without a driver: a skip line.
+    /// the planted ones; and the GPU's fill of the inputs is the host's, byte for byte.
+    /// Without a driver: a skip line.
     #[test]
     fn the_gpu_counts_what_the_host_counts() {
         let gpus = match railcc_cuda::driver::devices() {
@@ -115,6 +143,24 @@ mod tests {
                         let got = unsafe { count_wrong_on_gpu(&gpu, &a, rank, buf.ptr, seed) }
                             .expect("GPU check");
                         cases += 1;
+                        // The fill kernel writes what the host's fill makes (a part from
+                        // element 7, as the bench writes an in-place call's send range).
+                        let elems = 7..a.send_elems();
+                        let host_in = reference::fill_part(&a, rank, seed, elems.clone());
+                        let full = reference::fill_input(&a, rank, seed);
+                        assert_eq!(host_in, full[7 * es..], "fill_part {dt}");
+                        let fbuf = gpu.alloc(host_in.len()).expect("alloc");
+                        // SAFETY: `fbuf` holds the part's elements.
+                        unsafe { fill_on_gpu(&gpu, &a, rank, fbuf.ptr, seed, elems) }
+                            .expect("GPU fill");
+                        let mut back = vec![0u8; host_in.len()];
+                        gpu.download(&fbuf, 0, &mut back).expect("download");
+                        if back != host_in {
+                            disagree.push(format!(
+                                "{} {dt} {op:?} {nranks} ranks: the GPU's fill differs from the host's",
+                                coll.name()
+                            ));
+                        }
                         if got != want || want != 5 {
                             disagree.push(format!(
                                 "{} {dt} {op:?} {nranks} ranks: GPU {got}, host {want}, planted 5",

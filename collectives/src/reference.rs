@@ -152,6 +152,18 @@ pub fn fill_input(a: &CollArgs, rank: usize, seed: u64) -> Vec<u8> {
     out
 }
 
+/// Elements `elems` of what [`fill_input`] makes for `rank` (the bytes a check needs beside a
+/// receive buffer whose input the GPU wrote).
+pub fn fill_part(a: &CollArgs, rank: usize, seed: u64, elems: std::ops::Range<usize>) -> Vec<u8> {
+    let dt = a.dtype;
+    let mut out = vec![0u8; elems.len() * dt.size()];
+    let pat = Pattern::new(a, seed);
+    fill_in_parallel(&mut out, dt.size(), &|i, slot| {
+        encode_one(dt, pat.at(rank, elems.start + i), slot)
+    });
+    out
+}
+
 /// Reduces `xs` (one value per rank, in rank order) exactly, then rounds into `dt` the way the
 /// kernels store it, including avg's single final division.
 fn reduce_exact(

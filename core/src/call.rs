@@ -192,3 +192,57 @@ pub struct P2pOp {
     pub bytes: usize,
     pub stream: usize,
 }
+
+/// The round of each of one rank's sends and receives in a group (`ops` in group order:
+/// (send, buffer address, bytes)): a send that reads bytes a receive before it in its round
+/// writes starts a new round. Batched sends and receives of one round run at once, so a
+/// group that forwards what it received (nccl-tests' hypercube all-gather: each step sends
+/// the blocks the step before received) needs its rounds one after another.
+pub fn p2p_rounds(ops: impl IntoIterator<Item = (bool, u64, usize)>) -> Vec<usize> {
+    let mut round = 0;
+    let mut written: Vec<(u64, u64)> = Vec::new();
+    ops.into_iter()
+        .map(|(send, ptr, bytes)| {
+            let range = (ptr, ptr.saturating_add(bytes as u64));
+            if send {
+                if written.iter().any(|w| w.0 < range.1 && range.0 < w.1) {
+                    round += 1;
+                    written.clear();
+                }
+            } else if bytes > 0 {
+                written.push(range);
+            }
+            round
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod round_tests {
+    use super::p2p_rounds;
+
+    #[test]
+    fn a_send_of_received_bytes_starts_a_round() {
+        // Hypercube step 1 then step 2: the second send covers the first receive.
+        let ops = [
+            (true, 1000, 100),
+            (false, 1100, 100),
+            (true, 1000, 200),
+            (false, 1200, 200),
+        ];
+        assert_eq!(p2p_rounds(ops), vec![0, 0, 1, 1]);
+        // All-to-all: disjoint buffers, one round.
+        let a2a = [(true, 0, 8), (false, 100, 8), (true, 8, 8), (false, 108, 8)];
+        assert_eq!(p2p_rounds(a2a), vec![0; 4]);
+        // Touching but not overlapping, and an empty receive, stay in the round.
+        assert_eq!(
+            p2p_rounds([(false, 0, 8), (false, 50, 0), (true, 8, 42)]),
+            vec![0, 0, 0]
+        );
+        // A receive after the send it overlaps (write after read) does not split.
+        assert_eq!(p2p_rounds([(true, 0, 8), (false, 0, 8)]), vec![0, 0]);
+        // Rounds count on: a third dependent send makes round 2.
+        let chain = [(false, 0, 8), (true, 0, 8), (false, 8, 8), (true, 8, 8)];
+        assert_eq!(p2p_rounds(chain), vec![0, 1, 1, 2]);
+    }
+}

@@ -55,6 +55,25 @@ pub fn kernel_name(dt: DataType) -> String {
     format!("check_{}", dt.name())
 }
 
+/// The fill kernel of `dt`: writes the exact fill's input where the bench's buffers are, so
+/// gigabytes of input are never made on the host and uploaded.
+pub fn fill_kernel_name(dt: DataType) -> String {
+    format!("fill_{}", dt.name())
+}
+
+/// `dt`'s store of a fill value `v` (a small integer, exact in every dtype).
+fn store(dt: DataType) -> String {
+    let (t, _, _, st) = crate::kernels::ctype(dt);
+    match dt {
+        DataType::F64 => "(v)".into(),
+        DataType::F32 => "(float)(v)".into(),
+        DataType::F16 | DataType::Bf16 | DataType::F8E4M3 | DataType::F8E5M2 => {
+            format!("{st}((float)(v))")
+        }
+        _ => format!("({t})(long long)(v)"),
+    }
+}
+
 /// The shared part: the arguments and the fill pattern (as `reference::Pattern::at`).
 const COMMON: &str = r#"
 struct CheckArgs { int coll; int op; int nranks; int rank; int root; int prod; int sign; int ones; int fp8; int g; unsigned long long count; unsigned long long seed; };
@@ -134,7 +153,15 @@ extern "C" __global__ void __launch_bounds__(512) {name}(const {t}* out, unsigne
   }}
   if (bad) atomicAdd(wrong, bad);
 }}
-"#
+extern "C" __global__ void __launch_bounds__(512) {fill}({t}* out, unsigned long long n, CheckArgs a, unsigned long long first) {{
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n; i += (unsigned long long)gridDim.x * blockDim.x) {{
+    double v = fill_at(a, (unsigned long long)a.rank, first + i);
+    out[i] = {store};
+  }}
+}}
+"#,
+            fill = fill_kernel_name(dt),
+            store = store(dt),
         ));
     }
     s
@@ -185,6 +212,46 @@ pub unsafe fn count_wrong(
     Ok(u64::from_le_bytes(got))
 }
 
+/// Writes elements `first..first + n` of `args.rank`'s exact-fill input (as
+/// `reference::fill_input` makes them) at `out`, on the GPU's own stream, and waits for it.
+///
+/// # Safety
+/// `out` is device memory of `gpu` with room for `n` elements of `dt`.
+pub unsafe fn fill(
+    gpu: &GpuCtx,
+    dt: DataType,
+    out: u64,
+    n: u64,
+    first: u64,
+    args: &CheckArgs,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let f = gpu.fill_func(dt)?;
+    let (mut o, mut n_, mut a, mut f0) = (out, n, *args, first);
+    let mut params: [*mut c_void; 4] = [
+        &mut o as *mut u64 as *mut c_void,
+        &mut n_ as *mut u64 as *mut c_void,
+        &mut a as *mut CheckArgs as *mut c_void,
+        &mut f0 as *mut u64 as *mut c_void,
+    ];
+    let blocks = n.div_ceil(512 * 16).clamp(1, gpu.sms.max(1) as u64 * 4) as u32;
+    gpu.bind()?;
+    // SAFETY: the parameters match the fill kernel's signature; the caller vouches for `out`.
+    unsafe {
+        enqueue(
+            f,
+            blocks,
+            512,
+            gpu.stream,
+            &mut params,
+            "cuLaunchKernel(fill)",
+        )
+    }?;
+    gpu.synchronize()
+}
+
 /// The kernels' op code of `op`.
 pub fn op_code(op: railcc_core::ReduceOp) -> i32 {
     use railcc_core::ReduceOp::*;
@@ -228,6 +295,10 @@ mod tests {
         let s = source();
         for dt in DataType::ALL {
             assert!(s.contains(&format!("void __launch_bounds__(512) {}(", kernel_name(dt))));
+            assert!(s.contains(&format!(
+                "void __launch_bounds__(512) {}(",
+                fill_kernel_name(dt)
+            )));
         }
     }
 }

@@ -65,7 +65,8 @@ pub struct GpuCtx {
     /// The p2p kernels, in kernels::P2P_KERNELS' order.
     p2p_funcs: Vec<sys::CUfunction>,
     /// The bench's result check per dtype (check.rs).
-    check_funcs: HashMap<DataType, sys::CUfunction>,
+    /// Per dtype: the bench's check kernel and its fill kernel (`check.rs`).
+    check_funcs: HashMap<DataType, (sys::CUfunction, sys::CUfunction)>,
     pub sms: i32,
     /// The word this context's kernels poll while they wait for peers (kernels.rs:
     /// `SYNC_ABORT`): set, they stop waiting and end.
@@ -186,8 +187,13 @@ impl GpuCtx {
                     .insert((dt, op), get(crate::ll::kernel_name(dt, op))?);
             }
             self.scale_funcs.insert(dt, get(scale_name(dt))?);
-            self.check_funcs
-                .insert(dt, get(crate::check::kernel_name(dt))?);
+            self.check_funcs.insert(
+                dt,
+                (
+                    get(crate::check::kernel_name(dt))?,
+                    get(crate::check::fill_kernel_name(dt))?,
+                ),
+            );
         }
         self.p2p_funcs = crate::kernels::P2P_KERNELS
             .iter()
@@ -232,8 +238,15 @@ impl GpuCtx {
     pub fn check_func(&self, dt: DataType) -> Result<sys::CUfunction> {
         self.check_funcs
             .get(&dt)
-            .copied()
+            .map(|f| f.0)
             .ok_or_else(|| Error::new(ErrorKind::Unsupported, "no check kernel for dtype"))
+    }
+
+    pub fn fill_func(&self, dt: DataType) -> Result<sys::CUfunction> {
+        self.check_funcs
+            .get(&dt)
+            .map(|f| f.1)
+            .ok_or_else(|| Error::new(ErrorKind::Unsupported, "no fill kernel for dtype"))
     }
 
     pub fn scale_func(&self, dt: DataType) -> Result<sys::CUfunction> {
@@ -306,6 +319,20 @@ impl GpuCtx {
         // wait for the legacy stream: wait here so later kernels see the data.
         // SAFETY: the bound context is live.
         check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")
+    }
+
+    /// Sets `len` bytes of `dst` from `offset` to `byte` and waits for it.
+    pub fn memset(&self, dst: &DevBuf, offset: usize, len: usize, byte: u8) -> Result<()> {
+        if offset + len > dst.bytes {
+            return Err(Error::invalid("memset larger than the device buffer"));
+        }
+        self.bind()?;
+        // SAFETY: the range lies in `dst` (checked).
+        check(
+            unsafe { sys::cuMemsetD8Async(dst.ptr + offset as u64, byte, len, self.stream) },
+            "cuMemsetD8Async",
+        )?;
+        self.synchronize()
     }
 
     /// Copies `src + offset` into `out` after the stream has finished its work.

@@ -291,9 +291,16 @@ pub unsafe fn recv_many(
             m.peer
         )));
     }
+    // Each rank starts with the peer after it: the blocks work through the list in step, so
+    // in group order (nccl-tests' all-to-all: rank 0 first) every GPU would read the same
+    // peer at once and share its links. The sort is stable: a peer's messages keep their
+    // order, which the counts pair.
+    let ranks = theirs.len().max(1);
+    let mut order: Vec<RecvMsg> = msgs.to_vec();
+    order.sort_by_key(|m| (m.peer + ranks - 1 - me % ranks) % ranks);
     gpu.bind()?;
     let mut most = 0;
-    for batch in msgs.chunks(MAX_MSGS) {
+    for batch in order.chunks(MAX_MSGS) {
         let mut list = Msgs {
             src: [0; MAX_MSGS],
             dst: [0; MAX_MSGS],

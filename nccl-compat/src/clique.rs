@@ -215,10 +215,11 @@ impl Clique {
     }
 
     /// The sends and receives `ops` (rank, message number of its direction, op) of one
-    /// thread's group, as batch kernels (`railcc_cuda::p2p_many`): every send marked ready
-    /// per rank and stream first (posted here for its receiver), then every receive per rank
-    /// and stream pulled from its sender's buffer once that sender posted it (another
-    /// thread's group may post it: waited for to the deadline), then every send waited for.
+    /// thread's group, as batch kernels (`railcc_cuda::p2p_many`): every send posted here for
+    /// its receiver; then, round by round (`p2p_rounds`), the round's sends marked ready per
+    /// rank and stream and its receives pulled from their senders' buffers once posted
+    /// (another thread's group may post them: waited for to the deadline); then every send
+    /// waited for.
     /// A rank's receives must share one stream (`batches_p2p` callers check). A size that
     /// differs between the two sides breaks the communicator: the sender's mark is counted.
     pub fn batch_p2p(&self, ops: &[(usize, u64, P2pOp)]) -> Result<()> {
@@ -228,8 +229,39 @@ impl Clique {
             .ok_or_else(|| Error::new(ErrorKind::Unsupported, "send/recv batch without GPUs"))?;
         // Any failure leaves the two sides' counts apart (numbers taken, sends posted or
         // marked): the communicator breaks rather than pair later messages wrongly.
+        // Per rank, a send of bytes an earlier receive of the group writes starts a round
+        // (`p2p_rounds`); rounds run one after another on each rank's stream.
+        let mut round = vec![0usize; ops.len()];
+        let mut ranks: Vec<usize> = ops.iter().map(|o| o.0).collect();
+        ranks.sort_unstable();
+        ranks.dedup();
+        for r in ranks {
+            let mine: Vec<usize> = (0..ops.len()).filter(|&i| ops[i].0 == r).collect();
+            let of_rank = railcc_core::call::p2p_rounds(
+                mine.iter()
+                    .map(|&i| (ops[i].2.send, ops[i].2.ptr, ops[i].2.bytes)),
+            );
+            for (&i, k) in mine.iter().zip(of_rank) {
+                round[i] = k;
+            }
+        }
+        let rounds = round.iter().max().map_or(0, |&k| k + 1);
+        type PerPeer = [u32; railcc_cuda::kernels::MAX_PEERS];
+        let count_in = |v: &mut Vec<(usize, usize, PerPeer)>, r: usize, op: &P2pOp| match v
+            .iter_mut()
+            .find(|x| x.0 == r && x.1 == op.stream)
+        {
+            Some(x) => x.2[op.peer] += 1,
+            None => {
+                let mut c = [0; railcc_cuda::kernels::MAX_PEERS];
+                c[op.peer] = 1;
+                v.push((r, op.stream, c));
+            }
+        };
         let run = || -> Result<()> {
-            let mut sends: Vec<(usize, usize, [u32; railcc_cuda::kernels::MAX_PEERS])> = Vec::new();
+            // Every send posted first, whatever its round: a receive of this or another
+            // thread's group only needs the sender's buffer on the host side.
+            let mut sends: Vec<(usize, usize, PerPeer)> = Vec::new();
             {
                 let mut posted = self.posted.lock();
                 for (r, seq, op) in ops.iter().filter(|o| o.2.send) {
@@ -240,66 +272,40 @@ impl Clique {
                         )));
                     }
                     posted.insert((*r, op.peer, *seq), *op);
-                    match sends.iter_mut().find(|x| x.0 == *r && x.1 == op.stream) {
-                        Some(x) => x.2[op.peer] += 1,
-                        None => {
-                            let mut c = [0; railcc_cuda::kernels::MAX_PEERS];
-                            c[op.peer] = 1;
-                            sends.push((*r, op.stream, c));
-                        }
-                    }
+                    count_in(&mut sends, *r, op);
                 }
                 self.posted_cv.notify_all();
             }
-            for (r, st, c) in &sends {
-                // SAFETY: NCCL's contract: the rank's stream, its send buffers written before it.
-                unsafe { m.ready_many(*r, *st, c) }?;
-            }
             let deadline = Instant::now() + self.timeout;
-            let mut recvs: Vec<(usize, usize, Vec<railcc_cuda::p2p_many::RecvMsg>)> = Vec::new();
-            for (r, seq, op) in ops.iter().filter(|o| !o.2.send) {
-                let from = op.peer;
-                let sent = {
-                    let mut posted = self.posted.lock();
-                    loop {
-                        if let Some(s) = posted.remove(&(from, *r, *seq)) {
-                            break s;
-                        }
-                        if self.posted_cv.wait_until(&mut posted, deadline).timed_out() {
-                            return Err(Error::new(
-                            ErrorKind::Timeout,
-                            format!(
-                                "message {seq} from rank {from} to rank {r}: the send was not posted within {:?}",
-                                self.timeout
-                            ),
-                        ));
-                        }
+            for k in 0..rounds {
+                let mut ready: Vec<(usize, usize, PerPeer)> = Vec::new();
+                for (i, (r, _, op)) in ops.iter().enumerate() {
+                    if op.send && round[i] == k {
+                        count_in(&mut ready, *r, op);
                     }
-                };
-                if sent.bytes != op.bytes {
-                    return Err(Error::new(
-                        ErrorKind::Mismatch,
-                        format!(
-                        "send from rank {from} has {} bytes, the receive on rank {r} expects {}",
-                        sent.bytes, op.bytes
-                    ),
-                    ));
                 }
-                let msg = railcc_cuda::p2p_many::RecvMsg {
-                    src: sent.ptr,
-                    dst: op.ptr,
-                    bytes: op.bytes as u64,
-                    peer: from,
-                };
-                match recvs.iter_mut().find(|x| x.0 == *r && x.1 == op.stream) {
-                    Some(x) => x.2.push(msg),
-                    None => recvs.push((*r, op.stream, vec![msg])),
+                for (r, st, c) in &ready {
+                    // SAFETY: NCCL's contract: the rank's stream, its send buffers written
+                    // before it (or by this group's earlier rounds).
+                    unsafe { m.ready_many(*r, *st, c) }?;
                 }
-            }
-            for (r, st, msgs) in &recvs {
-                // SAFETY: NCCL's contract: both sides' buffers are device memory of their GPUs,
-                // live until the streams pass the messages; peer access is enabled.
-                unsafe { m.recv_many(*r, *st, msgs) }?;
+                let mut recvs: Vec<(usize, usize, Vec<railcc_cuda::p2p_many::RecvMsg>)> =
+                    Vec::new();
+                for (i, (r, seq, op)) in ops.iter().enumerate() {
+                    if op.send || round[i] != k {
+                        continue;
+                    }
+                    let msg = self.posted_send(*r, *seq, op, deadline)?;
+                    match recvs.iter_mut().find(|x| x.0 == *r && x.1 == op.stream) {
+                        Some(x) => x.2.push(msg),
+                        None => recvs.push((*r, op.stream, vec![msg])),
+                    }
+                }
+                for (r, st, msgs) in &recvs {
+                    // SAFETY: NCCL's contract: both sides' buffers are device memory of their
+                    // GPUs, live until the streams pass the messages; peer access is enabled.
+                    unsafe { m.recv_many(*r, *st, msgs) }?;
+                }
             }
             for (r, st, c) in &sends {
                 // SAFETY: the rank's stream.
@@ -308,6 +314,50 @@ impl Clique {
             Ok(())
         };
         run().inspect_err(|_| m.abort())
+    }
+
+    /// The receive `op` of rank `r` (message `seq` from its peer) as a batch message: the
+    /// sender's posted buffer, waited for to `deadline` (another thread's group may post it).
+    fn posted_send(
+        &self,
+        r: usize,
+        seq: u64,
+        op: &P2pOp,
+        deadline: Instant,
+    ) -> Result<railcc_cuda::p2p_many::RecvMsg> {
+        let from = op.peer;
+        let sent = {
+            let mut posted = self.posted.lock();
+            loop {
+                if let Some(s) = posted.remove(&(from, r, seq)) {
+                    break s;
+                }
+                if self.posted_cv.wait_until(&mut posted, deadline).timed_out() {
+                    return Err(Error::new(
+                        ErrorKind::Timeout,
+                        format!(
+                            "message {seq} from rank {from} to rank {r}: the send was not posted within {:?}",
+                            self.timeout
+                        ),
+                    ));
+                }
+            }
+        };
+        if sent.bytes != op.bytes {
+            return Err(Error::new(
+                ErrorKind::Mismatch,
+                format!(
+                    "send from rank {from} has {} bytes, the receive on rank {r} expects {}",
+                    sent.bytes, op.bytes
+                ),
+            ));
+        }
+        Ok(railcc_cuda::p2p_many::RecvMsg {
+            src: sent.ptr,
+            dst: op.ptr,
+            bytes: op.bytes as u64,
+            peer: from,
+        })
     }
 
     /// Waits for a submitted call's launch and returns its result (each participant collects it
