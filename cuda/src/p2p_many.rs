@@ -18,8 +18,10 @@ use std::ffi::c_void;
 /// Messages one `p2p_recv_many` launch takes (more go in further launches).
 pub const MAX_MSGS: usize = 16;
 /// Bytes of a message one thread block copies at a time (a message's chunks spread over the
-/// blocks, every message's at once).
-pub const CHUNK_BYTES: u64 = 64 * 1024;
+/// blocks, every message's at once): a power of two in this range, about a quarter of a
+/// launch's bytes per block ([`chunk_for`]), so the last wave of chunks keeps most blocks busy.
+pub const MIN_CHUNK_BYTES: u64 = 16 * 1024;
+pub const MAX_CHUNK_BYTES: u64 = 256 * 1024;
 /// Threads per block of `p2p_recv_many`.
 pub const THREADS: u32 = 512;
 
@@ -33,7 +35,6 @@ const RECV_DONE: usize = 7;
 /// their `p2p_words`, `p2p_wait`, and the sync helpers).
 pub const SOURCE: &str = r#"
 #define P2P_MAX_MSGS 16
-#define P2P_CHUNK 65536ull
 struct P2pMsgs { unsigned long long src[P2P_MAX_MSGS]; unsigned long long dst[P2P_MAX_MSGS]; unsigned long long bytes[P2P_MAX_MSGS]; int peer[P2P_MAX_MSGS]; };
 struct P2pCounts { unsigned int n[8]; };
 // Sender: this batch's n[p] messages to each peer p are ready (their data is written: the
@@ -54,12 +55,12 @@ extern "C" __global__ void p2p_wait_copied_many(unsigned long long mine, P2pCoun
   if (p < 8 && c.n[p] != 0) p2p_wait(mine, 8 + p, p2p_words(mine)[16 + p] - lag, timeout_ns);
 }
 // Receiver: message k comes from peer[k]'s memory src[k] (mapped here) into dst[k]. The
-// messages are cut in chunks of P2P_CHUNK spread over the blocks; a block waits for its
+// messages are cut in chunks of `chunk` bytes spread over the blocks; a block waits for its
 // chunk's message to be ready (the k-th message from a peer in the batch is that peer's
 // RECVD + k), copies it with 16-byte loads, four in flight a thread. p2p_recv_done, next on
 // the stream, counts them received and tells each sender (COPIED): no count shared between
 // blocks, so no two launches can mix theirs.
-extern "C" __global__ void __launch_bounds__(512) p2p_recv_many(P2pMsgs m, int n_msgs, unsigned long long mine, Ptrs theirs, int me, unsigned long long timeout_ns) {
+extern "C" __global__ void __launch_bounds__(512) p2p_recv_many(P2pMsgs m, int n_msgs, unsigned long long mine, Ptrs theirs, int me, unsigned long long timeout_ns, unsigned long long chunk) {
   volatile unsigned long long* w = p2p_words(mine);
   __shared__ unsigned long long want[P2P_MAX_MSGS];
   __shared__ unsigned long long start[P2P_MAX_MSGS + 1];
@@ -72,7 +73,7 @@ extern "C" __global__ void __launch_bounds__(512) p2p_recv_many(P2pMsgs m, int n
       seen[p]++;
       want[k] = w[24 + p] + seen[p];
       start[k] = u;
-      u += (m.bytes[k] + P2P_CHUNK - 1) / P2P_CHUNK;
+      u += (m.bytes[k] + chunk - 1) / chunk;
     }
     start[n_msgs] = u;
     stop = 0;
@@ -93,9 +94,9 @@ extern "C" __global__ void __launch_bounds__(512) p2p_recv_many(P2pMsgs m, int n
     }
     __syncthreads();
     if (stop) break;
-    const unsigned long long off = (u - start[k]) * P2P_CHUNK;
+    const unsigned long long off = (u - start[k]) * chunk;
     unsigned long long len = m.bytes[k] - off;
-    if (len > P2P_CHUNK) len = P2P_CHUNK;
+    if (len > chunk) len = chunk;
     const unsigned char* s = (const unsigned char*)m.src[k] + off;
     unsigned char* d = (unsigned char*)m.dst[k] + off;
     unsigned long long head = len;
@@ -261,9 +262,20 @@ struct Msgs {
     peer: [i32; MAX_MSGS],
 }
 
-/// Thread blocks a batch of `msgs` takes: one per chunk, at least 1, at most `max_blocks`.
-pub fn blocks_for(msgs: &[RecvMsg], max_blocks: u32) -> u32 {
-    let units: u64 = msgs.iter().map(|m| m.bytes.div_ceil(CHUNK_BYTES)).sum();
+/// The chunk size of a launch of `msgs` on up to `max_blocks` blocks: about four chunks a
+/// block, a power of two from MIN_CHUNK_BYTES to MAX_CHUNK_BYTES. (At 64 KiB always, 16 MB
+/// all-to-all on 4 GPUs was 192 chunks on 132 blocks: a second wave with half the blocks idle.)
+pub fn chunk_for(msgs: &[RecvMsg], max_blocks: u32) -> u64 {
+    let total: u64 = msgs.iter().map(|m| m.bytes).sum();
+    (total / (u64::from(max_blocks.max(1)) * 4))
+        .next_power_of_two()
+        .clamp(MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
+}
+
+/// Thread blocks a batch of `msgs` cut in `chunk`-byte pieces takes: one per chunk, at least
+/// 1, at most `max_blocks`.
+pub fn blocks_for(msgs: &[RecvMsg], max_blocks: u32, chunk: u64) -> u32 {
+    let units: u64 = msgs.iter().map(|m| m.bytes.div_ceil(chunk.max(1))).sum();
     units.clamp(1, u64::from(max_blocks.max(1))) as u32
 }
 
@@ -313,7 +325,8 @@ pub unsafe fn recv_many(
             list.bytes[i] = m.bytes;
             list.peer[i] = m.peer as i32;
         }
-        let blocks = blocks_for(batch, max_blocks);
+        let mut chunk = chunk_for(batch, max_blocks);
+        let blocks = blocks_for(batch, max_blocks, chunk);
         most = most.max(blocks);
         let (mut n, mut a, mut t, mut me_i, mut to) = (
             batch.len() as i32,
@@ -322,13 +335,14 @@ pub unsafe fn recv_many(
             me as i32,
             timeout_ns,
         );
-        let mut params: [*mut c_void; 6] = [
+        let mut params: [*mut c_void; 7] = [
             &mut list as *mut Msgs as *mut c_void,
             &mut n as *mut i32 as *mut c_void,
             &mut a as *mut u64 as *mut c_void,
             &mut t as *mut Ptrs as *mut c_void,
             &mut me_i as *mut i32 as *mut c_void,
             &mut to as *mut u64 as *mut c_void,
+            &mut chunk as *mut u64 as *mut c_void,
         ];
         // SAFETY: the parameters match p2p_recv_many's signature; the caller vouches for the
         // buffers, areas and stream.
@@ -365,11 +379,21 @@ mod tests {
             bytes,
             peer: 1,
         };
-        assert_eq!(blocks_for(&[], 32), 1);
-        assert_eq!(blocks_for(&[m(0)], 32), 1);
-        assert_eq!(blocks_for(&[m(1), m(CHUNK_BYTES + 1)], 32), 3);
-        assert_eq!(blocks_for(&[m(1 << 30)], 32), 32);
-        assert_eq!(blocks_for(&[m(1 << 30)], 0), 1);
+        let c = MIN_CHUNK_BYTES;
+        assert_eq!(blocks_for(&[], 32, c), 1);
+        assert_eq!(blocks_for(&[m(0)], 32, c), 1);
+        assert_eq!(blocks_for(&[m(1), m(c + 1)], 32, c), 3);
+        assert_eq!(blocks_for(&[m(1 << 30)], 32, c), 32);
+        assert_eq!(blocks_for(&[m(1 << 30)], 0, c), 1);
+        // About four chunks a block, within the bounds.
+        assert_eq!(chunk_for(&[m(1 << 20)], 132), MIN_CHUNK_BYTES);
+        assert_eq!(chunk_for(&[m(4 << 20); 3], 132), 32 * 1024);
+        assert_eq!(chunk_for(&[m(64 << 20); 3], 132), MAX_CHUNK_BYTES);
+        assert_eq!(chunk_for(&[m(1 << 30)], 0), MAX_CHUNK_BYTES);
+        let twelve: u64 = 12 << 20;
+        let c = chunk_for(&[m(twelve)], 132);
+        let waves = twelve.div_ceil(c) as f64 / 132.0;
+        assert!(waves > 2.5, "{waves} waves of chunks");
     }
 
     /// On a GPU: two ranks on one GPU (the context's sync area and a second one, a stream
@@ -495,7 +519,8 @@ mod tests {
         assert_eq!(std::mem::size_of::<Msgs>(), 3 * 16 * 8 + 16 * 4);
         assert_eq!(std::mem::size_of::<Counts>(), 32);
         assert!(SOURCE.contains(&format!("#define P2P_MAX_MSGS {MAX_MSGS}")));
-        assert!(SOURCE.contains(&format!("#define P2P_CHUNK {CHUNK_BYTES}ull")));
+        // recv_many's seven parameters, the chunk size last.
+        assert!(SOURCE.contains("int me, unsigned long long timeout_ns, unsigned long long chunk)"));
         assert_eq!(
             crate::kernels::P2P_KERNELS[READY_MANY..=RECV_DONE],
             [

@@ -236,13 +236,28 @@ impl Clique {
         ranks.sort_unstable();
         ranks.dedup();
         for r in ranks {
-            let mine: Vec<usize> = (0..ops.len()).filter(|&i| ops[i].0 == r).collect();
+            // A receive from the rank itself takes the round of its send (the k-th of each):
+            // in its own earlier round it would wait for a send its stream has not reached
+            // (an in-place gather's root receives its own block before it sends it).
+            let self_recv = |i: usize| ops[i].0 == r && ops[i].2.peer == r && !ops[i].2.send;
+            let mine: Vec<usize> = (0..ops.len())
+                .filter(|&i| ops[i].0 == r && !self_recv(i))
+                .collect();
             let of_rank = railcc_core::call::p2p_rounds(
                 mine.iter()
                     .map(|&i| (ops[i].2.send, ops[i].2.ptr, ops[i].2.bytes)),
             );
             for (&i, k) in mine.iter().zip(of_rank) {
                 round[i] = k;
+            }
+            let self_sends: Vec<usize> = mine
+                .iter()
+                .copied()
+                .filter(|&i| ops[i].2.send && ops[i].2.peer == r)
+                .collect();
+            let recvs = (0..ops.len()).filter(|&i| self_recv(i));
+            for (i, s) in recvs.zip(self_sends.iter().map(Some).chain(std::iter::repeat(None))) {
+                round[i] = s.map_or(0, |&s| round[s]);
             }
         }
         let rounds = round.iter().max().map_or(0, |&k| k + 1);

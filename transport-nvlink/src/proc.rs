@@ -789,20 +789,6 @@ impl ProcGpu {
             ))
             .rank(me));
         }
-        // A send of bytes a receive before it writes waits for that receive: the group
-        // runs as rounds, one after another on the streams.
-        let rounds = railcc_core::call::p2p_rounds(ops.iter().map(|o| (o.send, o.ptr, o.bytes)));
-        if rounds.last().is_some_and(|&r| r > 0) {
-            let mut start = 0;
-            for end in 1..=ops.len() {
-                if end == ops.len() || rounds[end] != rounds[start] {
-                    // SAFETY: a part of the caller's ops, under the same contract.
-                    unsafe { self.p2p(&ops[start..end]) }?;
-                    start = end;
-                }
-            }
-            return Ok(());
-        }
         let deadline = Instant::now() + self.timeout;
         let broken = || self.async_error();
         let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
