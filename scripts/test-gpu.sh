@@ -7,7 +7,8 @@
 #         dma-buf export, f32 accumulation of f16/bf16 in one kernel): a SKIP line there is a
 #         failure;
 #  bench  railcc bench --device cuda, one process driving every GPU and one process per GPU:
-#         every collective, dtype and op (exact inputs, unaligned buffers), random inputs
+#         every collective, dtype and op (exact inputs checked on the GPU, and once on the
+#         host; buffers offset 8 and 3 bytes), random inputs
 #         (--fill random, error bound), CUDA graphs (-G: results checked after the last launch);
 #  nccl   nccl-tests against railcc's libnccl.so.2: -g N, -t N and mpirun -np N, -d all, -o all,
 #         and -G 10;
@@ -140,6 +141,12 @@ case " $PARTS " in *" bench "*)
       check "bench $c $way: -G 3, every dtype and op, 8 B-2 MB" \
         $R bench $c --device cuda $mode -b 8 -e 2M -f 32 -d all -o all -n 4 -w 1 -G 3 -r 1
     done
+    # The default checks on the GPU: the host's way once, and an offset off the element size
+    # (the host makes those inputs; int8's stay on the GPU).
+    check "bench all_reduce $way: --check-on host, every dtype and op, 8 B-2 MB" \
+      $R bench all_reduce --device cuda $mode -b 8 -e 2M -f 8 -d all -o all -n 1 -w 0 -r 1 --check-on host
+    check "bench reduce_scatter $way: --offset 3, every dtype, 8 B-2 MB" \
+      $R bench reduce_scatter --device cuda $mode -b 8 -e 2M -f 8 -d all -n 1 -w 0 -r 1 --offset 3
     check "bench all_reduce $way: -G 10 --fill random, half and bfloat16, 8 B-64 MB" \
       $R bench all_reduce --device cuda $mode -b 8 -e 64M -f 16 -d half,bfloat16 -o sum,avg -n 5 -w 1 -G 10 --fill random
   done

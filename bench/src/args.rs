@@ -54,10 +54,11 @@ pub struct BenchArgs {
     /// Check results (1) or not (0).
     #[arg(short = 'c', long = "check", default_value_t = 1)]
     pub check: u8,
-    /// Where GPU results of the exact fill are checked: host (downloaded, the reference
-    /// computed on every core) or gpu (a kernel counts what differs where the result lies;
-    /// only the bytes around it come back).
-    #[arg(long = "check-on", value_enum, default_value = "host")]
+    /// Where GPU results of the exact fill are checked: gpu (inputs written and what differs
+    /// counted by kernels where the buffers lie; only the bytes around a result come back;
+    /// buffers offset off their element size fall back to the host) or host (inputs made and
+    /// results checked on every core, through PCIe).
+    #[arg(long = "check-on", value_enum, default_value = "gpu")]
     pub check_on: CheckOn,
     /// Data type: int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16, f8e4m3, f8e5m2, or all.
     #[arg(short = 'd', long = "datatype", default_value = "float")]
@@ -206,7 +207,7 @@ mod tests {
 /// Where `railcc bench --device cuda` checks results (`--check-on`).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum CheckOn {
-    #[default]
     Host,
+    #[default]
     Gpu,
 }

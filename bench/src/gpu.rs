@@ -138,7 +138,8 @@ pub(crate) fn place(
     a: &BenchArgs,
 ) -> Result<Placed, String> {
     let (offset, es) = (a.offset, args.dtype.size());
-    if CheckHow::of(a).on_gpu {
+    // The kernels take whole elements: a buffer offset off its element size is made on the host.
+    if CheckHow::of(a).on_gpu && offset.is_multiple_of(es) {
         return place_on_gpu(gpu, args, rank, in_place, offset);
     }
     let input = fill_input(a.fill, args, rank, SEED);
@@ -266,7 +267,7 @@ pub(crate) fn check(
     let buf = p.recv.as_ref().unwrap_or(&p.send);
     let (at, end) = (p.recv_at.start, p.recv_at.end.min(p.image.len()));
     let differ = |x: &[u8], y: &[u8]| x.iter().zip(y).filter(|(a, b)| a != b).count() as u64;
-    if how.on_gpu {
+    if how.on_gpu && (buf.ptr + at as u64).is_multiple_of(args.dtype.size() as u64) {
         // The receive range is counted where it lies; only the bytes around it (guards, and
         // an in-place call's other parts) come back to be compared.
         // SAFETY: the receive range is `buf`'s memory on this GPU; the call is synchronized.
