@@ -1,0 +1,251 @@
+"""A training step and an overlap benchmark through torch.distributed (issues 30 and 31).
+
+Run under torchrun, once with railcc's libnccl preloaded and once with NCCL (bench/torch/step.sh
+does both in one call). Modes:
+  ddp      a 12-layer, width-1024 transformer (about 150M parameters, batch 8 x 256) in bf16
+           under DistributedDataParallel: its bucketed all_reduces overlap the backward pass;
+  fsdp     the same model under FSDP2 (fully_shard per layer, bf16 parameters and reduction):
+           all_gathers before each layer, reduce_scatters after its backward;
+  hsdp     FSDP2 on a 2-D DeviceMesh (replicate across hosts, shard inside a host; one host:
+           2 x 2): reduce_scatter inside, all_reduce across;
+  overlap  bf16 matrix products on one stream and, on another, the collectives of a training
+           step of the same model ("ddp": 25 MB all_reduce buckets; "fsdp": per layer an
+           all_gather and a reduce_scatter), alone and together. The first overlapped step of
+           the process is timed apart (issue 31: no first-call stall).
+Each rank prints nothing; rank 0 writes one JSON line per measurement to OUT.json and a
+summary line to stdout. Losses (ddp/fsdp/hsdp) go into the JSON line, to compare libraries.
+--cpu runs on the CPU with gloo (a smoke test of the script, no figures).
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+def parse():
+    p = argparse.ArgumentParser()
+    p.add_argument("--mode", choices=["ddp", "fsdp", "hsdp", "overlap"], required=True)
+    p.add_argument("--out", required=True, help="prefix of the JSON lines file")
+    p.add_argument("--label", default="", help="run name written with each line")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--matmuls", type=int, default=12, help="overlap: products per step")
+    p.add_argument("--mm", type=int, default=8192, help="overlap: square product size")
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="overlap ddp: bucket size")
+    p.add_argument("--cpu", action="store_true")
+    return p.parse_args()
+
+
+class Model(nn.Module):
+    def __init__(self, a):
+        super().__init__()
+        self.embed = nn.Embedding(a.vocab, a.width)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(
+                a.width, a.width // 64, 4 * a.width, dropout=0.0, batch_first=True, norm_first=True
+            )
+            for _ in range(a.layers)
+        )
+        self.head = nn.Linear(a.width, a.vocab)
+
+    def forward(self, x):
+        h = self.embed(x)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h)
+
+
+def hosts_and_local():
+    """(number of hosts, ranks per host) from torchrun's environment."""
+    world = dist.get_world_size()
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return max(world // max(local, 1), 1), local
+
+
+def sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def train(a, dev, rank, world):
+    torch.manual_seed(0)  # the same initial model on every rank and in every library
+    model = Model(a).to(dev)
+    params = sum(p.numel() for p in model.parameters())
+    if a.mode == "ddp":
+        model = model.to(torch.bfloat16)
+        net = nn.parallel.DistributedDataParallel(model, device_ids=None if a.cpu else [dev])
+    else:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+        kw = {"mp_policy": mp}
+        if a.mode == "hsdp":
+            from torch.distributed.device_mesh import init_device_mesh
+
+            nh, local = hosts_and_local()
+            rep, shard = (nh, local) if nh > 1 else (2, world // 2)
+            kw["mesh"] = init_device_mesh(dev.type, (rep, shard), mesh_dim_names=("replicate", "shard"))
+        for layer in model.layers:
+            fully_shard(layer, **kw)
+        fully_shard(model, **kw)
+        net = model
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3)
+    g = torch.Generator(device="cpu").manual_seed(1000 + rank)
+    x = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g).to(dev)
+    y = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g).to(dev)
+    times, losses = [], []
+    for i in range(a.warmup + a.steps):
+        sync(dev)
+        t0 = time.perf_counter()
+        out = net(x)
+        loss = nn.functional.cross_entropy(out.float().reshape(-1, a.vocab), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync(dev)
+        dt = time.perf_counter() - t0
+        losses.append(float(loss.detach()))
+        if i >= a.warmup:
+            times.append(dt * 1e3)
+    return {
+        "median_ms": statistics.median(times),
+        "min_ms": min(times),
+        "max_ms": max(times),
+        "losses": losses,
+        "params": params,
+    }
+
+
+def overlap(a, dev, rank, world):
+    """Matrix products on one stream, a step's collectives on another: alone and together."""
+    bf = torch.bfloat16
+    n = a.mm
+    x = torch.randn(n, n, device=dev, dtype=bf)
+    w = torch.randn(n, n, device=dev, dtype=bf)
+    per_layer = 12 * a.width * a.width + 13 * a.width  # a transformer layer's parameters
+    total = a.layers * per_layer
+    if a.cpu:
+        mm_stream = coll_stream = None
+    else:
+        mm_stream, coll_stream = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
+    results = {}
+    for kind in ("ddp", "fsdp"):
+        if kind == "ddp":
+            elems = max(int(a.bucket_mb * 2**20 / 2), 1)
+            n_buckets = (total + elems - 1) // elems
+            bufs = [torch.ones(elems, device=dev, dtype=bf) for _ in range(n_buckets)]
+            moved = n_buckets * elems * 2 * 2 * (world - 1) / world  # bus bytes
+
+            def colls():
+                for b in bufs:
+                    dist.all_reduce(b)
+        else:
+            shard = (per_layer + world - 1) // world
+            shards = [torch.ones(shard, device=dev, dtype=bf) for _ in range(a.layers)]
+            fulls = [torch.empty(shard * world, device=dev, dtype=bf) for _ in range(a.layers)]
+            grads = [torch.ones(shard * world, device=dev, dtype=bf) for _ in range(a.layers)]
+            outs = [torch.empty(shard, device=dev, dtype=bf) for _ in range(a.layers)]
+            moved = a.layers * 2 * shard * world * 2 * (world - 1) / world
+
+            def colls():
+                for i in range(a.layers):
+                    dist.all_gather_into_tensor(fulls[i], shards[i])
+                for i in reversed(range(a.layers)):
+                    dist.reduce_scatter_tensor(outs[i], grads[i])
+
+        def mms():
+            for _ in range(a.matmuls):
+                torch.mm(x, w)
+
+        def run(do_mm, do_coll):
+            """Seconds from launch until both streams are done."""
+            sync(dev)
+            dist.barrier()
+            t0 = time.perf_counter()
+            if a.cpu:
+                if do_coll:
+                    colls()
+                if do_mm:
+                    mms()
+            else:
+                if do_coll:
+                    with torch.cuda.stream(coll_stream):
+                        colls()
+                if do_mm:
+                    with torch.cuda.stream(mm_stream):
+                        mms()
+            sync(dev)
+            return time.perf_counter() - t0
+
+        # The first overlapped step of the process (nothing of this size ran before it).
+        first = run(True, True)
+        for _ in range(a.warmup):
+            run(True, True)
+        alone_mm = statistics.median(run(True, False) for _ in range(a.steps))
+        alone_coll = statistics.median(run(False, True) for _ in range(a.steps))
+        both = statistics.median(run(True, True) for _ in range(a.steps))
+        flops = 2.0 * n * n * n * a.matmuls
+        results[kind] = {
+            "step_ms": both * 1e3,
+            "mm_alone_ms": alone_mm * 1e3,
+            "coll_alone_ms": alone_coll * 1e3,
+            "first_step_ms": first * 1e3,
+            "first_over_longer_alone": first / max(alone_mm, alone_coll),
+            "step_over_longer_alone": both / max(alone_mm, alone_coll),
+            "coll_busbw_alone_GBs": moved / alone_coll / 1e9,
+            "mm_tflops_alone": flops / alone_mm / 1e12,
+            # In the overlapped step each stream is done no later than the step.
+            "mm_tflops_in_step_at_least": flops / both / 1e12,
+        }
+    return results
+
+
+def main():
+    a = parse()
+    backend = "gloo" if a.cpu else "nccl"
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if a.cpu:
+        dev = torch.device("cpu")
+        torch.set_num_threads(1)
+    else:
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(dev)
+    nh, local = hosts_and_local()
+    r = overlap(a, dev, rank, world) if a.mode == "overlap" else train(a, dev, rank, world)
+    if rank == 0:
+        line = {"label": a.label, "mode": a.mode, "world": world, "hosts": nh, "per_host": local}
+        line.update(r)
+        with open(a.out + ".json", "a") as f:
+            f.write(json.dumps(line) + "\n")
+        if a.mode == "overlap":
+            for k, v in r.items():
+                print(
+                    f"step: {a.label} overlap-{k}: step {v['step_ms']:.2f} ms "
+                    f"(matmuls alone {v['mm_alone_ms']:.2f}, collectives alone {v['coll_alone_ms']:.2f}, "
+                    f"first step {v['first_step_ms']:.2f} = {v['first_over_longer_alone']:.2f}x the longer alone), "
+                    f"busbw alone {v['coll_busbw_alone_GBs']:.1f} GB/s, matmuls {v['mm_tflops_alone']:.0f} TFLOP/s alone",
+                    flush=True,
+                )
+        else:
+            print(
+                f"step: {a.label} {a.mode}: median {r['median_ms']:.2f} ms (min {r['min_ms']:.2f}, "
+                f"max {r['max_ms']:.2f}), last loss {r['losses'][-1]:.6f}",
+                flush=True,
+            )
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# On a GPU machine: bench/torch/step.py (a training step, DDP / FSDP2 / HSDP, and the overlap
+# benchmark) with railcc's libnccl and with NCCL in the same call, so every ratio compares
+# runs of one machine. Layouts (STEP_LAYOUTS): host (one torchrun of 4 ranks, this host) and
+# 2x2 (two torchrun nodes of 2 ranks, each its own emulated host: NCCL_HOSTID/RAILCC_HOSTID,
+# traffic between them over loopback TCP). Modes (STEP_MODES, default "ddp fsdp hsdp
+# overlap"). Libraries: railcc (LD_PRELOAD .device/lib/libnccl.so.2), nccl (defaults), and
+# across hosts also nccl-4x4 (NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4, NCCL's better
+# socket setting). STEP_RUNS repeats each (default 2). Prints one line per run
+# ("step: ...") and a table of medians with railcc's ratio to the better NCCL; writes
+# $OUT/step.json (every measurement) and $OUT/step-*.log.
+# Prepare with bench/compare/gpu-prepare.sh; carry .device.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source bench/compare/gpu-env.sh
+mkdir -p "$OUT"
+LIB=$PWD/.device/lib/libnccl.so.2
+PY=$PWD/bench/torch/step.py
+NGPU=$(nvidia-smi -L | wc -l)
+[ "$NGPU" -ge 4 ] || { echo "step.sh: needs 4 GPUs, found $NGPU"; exit 1; }
+export NCCL_SOCKET_IFNAME=lo RAILCC_SOCKET_IFNAME=lo PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+LIMIT=${STEP_LIMIT:-300}
+fails=0
+port=29600
+
+# one LABEL LAYOUT MODE [VAR=VALUE...]: one run; its "step:" lines printed.
+one() {
+  local label=$1 layout=$2 mode=$3 rc=0 i pids=()
+  shift 3
+  port=$((port + 1))
+  local log="$OUT/step-$label-$layout-$mode.log"
+  if [ "$layout" = host ]; then
+    env "$@" timeout -k 10 "$LIMIT" python3 -m torch.distributed.run --nproc_per_node 4 \
+      --master_addr 127.0.0.1 --master_port $port "$PY" --mode "$mode" --out "$OUT/step" \
+      --label "$label-$layout" > "$log" 2>&1 || rc=$?
+  else
+    for i in 0 1; do
+      env "$@" CUDA_VISIBLE_DEVICES=$((2 * i)),$((2 * i + 1)) NCCL_HOSTID=host$i RAILCC_HOSTID=host$i \
+        timeout -k 10 "$LIMIT" python3 -m torch.distributed.run --nnodes 2 --node_rank $i \
+          --nproc_per_node 2 --master_addr 127.0.0.1 --master_port $port "$PY" --mode "$mode" \
+          --out "$OUT/step" --label "$label-$layout" < /dev/null > "$log.node$i" 2>&1 &
+      pids[$i]=$!
+    done
+    for i in 0 1; do wait "${pids[$i]}" || rc=$?; done
+    cat "$log.node0" "$log.node1" > "$log"
+  fi
+  pkill -9 -f "$PY" 2>/dev/null
+  if [ "$rc" != 0 ] || ! grep -q "^step: " "$log"; then
+    echo "FAIL  step $label $layout $mode: exit $rc"
+    grep -E "Error|error" "$log" | grep -v "NCCL INFO" | head -n 5 | sed 's/^/  /'
+    fails=$((fails + 1))
+  fi
+  grep "^step: " "$log"
+}
+
+for r in $(seq 1 "${STEP_RUNS:-2}"); do
+  for layout in ${STEP_LAYOUTS:-host 2x2}; do
+    for mode in ${STEP_MODES:-ddp fsdp hsdp overlap}; do
+      one railcc "$layout" "$mode" LD_PRELOAD="$LIB"
+      one nccl "$layout" "$mode"
+      [ "$layout" = host ] || one nccl-4x4 "$layout" "$mode" NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
+    done
+  done
+done
+
+# The table: per layout and mode, the median over runs of each library's figure, and
+# railcc's ratio to the better (lower) NCCL figure.
+python3 - "$OUT/step.json" <<'PY'
+import json, statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    d = json.loads(line)
+    lib, layout = d["label"].rsplit("-", 1)
+    if d["mode"] == "overlap":
+        for k, v in d.items():
+            if isinstance(v, dict):
+                rows.setdefault((layout, "overlap-" + k), {}).setdefault(lib, []).append(v["step_ms"])
+                rows.setdefault((layout, "first-overlap-" + k), {}).setdefault(lib, []).append(v["first_over_longer_alone"])
+    else:
+        rows.setdefault((layout, d["mode"]), {}).setdefault(lib, []).append(d["median_ms"])
+print(f"{'layout':8} {'what':22} {'railcc':>10} {'nccl':>10} {'nccl-4x4':>10} {'ratio':>7}")
+for (layout, what), libs in sorted(rows.items()):
+    med = {k: statistics.median(v) for k, v in libs.items()}
+    nccl = [med[k] for k in ("nccl", "nccl-4x4") if k in med]
+    ratio = med["railcc"] / min(nccl) if "railcc" in med and nccl and not what.startswith("first") else float("nan")
+    cells = "".join(f" {med.get(k, float('nan')):10.2f}" for k in ("railcc", "nccl", "nccl-4x4"))
+    print(f"{layout:8} {what:22}{cells} {ratio:7.3f}")
+print("(ms: median step over each run's steps, then the median over runs; first-overlap: the")
+print(" first overlapped step of a fresh process over the longer of its two parts alone)")
+PY
+[ "$fails" = 0 ] || { echo "step.sh: $fails run(s) failed"; exit 1; }
