@@ -205,7 +205,7 @@ pub fn p2p_rounds(ops: impl IntoIterator<Item = (bool, u64, usize)>) -> Vec<usiz
         .map(|(send, ptr, bytes)| {
             let range = (ptr, ptr.saturating_add(bytes as u64));
             if send {
-                if written.iter().any(|w| w.0 < range.1 && range.0 < w.1) {
+                if bytes > 0 && written.iter().any(|w| w.0 < range.1 && range.0 < w.1) {
                     round += 1;
                     written.clear();
                 }
@@ -239,6 +239,8 @@ mod round_tests {
             p2p_rounds([(false, 0, 8), (false, 50, 0), (true, 8, 42)]),
             vec![0, 0, 0]
         );
+        // A zero-byte send inside received bytes reads nothing.
+        assert_eq!(p2p_rounds([(false, 0, 8), (true, 4, 0)]), vec![0, 0]);
         // A receive after the send it overlaps (write after read) does not split.
         assert_eq!(p2p_rounds([(true, 0, 8), (false, 0, 8)]), vec![0, 0]);
         // Rounds count on: a third dependent send makes round 2.

@@ -220,13 +220,32 @@ impl Clique {
     /// rank and stream and its receives pulled from their senders' buffers once posted
     /// (another thread's group may post them: waited for to the deadline); then every send
     /// waited for.
-    /// A rank's receives must share one stream (`batches_p2p` callers check). A size that
-    /// differs between the two sides breaks the communicator: the sender's mark is counted.
+    /// A rank's ops on several streams run on its first stream, joined with the others
+    /// before and after (the batch counts a rank's messages in order on one stream). A size
+    /// that differs between the two sides breaks the communicator: the sender's mark is
+    /// counted.
     pub fn batch_p2p(&self, ops: &[(usize, u64, P2pOp)]) -> Result<()> {
         let g = self.ready()?;
         let m = g
             .in_process_gpus()
             .ok_or_else(|| Error::new(ErrorKind::Unsupported, "send/recv batch without GPUs"))?;
+        // A rank's ops on several streams run on its first one: it waits for the others
+        // first, and they wait for it after (NCCL joins a group's streams too).
+        let mut ops: Vec<(usize, u64, P2pOp)> = ops.to_vec();
+        let mut joined: Vec<(usize, usize, usize)> = Vec::new(); // (rank, first, other)
+        for i in 0..ops.len() {
+            let (r, st) = (ops[i].0, ops[i].2.stream);
+            let first = ops.iter().find(|o| o.0 == r).map_or(st, |o| o.2.stream);
+            if st != first {
+                if !joined.contains(&(r, first, st)) {
+                    // SAFETY: both are the rank's streams (NCCL's contract).
+                    unsafe { m.join(r, first, st) }?;
+                    joined.push((r, first, st));
+                }
+                ops[i].2.stream = first;
+            }
+        }
+        let ops = &ops[..];
         // Any failure leaves the two sides' counts apart (numbers taken, sends posted or
         // marked): the communicator breaks rather than pair later messages wrongly.
         // Per rank, a send of bytes an earlier receive of the group writes starts a round
@@ -236,28 +255,28 @@ impl Clique {
         ranks.sort_unstable();
         ranks.dedup();
         for r in ranks {
-            // A receive from the rank itself takes the round of its send (the k-th of each):
-            // in its own earlier round it would wait for a send its stream has not reached
-            // (an in-place gather's root receives its own block before it sends it).
+            // A receive from the rank itself counts as written right after its send (the
+            // k-th of each) and takes its round: in an earlier round it would wait for a send
+            // its stream has not reached (an in-place gather's root receives its own block
+            // before it sends it).
             let self_recv = |i: usize| ops[i].0 == r && ops[i].2.peer == r && !ops[i].2.send;
-            let mine: Vec<usize> = (0..ops.len())
-                .filter(|&i| ops[i].0 == r && !self_recv(i))
-                .collect();
+            let is_self_send = |i: usize| ops[i].0 == r && ops[i].2.peer == r && ops[i].2.send;
+            let mut recvs = (0..ops.len()).filter(|&i| self_recv(i));
+            let mut order: Vec<usize> = Vec::new();
+            for i in (0..ops.len()).filter(|&i| ops[i].0 == r && !self_recv(i)) {
+                order.push(i);
+                if is_self_send(i) {
+                    order.extend(recvs.next());
+                }
+            }
+            order.extend(recvs); // receives from itself without a send: refused when paired
             let of_rank = railcc_core::call::p2p_rounds(
-                mine.iter()
+                order
+                    .iter()
                     .map(|&i| (ops[i].2.send, ops[i].2.ptr, ops[i].2.bytes)),
             );
-            for (&i, k) in mine.iter().zip(of_rank) {
+            for (&i, k) in order.iter().zip(of_rank) {
                 round[i] = k;
-            }
-            let self_sends: Vec<usize> = mine
-                .iter()
-                .copied()
-                .filter(|&i| ops[i].2.send && ops[i].2.peer == r)
-                .collect();
-            let recvs = (0..ops.len()).filter(|&i| self_recv(i));
-            for (i, s) in recvs.zip(self_sends.iter().map(Some).chain(std::iter::repeat(None))) {
-                round[i] = s.map_or(0, |&s| round[s]);
             }
         }
         let rounds = round.iter().max().map_or(0, |&k| k + 1);
@@ -328,7 +347,12 @@ impl Clique {
             }
             Ok(())
         };
-        run().inspect_err(|_| m.abort())
+        run().inspect_err(|_| m.abort())?;
+        for &(r, first, other) in &joined {
+            // SAFETY: as above.
+            unsafe { m.join(r, other, first) }?;
+        }
+        Ok(())
     }
 
     /// The receive `op` of rank `r` (message `seq` from its peer) as a batch message: the

@@ -417,22 +417,10 @@ fn local_batch_entry(
     })?
 }
 
-/// One thread's sends and receives of a group on a batching clique. Each rank's messages
-/// must share one stream (the batch counts them in order there): checked before any is
-/// numbered, so a refused group leaves the counts as they were. Then each gets its number
-/// (as `submit_p2p` would count it) and the clique runs them.
+/// One thread's sends and receives of a group on a batching clique: each gets its number (as
+/// `submit_p2p` would count it) and the clique runs them (a rank's several streams joined
+/// into its first).
 fn run_local_batch(clique: &Clique, ops: &[(*const Comm, P2pOp)]) -> railcc_core::Result<()> {
-    for (c, op) in ops {
-        if let Some((_, other)) = ops
-            .iter()
-            .find(|(c2, o)| std::ptr::eq(*c2, *c) && o.stream != op.stream)
-        {
-            return Err(Error::invalid(format!(
-                "RAILCC_GPU_P2P_BATCH: one rank's sends and receives of a group on two streams (0x{:x} and 0x{:x}); batches take one",
-                op.stream, other.stream
-            )));
-        }
-    }
     let mut numbered = Vec::with_capacity(ops.len());
     for &(c, op) in ops {
         // SAFETY: handles in a group are live (NCCL's contract).

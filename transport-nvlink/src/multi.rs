@@ -13,7 +13,9 @@ use crate::Settings;
 use railcc_core::call::{Call, P2pOp};
 use railcc_core::{Error, ErrorKind, Result};
 use railcc_cuda::driver;
-use railcc_cuda::gpu::{copy_async, enable_peer_access, stream_of, GpuCtx, Stream};
+use railcc_cuda::gpu::{
+    copy_async, enable_peer_access, stream_of, stream_waits_for, GpuCtx, Stream,
+};
 use railcc_cuda::kernels::MAX_PEERS;
 use railcc_cuda::launch::{p2p_step, P2pStep};
 
@@ -284,6 +286,16 @@ impl MultiGpu {
     /// Whether a group's sends and receives go as batch kernels (`RAILCC_GPU_P2P_BATCH`).
     pub fn p2p_batch(&self) -> bool {
         self.p2p_batch
+    }
+
+    /// Makes GPU `g`'s stream `waiter` wait for what its stream `on` has queued so far.
+    ///
+    /// # Safety
+    /// Both are live streams of GPU `g`.
+    pub unsafe fn join(&self, g: usize, waiter: usize, on: usize) -> Result<()> {
+        let (gpu, _) = self.batch_gpu(g)?;
+        // SAFETY: the caller's streams of this GPU.
+        unsafe { stream_waits_for(gpu, stream_of(waiter), gpu, stream_of(on)) }
     }
 
     fn batch_gpu(&self, g: usize) -> Result<(&GpuCtx, Vec<u64>)> {
