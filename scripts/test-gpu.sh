@@ -24,7 +24,8 @@
 #         shareable handles, cudaMallocAsync, ncclMemAlloc (nccl-compat/tests/alloc/alloc.sh,
 #         railcc's library and NCCL's), and PyTorch's allocators through torchrun
 #         (nccl-compat/tests/torch/alloc.sh);
-#  p2pbatch the send/recv collectives of nccl-tests with RAILCC_GPU_P2P_BATCH=1 (batch kernels),
+#  p2pbatch the send/recv collectives of nccl-tests with RAILCC_GPU_P2P_BATCH=1 (batch kernels;
+#         TEST_GPU_P2P_BATCH=2: in one launch),
 #         -g N, -t N, mpirun -np N, eager and -G 10;
 #  register nccl-tests with buffer registration (-R 1: ncclCommRegister) and symmetric windows
 #         (-R 2: ncclMemAlloc + ncclCommWindowRegister), -d all, -g N and mpirun -np N;
@@ -181,7 +182,7 @@ case " $PARTS " in *" p2pbatch "*)
   build_nccl_tests
   OURS="$PWD/.device/lib"
   MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x RAILCC_GPU_P2P_BATCH"
-  export RAILCC_GPU_P2P_BATCH=1
+  export RAILCC_GPU_P2P_BATCH=${TEST_GPU_P2P_BATCH:-1}   # 2: one launch per batch
   for b in ${TEST_GPU_P2PBATCH_BINS:-sendrecv alltoall alltoallv scatter gather hypercube}; do
     F="-b 8 -e 64M -f 32 -n 2 -w 1 -c 1 -d all"
     check "libnccl batch $b -g $NG $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $NT/build/${b}_perf $F -g $NG

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On a GPU machine (issue 30): sendrecv and alltoall through railcc's libnccl against NCCL in
-# one call, copy-engine copies per message (RAILCC_GPU_P2P_BATCH=0) and batch kernels (=1),
-# one process (-g NG) and one per GPU (mpirun -np NG). railcc's batch kernels are given
-# NCCL's channel count as their block limit (read from NCCL's NCCL_DEBUG=INFO lines). Prints,
+# one call, copy-engine copies per message (RAILCC_GPU_P2P_BATCH=0), batch kernels (=1) and
+# a batch in one launch (=2, "fused"), one process (-g NG) and one per GPU (mpirun -np NG).
+# railcc's "batch" and "fused" runs are given NCCL's channel count as their block limit (read
+# from NCCL's NCCL_DEBUG=INFO lines), "batch-all" one block per SM. Prints,
 # per collective, way of running and size, each run's out-of-place busbw and its ratio to
 # NCCL's. Logs: $OUT/p2p-ab-*.log. P2P_SIZES (default "-b 1M -e 256M -f 4"), P2P_COLLS
 # (default "sendrecv alltoall"), NG (default every GPU).
@@ -43,7 +44,8 @@ for c in ${P2P_COLLS:-sendrecv alltoall}; do
     run copies $way "$c" "$PWD/.device/lib" "${q[@]}" RAILCC_GPU_P2P_BATCH=0 RAILCC_GPU_MAX_BLOCKS=0
     run batch $way "$c" "$PWD/.device/lib" "${q[@]}" RAILCC_GPU_P2P_BATCH=1 RAILCC_GPU_MAX_BLOCKS="${ch:-24}"
     run batch-all $way "$c" "$PWD/.device/lib" "${q[@]}" RAILCC_GPU_P2P_BATCH=1 RAILCC_GPU_MAX_BLOCKS=0
-    python3 - "$OUT" "$c" "$way" nccl copies batch batch-all <<'PY'
+    run fused $way "$c" "$PWD/.device/lib" "${q[@]}" RAILCC_GPU_P2P_BATCH=2 RAILCC_GPU_MAX_BLOCKS="${ch:-24}"
+    python3 - "$OUT" "$c" "$way" nccl copies batch batch-all fused <<'PY'
 import re, sys
 out, c, way, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 rows = {}

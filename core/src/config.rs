@@ -209,7 +209,8 @@ config! {
     gpu_wide_loads: usize = 1, "RAILCC_GPU_WIDE_LOADS";
     /// 1: a group's GPU sends and receives go as batch kernels (every receive of a stream
     /// pulled from all peers at once by thread blocks; 4 x H100 all-to-all at 256 MB: 0.43x ->
-    /// 0.9x NCCL); 0: a copy-engine copy per message.
+    /// 0.9x NCCL); 2: the same, a batch of up to 16 receives in one launch instead of four
+    /// (not yet measured); 0: a copy-engine copy per message.
     gpu_p2p_batch: usize = 1, "RAILCC_GPU_P2P_BATCH";
     /// Network transport: auto (RDMA when every rank has an active RDMA port, else TCP), tcp,
     /// or rdma (an error when a rank has none).

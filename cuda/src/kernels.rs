@@ -33,14 +33,17 @@ const _: () = assert!(SYNC_BYTES <= SCRATCH_OFFSET);
 /// words from here, four per peer p: READY[p] (word p, written by p: its messages to us whose
 /// data is ready), COPIED[p] (8 + p, written by p: our messages to p it has copied), SENT[p]
 /// and RECVD[p] (16 + p, 24 + p: our own counts of messages to and from p). The p2p kernels
-/// count on the GPU, so a captured CUDA graph replays correctly.
+/// count on the GPU, so a captured CUDA graph replays correctly. Word 32: `p2p_fused`'s count
+/// of finished blocks.
 pub const P2P_OFFSET: usize = 96 * 1024;
-const _: () = assert!(SYNC_BYTES <= P2P_OFFSET && P2P_OFFSET + 32 * MAX_PEERS <= SCRATCH_OFFSET);
+const _: () =
+    assert!(SYNC_BYTES <= P2P_OFFSET && P2P_OFFSET + 32 * MAX_PEERS + 8 <= SCRATCH_OFFSET);
 
 /// The p2p kernels: the four one-thread steps, in the order a message uses them, then the
 /// batch kernels of a group's messages (p2p_many.rs): every send of the batch ready, every
-/// receive copied by thread blocks pulling from all peers at once, every send copied.
-pub const P2P_KERNELS: [&str; 8] = [
+/// receive copied by thread blocks pulling from all peers at once, every send copied; and all
+/// of a batch in one launch.
+pub const P2P_KERNELS: [&str; 9] = [
     "p2p_ready",
     "p2p_wait_ready",
     "p2p_copied",
@@ -49,6 +52,7 @@ pub const P2P_KERNELS: [&str; 8] = [
     "p2p_wait_copied_many",
     "p2p_recv_many",
     "p2p_recv_done",
+    "p2p_fused",
 ];
 /// The whole per-GPU area that peers reach: sync words, then the low-latency scratch.
 pub const AREA_BYTES: usize = SCRATCH_OFFSET + crate::ll::SCRATCH_BYTES;

@@ -32,6 +32,7 @@ const READY_MANY: usize = 4;
 const WAIT_COPIED_MANY: usize = 5;
 const RECV_MANY: usize = 6;
 const RECV_DONE: usize = 7;
+const FUSED: usize = 8;
 
 /// The CUDA C source, appended to the program after the one-message p2p kernels (it uses
 /// their `p2p_words`, `p2p_wait`, and the sync helpers).
@@ -62,7 +63,7 @@ extern "C" __global__ void p2p_wait_copied_many(unsigned long long mine, P2pCoun
 // RECVD + k), copies it with 16-byte loads, four in flight a thread. p2p_recv_done, next on
 // the stream, counts them received and tells each sender (COPIED): no count shared between
 // blocks, so no two launches can mix theirs.
-extern "C" __global__ void __launch_bounds__(512) p2p_recv_many(P2pMsgs m, int n_msgs, unsigned long long mine, Ptrs theirs, int me, unsigned long long timeout_ns, unsigned long long chunk) {
+__device__ void p2p_pull_chunks(const P2pMsgs& m, int n_msgs, unsigned long long mine, unsigned long long timeout_ns, unsigned long long chunk) {
   volatile unsigned long long* w = p2p_words(mine);
   __shared__ unsigned long long want[P2P_MAX_MSGS];
   __shared__ unsigned long long start[P2P_MAX_MSGS + 1];
@@ -123,6 +124,46 @@ extern "C" __global__ void __launch_bounds__(512) p2p_recv_many(P2pMsgs m, int n
     __syncthreads(); // before thread 0 waits for the next chunk's message
   }
 }
+extern "C" __global__ void __launch_bounds__(512) p2p_recv_many(P2pMsgs m, int n_msgs, unsigned long long mine, Ptrs theirs, int me, unsigned long long timeout_ns, unsigned long long chunk) {
+  p2p_pull_chunks(m, n_msgs, mine, timeout_ns, chunk);
+}
+// A whole batch in one launch (at most P2P_MAX_MSGS receives, one stream): block 0 marks
+// the batch's sends ready (as p2p_ready_many), every block pulls chunks (as p2p_recv_many),
+// the last block to finish counts the receives and tells their senders (as p2p_recv_done),
+// then waits until every peer p with copied.n[p] != 0 has copied all our messages (as
+// p2p_wait_copied_many with lag 0). Every block is resident at once (blocks <= SMs), so a
+// receive from this rank itself meets block 0's mark. The finished-block count (P2P word 32)
+// is this area's alone: a communicator's kernels on a GPU run one at a time (KernelOrder),
+// and the last block puts it back to 0.
+extern "C" __global__ void __launch_bounds__(512) p2p_fused(P2pMsgs m, int n_msgs, unsigned long long mine, Ptrs theirs, int me, unsigned long long timeout_ns, unsigned long long chunk, P2pCounts ready, P2pCounts recvd, P2pCounts copied) {
+  volatile unsigned long long* w = p2p_words(mine);
+  if (blockIdx.x == 0 && threadIdx.x < 8 && ready.n[threadIdx.x] != 0) {
+    int p = threadIdx.x;
+    unsigned long long e = w[16 + p] + ready.n[p];
+    w[16 + p] = e;
+    __threadfence_system();
+    p2p_words(theirs.p[p])[me] = e;
+  }
+  p2p_pull_chunks(m, n_msgs, mine, timeout_ns, chunk);
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence(); // this block's reads and marks before its count
+    unsigned long long done = atomicAdd((unsigned long long*)(w + 32), 1ull);
+    last = done == (unsigned long long)gridDim.x - 1ull;
+    if (last) { w[32] = 0; __threadfence(); }
+  }
+  __syncthreads();
+  if (!last) return;
+  int p = threadIdx.x;
+  if (p < 8 && recvd.n[p] != 0) {
+    unsigned long long e = w[24 + p] + recvd.n[p];
+    w[24 + p] = e;
+    __threadfence_system();
+    p2p_words(theirs.p[p])[8 + me] = e;
+  }
+  if (p < 8 && copied.n[p] != 0) p2p_wait(mine, 8 + p, w[16 + p], timeout_ns);
+}
 // Receiver, after p2p_recv_many on the same stream: its n[p] messages from each peer p are
 // copied (the kernel before has ended, so every read of the peers' buffers is done).
 extern "C" __global__ void p2p_recv_done(unsigned long long mine, Ptrs theirs, int me, P2pCounts c) {
@@ -145,6 +186,107 @@ pub struct RecvMsg {
     pub dst: u64,
     pub bytes: u64,
     pub peer: usize,
+}
+
+/// A whole batch on `stream` in one launch (`p2p_fused`): the sends counted in `ready` marked
+/// ready, every message of `msgs` copied into this GPU (each once its sender marked it), its
+/// senders told, then a wait until every peer p with `copied[p] != 0` has copied all of this
+/// rank's messages. At most `MAX_MSGS` messages; up to `max_blocks` blocks, at most one wave
+/// (a receive from this rank itself needs block 0's mark). Returns the blocks used. The
+/// caller runs it in the communicator's kernel order (the kernel counts finished blocks in
+/// the area).
+///
+/// # Safety
+/// As for [`recv_many`] and [`ready_many`].
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn fused(
+    gpu: &GpuCtx,
+    stream: sys::CUstream,
+    (mine, theirs): (u64, &[u64]),
+    me: usize,
+    msgs: &[RecvMsg],
+    (ready, copied): (&[u32], &[u32]),
+    max_blocks: u32,
+    timeout_ns: u64,
+) -> Result<u32> {
+    if msgs.len() > MAX_MSGS || msgs.iter().any(|m| m.peer >= MAX_PEERS) {
+        return Err(Error::invalid(format!(
+            "p2p batch in one launch: {} receives (at most {MAX_MSGS}, peers below {MAX_PEERS})",
+            msgs.len()
+        )));
+    }
+    let f = gpu.p2p_func(FUSED)?;
+    let order = rotated(msgs, theirs.len(), me);
+    let mut list = msg_list(&order);
+    // One wave: every block resident, so block 0's marks are made whatever the others wait for.
+    let bound = max_blocks.min(gpu.sms.max(1) as u32);
+    let mut chunk = chunk_for(&order, bound);
+    let blocks = blocks_for(&order, bound, chunk);
+    let mut per_peer = [0u32; MAX_PEERS];
+    for m in &order {
+        per_peer[m.peer] += 1;
+    }
+    let (mut n, mut a, mut t, mut me_i, mut to) = (
+        order.len() as i32,
+        mine,
+        ptrs(theirs),
+        me as i32,
+        timeout_ns,
+    );
+    let (mut rd, mut rv, mut cp) = (counts(ready)?, counts(&per_peer)?, counts(copied)?);
+    let mut params: [*mut c_void; 10] = [
+        &mut list as *mut Msgs as *mut c_void,
+        &mut n as *mut i32 as *mut c_void,
+        &mut a as *mut u64 as *mut c_void,
+        &mut t as *mut Ptrs as *mut c_void,
+        &mut me_i as *mut i32 as *mut c_void,
+        &mut to as *mut u64 as *mut c_void,
+        &mut chunk as *mut u64 as *mut c_void,
+        &mut rd as *mut Counts as *mut c_void,
+        &mut rv as *mut Counts as *mut c_void,
+        &mut cp as *mut Counts as *mut c_void,
+    ];
+    gpu.bind()?;
+    // SAFETY: the parameters match p2p_fused's signature; the caller vouches for the buffers,
+    // areas and stream.
+    unsafe {
+        enqueue(
+            f,
+            blocks,
+            THREADS,
+            stream,
+            &mut params,
+            "cuLaunchKernel(p2p_fused)",
+        )
+    }?;
+    Ok(blocks)
+}
+
+/// `msgs` in the order the blocks take them: from the peer after `me` on (in group order every
+/// GPU would read the same peer at once and share its links). Stable: a peer's messages keep
+/// their order, which the counts pair.
+fn rotated(msgs: &[RecvMsg], ranks: usize, me: usize) -> Vec<RecvMsg> {
+    let ranks = ranks.max(1);
+    let mut order: Vec<RecvMsg> = msgs.to_vec();
+    order.sort_by_key(|m| (m.peer + ranks - 1 - me % ranks) % ranks);
+    order
+}
+
+/// The kernels' message list of `batch` (at most MAX_MSGS).
+fn msg_list(batch: &[RecvMsg]) -> Msgs {
+    let mut list = Msgs {
+        src: [0; MAX_MSGS],
+        dst: [0; MAX_MSGS],
+        bytes: [0; MAX_MSGS],
+        peer: [0; MAX_MSGS],
+    };
+    for (i, m) in batch.iter().take(MAX_MSGS).enumerate() {
+        list.src[i] = m.src;
+        list.dst[i] = m.dst;
+        list.bytes[i] = m.bytes;
+        list.peer[i] = m.peer as i32;
+    }
+    list
 }
 
 /// Messages per peer, as the kernels take them.
@@ -304,28 +446,11 @@ pub unsafe fn recv_many(
             m.peer
         )));
     }
-    // Each rank starts with the peer after it: the blocks work through the list in step, so
-    // in group order (nccl-tests' all-to-all: rank 0 first) every GPU would read the same
-    // peer at once and share its links. The sort is stable: a peer's messages keep their
-    // order, which the counts pair.
-    let ranks = theirs.len().max(1);
-    let mut order: Vec<RecvMsg> = msgs.to_vec();
-    order.sort_by_key(|m| (m.peer + ranks - 1 - me % ranks) % ranks);
+    let order = rotated(msgs, theirs.len(), me);
     gpu.bind()?;
     let mut most = 0;
     for batch in order.chunks(MAX_MSGS) {
-        let mut list = Msgs {
-            src: [0; MAX_MSGS],
-            dst: [0; MAX_MSGS],
-            bytes: [0; MAX_MSGS],
-            peer: [0; MAX_MSGS],
-        };
-        for (i, m) in batch.iter().enumerate() {
-            list.src[i] = m.src;
-            list.dst[i] = m.dst;
-            list.bytes[i] = m.bytes;
-            list.peer[i] = m.peer as i32;
-        }
+        let mut list = msg_list(batch);
         let mut chunk = chunk_for(batch, max_blocks);
         let blocks = blocks_for(batch, max_blocks, chunk);
         most = most.max(blocks);
@@ -396,8 +521,9 @@ mod tests {
 
     /// On a GPU: two ranks on one GPU (the context's sync area and a second one, a stream
     /// each) swap batches both ways, twice (the counters carry over): sizes from 1 byte to 1
-    /// MB + 5, 16-byte aligned and not, more than MAX_MSGS messages one way. Every byte is
-    /// checked. Without a driver: a skip line.
+    /// MB + 5, 16-byte aligned and not, more than MAX_MSGS messages one way; then once more
+    /// with `fused`, both launches waiting on each other at once. Every byte is checked.
+    /// Without a driver: a skip line.
     #[test]
     fn batches_swap_messages_both_ways_and_count_on() {
         let gpus = match crate::driver::devices() {
@@ -425,12 +551,21 @@ mod tests {
                                              // head) for even i, one byte further (bytes only) for odd i.
         let landing = |i: usize| (offset(i) + i % 2) % 16;
         let mut bad = 0usize;
-        for round in 0..2u8 {
+        // Rounds 0 and 1 in the four kernels; round 2 in one launch each (p2p_fused, which
+        // takes MAX_MSGS receives: rank 0 sends its first 16).
+        let n_of = |r: usize, round: u8| {
+            if round == 2 && r == 0 {
+                MAX_MSGS
+            } else {
+                sizes[r].len()
+            }
+        };
+        for round in 0..3u8 {
             let mut sends = Vec::new();
             let mut recvs = Vec::new();
             for (r, list) in sizes.iter().enumerate() {
                 let (mut s, mut d) = (Vec::new(), Vec::new());
-                for (i, &n) in list.iter().enumerate() {
+                for (i, &n) in list.iter().take(n_of(r, round)).enumerate() {
                     let data: Vec<u8> = (0..n + offset(i))
                         .map(|j| {
                             (j as u8)
@@ -449,16 +584,16 @@ mod tests {
                 sends.push(s);
                 recvs.push(d);
             }
-            for r in 0..2 {
-                let per_peer = if r == 0 { [0, 18] } else { [2, 0] };
-                // SAFETY: both areas and streams are this GPU's, live to the end of the test.
-                unsafe { ready_many(&gpu, streams[r], (areas[r], &areas), r, &per_peer) }
-                    .expect("ready_many");
-            }
-            for r in 0..2 {
+            let per_peer = |r: usize| {
+                let mut c = [0u32; 2];
+                c[1 - r] = n_of(r, round) as u32;
+                c
+            };
+            let msgs_to = |r: usize| -> Vec<RecvMsg> {
                 let from = 1 - r;
-                let msgs: Vec<RecvMsg> = sizes[from]
+                sizes[from]
                     .iter()
+                    .take(n_of(from, round))
                     .enumerate()
                     .map(|(i, &n)| RecvMsg {
                         src: sends[from][i].0.ptr + offset(i) as u64,
@@ -466,34 +601,68 @@ mod tests {
                         bytes: n as u64,
                         peer: from,
                     })
-                    .collect();
-                // SAFETY: every buffer is this GPU's, live until the synchronize below.
-                unsafe {
-                    recv_many(
-                        &gpu,
-                        streams[r],
-                        (areas[r], &areas),
-                        r,
-                        &msgs,
-                        8,
-                        10_000_000_000,
-                    )
+                    .collect()
+            };
+            if round == 2 {
+                for r in 0..2 {
+                    let c = per_peer(r);
+                    // SAFETY: every buffer, area and stream is this GPU's, live until the
+                    // synchronize below; the two launches run at once on their streams.
+                    unsafe {
+                        fused(
+                            &gpu,
+                            streams[r],
+                            (areas[r], &areas),
+                            r,
+                            &msgs_to(r),
+                            (&c, &c),
+                            8,
+                            10_000_000_000,
+                        )
+                    }
+                    .expect("fused");
                 }
-                .expect("recv_many");
-            }
-            for r in 0..2 {
-                let per_peer = if r == 0 { [0, 18] } else { [2, 0] };
-                // SAFETY: as above.
-                unsafe {
-                    wait_copied_many(&gpu, streams[r], areas[r], &per_peer, 10_000_000_000, 0)
+            } else {
+                for r in 0..2 {
+                    // SAFETY: both areas and streams are this GPU's, live to the end of the test.
+                    unsafe { ready_many(&gpu, streams[r], (areas[r], &areas), r, &per_peer(r)) }
+                        .expect("ready_many");
                 }
-                .expect("wait_copied_many");
+                for r in 0..2 {
+                    // SAFETY: every buffer is this GPU's, live until the synchronize below.
+                    unsafe {
+                        recv_many(
+                            &gpu,
+                            streams[r],
+                            (areas[r], &areas),
+                            r,
+                            &msgs_to(r),
+                            8,
+                            10_000_000_000,
+                        )
+                    }
+                    .expect("recv_many");
+                }
+                for r in 0..2 {
+                    // SAFETY: as above.
+                    unsafe {
+                        wait_copied_many(
+                            &gpu,
+                            streams[r],
+                            areas[r],
+                            &per_peer(r),
+                            10_000_000_000,
+                            0,
+                        )
+                    }
+                    .expect("wait_copied_many");
+                }
             }
             // SAFETY: the bound context is live.
             check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize").expect("kernels ran");
             assert!(!gpu.kernels_stopped(), "a p2p batch kernel timed out");
             for (from, list) in sizes.iter().enumerate() {
-                for (i, &n) in list.iter().enumerate() {
+                for (i, &n) in list.iter().take(n_of(from, round)).enumerate() {
                     let mut got = vec![0u8; n + offset(i) + 16];
                     gpu.download(&recvs[from][i], 0, &mut got)
                         .expect("download");
@@ -504,7 +673,7 @@ mod tests {
             }
         }
         println!(
-            "p2p batch kernels: 18 messages one way and 2 the other, 2 rounds, {bad} bytes wrong"
+            "p2p batch kernels: 18 messages one way and 2 the other, 2 rounds, then 16 and 2 in one launch each, {bad} bytes wrong"
         );
         // SAFETY: made above; every kernel on it is done.
         unsafe { crate::gpu::destroy_stream(&gpu, streams[1]) }.expect("destroy stream");
@@ -517,8 +686,12 @@ mod tests {
         assert_eq!(std::mem::size_of::<Msgs>(), 3 * 16 * 8 + 16 * 4);
         assert_eq!(std::mem::size_of::<Counts>(), 32);
         assert!(SOURCE.contains(&format!("#define P2P_MAX_MSGS {MAX_MSGS}")));
-        // recv_many's seven parameters, the chunk size last.
+        // recv_many's seven parameters, the chunk size last; p2p_fused's three counts after.
         assert!(SOURCE.contains("int me, unsigned long long timeout_ns, unsigned long long chunk)"));
+        assert!(SOURCE.contains(
+            "unsigned long long chunk, P2pCounts ready, P2pCounts recvd, P2pCounts copied)"
+        ));
+        assert_eq!(crate::kernels::P2P_KERNELS[FUSED], "p2p_fused");
         assert_eq!(
             crate::kernels::P2P_KERNELS[READY_MANY..=RECV_DONE],
             [

@@ -219,7 +219,8 @@ impl Clique {
     /// its receiver; then, round by round (`p2p_rounds`), the round's sends marked ready per
     /// rank and stream and its receives pulled from their senders' buffers once posted
     /// (another thread's group may post them: waited for to the deadline); then every send
-    /// waited for.
+    /// waited for. With `RAILCC_GPU_P2P_BATCH=2`, a group of one round with at most MAX_MSGS
+    /// receives per rank goes in one launch per rank and stream (`MultiGpu::fused`).
     /// A rank's ops on several streams run on its first stream, joined with the others
     /// before and after (the batch counts a rank's messages in order on one stream). A size
     /// that differs between the two sides breaks the communicator: the sender's mark is
@@ -318,11 +319,6 @@ impl Clique {
                         count_in(&mut ready, *r, op);
                     }
                 }
-                for (r, st, c) in &ready {
-                    // SAFETY: NCCL's contract: the rank's stream, its send buffers written
-                    // before it (or by this group's earlier rounds).
-                    unsafe { m.ready_many(*r, *st, c) }?;
-                }
                 let mut recvs: Vec<(usize, usize, Vec<railcc_cuda::p2p_many::RecvMsg>)> =
                     Vec::new();
                 for (i, (r, seq, op)) in ops.iter().enumerate() {
@@ -334,6 +330,37 @@ impl Clique {
                         Some(x) => x.2.push(msg),
                         None => recvs.push((*r, op.stream, vec![msg])),
                     }
+                }
+                // RAILCC_GPU_P2P_BATCH=2: a group of one round, at most MAX_MSGS receives per
+                // rank, goes in one launch per rank and stream (marks, receives, waits).
+                let fits = |v: &Vec<railcc_cuda::p2p_many::RecvMsg>| {
+                    v.len() <= railcc_cuda::p2p_many::MAX_MSGS
+                };
+                if rounds == 1 && m.p2p_fused() && recvs.iter().all(|x| fits(&x.2)) {
+                    let mut keys: Vec<(usize, usize)> = sends.iter().map(|x| (x.0, x.1)).collect();
+                    for x in &recvs {
+                        if !keys.contains(&(x.0, x.1)) {
+                            keys.push((x.0, x.1));
+                        }
+                    }
+                    for (r, st) in keys {
+                        let c = sends
+                            .iter()
+                            .find(|x| x.0 == r && x.1 == st)
+                            .map_or([0; railcc_cuda::kernels::MAX_PEERS], |x| x.2);
+                        let msgs = recvs
+                            .iter()
+                            .find(|x| x.0 == r && x.1 == st)
+                            .map_or(&[][..], |x| &x.2[..]);
+                        // SAFETY: as for ready_many and recv_many below.
+                        unsafe { m.fused(r, st, msgs, (&c, &c)) }?;
+                    }
+                    return Ok(());
+                }
+                for (r, st, c) in &ready {
+                    // SAFETY: NCCL's contract: the rank's stream, its send buffers written
+                    // before it (or by this group's earlier rounds).
+                    unsafe { m.ready_many(*r, *st, c) }?;
                 }
                 for (r, st, msgs) in &recvs {
                     // SAFETY: NCCL's contract: both sides' buffers are device memory of their

@@ -42,6 +42,8 @@ pub struct Settings {
     pub wide_loads: bool,
     /// A group's sends and receives as batch kernels (`railcc_cuda::p2p_many`).
     pub p2p_batch: bool,
+    /// ... in one launch per batch where it fits (`p2p_many::fused`).
+    pub p2p_fused: bool,
 }
 
 impl Settings {

@@ -30,6 +30,7 @@ pub struct MultiGpu {
     ll_max_bytes: usize,
     wide_loads: bool,
     p2p_batch: bool,
+    p2p_fused: bool,
     /// Launches from several threads take turns (each enqueues on every GPU).
     turn: parking_lot::Mutex<()>,
     /// Per GPU, the order of its collective kernels across streams.
@@ -76,6 +77,7 @@ impl MultiGpu {
             ll_max_bytes: s.ll_max_bytes,
             wide_loads: s.wide_loads,
             p2p_batch: s.p2p_batch,
+            p2p_fused: s.p2p_fused,
             turn: parking_lot::Mutex::new(()),
             orders: ordinals.iter().map(|_| Default::default()).collect(),
         })
@@ -286,6 +288,43 @@ impl MultiGpu {
     /// Whether a group's sends and receives go as batch kernels (`RAILCC_GPU_P2P_BATCH`).
     pub fn p2p_batch(&self) -> bool {
         self.p2p_batch
+    }
+
+    /// Whether a batch goes in one launch where it fits (`RAILCC_GPU_P2P_BATCH=2`).
+    pub fn p2p_fused(&self) -> bool {
+        self.p2p_fused
+    }
+
+    /// GPU g's whole batch on `stream` in one launch (`p2p_many::fused`): `ready[p]` sends to
+    /// each rank p marked, `msgs` received, then every rank p with `copied[p] != 0` waited for.
+    ///
+    /// # Safety
+    /// As for [`MultiGpu::recv_many`].
+    pub unsafe fn fused(
+        &self,
+        g: usize,
+        stream: usize,
+        msgs: &[railcc_cuda::p2p_many::RecvMsg],
+        (ready, copied): (&[u32], &[u32]),
+    ) -> Result<u32> {
+        let (gpu, areas) = self.batch_gpu(g)?;
+        let _t = self.turn.lock();
+        // In the GPU's kernel order: the kernel counts its finished blocks in the area.
+        // SAFETY: as in recv_many.
+        unsafe {
+            self.orders[g].lock().run(gpu, stream, || {
+                railcc_cuda::p2p_many::fused(
+                    gpu,
+                    stream_of(stream),
+                    (areas[g], &areas),
+                    g,
+                    msgs,
+                    (ready, copied),
+                    self.max_blocks,
+                    self.timeout_ns,
+                )
+            })
+        }
     }
 
     /// Makes GPU `g`'s stream `waiter` wait for what its stream `on` has queued so far.

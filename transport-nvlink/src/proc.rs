@@ -62,6 +62,7 @@ pub struct ProcGpu {
     wide_loads: bool,
     /// A group's sends and receives as batch kernels (`RAILCC_GPU_P2P_BATCH`).
     p2p_batch: bool,
+    p2p_fused: bool,
     broken: Arc<Mutex<Option<Error>>>,
     watcher: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
 }
@@ -392,6 +393,7 @@ impl ProcGpu {
             ll_max_bytes: settings.ll_max_bytes,
             wide_loads: settings.wide_loads,
             p2p_batch: settings.p2p_batch,
+            p2p_fused: settings.p2p_fused,
             broken,
             watcher: Some((stop, watcher)),
         })
@@ -944,7 +946,13 @@ impl ProcGpu {
                 step(o, P2pStep::Ready, 0)?;
             }
         }
-        for (st, c) in ready.iter().filter(|(_, c)| c.iter().any(|&n| n > 0)) {
+        // RAILCC_GPU_P2P_BATCH=2: marks, receives and waits in one launch where it fits.
+        let fused =
+            batch && self.p2p_fused && ops.iter().filter(|o| !o.send).count() <= p2p_many::MAX_MSGS;
+        for (st, c) in ready
+            .iter()
+            .filter(|(_, c)| !fused && c.iter().any(|&n| n > 0))
+        {
             // SAFETY: the caller's stream; the areas live for the communicator's life.
             unsafe {
                 p2p_many::ready_many(&self.gpu, *st, (self.gpu.sync.ptr, &self.syncs), me, c)
@@ -981,6 +989,42 @@ impl ProcGpu {
             step(o, P2pStep::WaitReady, 0)?;
             copy(o.ptr, src, o, "cuMemcpyAsync (receive from a peer process)")?;
             step(o, P2pStep::Copied, 0)?;
+        }
+        if let (true, Some(o)) = (fused, ops.first()) {
+            let mut marks = [0u32; MAX_PEERS];
+            for (_, c) in &ready {
+                for (m, n) in marks.iter_mut().zip(c) {
+                    *m += n;
+                }
+            }
+            let mut copied = [0u32; MAX_PEERS];
+            for w in &waits {
+                copied[w.peer] += 1;
+            }
+            // In the communicator's kernel order: the kernel counts its finished blocks in the
+            // area. Every op is on one stream (`batch`).
+            // SAFETY: the peers' buffers are mapped, ours the caller's, on its stream.
+            unsafe {
+                self.kernel_order
+                    .lock()
+                    .run(&self.gpu, o.stream as usize, || {
+                        p2p_many::fused(
+                            &self.gpu,
+                            o.stream,
+                            (self.gpu.sync.ptr, &self.syncs),
+                            me,
+                            &msgs,
+                            (&marks, &copied),
+                            self.max_blocks,
+                            timeout_ns,
+                        )
+                    })
+            }?;
+            if bounce_streams.len() > 1 {
+                // SAFETY: the caller's streams.
+                unsafe { self.bounce_joins(&bounce_streams) }?;
+            }
+            return Ok(());
         }
         if let (false, Some(o)) = (msgs.is_empty(), ops.iter().find(|o| !o.send)) {
             // In the communicator's kernel order: two at once on two streams would share the

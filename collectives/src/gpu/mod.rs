@@ -32,5 +32,6 @@ pub fn settings(cfg: &Config) -> Settings {
         ll_max_bytes: cfg.gpu_ll_max_bytes,
         wide_loads: cfg.gpu_wide_loads != 0,
         p2p_batch: cfg.gpu_p2p_batch != 0,
+        p2p_fused: cfg.gpu_p2p_batch == 2,
     }
 }
