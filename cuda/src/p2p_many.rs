@@ -63,7 +63,7 @@ extern "C" __global__ void p2p_wait_copied_many(unsigned long long mine, P2pCoun
 // RECVD + k), copies it with 16-byte loads, four in flight a thread. p2p_recv_done, next on
 // the stream, counts them received and tells each sender (COPIED): no count shared between
 // blocks, so no two launches can mix theirs.
-__device__ void p2p_pull_chunks(const P2pMsgs& m, int n_msgs, unsigned long long mine, unsigned long long timeout_ns, unsigned long long chunk) {
+__device__ __forceinline__ void p2p_pull_chunks(const P2pMsgs& m, int n_msgs, unsigned long long mine, unsigned long long timeout_ns, unsigned long long chunk) {
   volatile unsigned long long* w = p2p_words(mine);
   __shared__ unsigned long long want[P2P_MAX_MSGS];
   __shared__ unsigned long long start[P2P_MAX_MSGS + 1];
@@ -131,10 +131,11 @@ extern "C" __global__ void __launch_bounds__(512) p2p_recv_many(P2pMsgs m, int n
 // the batch's sends ready (as p2p_ready_many), every block pulls chunks (as p2p_recv_many),
 // the last block to finish counts the receives and tells their senders (as p2p_recv_done),
 // then waits until every peer p with copied.n[p] != 0 has copied all our messages (as
-// p2p_wait_copied_many with lag 0). Every block is resident at once (blocks <= SMs), so a
-// receive from this rank itself meets block 0's mark. The finished-block count (P2P word 32)
-// is this area's alone: a communicator's kernels on a GPU run one at a time (KernelOrder),
-// and the last block puts it back to 0.
+// p2p_wait_copied_many with lag 0). Block 0 marks before it waits on anything, so a receive
+// from this rank itself meets its mark once block 0 runs (blocks are at most the SMs). The
+// finished-block count (P2P word 32) is this area's alone: a communicator's kernels on a GPU
+// run one at a time (KernelOrder) and never under capture, and the last block puts it back
+// to 0.
 extern "C" __global__ void __launch_bounds__(512) p2p_fused(P2pMsgs m, int n_msgs, unsigned long long mine, Ptrs theirs, int me, unsigned long long timeout_ns, unsigned long long chunk, P2pCounts ready, P2pCounts recvd, P2pCounts copied) {
   volatile unsigned long long* w = p2p_words(mine);
   if (blockIdx.x == 0 && threadIdx.x < 8 && ready.n[threadIdx.x] != 0) {
@@ -151,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(512) p2p_fused(P2pMsgs m, int n_msg
     __threadfence(); // this block's reads and marks before its count
     unsigned long long done = atomicAdd((unsigned long long*)(w + 32), 1ull);
     last = done == (unsigned long long)gridDim.x - 1ull;
-    if (last) { w[32] = 0; __threadfence(); }
+    if (last) w[32] = 0;
   }
   __syncthreads();
   if (!last) return;
@@ -191,10 +192,10 @@ pub struct RecvMsg {
 /// A whole batch on `stream` in one launch (`p2p_fused`): the sends counted in `ready` marked
 /// ready, every message of `msgs` copied into this GPU (each once its sender marked it), its
 /// senders told, then a wait until every peer p with `copied[p] != 0` has copied all of this
-/// rank's messages. At most `MAX_MSGS` messages; up to `max_blocks` blocks, at most one wave
-/// (a receive from this rank itself needs block 0's mark). Returns the blocks used. The
-/// caller runs it in the communicator's kernel order (the kernel counts finished blocks in
-/// the area).
+/// rank's messages. At most `MAX_MSGS` messages; up to `max_blocks` blocks, at most the SMs.
+/// Returns the blocks used. The caller runs it in the communicator's kernel order and not
+/// under capture: the kernel counts its finished blocks in the area, which two launches at
+/// once would share.
 ///
 /// # Safety
 /// As for [`recv_many`] and [`ready_many`].
@@ -218,7 +219,8 @@ pub unsafe fn fused(
     let f = gpu.p2p_func(FUSED)?;
     let order = rotated(msgs, theirs.len(), me);
     let mut list = msg_list(&order);
-    // One wave: every block resident, so block 0's marks are made whatever the others wait for.
+    // At most the SMs: block 0, whose marks a receive from this rank itself waits for, runs
+    // beside the others.
     let bound = max_blocks.min(gpu.sms.max(1) as u32);
     let mut chunk = chunk_for(&order, bound);
     let blocks = blocks_for(&order, bound, chunk);
@@ -521,7 +523,7 @@ mod tests {
 
     /// On a GPU: two ranks on one GPU (the context's sync area and a second one, a stream
     /// each) swap batches both ways, twice (the counters carry over): sizes from 1 byte to 1
-    /// MB + 5, 16-byte aligned and not, more than MAX_MSGS messages one way; then once more
+    /// MB + 5, 16-byte aligned and not, more than MAX_MSGS messages one way; then twice more
     /// with `fused`, both launches waiting on each other at once. Every byte is checked.
     /// Without a driver: a skip line.
     #[test]
@@ -551,16 +553,17 @@ mod tests {
                                              // head) for even i, one byte further (bytes only) for odd i.
         let landing = |i: usize| (offset(i) + i % 2) % 16;
         let mut bad = 0usize;
-        // Rounds 0 and 1 in the four kernels; round 2 in one launch each (p2p_fused, which
-        // takes MAX_MSGS receives: rank 0 sends its first 16).
+        // Rounds 0 and 1 in the four kernels; rounds 2 and 3 in one launch each (p2p_fused,
+        // which takes MAX_MSGS receives: rank 0 sends its first 16; round 3 finds the
+        // finished-block count the last block of round 2 put back).
         let n_of = |r: usize, round: u8| {
-            if round == 2 && r == 0 {
+            if round >= 2 && r == 0 {
                 MAX_MSGS
             } else {
                 sizes[r].len()
             }
         };
-        for round in 0..3u8 {
+        for round in 0..4u8 {
             let mut sends = Vec::new();
             let mut recvs = Vec::new();
             for (r, list) in sizes.iter().enumerate() {
@@ -603,7 +606,7 @@ mod tests {
                     })
                     .collect()
             };
-            if round == 2 {
+            if round >= 2 {
                 for r in 0..2 {
                     let c = per_peer(r);
                     // SAFETY: every buffer, area and stream is this GPU's, live until the
@@ -673,7 +676,7 @@ mod tests {
             }
         }
         println!(
-            "p2p batch kernels: 18 messages one way and 2 the other, 2 rounds, then 16 and 2 in one launch each, {bad} bytes wrong"
+            "p2p batch kernels: 18 messages one way and 2 the other, 2 rounds, then 16 and 2 in one launch each, 2 rounds, {bad} bytes wrong"
         );
         // SAFETY: made above; every kernel on it is done.
         unsafe { crate::gpu::destroy_stream(&gpu, streams[1]) }.expect("destroy stream");

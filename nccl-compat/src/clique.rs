@@ -332,11 +332,22 @@ impl Clique {
                     }
                 }
                 // RAILCC_GPU_P2P_BATCH=2: a group of one round, at most MAX_MSGS receives per
-                // rank, goes in one launch per rank and stream (marks, receives, waits).
+                // rank, outside capture, goes in one launch per rank and stream (marks,
+                // receives, waits; the launch counts its blocks in the area, which a graph
+                // replayed beside another launch would share).
                 let fits = |v: &Vec<railcc_cuda::p2p_many::RecvMsg>| {
                     v.len() <= railcc_cuda::p2p_many::MAX_MSGS
                 };
-                if rounds == 1 && m.p2p_fused() && recvs.iter().all(|x| fits(&x.2)) {
+                let mut capturing = false;
+                for (r, st) in sends
+                    .iter()
+                    .map(|x| (x.0, x.1))
+                    .chain(recvs.iter().map(|x| (x.0, x.1)))
+                {
+                    // SAFETY: the rank's stream (NCCL's contract).
+                    capturing |= unsafe { m.capturing(r, st) }?;
+                }
+                if rounds == 1 && m.p2p_fused() && !capturing && recvs.iter().all(|x| fits(&x.2)) {
                     let mut keys: Vec<(usize, usize)> = sends.iter().map(|x| (x.0, x.1)).collect();
                     for x in &recvs {
                         if !keys.contains(&(x.0, x.1)) {

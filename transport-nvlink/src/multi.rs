@@ -14,7 +14,7 @@ use railcc_core::call::{Call, P2pOp};
 use railcc_core::{Error, ErrorKind, Result};
 use railcc_cuda::driver;
 use railcc_cuda::gpu::{
-    copy_async, enable_peer_access, stream_of, stream_waits_for, GpuCtx, Stream,
+    copy_async, enable_peer_access, is_capturing, stream_of, stream_waits_for, GpuCtx, Stream,
 };
 use railcc_cuda::kernels::MAX_PEERS;
 use railcc_cuda::launch::{p2p_step, P2pStep};
@@ -293,6 +293,16 @@ impl MultiGpu {
     /// Whether a batch goes in one launch where it fits (`RAILCC_GPU_P2P_BATCH=2`).
     pub fn p2p_fused(&self) -> bool {
         self.p2p_fused
+    }
+
+    /// Whether GPU g's `stream` is being captured into a CUDA graph.
+    ///
+    /// # Safety
+    /// `stream` a live stream of GPU `g`.
+    pub unsafe fn capturing(&self, g: usize, stream: usize) -> Result<bool> {
+        let (gpu, _) = self.batch_gpu(g)?;
+        // SAFETY: the caller's stream of this GPU.
+        unsafe { is_capturing(gpu, stream_of(stream)) }
     }
 
     /// GPU g's whole batch on `stream` in one launch (`p2p_many::fused`): `ready[p]` sends to
