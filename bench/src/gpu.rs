@@ -130,6 +130,9 @@ impl Image {
     }
 }
 
+/// Allocates and fills one GPU's buffers for a call: the exact fill's input written by the
+/// GPU (`--check-on gpu`, buffers at whole elements) or any fill made on the host and
+/// uploaded, with guard bytes around every receive range.
 pub(crate) fn place(
     gpu: &GpuCtx,
     args: &CollArgs,
@@ -139,71 +142,34 @@ pub(crate) fn place(
 ) -> Result<Placed, String> {
     let (offset, es) = (a.offset, args.dtype.size());
     // The kernels take whole elements: a buffer offset off its element size is made on the host.
-    if CheckHow::of(a).on_gpu && offset.is_multiple_of(es) {
-        return place_on_gpu(gpu, args, rank, in_place, offset);
-    }
-    let input = fill_input(a.fill, args, rank, SEED);
+    let on_gpu = CheckHow::of(a).on_gpu && offset.is_multiple_of(es);
     let framed = |body: &[u8]| {
         let mut v = vec![GUARD_BYTE; offset];
         v.extend_from_slice(body);
         v.extend(std::iter::repeat_n(GUARD_BYTE, GUARD));
         v
     };
+    let input_at = |at: usize| {
+        Some(InputAt {
+            at,
+            args: *args,
+            rank,
+        })
+    };
     if in_place {
         let (send, recv, total) = args.in_place_ranges(rank);
-        let prior = vec![GUARD_BYTE; recv.len()];
-        let image = framed(&args.in_place_backing(rank, &input, &prior));
-        let b = gpu.alloc(image.len()).map_err(err)?;
-        gpu.upload(&b, 0, &image).map_err(err)?;
-        debug_assert_eq!(image.len(), offset + total + GUARD);
-        Ok(Placed {
-            send_ptr: b.ptr + (offset + send.start) as u64,
-            recv_ptr: b.ptr + (offset + recv.start) as u64,
-            recv_at: offset + recv.start..offset + recv.end,
-            send: b,
-            recv: None,
-            image: Image::Host(image),
-        })
-    } else {
-        let send_image = framed(&input);
-        let image = framed(&vec![GUARD_BYTE; args.recv_elems() * es]);
-        let s = gpu.alloc(send_image.len()).map_err(err)?;
-        let r = gpu.alloc(image.len()).map_err(err)?;
-        gpu.upload(&s, 0, &send_image).map_err(err)?;
-        gpu.upload(&r, 0, &image).map_err(err)?;
-        Ok(Placed {
-            send_ptr: s.ptr + offset as u64,
-            recv_ptr: r.ptr + offset as u64,
-            recv_at: offset..offset + args.recv_elems() * es,
-            send: s,
-            recv: Some(r),
-            image: Image::Host(image),
-        })
-    }
-}
-
-/// [`place`] for `--check-on gpu`: the same layout, the guard bytes set and the exact fill's
-/// input written on the GPU.
-fn place_on_gpu(
-    gpu: &GpuCtx,
-    args: &CollArgs,
-    rank: usize,
-    in_place: bool,
-    offset: usize,
-) -> Result<Placed, String> {
-    let es = args.dtype.size();
-    if in_place {
-        let (send, recv, total) = args.in_place_ranges(rank);
-        let len = offset + total + GUARD;
-        let b = gpu.alloc(len).map_err(err)?;
-        let image = Image::Gpu {
-            len,
-            input: Some(InputAt {
-                at: offset + send.start,
-                args: *args,
-                rank,
-            }),
+        let image = if on_gpu {
+            Image::Gpu {
+                len: offset + total + GUARD,
+                input: input_at(offset + send.start),
+            }
+        } else {
+            let input = fill_input(a.fill, args, rank, SEED);
+            let prior = vec![GUARD_BYTE; recv.len()];
+            Image::Host(framed(&args.in_place_backing(rank, &input, &prior)))
         };
+        debug_assert_eq!(image.len(), offset + total + GUARD);
+        let b = gpu.alloc(image.len()).map_err(err)?;
         image.restore(gpu, &b)?;
         return Ok(Placed {
             send_ptr: b.ptr + (offset + send.start) as u64,
@@ -214,20 +180,26 @@ fn place_on_gpu(
             image,
         });
     }
-    let send_len = offset + args.send_elems() * es + GUARD;
-    let len = offset + args.recv_elems() * es + GUARD;
-    let s = gpu.alloc(send_len).map_err(err)?;
-    let r = gpu.alloc(len).map_err(err)?;
-    let send_image = Image::Gpu {
-        len: send_len,
-        input: Some(InputAt {
-            at: offset,
-            args: *args,
-            rank,
-        }),
+    let (send_image, image) = if on_gpu {
+        (
+            Image::Gpu {
+                len: offset + args.send_elems() * es + GUARD,
+                input: input_at(offset),
+            },
+            Image::Gpu {
+                len: offset + args.recv_elems() * es + GUARD,
+                input: None,
+            },
+        )
+    } else {
+        (
+            Image::Host(framed(&fill_input(a.fill, args, rank, SEED))),
+            Image::Host(framed(&vec![GUARD_BYTE; args.recv_elems() * es])),
+        )
     };
+    let s = gpu.alloc(send_image.len()).map_err(err)?;
+    let r = gpu.alloc(image.len()).map_err(err)?;
     send_image.restore(gpu, &s)?;
-    let image = Image::Gpu { len, input: None };
     image.restore(gpu, &r)?;
     Ok(Placed {
         send_ptr: s.ptr + offset as u64,

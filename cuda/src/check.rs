@@ -193,20 +193,9 @@ pub unsafe fn count_wrong(
         &mut a as *mut CheckArgs as *mut c_void,
         &mut w as *mut u64 as *mut c_void,
     ];
-    let blocks = n.div_ceil(512 * 16).clamp(1, gpu.sms.max(1) as u64 * 4) as u32;
-    gpu.bind()?;
     // SAFETY: the parameters match the check kernel's signature; the caller vouches for
     // `out`; the counter lives until the download below, after the stream is done.
-    unsafe {
-        enqueue(
-            f,
-            blocks,
-            512,
-            gpu.stream,
-            &mut params,
-            "cuLaunchKernel(check)",
-        )
-    }?;
+    unsafe { launch_over(gpu, f, n, &mut params, "cuLaunchKernel(check)") }?;
     let mut got = [0u8; 8];
     gpu.download(&counter, 0, &mut got)?;
     Ok(u64::from_le_bytes(got))
@@ -236,20 +225,28 @@ pub unsafe fn fill(
         &mut a as *mut CheckArgs as *mut c_void,
         &mut f0 as *mut u64 as *mut c_void,
     ];
+    // SAFETY: the parameters match the fill kernel's signature; the caller vouches for `out`.
+    unsafe { launch_over(gpu, f, n, &mut params, "cuLaunchKernel(fill)") }?;
+    gpu.synchronize()
+}
+
+/// Launches `f`, a check or fill kernel (512 threads a block, a grid-stride loop over `n`
+/// elements), on the GPU's own stream: about 16 elements a thread, at most 4 blocks an SM.
+///
+/// # Safety
+/// `params` match `f`'s signature and point at live values; the buffers they name hold `n`
+/// elements.
+unsafe fn launch_over(
+    gpu: &GpuCtx,
+    f: cudarc::driver::sys::CUfunction,
+    n: u64,
+    params: &mut [*mut c_void],
+    what: &str,
+) -> Result<()> {
     let blocks = n.div_ceil(512 * 16).clamp(1, gpu.sms.max(1) as u64 * 4) as u32;
     gpu.bind()?;
-    // SAFETY: the parameters match the fill kernel's signature; the caller vouches for `out`.
-    unsafe {
-        enqueue(
-            f,
-            blocks,
-            512,
-            gpu.stream,
-            &mut params,
-            "cuLaunchKernel(fill)",
-        )
-    }?;
-    gpu.synchronize()
+    // SAFETY: the caller's contract.
+    unsafe { enqueue(f, blocks, 512, gpu.stream, params, what) }
 }
 
 /// The kernels' op code of `op`.
