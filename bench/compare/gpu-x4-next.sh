@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# On nvidia-h200-x4 (after bench/compare/gpu-prepare.sh here; carry .device): what the session
+# of 2026-11-26 left to run, one part per 10-minute device call. Logs under $OUT (tarred to
+# $OUT/logs.tgz: only a few files come back from a call).
+#   a  the unit tests (the fused p2p GPU test), nccl-tests' send/recv collectives with
+#      RAILCC_GPU_P2P_BATCH=2, and the default path's in-place alltoallv and hypercube
+#      under mpirun;
+#   b  the p2p A/B with the fused column; the 1 GB bench with the default (GPU) check, timed;
+#   c  bench/torch/step.sh on one host of 4 GPUs (railcc and NCCL);
+#   d  the same on 2 emulated hosts x 2 GPUs (railcc, NCCL, NCCL 4 x 4 sockets).
+# Usage: bash bench/compare/gpu-x4-next.sh a|b|c|d
+set -u
+cd "$(dirname "$0")/../.."
+source bench/compare/gpu-env.sh
+L=$OUT/logs
+mkdir -p "$L"
+T0=$(date +%s)
+case ${1:-} in
+  a)
+    OUT=$L TEST_GPU_PARTS=unit NG=4 timeout 200 bash scripts/test-gpu.sh 2>&1 | tee "$L/unit.txt" | grep -E "^(PASS|FAIL|test-gpu)|p2p batch"
+    cp "$L/test-gpu.log" "$L/test-gpu-unit.log" 2>/dev/null
+    OUT=$L TEST_GPU_P2P_BATCH=2 TEST_GPU_PARTS=p2pbatch NG=4 timeout 220 bash scripts/test-gpu.sh 2>&1 | tee "$L/p2pbatch-fused.txt" | grep -E "^(FAIL|test-gpu)"
+    cp "$L/test-gpu.log" "$L/test-gpu-p2pbatch-fused.log" 2>/dev/null
+    OUT=$L TEST_GPU_P2PBATCH_BINS="alltoallv hypercube" TEST_GPU_PARTS=p2pbatch NG=4 timeout 120 bash scripts/test-gpu.sh 2>&1 | tee "$L/p2pbatch-default.txt" | grep -E "^(FAIL|test-gpu)"
+    ;;
+  b)
+    OUT=$L P2P_SIZES="-b 1M -e 256M -f 16" timeout 330 bash bench/compare/gpu-p2p-ab.sh 2>&1 | tee "$L/p2p-ab.txt"
+    ( time timeout 100 .device/bin/railcc bench all_reduce --device cuda --gpus 4 -b 1G -e 1G -n 5 ) > "$L/bench-1g-default.txt" 2>&1
+    grep -E "^ +[0-9]|real" "$L/bench-1g-default.txt"
+    ;;
+  c)
+    OUT=$L STEP_LAYOUTS=host STEP_RUNS=1 STEP_LIMIT=150 timeout 570 bash bench/torch/step.sh 2>&1 | tee "$L/step-host.txt" | grep -v "^  "
+    ;;
+  d)
+    OUT=$L STEP_LAYOUTS=2x2 STEP_MODES="ddp hsdp overlap" STEP_RUNS=1 STEP_LIMIT=150 timeout 570 bash bench/torch/step.sh 2>&1 | tee "$L/step-2x2.txt" | grep -v "^  "
+    ;;
+  *) echo "usage: $0 a|b|c|d"; exit 2 ;;
+esac
+echo "== part ${1} ended after $(($(date +%s) - T0)) s"
+cd "$OUT" && tar czf logs.tgz logs && rm -rf logs
