@@ -40,17 +40,22 @@ pub const SOURCE: &str = r#"
 #define P2P_MAX_MSGS 16
 struct P2pMsgs { unsigned long long src[P2P_MAX_MSGS]; unsigned long long dst[P2P_MAX_MSGS]; unsigned long long bytes[P2P_MAX_MSGS]; int peer[P2P_MAX_MSGS]; };
 struct P2pCounts { unsigned int n[8]; };
-// Sender: this batch's n[p] messages to each peer p are ready (their data is written: the
-// stream has passed it).
-extern "C" __global__ void p2p_ready_many(unsigned long long mine, Ptrs theirs, int me, P2pCounts c) {
+// Thread p < 8 adds c.n[p] to our own count at word `own + p` and writes the sum into peer p's
+// word `their + me`: SENT into the peer's READY (16, 0), RECVD into its COPIED (24, 8).
+__device__ __forceinline__ void p2p_count_and_tell(unsigned long long mine, const Ptrs& theirs, int me, const P2pCounts& c, int own, int their) {
   int p = threadIdx.x;
   if (p < 8 && c.n[p] != 0) {
     volatile unsigned long long* w = p2p_words(mine);
-    unsigned long long e = w[16 + p] + c.n[p];
-    w[16 + p] = e;
+    unsigned long long e = w[own + p] + c.n[p];
+    w[own + p] = e;
     __threadfence_system();
-    p2p_words(theirs.p[p])[me] = e;
+    p2p_words(theirs.p[p])[their + me] = e;
   }
+}
+// Sender: this batch's n[p] messages to each peer p are ready (their data is written: the
+// stream has passed it).
+extern "C" __global__ void p2p_ready_many(unsigned long long mine, Ptrs theirs, int me, P2pCounts c) {
+  p2p_count_and_tell(mine, theirs, me, c, 16, 0);
 }
 // Sender: until every peer p with n[p] != 0 has copied all our messages to it but `lag`.
 extern "C" __global__ void p2p_wait_copied_many(unsigned long long mine, P2pCounts c, unsigned long long timeout_ns, unsigned long long lag) {
@@ -60,9 +65,10 @@ extern "C" __global__ void p2p_wait_copied_many(unsigned long long mine, P2pCoun
 // Receiver: message k comes from peer[k]'s memory src[k] (mapped here) into dst[k]. The
 // messages are cut in chunks of `chunk` bytes spread over the blocks; a block waits for its
 // chunk's message to be ready (the k-th message from a peer in the batch is that peer's
-// RECVD + k), copies it with 16-byte loads, four in flight a thread. p2p_recv_done, next on
-// the stream, counts them received and tells each sender (COPIED): no count shared between
-// blocks, so no two launches can mix theirs.
+// RECVD + k), copies it with 16-byte loads, four in flight a thread. After p2p_recv_many,
+// p2p_recv_done, next on the stream, counts them received and tells each sender (COPIED): no
+// count shared between blocks, so no two launches can mix theirs (p2p_fused counts its
+// blocks instead, under its own conditions).
 __device__ __forceinline__ void p2p_pull_chunks(const P2pMsgs& m, int n_msgs, unsigned long long mine, unsigned long long timeout_ns, unsigned long long chunk) {
   volatile unsigned long long* w = p2p_words(mine);
   __shared__ unsigned long long want[P2P_MAX_MSGS];
@@ -138,13 +144,7 @@ extern "C" __global__ void __launch_bounds__(512) p2p_recv_many(P2pMsgs m, int n
 // to 0.
 extern "C" __global__ void __launch_bounds__(512) p2p_fused(P2pMsgs m, int n_msgs, unsigned long long mine, Ptrs theirs, int me, unsigned long long timeout_ns, unsigned long long chunk, P2pCounts ready, P2pCounts recvd, P2pCounts copied) {
   volatile unsigned long long* w = p2p_words(mine);
-  if (blockIdx.x == 0 && threadIdx.x < 8 && ready.n[threadIdx.x] != 0) {
-    int p = threadIdx.x;
-    unsigned long long e = w[16 + p] + ready.n[p];
-    w[16 + p] = e;
-    __threadfence_system();
-    p2p_words(theirs.p[p])[me] = e;
-  }
+  if (blockIdx.x == 0) p2p_count_and_tell(mine, theirs, me, ready, 16, 0);
   p2p_pull_chunks(m, n_msgs, mine, timeout_ns, chunk);
   __shared__ int last;
   __syncthreads();
@@ -156,26 +156,14 @@ extern "C" __global__ void __launch_bounds__(512) p2p_fused(P2pMsgs m, int n_msg
   }
   __syncthreads();
   if (!last) return;
+  p2p_count_and_tell(mine, theirs, me, recvd, 24, 8);
   int p = threadIdx.x;
-  if (p < 8 && recvd.n[p] != 0) {
-    unsigned long long e = w[24 + p] + recvd.n[p];
-    w[24 + p] = e;
-    __threadfence_system();
-    p2p_words(theirs.p[p])[8 + me] = e;
-  }
   if (p < 8 && copied.n[p] != 0) p2p_wait(mine, 8 + p, w[16 + p], timeout_ns);
 }
 // Receiver, after p2p_recv_many on the same stream: its n[p] messages from each peer p are
 // copied (the kernel before has ended, so every read of the peers' buffers is done).
 extern "C" __global__ void p2p_recv_done(unsigned long long mine, Ptrs theirs, int me, P2pCounts c) {
-  int p = threadIdx.x;
-  if (p < 8 && c.n[p] != 0) {
-    volatile unsigned long long* w = p2p_words(mine);
-    unsigned long long e = w[24 + p] + c.n[p];
-    w[24 + p] = e;
-    __threadfence_system();
-    p2p_words(theirs.p[p])[8 + me] = e;
-  }
+  p2p_count_and_tell(mine, theirs, me, c, 24, 8);
 }
 "#;
 
@@ -216,26 +204,56 @@ pub unsafe fn fused(
             msgs.len()
         )));
     }
-    let f = gpu.p2p_func(FUSED)?;
     let order = rotated(msgs, theirs.len(), me);
-    let mut list = msg_list(&order);
     // At most the SMs: block 0, whose marks a receive from this rank itself waits for, runs
     // beside the others.
     let bound = max_blocks.min(gpu.sms.max(1) as u32);
-    let mut chunk = chunk_for(&order, bound);
-    let blocks = blocks_for(&order, bound, chunk);
-    let mut per_peer = [0u32; MAX_PEERS];
-    for m in &order {
-        per_peer[m.peer] += 1;
+    let counts3 = [counts(ready)?, counts(&per_peer(&order))?, counts(copied)?];
+    // SAFETY: the caller's contract.
+    unsafe {
+        launch_receives(
+            gpu,
+            stream,
+            (mine, theirs),
+            me,
+            &order,
+            (bound, timeout_ns),
+            Some(counts3),
+        )
     }
+}
+
+/// Launches one batch of receives (`batch`: at most MAX_MSGS, in the blocks' order) with up to
+/// `bound` blocks: `p2p_recv_many`, or with `fused` counts (ready, received, copied)
+/// `p2p_fused`. Returns the blocks.
+///
+/// # Safety
+/// As for [`recv_many`].
+unsafe fn launch_receives(
+    gpu: &GpuCtx,
+    stream: sys::CUstream,
+    (mine, theirs): (u64, &[u64]),
+    me: usize,
+    batch: &[RecvMsg],
+    (bound, timeout_ns): (u32, u64),
+    fused: Option<[Counts; 3]>,
+) -> Result<u32> {
+    let (f, what) = match fused {
+        Some(_) => (gpu.p2p_func(FUSED)?, "cuLaunchKernel(p2p_fused)"),
+        None => (gpu.p2p_func(RECV_MANY)?, "cuLaunchKernel(p2p_recv_many)"),
+    };
+    let mut list = msg_list(batch);
+    let mut chunk = chunk_for(batch, bound);
+    let blocks = blocks_for(batch, bound, chunk);
     let (mut n, mut a, mut t, mut me_i, mut to) = (
-        order.len() as i32,
+        batch.len() as i32,
         mine,
         ptrs(theirs),
         me as i32,
         timeout_ns,
     );
-    let (mut rd, mut rv, mut cp) = (counts(ready)?, counts(&per_peer)?, counts(copied)?);
+    let mut c3 = fused.unwrap_or_default();
+    let [c0, c1, c2] = &mut c3;
     let mut params: [*mut c_void; 10] = [
         &mut list as *mut Msgs as *mut c_void,
         &mut n as *mut i32 as *mut c_void,
@@ -244,24 +262,25 @@ pub unsafe fn fused(
         &mut me_i as *mut i32 as *mut c_void,
         &mut to as *mut u64 as *mut c_void,
         &mut chunk as *mut u64 as *mut c_void,
-        &mut rd as *mut Counts as *mut c_void,
-        &mut rv as *mut Counts as *mut c_void,
-        &mut cp as *mut Counts as *mut c_void,
+        c0 as *mut Counts as *mut c_void,
+        c1 as *mut Counts as *mut c_void,
+        c2 as *mut Counts as *mut c_void,
     ];
+    let used = if fused.is_some() { 10 } else { 7 };
     gpu.bind()?;
-    // SAFETY: the parameters match p2p_fused's signature; the caller vouches for the buffers,
-    // areas and stream.
-    unsafe {
-        enqueue(
-            f,
-            blocks,
-            THREADS,
-            stream,
-            &mut params,
-            "cuLaunchKernel(p2p_fused)",
-        )
-    }?;
+    // SAFETY: the first `used` parameters match the kernel's signature (p2p_recv_many takes
+    // the first seven); the caller vouches for the buffers, areas and stream.
+    unsafe { enqueue(f, blocks, THREADS, stream, &mut params[..used], what) }?;
     Ok(blocks)
+}
+
+/// How many of `msgs` come from each peer.
+fn per_peer(msgs: &[RecvMsg]) -> [u32; MAX_PEERS] {
+    let mut c = [0u32; MAX_PEERS];
+    for m in msgs {
+        c[m.peer] += 1;
+    }
+    c
 }
 
 /// `msgs` in the order the blocks take them: from the peer after `me` on (in group order every
@@ -440,7 +459,6 @@ pub unsafe fn recv_many(
     max_blocks: u32,
     timeout_ns: u64,
 ) -> Result<u32> {
-    let f = gpu.p2p_func(RECV_MANY)?;
     // A rank's messages to itself count in its own area (`theirs[me]` is `mine`).
     if let Some(m) = msgs.iter().find(|m| m.peer >= MAX_PEERS) {
         return Err(Error::invalid(format!(
@@ -449,47 +467,23 @@ pub unsafe fn recv_many(
         )));
     }
     let order = rotated(msgs, theirs.len(), me);
-    gpu.bind()?;
     let mut most = 0;
     for batch in order.chunks(MAX_MSGS) {
-        let mut list = msg_list(batch);
-        let mut chunk = chunk_for(batch, max_blocks);
-        let blocks = blocks_for(batch, max_blocks, chunk);
-        most = most.max(blocks);
-        let (mut n, mut a, mut t, mut me_i, mut to) = (
-            batch.len() as i32,
-            mine,
-            ptrs(theirs),
-            me as i32,
-            timeout_ns,
-        );
-        let mut params: [*mut c_void; 7] = [
-            &mut list as *mut Msgs as *mut c_void,
-            &mut n as *mut i32 as *mut c_void,
-            &mut a as *mut u64 as *mut c_void,
-            &mut t as *mut Ptrs as *mut c_void,
-            &mut me_i as *mut i32 as *mut c_void,
-            &mut to as *mut u64 as *mut c_void,
-            &mut chunk as *mut u64 as *mut c_void,
-        ];
-        // SAFETY: the parameters match p2p_recv_many's signature; the caller vouches for the
-        // buffers, areas and stream.
-        unsafe {
-            enqueue(
-                f,
-                blocks,
-                THREADS,
+        // SAFETY: the caller's contract.
+        let blocks = unsafe {
+            launch_receives(
+                gpu,
                 stream,
-                &mut params,
-                "cuLaunchKernel(p2p_recv_many)",
+                (mine, theirs),
+                me,
+                batch,
+                (max_blocks, timeout_ns),
+                None,
             )
         }?;
-        let mut per_peer = [0u32; MAX_PEERS];
-        for m in batch {
-            per_peer[m.peer] += 1;
-        }
+        most = most.max(blocks);
         // SAFETY: the areas live for the communicator's life; the caller's stream.
-        unsafe { per_peer_step(gpu, stream, RECV_DONE, (mine, theirs), me, &per_peer) }?;
+        unsafe { per_peer_step(gpu, stream, RECV_DONE, (mine, theirs), me, &per_peer(batch)) }?;
     }
     Ok(most)
 }

@@ -338,35 +338,32 @@ impl Clique {
                 let fits = |v: &Vec<railcc_cuda::p2p_many::RecvMsg>| {
                     v.len() <= railcc_cuda::p2p_many::MAX_MSGS
                 };
-                let mut capturing = false;
-                for (r, st) in sends
-                    .iter()
-                    .map(|x| (x.0, x.1))
-                    .chain(recvs.iter().map(|x| (x.0, x.1)))
-                {
-                    // SAFETY: the rank's stream (NCCL's contract).
-                    capturing |= unsafe { m.capturing(r, st) }?;
-                }
-                if rounds == 1 && m.p2p_fused() && !capturing && recvs.iter().all(|x| fits(&x.2)) {
-                    let mut keys: Vec<(usize, usize)> = sends.iter().map(|x| (x.0, x.1)).collect();
-                    for x in &recvs {
-                        if !keys.contains(&(x.0, x.1)) {
-                            keys.push((x.0, x.1));
+                if rounds == 1 && m.p2p_fused() && recvs.iter().all(|x| fits(&x.2)) {
+                    // After the joins each rank has one stream: the keys are the group's ranks.
+                    let mut keys: Vec<(usize, usize)> =
+                        ops.iter().map(|o| (o.0, o.2.stream)).collect();
+                    keys.sort_unstable();
+                    keys.dedup();
+                    let mut capturing = false;
+                    for &(r, st) in &keys {
+                        // SAFETY: the rank's stream (NCCL's contract).
+                        capturing |= unsafe { m.capturing(r, st) }?;
+                    }
+                    if !capturing {
+                        for (r, st) in keys {
+                            let c = sends
+                                .iter()
+                                .find(|x| x.0 == r && x.1 == st)
+                                .map_or([0; railcc_cuda::kernels::MAX_PEERS], |x| x.2);
+                            let msgs = recvs
+                                .iter()
+                                .find(|x| x.0 == r && x.1 == st)
+                                .map_or(&[][..], |x| &x.2[..]);
+                            // SAFETY: as for ready_many and recv_many below.
+                            unsafe { m.fused(r, st, msgs, (&c, &c)) }?;
                         }
+                        return Ok(());
                     }
-                    for (r, st) in keys {
-                        let c = sends
-                            .iter()
-                            .find(|x| x.0 == r && x.1 == st)
-                            .map_or([0; railcc_cuda::kernels::MAX_PEERS], |x| x.2);
-                        let msgs = recvs
-                            .iter()
-                            .find(|x| x.0 == r && x.1 == st)
-                            .map_or(&[][..], |x| &x.2[..]);
-                        // SAFETY: as for ready_many and recv_many below.
-                        unsafe { m.fused(r, st, msgs, (&c, &c)) }?;
-                    }
-                    return Ok(());
                 }
                 for (r, st, c) in &ready {
                     // SAFETY: NCCL's contract: the rank's stream, its send buffers written

@@ -990,19 +990,17 @@ impl ProcGpu {
             copy(o.ptr, src, o, "cuMemcpyAsync (receive from a peer process)")?;
             step(o, P2pStep::Copied, 0)?;
         }
+        // Sends straight from the caller's buffer end when the receiver has copied them.
+        let mut copied = Vec::new();
+        for o in waits.iter().filter(|_| batch) {
+            count_in(&mut copied, o);
+        }
         if let (true, Some(o)) = (fused, ops.first()) {
-            let mut marks = [0u32; MAX_PEERS];
-            for (_, c) in &ready {
-                for (m, n) in marks.iter_mut().zip(c) {
-                    *m += n;
-                }
-            }
-            let mut copied = [0u32; MAX_PEERS];
-            for w in &waits {
-                copied[w.peer] += 1;
-            }
+            // Every op is on one stream (`batch`): `ready` and `copied` hold one entry at most.
+            let of = |v: &[(Stream, [u32; MAX_PEERS])]| v.first().map_or([0; MAX_PEERS], |x| x.1);
+            let (marks, copied) = (of(&ready), of(&copied));
             // In the communicator's kernel order: the kernel counts its finished blocks in the
-            // area. Every op is on one stream (`batch`).
+            // area.
             // SAFETY: the peers' buffers are mapped, ours the caller's, on its stream.
             unsafe {
                 self.kernel_order
@@ -1020,37 +1018,26 @@ impl ProcGpu {
                         )
                     })
             }?;
-            if bounce_streams.len() > 1 {
-                // SAFETY: the caller's streams.
-                unsafe { self.bounce_joins(&bounce_streams) }?;
-            }
-            return Ok(());
-        }
-        if let (false, Some(o)) = (msgs.is_empty(), ops.iter().find(|o| !o.send)) {
-            // In the communicator's kernel order: two at once on two streams would share the
-            // area's count of finished blocks.
-            // SAFETY: the peers' buffers are mapped, ours the caller's, on its stream.
-            unsafe {
-                self.kernel_order
-                    .lock()
-                    .run(&self.gpu, o.stream as usize, || {
-                        p2p_many::recv_many(
-                            &self.gpu,
-                            o.stream,
-                            (self.gpu.sync.ptr, &self.syncs),
-                            me,
-                            &msgs,
-                            self.max_blocks,
-                            timeout_ns,
-                        )
-                    })
-            }?;
-        }
-        // Sends straight from the caller's buffer end when the receiver has copied them.
-        if batch {
-            let mut copied = Vec::new();
-            for o in &waits {
-                count_in(&mut copied, o);
+        } else {
+            if let (false, Some(o)) = (msgs.is_empty(), ops.iter().find(|o| !o.send)) {
+                // In the communicator's kernel order: two at once on two streams would share
+                // the area's count of finished blocks.
+                // SAFETY: the peers' buffers are mapped, ours the caller's, on its stream.
+                unsafe {
+                    self.kernel_order
+                        .lock()
+                        .run(&self.gpu, o.stream as usize, || {
+                            p2p_many::recv_many(
+                                &self.gpu,
+                                o.stream,
+                                (self.gpu.sync.ptr, &self.syncs),
+                                me,
+                                &msgs,
+                                self.max_blocks,
+                                timeout_ns,
+                            )
+                        })
+                }?;
             }
             for (st, c) in &copied {
                 // SAFETY: as above.
@@ -1058,8 +1045,7 @@ impl ProcGpu {
                     p2p_many::wait_copied_many(&self.gpu, *st, self.gpu.sync.ptr, c, timeout_ns, 0)
                 }?;
             }
-        } else {
-            for o in &waits {
+            for o in waits.iter().filter(|_| !batch) {
                 step(o, P2pStep::WaitCopied, 0)?;
             }
         }
