@@ -771,10 +771,11 @@ impl ProcGpu {
     /// unbatched sends and receives in a ring, as PyTorch issues them, do not wait on each
     /// other; the slot is refilled once the receiver copied it. A larger send is read from the
     /// caller's buffer, and the sender's stream waits for the copy before anything after the
-    /// send may touch the buffer. In one batch every send is marked ready before any receive and any wait for a
-    /// copy, so two ranks that exchange in one group never wait on each other. Only a
-    /// receive waits on the host (for its send to be posted; a send waits only when its
-    /// receiver is MAIL_DEPTH messages behind).
+    /// send may touch the buffer. In one group every send is posted before any receive, and
+    /// marked ready before any receive of its round (`p2p_rounds`: a send of bytes an earlier
+    /// receive writes waits for it) and any wait for a copy, so two ranks that exchange in one
+    /// group never wait on each other. Only a receive waits on the host (for its send to be
+    /// posted; a send waits only when its receiver is MAIL_DEPTH messages behind).
     ///
     /// # Safety
     /// Each op's buffer must be device memory of this GPU from cudaMalloc/cuMemAlloc with
@@ -886,109 +887,137 @@ impl ProcGpu {
                 }?;
             }
         }
-        // Sends first: buffered ones are complete on the stream once copied to a slot.
-        let mut buffered = std::collections::HashMap::<usize, u64>::new();
-        let mut waits = Vec::new();
+        // Every send posted first, whatever its round: a receiver (in another process) only
+        // needs the buffer's description to queue its copy, which waits on the GPU for the
+        // send's mark. Its data is written (slot, bounce buffer) and marked in its round.
+        let mut how = std::collections::HashMap::<usize, Option<u64>>::new();
         for (i, o) in ops.iter().enumerate().filter(|(_, o)| o.send) {
-            let n = buffered.entry(o.peer).or_insert(0);
             let slot = if staged[i] { self.stage_slot(o)? } else { None };
-            let desc = match slot {
-                Some(slot) => {
-                    *n += 1;
-                    if let Some((_, c)) = ready
-                        .iter_mut()
-                        .find(|(st, c)| *st == o.stream && c[o.peer] > 0)
-                    {
-                        let mut only = [0u32; MAX_PEERS];
-                        only[o.peer] = std::mem::take(&mut c[o.peer]);
-                        // SAFETY: the caller's stream; the areas live for the communicator.
-                        unsafe {
-                            p2p_many::ready_many(
-                                &self.gpu,
-                                o.stream,
-                                (self.gpu.sync.ptr, &self.syncs),
-                                me,
-                                &only,
-                            )
-                        }?;
-                    }
-                    step(o, P2pStep::WaitCopied, STAGE_SLOTS - 1)?;
-                    copy(slot, o.ptr, o, "cuMemcpyAsync (send into a staging slot)")?;
-                    export(slot)?
-                }
-                None => {
-                    waits.push(*o);
-                    match bounced.get(&i) {
-                        Some(&at) => {
-                            copy(at, o.ptr, o, "cuMemcpyAsync (send into the bounce buffer)")?;
-                            self.bounce_desc(at)?
-                        }
-                        None => self
-                            .share
-                            .lock()
-                            .export(o.ptr, o.bytes as u64, deadline, &broken)?
-                            .ok_or_else(|| {
-                                Error::invalid(format!(
-                                    "send to rank {}: buffer 0x{:x} cannot be shared",
-                                    o.peer, o.ptr
-                                ))
-                                .rank(me)
-                            })?,
-                    }
-                }
+            let desc = match (slot, bounced.get(&i)) {
+                (Some(slot), _) => export(slot)?,
+                (None, Some(&at)) => self.bounce_desc(at)?,
+                (None, None) => self
+                    .share
+                    .lock()
+                    .export(o.ptr, o.bytes as u64, deadline, &broken)?
+                    .ok_or_else(|| {
+                        Error::invalid(format!(
+                            "send to rank {}: buffer 0x{:x} cannot be shared",
+                            o.peer, o.ptr
+                        ))
+                        .rank(me)
+                    })?,
             };
+            how.insert(i, slot);
             self.table
                 .post(me, o.peer, o.seq, (o.bytes as u64, desc), deadline, &broken)
                 .map_err(|e| e.rank(me))?;
-            if batch {
-                count_in(&mut ready, o);
-            } else {
-                step(o, P2pStep::Ready, 0)?;
-            }
         }
+        // A send of bytes a receive before it writes waits for that receive: the group runs
+        // as rounds, one after another on the stream (`p2p_rounds`; nccl-tests' hypercube
+        // forwards what it received). The last round's receives are launched below.
+        let rounds = railcc_core::call::p2p_rounds(ops.iter().map(|o| (o.send, o.ptr, o.bytes)));
+        let last = rounds.last().copied().unwrap_or(0);
         // RAILCC_GPU_P2P_BATCH=2: marks, receives and waits in one launch where it fits.
-        let fused =
-            batch && self.p2p_fused && ops.iter().filter(|o| !o.send).count() <= p2p_many::MAX_MSGS;
-        for (st, c) in ready
-            .iter()
-            .filter(|(_, c)| !fused && c.iter().any(|&n| n > 0))
-        {
-            // SAFETY: the caller's stream; the areas live for the communicator's life.
-            unsafe {
-                p2p_many::ready_many(&self.gpu, *st, (self.gpu.sync.ptr, &self.syncs), me, c)
-            }?;
-        }
+        let fused = batch
+            && self.p2p_fused
+            && last == 0
+            && ops.iter().filter(|o| !o.send).count() <= p2p_many::MAX_MSGS;
+        let mut waits = Vec::new();
         let mut msgs = Vec::new();
-        for o in ops.iter().filter(|o| !o.send) {
-            let (bytes, desc) = self
-                .table
-                .take(o.peer, me, o.seq, deadline, &broken)
-                .map_err(|e| e.rank(me))?;
-            if bytes != o.bytes as u64 {
-                return Err(Error::new(
-                    ErrorKind::Mismatch,
-                    format!(
-                        "message {} from rank {}: it sends {bytes} bytes, rank {me} receives {}",
-                        o.seq, o.peer, o.bytes
-                    ),
-                )
-                .peer(o.peer)
-                .rank(me)
-                .transport(crate::NAME));
+        for k in 0..=last {
+            if let (false, Some(o)) = (msgs.is_empty(), ops.first()) {
+                // The round before's receives, ahead of this round's sends on the stream.
+                // SAFETY: the peers' buffers are mapped, ours the caller's, on its stream.
+                unsafe { self.recv_batch(&msgs, o.stream, timeout_ns) }?;
+                msgs.clear();
             }
-            let src = self.share.lock().map(o.peer, &desc, deadline, &broken)?;
-            if batch {
-                msgs.push(p2p_many::RecvMsg {
-                    src,
-                    dst: o.ptr,
-                    bytes: o.bytes as u64,
-                    peer: o.peer,
-                });
-                continue;
+            let in_round = |i: usize| rounds[i] == k;
+            for (i, o) in ops
+                .iter()
+                .enumerate()
+                .filter(|(i, o)| o.send && in_round(*i))
+            {
+                match how.get(&i).copied().flatten() {
+                    Some(slot) => {
+                        if let Some((_, c)) = ready
+                            .iter_mut()
+                            .find(|(st, c)| *st == o.stream && c[o.peer] > 0)
+                        {
+                            let mut only = [0u32; MAX_PEERS];
+                            only[o.peer] = std::mem::take(&mut c[o.peer]);
+                            // SAFETY: the caller's stream; the areas live for the communicator.
+                            unsafe {
+                                p2p_many::ready_many(
+                                    &self.gpu,
+                                    o.stream,
+                                    (self.gpu.sync.ptr, &self.syncs),
+                                    me,
+                                    &only,
+                                )
+                            }?;
+                        }
+                        step(o, P2pStep::WaitCopied, STAGE_SLOTS - 1)?;
+                        copy(slot, o.ptr, o, "cuMemcpyAsync (send into a staging slot)")?;
+                    }
+                    None => {
+                        waits.push(*o);
+                        if let Some(&at) = bounced.get(&i) {
+                            copy(at, o.ptr, o, "cuMemcpyAsync (send into the bounce buffer)")?;
+                        }
+                    }
+                }
+                if batch {
+                    count_in(&mut ready, o);
+                } else {
+                    step(o, P2pStep::Ready, 0)?;
+                }
             }
-            step(o, P2pStep::WaitReady, 0)?;
-            copy(o.ptr, src, o, "cuMemcpyAsync (receive from a peer process)")?;
-            step(o, P2pStep::Copied, 0)?;
+            for (st, c) in ready.iter_mut() {
+                if fused || c.iter().all(|&n| n == 0) {
+                    continue;
+                }
+                // SAFETY: the caller's stream; the areas live for the communicator's life.
+                unsafe {
+                    p2p_many::ready_many(&self.gpu, *st, (self.gpu.sync.ptr, &self.syncs), me, c)
+                }?;
+                *c = [0; MAX_PEERS];
+            }
+            for (_, o) in ops
+                .iter()
+                .enumerate()
+                .filter(|(i, o)| !o.send && in_round(*i))
+            {
+                let (bytes, desc) = self
+                    .table
+                    .take(o.peer, me, o.seq, deadline, &broken)
+                    .map_err(|e| e.rank(me))?;
+                if bytes != o.bytes as u64 {
+                    return Err(Error::new(
+                        ErrorKind::Mismatch,
+                        format!(
+                            "message {} from rank {}: it sends {bytes} bytes, rank {me} receives {}",
+                            o.seq, o.peer, o.bytes
+                        ),
+                    )
+                    .peer(o.peer)
+                    .rank(me)
+                    .transport(crate::NAME));
+                }
+                let src = self.share.lock().map(o.peer, &desc, deadline, &broken)?;
+                if batch {
+                    msgs.push(p2p_many::RecvMsg {
+                        src,
+                        dst: o.ptr,
+                        bytes: o.bytes as u64,
+                        peer: o.peer,
+                    });
+                    continue;
+                }
+                step(o, P2pStep::WaitReady, 0)?;
+                copy(o.ptr, src, o, "cuMemcpyAsync (receive from a peer process)")?;
+                step(o, P2pStep::Copied, 0)?;
+            }
         }
         // Sends straight from the caller's buffer end when the receiver has copied them.
         let mut copied = Vec::new();
@@ -1019,25 +1048,9 @@ impl ProcGpu {
                     })
             }?;
         } else {
-            if let (false, Some(o)) = (msgs.is_empty(), ops.iter().find(|o| !o.send)) {
-                // In the communicator's kernel order: two at once on two streams would share
-                // the area's count of finished blocks.
+            if let (false, Some(o)) = (msgs.is_empty(), ops.first()) {
                 // SAFETY: the peers' buffers are mapped, ours the caller's, on its stream.
-                unsafe {
-                    self.kernel_order
-                        .lock()
-                        .run(&self.gpu, o.stream as usize, || {
-                            p2p_many::recv_many(
-                                &self.gpu,
-                                o.stream,
-                                (self.gpu.sync.ptr, &self.syncs),
-                                me,
-                                &msgs,
-                                self.max_blocks,
-                                timeout_ns,
-                            )
-                        })
-                }?;
+                unsafe { self.recv_batch(&msgs, o.stream, timeout_ns) }?;
             }
             for (st, c) in &copied {
                 // SAFETY: as above.
@@ -1054,6 +1067,37 @@ impl ProcGpu {
             unsafe { self.bounce_joins(&bounce_streams) }?;
         }
         Ok(())
+    }
+
+    /// Batch receives `msgs` on `stream` (every op of the group's), in the communicator's
+    /// kernel order: two at once on two streams would share the area's count of finished
+    /// blocks.
+    ///
+    /// # Safety
+    /// The peers' buffers are mapped here and ours are this GPU's, live until the stream
+    /// passes the receives.
+    unsafe fn recv_batch(
+        &self,
+        msgs: &[p2p_many::RecvMsg],
+        stream: Stream,
+        timeout_ns: u64,
+    ) -> Result<u32> {
+        // SAFETY: the caller's contract; the areas live for the communicator's life.
+        unsafe {
+            self.kernel_order
+                .lock()
+                .run(&self.gpu, stream as usize, || {
+                    p2p_many::recv_many(
+                        &self.gpu,
+                        stream,
+                        (self.gpu.sync.ptr, &self.syncs),
+                        self.rank,
+                        msgs,
+                        self.max_blocks,
+                        timeout_ns,
+                    )
+                })
+        }
     }
 
     /// The staging slot for send `o` (slot `seq mod STAGE_SLOTS` of the peer's staging
