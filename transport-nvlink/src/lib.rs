@@ -44,6 +44,8 @@ pub struct Settings {
     pub p2p_batch: bool,
     /// ... in one launch per batch where it fits (`p2p_many::fused`).
     pub p2p_fused: bool,
+    /// One process per GPU: sends up to this many bytes go through a staging slot.
+    pub p2p_stage_bytes: usize,
 }
 
 impl Settings {

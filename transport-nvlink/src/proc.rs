@@ -63,6 +63,8 @@ pub struct ProcGpu {
     /// A group's sends and receives as batch kernels (`RAILCC_GPU_P2P_BATCH`).
     p2p_batch: bool,
     p2p_fused: bool,
+    /// Sends up to this many bytes (at most STAGE_SLOT_BYTES) are staged.
+    stage_bytes: usize,
     broken: Arc<Mutex<Option<Error>>>,
     watcher: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
 }
@@ -394,6 +396,7 @@ impl ProcGpu {
             wide_loads: settings.wide_loads,
             p2p_batch: settings.p2p_batch,
             p2p_fused: settings.p2p_fused,
+            stage_bytes: settings.p2p_stage_bytes.min(STAGE_SLOT_BYTES),
             broken,
             watcher: Some((stop, watcher)),
         })
@@ -833,7 +836,7 @@ impl ProcGpu {
             let k = per_peer.entry(o.peer).or_insert(0);
             let early = *k < STAGE_SLOTS;
             *k += 1;
-            if early && o.bytes <= STAGE_SLOT_BYTES && !capturing {
+            if early && o.bytes <= self.stage_bytes && !capturing {
                 staged[i] = true;
             } else if o.bytes > 0
                 && railcc_cuda::vmm::sharing_of(o.ptr)? == railcc_cuda::vmm::Sharing::None

@@ -33,5 +33,6 @@ pub fn settings(cfg: &Config) -> Settings {
         wide_loads: cfg.gpu_wide_loads != 0,
         p2p_batch: cfg.gpu_p2p_batch != 0,
         p2p_fused: cfg.gpu_p2p_batch == 2,
+        p2p_stage_bytes: cfg.gpu_p2p_stage_bytes,
     }
 }
