@@ -6,7 +6,9 @@
 # from NCCL's NCCL_DEBUG=INFO lines), "batch-all" one block per SM. Prints,
 # per collective, way of running and size, each run's out-of-place busbw and its ratio to
 # NCCL's. Logs: $OUT/p2p-ab-*.log. P2P_SIZES (default "-b 1M -e 256M -f 4"), P2P_COLLS
-# (default "sendrecv alltoall"), NG (default every GPU).
+# (default "sendrecv alltoall"), NG (default every GPU), P2P_RUNS (default "copies batch
+# batch-all fused"; also "fused-all": one launch, one block per SM, and "fused-nostage": the
+# same with no staged sends, RAILCC_GPU_P2P_STAGE_BYTES=0).
 # Prepare with bench/compare/gpu-prepare.sh; carry .device.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -20,7 +22,7 @@ wait $b0 || { echo "FAIL  nccl-tests build"; exit 1; }
 wait $b1 || { echo "FAIL  nccl-tests build (MPI)"; exit 1; }
 NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
 FLAGS="${P2P_SIZES:--b 1M -e 256M -f 4} -n 20 -w 5 -c 1"
-MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_GPU_P2P_BATCH -x RAILCC_GPU_MAX_BLOCKS -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS"
+MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_GPU_P2P_BATCH -x RAILCC_GPU_MAX_BLOCKS -x RAILCC_GPU_P2P_STAGE_BYTES -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS"
 run() {  # NAME WAY(g|mpi) COLL LIBDIR [VAR=VALUE...]
   local name=$1 way=$2 c=$3 lib=$4 rc why
   shift 4
@@ -37,15 +39,22 @@ run() {  # NAME WAY(g|mpi) COLL LIBDIR [VAR=VALUE...]
 for c in ${P2P_COLLS:-sendrecv alltoall}; do
   for way in g mpi; do
     # Every run sets every variable mpirun forwards (-x of an unset one is refused).
-    run nccl $way "$c" "$NCCL_HOME/lib" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT RAILCC_GPU_P2P_BATCH=0 RAILCC_GPU_MAX_BLOCKS=0
+    run nccl $way "$c" "$NCCL_HOME/lib" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT RAILCC_GPU_P2P_BATCH=0 RAILCC_GPU_MAX_BLOCKS=0 RAILCC_GPU_P2P_STAGE_BYTES=2097152
     ch=$(grep -o "[0-9]* coll channels" "$OUT/p2p-ab-$c-$way-nccl.log" | head -n 1 | awk '{print $1}')
     echo "== $c, $way: NCCL ${ch:-?} coll channels"
-    q=(NCCL_DEBUG=WARN NCCL_DEBUG_SUBSYS=INIT)
-    run copies $way "$c" "$PWD/.device/lib" "${q[@]}" RAILCC_GPU_P2P_BATCH=0 RAILCC_GPU_MAX_BLOCKS=0
-    run batch $way "$c" "$PWD/.device/lib" "${q[@]}" RAILCC_GPU_P2P_BATCH=1 RAILCC_GPU_MAX_BLOCKS="${ch:-24}"
-    run batch-all $way "$c" "$PWD/.device/lib" "${q[@]}" RAILCC_GPU_P2P_BATCH=1 RAILCC_GPU_MAX_BLOCKS=0
-    run fused $way "$c" "$PWD/.device/lib" "${q[@]}" RAILCC_GPU_P2P_BATCH=2 RAILCC_GPU_MAX_BLOCKS="${ch:-24}"
-    python3 - "$OUT" "$c" "$way" nccl copies batch batch-all fused <<'PY'
+    q=(NCCL_DEBUG=WARN NCCL_DEBUG_SUBSYS=INIT RAILCC_GPU_P2P_STAGE_BYTES=2097152)
+    for r in ${P2P_RUNS:-copies batch batch-all fused}; do
+      case $r in
+        copies) run $r $way "$c" "$PWD/.device/lib" "${q[@]}" RAILCC_GPU_P2P_BATCH=0 RAILCC_GPU_MAX_BLOCKS=0 ;;
+        batch) run $r $way "$c" "$PWD/.device/lib" "${q[@]}" RAILCC_GPU_P2P_BATCH=1 RAILCC_GPU_MAX_BLOCKS="${ch:-24}" ;;
+        batch-all) run $r $way "$c" "$PWD/.device/lib" "${q[@]}" RAILCC_GPU_P2P_BATCH=1 RAILCC_GPU_MAX_BLOCKS=0 ;;
+        fused) run $r $way "$c" "$PWD/.device/lib" "${q[@]}" RAILCC_GPU_P2P_BATCH=2 RAILCC_GPU_MAX_BLOCKS="${ch:-24}" ;;
+        fused-all) run $r $way "$c" "$PWD/.device/lib" "${q[@]}" RAILCC_GPU_P2P_BATCH=2 RAILCC_GPU_MAX_BLOCKS=0 ;;
+        fused-nostage) run $r $way "$c" "$PWD/.device/lib" NCCL_DEBUG=WARN NCCL_DEBUG_SUBSYS=INIT RAILCC_GPU_P2P_STAGE_BYTES=0 RAILCC_GPU_P2P_BATCH=2 RAILCC_GPU_MAX_BLOCKS=0 ;;
+        *) echo "gpu-p2p-ab: unknown run $r"; exit 2 ;;
+      esac
+    done
+    python3 - "$OUT" "$c" "$way" nccl ${P2P_RUNS:-copies batch batch-all fused} <<'PY'
 import re, sys
 out, c, way, names = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 rows = {}

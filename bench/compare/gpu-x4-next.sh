@@ -7,8 +7,12 @@
 #      under mpirun;
 #   b  the p2p A/B with the fused column; the 1 GB bench with the default (GPU) check, timed;
 #   c  bench/torch/step.sh on one host of 4 GPUs (railcc and NCCL);
-#   d  the same on 2 emulated hosts x 2 GPUs (railcc, NCCL, NCCL 4 x 4 sockets).
-# Usage: bash bench/compare/gpu-x4-next.sh a|b|c|d
+#   d  the same on 2 emulated hosts x 2 GPUs (railcc, NCCL, NCCL 4 x 4 sockets);
+#   e  (after the fused launch became the default and took over the staging copies) the
+#      unit tests, the send/recv collectives of nccl-tests on the default path, and if they
+#      pass the p2p A/B of the one-launch batch at NCCL's channels, at one block per SM, and
+#      with no staged sends.
+# Usage: bash bench/compare/gpu-x4-next.sh a|b|c|d|e
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -34,7 +38,16 @@ case ${1:-} in
   d)
     OUT=$L STEP_LAYOUTS=2x2 STEP_MODES="ddp hsdp overlap" STEP_RUNS=1 STEP_LIMIT=150 timeout 570 bash bench/torch/step.sh 2>&1 | tee "$L/step-2x2.txt" | grep -v "^  "
     ;;
-  *) echo "usage: $0 a|b|c|d"; exit 2 ;;
+  e)
+    OUT=$L TEST_GPU_PARTS=unit NG=4 timeout 150 bash scripts/test-gpu.sh 2>&1 | tee "$L/unit.txt" | grep -E "^(PASS|FAIL|test-gpu)|p2p batch"
+    cp "$L/test-gpu.log" "$L/test-gpu-unit.log" 2>/dev/null
+    OUT=$L TEST_GPU_P2PBATCH_BINS="sendrecv alltoall alltoallv hypercube gather" TEST_GPU_P2P_BATCH=2 TEST_GPU_PARTS=p2pbatch NG=4 timeout 260 bash scripts/test-gpu.sh 2>&1 | tee "$L/p2pbatch.txt" | grep -E "^(FAIL|test-gpu)"
+    cp "$L/test-gpu.log" "$L/test-gpu-p2pbatch.log" 2>/dev/null
+    if grep -q "test-gpu: [0-9]* passed, 0 failed" "$L/p2pbatch.txt"; then
+      OUT=$L P2P_RUNS="fused fused-all fused-nostage" P2P_SIZES="-b 1M -e 256M -f 16" timeout 150 bash bench/compare/gpu-p2p-ab.sh 2>&1 | tee "$L/p2p-ab.txt"
+    fi
+    ;;
+  *) echo "usage: $0 a|b|c|d|e"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs

@@ -40,6 +40,10 @@ pub const SOURCE: &str = r#"
 #define P2P_MAX_MSGS 16
 struct P2pMsgs { unsigned long long src[P2P_MAX_MSGS]; unsigned long long dst[P2P_MAX_MSGS]; unsigned long long bytes[P2P_MAX_MSGS]; int peer[P2P_MAX_MSGS]; };
 struct P2pCounts { unsigned int n[8]; };
+// Sends p2p_fused copies into staging slots before marking: src[k] (the caller's) into dst[k]
+// (a slot), once peer[k] has copied every message to it but the last `lag` before this one,
+// the before[k]-th of the batch to that peer.
+struct P2pStage { unsigned long long src[P2P_MAX_MSGS]; unsigned long long dst[P2P_MAX_MSGS]; unsigned long long bytes[P2P_MAX_MSGS]; int peer[P2P_MAX_MSGS]; int before[P2P_MAX_MSGS]; };
 // Thread p < 8 adds c.n[p] to our own count at word `own + p` and writes the sum into peer p's
 // word `their + me`: SENT into the peer's READY (16, 0), RECVD into its COPIED (24, 8).
 __device__ __forceinline__ void p2p_count_and_tell(unsigned long long mine, const Ptrs& theirs, int me, const P2pCounts& c, int own, int their) {
@@ -69,6 +73,69 @@ extern "C" __global__ void p2p_wait_copied_many(unsigned long long mine, P2pCoun
 // p2p_recv_done, next on the stream, counts them received and tells each sender (COPIED): no
 // count shared between blocks, so no two launches can mix theirs (p2p_fused counts its
 // blocks instead, under its own conditions).
+// The block copies `len` bytes from s to d: 16-byte loads, four in flight a thread, where s
+// and d sit alike on 16 bytes (a byte loop otherwise, and for the ends).
+__device__ __forceinline__ void p2p_copy_block(const unsigned char* s, unsigned char* d, unsigned long long len) {
+  unsigned long long head = len;
+  if ((((unsigned long long)s ^ (unsigned long long)d) & 15ull) == 0) {
+    head = (16ull - ((unsigned long long)s & 15ull)) & 15ull;
+    if (head > len) head = len;
+  }
+  for (unsigned long long i = threadIdx.x; i < head; i += blockDim.x) d[i] = s[i];
+  if (head < len) {
+    const uint4* sv = (const uint4*)(s + head);
+    uint4* dv = (uint4*)(d + head);
+    const unsigned long long nv = (len - head) / 16;
+    for (unsigned long long i = threadIdx.x; i < nv; i += 4ull * blockDim.x) {
+      uint4 x[4];
+#pragma unroll
+      for (int j = 0; j < 4; j++) if (i + j * blockDim.x < nv) x[j] = sv[i + j * blockDim.x];
+#pragma unroll
+      for (int j = 0; j < 4; j++) if (i + j * blockDim.x < nv) dv[i + j * blockDim.x] = x[j];
+    }
+    for (unsigned long long i = head + nv * 16 + threadIdx.x; i < len; i += blockDim.x) d[i] = s[i];
+  }
+}
+// The block's chunks of the staged sends (p2p_fused): each waits until its slot's earlier
+// message has been copied by the receiver, then is copied into the slot. Returns 0 when a
+// wait ended on the deadline or an abort.
+__device__ __forceinline__ int p2p_stage_chunks(const P2pStage& st, int n_stage, unsigned long long mine, unsigned long long timeout_ns, unsigned long long chunk, unsigned long long lag) {
+  volatile unsigned long long* w = p2p_words(mine);
+  __shared__ unsigned long long start[P2P_MAX_MSGS + 1];
+  __shared__ int stop;
+  if (threadIdx.x == 0) {
+    unsigned long long u = 0;
+    for (int k = 0; k < n_stage; k++) { start[k] = u; u += (st.bytes[k] + chunk - 1) / chunk; }
+    start[n_stage] = u;
+    stop = 0;
+  }
+  __syncthreads();
+  const unsigned long long units = start[n_stage];
+  for (unsigned long long u = blockIdx.x; u < units; u += gridDim.x) {
+    int k = 0;
+    while (start[k + 1] <= u) k++;
+    if (threadIdx.x == 0) {
+      // SENT (word 16 + p) is this batch's start: block 0 adds the batch's marks only once
+      // every block has staged.
+      const int p = st.peer[k];
+      const unsigned long long need = w[16 + p] + (unsigned long long)st.before[k] - lag;
+      unsigned long long t0 = now_ns();
+      unsigned int spins = 0;
+      while ((long long)(w[8 + p] - need) < 0) {
+        if (now_ns() - t0 > timeout_ns) { timed_out(mine); stop = 1; break; } // the receiver never came
+        if ((++spins & 255u) == 0 && aborted(mine)) { stop = 1; break; }
+      }
+    }
+    __syncthreads();
+    if (stop) return 0;
+    const unsigned long long off = (u - start[k]) * chunk;
+    unsigned long long len = st.bytes[k] - off;
+    if (len > chunk) len = chunk;
+    p2p_copy_block((const unsigned char*)st.src[k] + off, (unsigned char*)st.dst[k] + off, len);
+    __syncthreads();
+  }
+  return 1;
+}
 __device__ __forceinline__ void p2p_pull_chunks(const P2pMsgs& m, int n_msgs, unsigned long long mine, unsigned long long timeout_ns, unsigned long long chunk) {
   volatile unsigned long long* w = p2p_words(mine);
   __shared__ unsigned long long want[P2P_MAX_MSGS];
@@ -106,27 +173,7 @@ __device__ __forceinline__ void p2p_pull_chunks(const P2pMsgs& m, int n_msgs, un
     const unsigned long long off = (u - start[k]) * chunk;
     unsigned long long len = m.bytes[k] - off;
     if (len > chunk) len = chunk;
-    const unsigned char* s = (const unsigned char*)m.src[k] + off;
-    unsigned char* d = (unsigned char*)m.dst[k] + off;
-    unsigned long long head = len;
-    if ((((unsigned long long)s ^ (unsigned long long)d) & 15ull) == 0) {
-      head = (16ull - ((unsigned long long)s & 15ull)) & 15ull;
-      if (head > len) head = len;
-    }
-    for (unsigned long long i = threadIdx.x; i < head; i += blockDim.x) d[i] = s[i];
-    if (head < len) {
-      const uint4* sv = (const uint4*)(s + head);
-      uint4* dv = (uint4*)(d + head);
-      const unsigned long long nv = (len - head) / 16;
-      for (unsigned long long i = threadIdx.x; i < nv; i += 4ull * blockDim.x) {
-        uint4 x[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) if (i + j * blockDim.x < nv) x[j] = sv[i + j * blockDim.x];
-#pragma unroll
-        for (int j = 0; j < 4; j++) if (i + j * blockDim.x < nv) dv[i + j * blockDim.x] = x[j];
-      }
-      for (unsigned long long i = head + nv * 16 + threadIdx.x; i < len; i += blockDim.x) d[i] = s[i];
-    }
+    p2p_copy_block((const unsigned char*)m.src[k] + off, (unsigned char*)m.dst[k] + off, len);
     __syncthreads(); // before thread 0 waits for the next chunk's message
   }
 }
@@ -141,9 +188,32 @@ extern "C" __global__ void __launch_bounds__(512) p2p_recv_many(P2pMsgs m, int n
 // from this rank itself meets its mark once block 0 runs (blocks are at most the SMs). The
 // finished-block count (P2P word 32) is this area's alone: a communicator's kernels on a GPU
 // run one at a time (KernelOrder) and never under capture, and the last block puts it back
-// to 0.
-extern "C" __global__ void __launch_bounds__(512) p2p_fused(P2pMsgs m, int n_msgs, unsigned long long mine, Ptrs theirs, int me, unsigned long long timeout_ns, unsigned long long chunk, P2pCounts ready, P2pCounts recvd, P2pCounts copied) {
+// to 0. With staged sends (n_stage > 0) every block first copies its chunks of them into
+// their slots (p2p_stage_chunks), and block 0 marks only after all have (word 33 counts).
+extern "C" __global__ void __launch_bounds__(512) p2p_fused(P2pMsgs m, int n_msgs, unsigned long long mine, Ptrs theirs, int me, unsigned long long timeout_ns, unsigned long long chunk, P2pCounts ready, P2pCounts recvd, P2pCounts copied, P2pStage st, int n_stage, unsigned long long lag) {
   volatile unsigned long long* w = p2p_words(mine);
+  if (n_stage > 0) {
+    // Every block stages its chunks and counts itself (word 33); block 0 marks the sends
+    // only once all have (a block that stopped on a deadline counts too: the marks then
+    // tell of data that is not there, but the communicator is broken already).
+    p2p_stage_chunks(st, n_stage, mine, timeout_ns, chunk, lag);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd((unsigned long long*)(w + 33), 1ull);
+      if (blockIdx.x == 0) {
+        unsigned long long t0 = now_ns();
+        unsigned int spins = 0;
+        while (w[33] < (unsigned long long)gridDim.x) {
+          if (now_ns() - t0 > timeout_ns) { timed_out(mine); break; }
+          if ((++spins & 255u) == 0 && aborted(mine)) break;
+        }
+        w[33] = 0; // no block counts again in this launch
+        __threadfence();
+      }
+    }
+    __syncthreads();
+  }
   if (blockIdx.x == 0) p2p_count_and_tell(mine, theirs, me, ready, 16, 0);
   p2p_pull_chunks(m, n_msgs, mine, timeout_ns, chunk);
   __shared__ int last;
@@ -177,10 +247,25 @@ pub struct RecvMsg {
     pub peer: usize,
 }
 
-/// A whole batch on `stream` in one launch (`p2p_fused`): the sends counted in `ready` marked
-/// ready, every message of `msgs` copied into this GPU (each once its sender marked it), its
-/// senders told, then a wait until every peer p with `copied[p] != 0` has copied all of this
-/// rank's messages. At most `MAX_MSGS` messages; up to `max_blocks` blocks, at most the SMs.
+/// One send `p2p_fused` copies into a staging slot before marking the batch's sends: `bytes`
+/// from this GPU's `src` into the slot at `dst`, once `peer` has copied every message to it
+/// but the last `lag` before this one, the `before`-th of the batch to that peer (counting
+/// every send to it, staged or not).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StageMsg {
+    pub src: u64,
+    pub dst: u64,
+    pub bytes: u64,
+    pub peer: usize,
+    pub before: u32,
+}
+
+/// A whole batch on `stream` in one launch (`p2p_fused`): the sends of `stage` copied into
+/// their slots (each once its slot is free: `lag`, see [`StageMsg`]), then the sends counted
+/// in `ready` marked ready, every message of `msgs` copied into this GPU (each once its sender
+/// marked it), its senders told, then a wait until every peer p with `copied[p] != 0` has
+/// copied all of this rank's messages. At most `MAX_MSGS` messages and as many staged sends;
+/// up to `max_blocks` blocks, at most the SMs.
 /// Returns the blocks used. The caller runs it in the communicator's kernel order and not
 /// under capture: the kernel counts its finished blocks in the area, which two launches at
 /// once would share.
@@ -195,13 +280,19 @@ pub unsafe fn fused(
     me: usize,
     msgs: &[RecvMsg],
     (ready, copied): (&[u32], &[u32]),
+    (stage, lag): (&[StageMsg], u64),
     max_blocks: u32,
     timeout_ns: u64,
 ) -> Result<u32> {
-    if msgs.len() > MAX_MSGS || msgs.iter().any(|m| m.peer >= MAX_PEERS) {
+    if msgs.len() > MAX_MSGS
+        || stage.len() > MAX_MSGS
+        || msgs.iter().any(|m| m.peer >= MAX_PEERS)
+        || stage.iter().any(|m| m.peer >= MAX_PEERS)
+    {
         return Err(Error::invalid(format!(
-            "p2p batch in one launch: {} receives (at most {MAX_MSGS}, peers below {MAX_PEERS})",
-            msgs.len()
+            "p2p batch in one launch: {} receives and {} staged sends (at most {MAX_MSGS} each, peers below {MAX_PEERS})",
+            msgs.len(),
+            stage.len()
         )));
     }
     let order = rotated(msgs, theirs.len(), me);
@@ -218,14 +309,15 @@ pub unsafe fn fused(
             me,
             &order,
             (bound, timeout_ns),
-            Some(counts3),
+            Some((counts3, stage_list(stage), lag)),
         )
     }
 }
 
 /// Launches one batch of receives (`batch`: at most MAX_MSGS, in the blocks' order) with up to
-/// `bound` blocks: `p2p_recv_many`, or with `fused` counts (ready, received, copied)
-/// `p2p_fused`. Returns the blocks.
+/// `bound` blocks: `p2p_recv_many`, or with `fused` counts (ready, received, copied), staged
+/// sends and their lag `p2p_fused` (blocks enough for the staged bytes too). Returns the
+/// blocks.
 ///
 /// # Safety
 /// As for [`recv_many`].
@@ -236,15 +328,26 @@ unsafe fn launch_receives(
     me: usize,
     batch: &[RecvMsg],
     (bound, timeout_ns): (u32, u64),
-    fused: Option<[Counts; 3]>,
+    fused: Option<([Counts; 3], Stage, u64)>,
 ) -> Result<u32> {
     let (f, what) = match fused {
         Some(_) => (gpu.p2p_func(FUSED)?, "cuLaunchKernel(p2p_fused)"),
         None => (gpu.p2p_func(RECV_MANY)?, "cuLaunchKernel(p2p_recv_many)"),
     };
     let mut list = msg_list(batch);
-    let mut chunk = chunk_for(batch, bound);
-    let blocks = blocks_for(batch, bound, chunk);
+    let (mut c3, mut st, mut lag) = fused.unwrap_or_default();
+    // The staged sends' bytes share the blocks with the receives'.
+    let staged: Vec<RecvMsg> = st.list.bytes[..st.n.clamp(0, MAX_MSGS as i32) as usize]
+        .iter()
+        .map(|&bytes| RecvMsg {
+            src: 0,
+            dst: 0,
+            bytes,
+            peer: 0,
+        })
+        .collect();
+    let mut chunk = chunk_for(batch, bound).max(chunk_for(&staged, bound));
+    let blocks = blocks_for(batch, bound, chunk).max(blocks_for(&staged, bound, chunk));
     let (mut n, mut a, mut t, mut me_i, mut to) = (
         batch.len() as i32,
         mine,
@@ -252,9 +355,9 @@ unsafe fn launch_receives(
         me as i32,
         timeout_ns,
     );
-    let mut c3 = fused.unwrap_or_default();
     let [c0, c1, c2] = &mut c3;
-    let mut params: [*mut c_void; 10] = [
+    let mut n_stage = st.n;
+    let mut params: [*mut c_void; 13] = [
         &mut list as *mut Msgs as *mut c_void,
         &mut n as *mut i32 as *mut c_void,
         &mut a as *mut u64 as *mut c_void,
@@ -265,11 +368,14 @@ unsafe fn launch_receives(
         c0 as *mut Counts as *mut c_void,
         c1 as *mut Counts as *mut c_void,
         c2 as *mut Counts as *mut c_void,
+        &mut st.list as *mut StageList as *mut c_void,
+        &mut n_stage as *mut i32 as *mut c_void,
+        &mut lag as *mut u64 as *mut c_void,
     ];
-    let used = if fused.is_some() { 10 } else { 7 };
+    let used = if fused.is_some() { 13 } else { 7 };
     gpu.bind()?;
     // SAFETY: the first `used` parameters match the kernel's signature (p2p_recv_many takes
-    // the first seven); the caller vouches for the buffers, areas and stream.
+    // the first seven, p2p_fused all); the caller vouches for the buffers, areas and stream.
     unsafe { enqueue(f, blocks, THREADS, stream, &mut params[..used], what) }?;
     Ok(blocks)
 }
@@ -308,6 +414,38 @@ fn msg_list(batch: &[RecvMsg]) -> Msgs {
         list.peer[i] = m.peer as i32;
     }
     list
+}
+
+/// The kernels' list of staged sends (`P2pStage`).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct StageList {
+    src: [u64; MAX_MSGS],
+    dst: [u64; MAX_MSGS],
+    bytes: [u64; MAX_MSGS],
+    peer: [i32; MAX_MSGS],
+    before: [i32; MAX_MSGS],
+}
+
+/// Staged sends as p2p_fused takes them: the list and its length.
+#[derive(Clone, Copy, Default)]
+struct Stage {
+    list: StageList,
+    n: i32,
+}
+
+/// `stage` (at most MAX_MSGS, checked by the caller) as the kernel's list.
+fn stage_list(stage: &[StageMsg]) -> Stage {
+    let mut st = Stage::default();
+    for (i, m) in stage.iter().take(MAX_MSGS).enumerate() {
+        st.list.src[i] = m.src;
+        st.list.dst[i] = m.dst;
+        st.list.bytes[i] = m.bytes;
+        st.list.peer[i] = m.peer as i32;
+        st.list.before[i] = m.before.min(i32::MAX as u32) as i32;
+        st.n = i as i32 + 1;
+    }
+    st
 }
 
 /// Messages per peer, as the kernels take them.
@@ -518,7 +656,9 @@ mod tests {
     /// On a GPU: two ranks on one GPU (the context's sync area and a second one, a stream
     /// each) swap batches both ways, twice (the counters carry over): sizes from 1 byte to 1
     /// MB + 5, 16-byte aligned and not, more than MAX_MSGS messages one way; then twice more
-    /// with `fused`, both launches waiting on each other at once. Every byte is checked.
+    /// with `fused`, both launches waiting on each other at once, rank 1's two sends staged
+    /// into two slots by the launch (as one process per GPU stages its sends). Every byte is
+    /// checked.
     /// Without a driver: a skip line.
     #[test]
     fn batches_swap_messages_both_ways_and_count_on() {
@@ -546,6 +686,9 @@ mod tests {
                                              // Where message i lands: as far from 16 bytes as its source (the 16-byte loop after a
                                              // head) for even i, one byte further (bytes only) for odd i.
         let landing = |i: usize| (offset(i) + i % 2) % 16;
+        // Rank 1's staging slots (two, as STAGE_SLOTS in the per-process path).
+        const SLOT: usize = 256 * 1024;
+        let slots = gpu.alloc(2 * SLOT).expect("slots");
         let mut bad = 0usize;
         // Rounds 0 and 1 in the four kernels; rounds 2 and 3 in one launch each (p2p_fused,
         // which takes MAX_MSGS receives: rank 0 sends its first 16; round 3 finds the
@@ -586,6 +729,9 @@ mod tests {
                 c[1 - r] = n_of(r, round) as u32;
                 c
             };
+            // Where rank 1's message i is read from when staged.
+            let slot = |i: usize| slots.ptr + (i * SLOT + offset(i)) as u64;
+            let staging = |r: usize| round >= 2 && r == 1;
             let msgs_to = |r: usize| -> Vec<RecvMsg> {
                 let from = 1 - r;
                 sizes[from]
@@ -593,7 +739,11 @@ mod tests {
                     .take(n_of(from, round))
                     .enumerate()
                     .map(|(i, &n)| RecvMsg {
-                        src: sends[from][i].0.ptr + offset(i) as u64,
+                        src: if staging(from) {
+                            slot(i)
+                        } else {
+                            sends[from][i].0.ptr + offset(i) as u64
+                        },
                         dst: recvs[from][i].ptr + landing(i) as u64,
                         bytes: n as u64,
                         peer: from,
@@ -603,6 +753,23 @@ mod tests {
             if round >= 2 {
                 for r in 0..2 {
                     let c = per_peer(r);
+                    // A staged send is not waited for.
+                    let copied = if staging(r) { [0; 2] } else { c };
+                    let stage: Vec<StageMsg> = if staging(r) {
+                        sizes[r]
+                            .iter()
+                            .enumerate()
+                            .map(|(i, &n)| StageMsg {
+                                src: sends[r][i].0.ptr + offset(i) as u64,
+                                dst: slot(i),
+                                bytes: n as u64,
+                                peer: 1 - r,
+                                before: i as u32,
+                            })
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
                     // SAFETY: every buffer, area and stream is this GPU's, live until the
                     // synchronize below; the two launches run at once on their streams.
                     unsafe {
@@ -612,7 +779,8 @@ mod tests {
                             (areas[r], &areas),
                             r,
                             &msgs_to(r),
-                            (&c, &c),
+                            (&c, &copied),
+                            (&stage, 1),
                             8,
                             10_000_000_000,
                         )
@@ -670,7 +838,7 @@ mod tests {
             }
         }
         println!(
-            "p2p batch kernels: 18 messages one way and 2 the other, 2 rounds, then 16 and 2 in one launch each, 2 rounds, {bad} bytes wrong"
+            "p2p batch kernels: 18 messages one way and 2 the other, 2 rounds, then 16 and 2 (staged) in one launch each, 2 rounds, {bad} bytes wrong"
         );
         // SAFETY: made above; every kernel on it is done.
         unsafe { crate::gpu::destroy_stream(&gpu, streams[1]) }.expect("destroy stream");
@@ -686,8 +854,10 @@ mod tests {
         // recv_many's seven parameters, the chunk size last; p2p_fused's three counts after.
         assert!(SOURCE.contains("int me, unsigned long long timeout_ns, unsigned long long chunk)"));
         assert!(SOURCE.contains(
-            "unsigned long long chunk, P2pCounts ready, P2pCounts recvd, P2pCounts copied)"
+            "unsigned long long chunk, P2pCounts ready, P2pCounts recvd, P2pCounts copied, P2pStage st, int n_stage, unsigned long long lag)"
         ));
+        // P2pStage: 3 x 16 u64 then 2 x 16 int.
+        assert_eq!(std::mem::size_of::<StageList>(), 3 * 16 * 8 + 2 * 16 * 4);
         assert_eq!(crate::kernels::P2P_KERNELS[FUSED], "p2p_fused");
         assert_eq!(
             crate::kernels::P2P_KERNELS[READY_MANY..=RECV_DONE],

@@ -330,6 +330,7 @@ impl MultiGpu {
                     g,
                     msgs,
                     (ready, copied),
+                    (&[], 0), // nothing staged: a peer reads the sender's buffer
                     self.max_blocks,
                     self.timeout_ns,
                 )

@@ -778,7 +778,9 @@ impl ProcGpu {
     /// marked ready before any receive of its round (`p2p_rounds`: a send of bytes an earlier
     /// receive writes waits for it) and any wait for a copy, so two ranks that exchange in one
     /// group never wait on each other. Only a receive waits on the host (for its send to be
-    /// posted; a send waits only when its receiver is MAIL_DEPTH messages behind).
+    /// posted; a send waits only when its receiver is MAIL_DEPTH messages behind). In one
+    /// launch (`RAILCC_GPU_P2P_BATCH=2`) the kernel itself copies the staged sends into their
+    /// slots before it marks them.
     ///
     /// # Safety
     /// Each op's buffer must be device memory of this GPU from cudaMalloc/cuMemAlloc with
@@ -824,6 +826,7 @@ impl ProcGpu {
         // a batch, not under capture), from the caller's buffer, or, for a buffer no peer can
         // map, through the bounce buffer, each at its own place in it.
         let mut staged = vec![false; ops.len()];
+        let mut before = vec![0u32; ops.len()]; // sends to the same peer ahead in the group
         let mut bounced = std::collections::HashMap::<usize, u64>::new();
         let mut per_peer = std::collections::HashMap::<usize, u64>::new();
         let mut need = 0u64;
@@ -834,6 +837,7 @@ impl ProcGpu {
             // size: a later one's slot wait would be for a message of this group, which the
             // peer copies only after its own sends (two ranks doing this wait on each other).
             let k = per_peer.entry(o.peer).or_insert(0);
+            before[i] = (*k).min(u64::from(u32::MAX)) as u32;
             let early = *k < STAGE_SLOTS;
             *k += 1;
             if early && o.bytes <= self.stage_bytes && !capturing {
@@ -921,11 +925,14 @@ impl ProcGpu {
         // forwards what it received). The last round's receives are launched below.
         let rounds = railcc_core::call::p2p_rounds(ops.iter().map(|o| (o.send, o.ptr, o.bytes)));
         let last = rounds.last().copied().unwrap_or(0);
-        // RAILCC_GPU_P2P_BATCH=2: marks, receives and waits in one launch where it fits.
+        // RAILCC_GPU_P2P_BATCH=2: staging, marks, receives and waits in one launch where it
+        // fits.
         let fused = batch
             && self.p2p_fused
             && last == 0
-            && ops.iter().filter(|o| !o.send).count() <= p2p_many::MAX_MSGS;
+            && ops.iter().filter(|o| !o.send).count() <= p2p_many::MAX_MSGS
+            && staged.iter().filter(|&&s| s).count() <= p2p_many::MAX_MSGS;
+        let mut stage = Vec::new();
         let mut waits = Vec::new();
         let mut msgs = Vec::new();
         for k in 0..=last {
@@ -942,6 +949,13 @@ impl ProcGpu {
                 .filter(|(i, o)| o.send && in_round(*i))
             {
                 match how.get(&i).copied().flatten() {
+                    Some(slot) if fused => stage.push(p2p_many::StageMsg {
+                        src: o.ptr,
+                        dst: slot,
+                        bytes: o.bytes as u64,
+                        peer: o.peer,
+                        before: before[i],
+                    }),
                     Some(slot) => {
                         if let Some((_, c)) = ready
                             .iter_mut()
@@ -1045,6 +1059,7 @@ impl ProcGpu {
                             me,
                             &msgs,
                             (&marks, &copied),
+                            (&stage, STAGE_SLOTS - 1),
                             self.max_blocks,
                             timeout_ns,
                         )
