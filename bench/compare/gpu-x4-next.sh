@@ -12,7 +12,7 @@
 #      unit tests, the send/recv collectives of nccl-tests on the default path, and if they
 #      pass the p2p A/B of the one-launch batch at NCCL's channels, at one block per SM, and
 #      with no staged sends.
-# Usage: bash bench/compare/gpu-x4-next.sh a|b|c|d|e
+# Usage: bash bench/compare/gpu-x4-next.sh a|b|c|d|e (part e on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -39,9 +39,9 @@ case ${1:-} in
     OUT=$L STEP_LAYOUTS=2x2 STEP_MODES="ddp hsdp overlap" STEP_RUNS=1 STEP_LIMIT=150 timeout 570 bash bench/torch/step.sh 2>&1 | tee "$L/step-2x2.txt" | grep -v "^  "
     ;;
   e)
-    OUT=$L TEST_GPU_PARTS=unit NG=4 timeout 150 bash scripts/test-gpu.sh 2>&1 | tee "$L/unit.txt" | grep -E "^(PASS|FAIL|test-gpu)|p2p batch"
+    OUT=$L TEST_GPU_PARTS=unit NG=${NG:-4} timeout 150 bash scripts/test-gpu.sh 2>&1 | tee "$L/unit.txt" | grep -E "^(PASS|FAIL|test-gpu)|p2p batch"
     cp "$L/test-gpu.log" "$L/test-gpu-unit.log" 2>/dev/null
-    OUT=$L TEST_GPU_P2PBATCH_BINS="sendrecv alltoall alltoallv hypercube gather" TEST_GPU_P2P_BATCH=2 TEST_GPU_PARTS=p2pbatch NG=4 timeout 260 bash scripts/test-gpu.sh 2>&1 | tee "$L/p2pbatch.txt" | grep -E "^(FAIL|test-gpu)"
+    OUT=$L TEST_GPU_P2PBATCH_BINS="sendrecv alltoall alltoallv hypercube gather" TEST_GPU_P2P_BATCH=2 TEST_GPU_PARTS=p2pbatch NG=${NG:-4} timeout 260 bash scripts/test-gpu.sh 2>&1 | tee "$L/p2pbatch.txt" | grep -E "^(FAIL|test-gpu)"
     cp "$L/test-gpu.log" "$L/test-gpu-p2pbatch.log" 2>/dev/null
     if grep -q "test-gpu: [0-9]* passed, 0 failed" "$L/p2pbatch.txt"; then
       OUT=$L P2P_RUNS="fused fused-all fused-nostage" P2P_SIZES="-b 1M -e 256M -f 16" timeout 150 bash bench/compare/gpu-p2p-ab.sh 2>&1 | tee "$L/p2p-ab.txt"
