@@ -49,7 +49,7 @@ pub struct ProcGpu {
     /// the stream that used it last.
     bounce: Mutex<Bounce>,
     /// Per peer, the staging slots of buffered sends (made on first use).
-    stages: Mutex<std::collections::HashMap<usize, railcc_cuda::gpu::DevBuf>>,
+    stages: Mutex<std::collections::HashMap<usize, (railcc_cuda::gpu::DevBuf, BufDesc)>>,
     calls: AtomicU64,
     /// The last collective kernel enqueued outside a capture: its stream, and a marker after it.
     kernel_order: Mutex<KernelOrder>,
@@ -827,12 +827,23 @@ impl ProcGpu {
         // map, through the bounce buffer, each at its own place in it.
         let mut staged = vec![false; ops.len()];
         let mut before = vec![0u32; ops.len()]; // sends to the same peer ahead in the group
+        let mut infos = std::collections::HashMap::new(); // the driver's word on each buffer
         let mut bounced = std::collections::HashMap::<usize, u64>::new();
         let mut per_peer = std::collections::HashMap::<usize, u64>::new();
         let mut need = 0u64;
-        for (i, o) in ops.iter().enumerate().filter(|(_, o)| o.send) {
+        // Whether each stream of the group is being captured, asked once (a driver call).
+        let mut captures: Vec<(Stream, bool)> = Vec::new();
+        let mut capturing_of = |st: Stream| -> Result<bool> {
+            if let Some(&(_, c)) = captures.iter().find(|(s, _)| *s == st) {
+                return Ok(c);
+            }
             // SAFETY: the caller's stream of this GPU (this function's contract).
-            let capturing = o.bytes > 0 && unsafe { is_capturing(&self.gpu, o.stream) }?;
+            let c = unsafe { is_capturing(&self.gpu, st) }?;
+            captures.push((st, c));
+            Ok(c)
+        };
+        for (i, o) in ops.iter().enumerate().filter(|(_, o)| o.send) {
+            let capturing = o.bytes > 0 && capturing_of(o.stream)?;
             // Only a peer's first STAGE_SLOTS sends of the group may be staged, whatever their
             // size: a later one's slot wait would be for a message of this group, which the
             // peer copies only after its own sends (two ranks doing this wait on each other).
@@ -842,11 +853,13 @@ impl ProcGpu {
             *k += 1;
             if early && o.bytes <= self.stage_bytes && !capturing {
                 staged[i] = true;
-            } else if o.bytes > 0
-                && railcc_cuda::vmm::sharing_of(o.ptr)? == railcc_cuda::vmm::Sharing::None
-            {
-                bounced.insert(i, need);
-                need += (o.bytes as u64).next_multiple_of(256);
+            } else if o.bytes > 0 {
+                let at = railcc_cuda::vmm::info(o.ptr)?;
+                if at.sharing == railcc_cuda::vmm::Sharing::None {
+                    bounced.insert(i, need);
+                    need += (o.bytes as u64).next_multiple_of(256);
+                }
+                infos.insert(i, at);
             }
         }
         // Batch kernels (`railcc_cuda::p2p_many`) where the counts keep message order: every
@@ -857,8 +870,7 @@ impl ProcGpu {
         let batch = self.p2p_batch
             && one_stream
             && match ops.first() {
-                // SAFETY: the caller's stream of this GPU.
-                Some(o) => !unsafe { is_capturing(&self.gpu, o.stream) }?,
+                Some(o) => !capturing_of(o.stream)?,
                 None => false,
             };
         let mut ready: Vec<(Stream, [u32; MAX_PEERS])> = Vec::new();
@@ -901,21 +913,26 @@ impl ProcGpu {
         for (i, o) in ops.iter().enumerate().filter(|(_, o)| o.send) {
             let slot = if staged[i] { self.stage_slot(o)? } else { None };
             let desc = match (slot, bounced.get(&i)) {
-                (Some(slot), _) => export(slot)?,
+                (Some((_, desc)), _) => desc,
                 (None, Some(&at)) => self.bounce_desc(at)?,
-                (None, None) => self
-                    .share
-                    .lock()
-                    .export(o.ptr, o.bytes as u64, deadline, &broken)?
-                    .ok_or_else(|| {
-                        Error::invalid(format!(
-                            "send to rank {}: buffer 0x{:x} cannot be shared",
-                            o.peer, o.ptr
-                        ))
-                        .rank(me)
-                    })?,
+                (None, None) => {
+                    let mut share = self.share.lock();
+                    match infos.get(&i) {
+                        Some(&at) => {
+                            share.export_at(at, o.ptr, o.bytes as u64, deadline, &broken)?
+                        }
+                        None => share.export(o.ptr, o.bytes as u64, deadline, &broken)?,
+                    }
+                }
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "send to rank {}: buffer 0x{:x} cannot be shared",
+                        o.peer, o.ptr
+                    ))
+                    .rank(me)
+                })?,
             };
-            how.insert(i, slot);
+            how.insert(i, slot.map(|(at, _)| at));
             self.table
                 .post(me, o.peer, o.seq, (o.bytes as u64, desc), deadline, &broken)
                 .map_err(|e| e.rank(me))?;
@@ -1119,27 +1136,31 @@ impl ProcGpu {
     }
 
     /// The staging slot for send `o` (slot `seq mod STAGE_SLOTS` of the peer's staging
-    /// buffer, made on first use), or None where the send goes straight from its buffer: too
-    /// large, or the stream is being captured (a captured slot would be refilled on replay
-    /// without the rotation; nothing can be allocated then either).
-    fn stage_slot(&self, o: &P2p) -> Result<Option<u64>> {
+    /// buffer, made on first use) and what the peer needs to map it, or None where the send is
+    /// too large. The caller stages nothing under capture (a captured slot would be refilled
+    /// on replay without the rotation; nothing can be allocated then either). The buffer's
+    /// IPC handle is taken once: two driver calls a send less.
+    fn stage_slot(&self, o: &P2p) -> Result<Option<(u64, BufDesc)>> {
         if o.bytes > STAGE_SLOT_BYTES {
             return Ok(None);
         }
-        // SAFETY: the caller's stream of this GPU (p2p's contract).
-        if unsafe { is_capturing(&self.gpu, o.stream) }? {
-            return Ok(None);
-        }
         let mut stages = self.stages.lock();
-        let b = match stages.entry(o.peer) {
+        let (b, desc) = match stages.entry(o.peer) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(self.gpu.alloc(STAGE_SLOT_BYTES * STAGE_SLOTS as usize)?)
+                let b = self.gpu.alloc(STAGE_SLOT_BYTES * STAGE_SLOTS as usize)?;
+                let desc = export(b.ptr)?;
+                e.insert((b, desc))
             }
         };
-        Ok(Some(
-            b.ptr + (o.seq % STAGE_SLOTS) * STAGE_SLOT_BYTES as u64,
-        ))
+        let at = (o.seq % STAGE_SLOTS) * STAGE_SLOT_BYTES as u64;
+        Ok(Some((
+            b.ptr + at,
+            BufDesc {
+                offset: desc.offset + at,
+                ..*desc
+            },
+        )))
     }
 }
 

@@ -104,6 +104,10 @@ pub struct Share {
     sent: HashMap<u64, (u64, u64)>,
     posted: u64,
     legacy: Imports,
+    /// Our legacy IPC handles: allocation base to (buffer id, descriptor at the base). The
+    /// driver's buffer id tells a new allocation at the same base apart; taken once, the
+    /// handle costs no driver call on later calls.
+    handles: HashMap<u64, (u64, BufDesc)>,
     /// Allocations whose path was logged.
     told: HashSet<u64>,
     /// Descriptors cannot reach some peer (another network namespace): VMM buffers are
@@ -147,6 +151,7 @@ impl Share {
             sent: HashMap::new(),
             posted: 0,
             legacy: Imports::default(),
+            handles: HashMap::new(),
             told: HashSet::new(),
             no_fds: false,
             reader: Some((stop, reader)),
@@ -174,13 +179,41 @@ impl Share {
         broken: &dyn Fn() -> Option<Error>,
     ) -> Result<Option<BufDesc>> {
         let at = vmm::info(ptr).map_err(|e| e.rank(self.rank))?;
+        self.export_at(at, ptr, len, deadline, broken)
+    }
+
+    /// As [`Share::export`], with `at` the driver's [`vmm::info`] of `ptr`.
+    pub fn export_at(
+        &mut self,
+        at: vmm::PtrInfo,
+        ptr: u64,
+        len: u64,
+        deadline: Instant,
+        broken: &dyn Fn() -> Option<Error>,
+    ) -> Result<Option<BufDesc>> {
         let how = match at.sharing {
             Sharing::Fd if self.no_fds => Sharing::None,
             h => h,
         };
         self.tell(at.piece.base, ptr, len, how);
         match how {
-            Sharing::Legacy => Ok(Some(ipc::export_in(ptr, at.piece.base, at.piece.size)?)),
+            Sharing::Legacy => {
+                let base = match self.handles.get(&at.piece.base) {
+                    Some((id, d)) if *id == at.piece.id => *d,
+                    _ => {
+                        let d = ipc::export_in(at.piece.base, at.piece.base, at.piece.size)?;
+                        if self.handles.len() >= 4096 {
+                            self.handles.clear(); // bounded: freed allocations linger here
+                        }
+                        self.handles.insert(at.piece.base, (at.piece.id, d));
+                        d
+                    }
+                };
+                Ok(Some(BufDesc {
+                    offset: ptr - at.piece.base,
+                    ..base
+                }))
+            }
             Sharing::None => Ok(None),
             Sharing::Fd => {
                 let pieces = vmm::pieces(at.piece, ptr, len)?;
