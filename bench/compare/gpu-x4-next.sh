@@ -12,7 +12,10 @@
 #      unit tests, the send/recv collectives of nccl-tests on the default path, and if they
 #      pass the p2p A/B of the one-launch batch at NCCL's channels, at one block per SM, and
 #      with no staged sends.
-# Usage: bash bench/compare/gpu-x4-next.sh a|b|c|d|e (part e on NG GPUs, default 4)
+#   f  the unit tests, every nccl-tests binary on the default path (test-gpu's nccl part),
+#      the one-launch p2p A/B at one block per SM with and without staging, and the
+#      small-message times under mpirun and -g (gpu-small-ab.sh).
+# Usage: bash bench/compare/gpu-x4-next.sh a|b|c|d|e|f (parts e and f on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -47,7 +50,15 @@ case ${1:-} in
       OUT=$L P2P_RUNS="fused fused-all fused-nostage" P2P_SIZES="-b 1M -e 256M -f 16" timeout 150 bash bench/compare/gpu-p2p-ab.sh 2>&1 | tee "$L/p2p-ab.txt"
     fi
     ;;
-  *) echo "usage: $0 a|b|c|d|e"; exit 2 ;;
+  f)
+    OUT=$L TEST_GPU_PARTS=unit NG=${NG:-4} timeout 150 bash scripts/test-gpu.sh 2>&1 | tee "$L/unit.txt" | grep -E "^(FAIL|test-gpu)|p2p batch"
+    cp "$L/test-gpu.log" "$L/test-gpu-unit.log" 2>/dev/null
+    OUT=$L TEST_GPU_PARTS=nccl NG=${NG:-4} timeout 280 bash scripts/test-gpu.sh 2>&1 | tee "$L/nccl.txt" | grep -E "^(FAIL|test-gpu)"
+    cp "$L/test-gpu.log" "$L/test-gpu-nccl.log" 2>/dev/null
+    OUT=$L NG=${NG:-4} timeout 80 bash bench/compare/gpu-small-ab.sh 2>&1 | tee "$L/small-ab.txt"
+    OUT=$L P2P_RUNS="fused-all fused-nostage" P2P_SIZES="-b 1M -e 256M -f 16" timeout 100 bash bench/compare/gpu-p2p-ab.sh 2>&1 | tee "$L/p2p-ab.txt"
+    ;;
+  *) echo "usage: $0 a|b|c|d|e|f"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs
