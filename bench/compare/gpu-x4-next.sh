@@ -53,10 +53,10 @@ case ${1:-} in
   f)
     OUT=$L TEST_GPU_PARTS=unit NG=${NG:-4} timeout 150 bash scripts/test-gpu.sh 2>&1 | tee "$L/unit.txt" | grep -E "^(FAIL|test-gpu)|p2p batch"
     cp "$L/test-gpu.log" "$L/test-gpu-unit.log" 2>/dev/null
-    OUT=$L TEST_GPU_PARTS=nccl NG=${NG:-4} timeout 280 bash scripts/test-gpu.sh 2>&1 | tee "$L/nccl.txt" | grep -E "^(FAIL|test-gpu)"
+    OUT=$L TEST_GPU_PARTS=nccl NG=${NG:-4} timeout 250 bash scripts/test-gpu.sh 2>&1 | tee "$L/nccl.txt" | grep -E "^(FAIL|test-gpu)"
     cp "$L/test-gpu.log" "$L/test-gpu-nccl.log" 2>/dev/null
-    OUT=$L NG=${NG:-4} timeout 80 bash bench/compare/gpu-small-ab.sh 2>&1 | tee "$L/small-ab.txt"
-    OUT=$L P2P_RUNS="fused-all fused-nostage" P2P_SIZES="-b 1M -e 256M -f 16" timeout 100 bash bench/compare/gpu-p2p-ab.sh 2>&1 | tee "$L/p2p-ab.txt"
+    OUT=$L NG=${NG:-4} timeout 70 bash bench/compare/gpu-small-ab.sh 2>&1 | tee "$L/small-ab.txt"
+    OUT=$L P2P_RUNS="fused-all fused-nostage" P2P_SIZES="-b 1M -e 256M -f 16" timeout 90 bash bench/compare/gpu-p2p-ab.sh 2>&1 | tee "$L/p2p-ab.txt"
     ;;
   *) echo "usage: $0 a|b|c|d|e|f"; exit 2 ;;
 esac
