@@ -15,6 +15,7 @@ nccl_tests_build $NT 0 & b0=$!
 nccl_tests_build $NTM 1 & b1=$!
 wait $b0 || { echo "FAIL  nccl-tests build"; exit 1; }
 wait $b1 || { echo "FAIL  nccl-tests build (MPI)"; exit 1; }
+NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
 FLAGS="${SMALL_SIZES:--b 8 -e 1M -f 8} -n 200 -w 20 -c 0"
 MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS"
 for c in ${SMALL_COLLS:-all_reduce sendrecv alltoall}; do
