@@ -4,7 +4,9 @@
 # host work per call is the cost) and with -g NG. Prints, per collective, way and size, the
 # out-of-place time in us of each and railcc's time over NCCL's (below 1: railcc faster).
 # SMALL_SIZES (default "-b 8 -e 1M -f 8"), SMALL_COLLS (default "all_reduce sendrecv
-# alltoall"), NG (default every GPU). Logs: $OUT/small-*.log. Carry .device.
+# alltoall"), NG (default every GPU), SMALL_TAG (a suffix of the logs' names, for a second
+# run with other RAILCC_* settings: RAILCC_GPU_P2P_STAGE_BYTES and RAILCC_GPU_MAX_BLOCKS are
+# passed on under mpirun). Logs: $OUT/small-*.log. Carry .device.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -17,13 +19,14 @@ wait $b0 || { echo "FAIL  nccl-tests build"; exit 1; }
 wait $b1 || { echo "FAIL  nccl-tests build (MPI)"; exit 1; }
 NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
 FLAGS="${SMALL_SIZES:--b 8 -e 1M -f 8} -n 200 -w 20 -c 0"
-MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS"
+MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS -x RAILCC_GPU_P2P_STAGE_BYTES -x RAILCC_GPU_MAX_BLOCKS"
+export RAILCC_GPU_P2P_STAGE_BYTES=${RAILCC_GPU_P2P_STAGE_BYTES:-2097152} RAILCC_GPU_MAX_BLOCKS=${RAILCC_GPU_MAX_BLOCKS:-0}
 for c in ${SMALL_COLLS:-all_reduce sendrecv alltoall}; do
   for way in mpi g; do
     for lib in nccl railcc; do
       d=$NCCL_HOME/lib
       [ $lib = railcc ] && d=$PWD/.device/lib
-      log=$OUT/small-$c-$way-$lib.log
+      log=$OUT/small-$c-$way-$lib${SMALL_TAG:-}.log
       if [ $way = g ]; then
         env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT LD_LIBRARY_PATH="$d:/usr/local/cuda/lib64" timeout 120 $NT/build/${c}_perf $FLAGS -g "$NG" > "$log" 2>&1
       else
@@ -33,9 +36,9 @@ for c in ${SMALL_COLLS:-all_reduce sendrecv alltoall}; do
       why=$(table_problem "$log")
       [ "$rc" = 0 ] && [ -z "$why" ] || echo "FAIL  $c $way $lib: exit $rc ${why}"
     done
-    ch=$(grep -o "[0-9]* coll channels" "$OUT/small-$c-$way-nccl.log" | head -n 1 | awk '{print $1}')
+    ch=$(grep -o "[0-9]* coll channels" "$OUT/small-$c-$way-nccl${SMALL_TAG:-}.log" | head -n 1 | awk '{print $1}')
     echo "== $c, $way (NCCL ${ch:-?} coll channels; railcc its default blocks)"
-    python3 - "$OUT/small-$c-$way-nccl.log" "$OUT/small-$c-$way-railcc.log" <<'PY'
+    python3 - "$OUT/small-$c-$way-nccl${SMALL_TAG:-}.log" "$OUT/small-$c-$way-railcc${SMALL_TAG:-}.log" <<'PY'
 import re, sys
 def times(path):
     t = {}
