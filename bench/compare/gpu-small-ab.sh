@@ -5,8 +5,10 @@
 # out-of-place time in us of each and railcc's time over NCCL's (below 1: railcc faster).
 # SMALL_SIZES (default "-b 8 -e 1M -f 8"), SMALL_COLLS (default "all_reduce sendrecv
 # alltoall"), NG (default every GPU), SMALL_TAG (a suffix of the logs' names, for a second
-# run with other RAILCC_* settings: RAILCC_GPU_P2P_STAGE_BYTES and RAILCC_GPU_MAX_BLOCKS are
-# passed on under mpirun). Logs: $OUT/small-*.log. Carry .device.
+# run with other RAILCC_* settings: RAILCC_GPU_P2P_STAGE_BYTES, RAILCC_GPU_MAX_BLOCKS and
+# RAILCC_GPU_LL_MAX_BYTES are passed on under mpirun), SMALL_EXTRA (more nccl-tests flags:
+# "-C 1" reports the host's time to issue a call instead of the GPU's). Logs:
+# $OUT/small-*.log. Carry .device.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -18,9 +20,9 @@ nccl_tests_build $NTM 1 & b1=$!
 wait $b0 || { echo "FAIL  nccl-tests build"; exit 1; }
 wait $b1 || { echo "FAIL  nccl-tests build (MPI)"; exit 1; }
 NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
-FLAGS="${SMALL_SIZES:--b 8 -e 1M -f 8} -n 200 -w 20 -c 0"
-MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS -x RAILCC_GPU_P2P_STAGE_BYTES -x RAILCC_GPU_MAX_BLOCKS"
-export RAILCC_GPU_P2P_STAGE_BYTES=${RAILCC_GPU_P2P_STAGE_BYTES:-2097152} RAILCC_GPU_MAX_BLOCKS=${RAILCC_GPU_MAX_BLOCKS:-0}
+FLAGS="${SMALL_SIZES:--b 8 -e 1M -f 8} -n 200 -w 20 -c 0 ${SMALL_EXTRA:-}"
+MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS -x RAILCC_GPU_P2P_STAGE_BYTES -x RAILCC_GPU_MAX_BLOCKS -x RAILCC_GPU_LL_MAX_BYTES"
+export RAILCC_GPU_P2P_STAGE_BYTES=${RAILCC_GPU_P2P_STAGE_BYTES:-2097152} RAILCC_GPU_MAX_BLOCKS=${RAILCC_GPU_MAX_BLOCKS:-0} RAILCC_GPU_LL_MAX_BYTES=${RAILCC_GPU_LL_MAX_BYTES:-65536}
 for c in ${SMALL_COLLS:-all_reduce sendrecv alltoall}; do
   for way in mpi g; do
     for lib in nccl railcc; do

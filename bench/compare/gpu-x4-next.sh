@@ -15,7 +15,10 @@
 #   f  the unit tests, every nccl-tests binary on the default path (test-gpu's nccl part),
 #      the one-launch p2p A/B at one block per SM with and without staging, and the
 #      small-message times under mpirun and -g (gpu-small-ab.sh).
-# Usage: bash bench/compare/gpu-x4-next.sh a|b|c|d|e|f (parts e and f on NG GPUs, default 4)
+#   g  the bench's all_reduce checks (every dtype and op, 8 B-2 MB, both ways of running)
+#      with the low-latency kernel up to 512 KB; small all_reduce times with it up to 64 KB
+#      and up to 512 KB; the host's time to issue small calls (nccl-tests -C 1).
+# Usage: bash bench/compare/gpu-x4-next.sh a|b|c|d|e|f|g (parts e-g on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -58,7 +61,15 @@ case ${1:-} in
     OUT=$L NG=${NG:-4} timeout 70 bash bench/compare/gpu-small-ab.sh 2>&1 | tee "$L/small-ab.txt"
     OUT=$L P2P_RUNS="fused-all fused-nostage" P2P_SIZES="-b 1M -e 256M -f 16" timeout 90 bash bench/compare/gpu-p2p-ab.sh 2>&1 | tee "$L/p2p-ab.txt"
     ;;
-  *) echo "usage: $0 a|b|c|d|e|f"; exit 2 ;;
+  g)
+    RAILCC_GPU_LL_MAX_BYTES=524288 OUT=$L TEST_GPU_PARTS=bench TEST_GPU_COLLS=all_reduce NG=${NG:-4} timeout 200 bash scripts/test-gpu.sh 2>&1 | tee "$L/bench-ll512.txt" | grep -E "^(PASS|FAIL|test-gpu)"
+    cp "$L/test-gpu.log" "$L/test-gpu-bench-ll512.log" 2>/dev/null
+    for ll in 65536 524288; do
+      RAILCC_GPU_LL_MAX_BYTES=$ll OUT=$L NG=${NG:-4} SMALL_COLLS=all_reduce SMALL_SIZES="-b 8 -e 1M -f 2" SMALL_TAG=-ll$ll timeout 70 bash bench/compare/gpu-small-ab.sh 2>&1 | tee "$L/small-ll$ll.txt"
+    done
+    OUT=$L NG=${NG:-4} SMALL_EXTRA="-C 1" SMALL_SIZES="-b 8 -e 64K -f 8" SMALL_TAG=-cpu timeout 80 bash bench/compare/gpu-small-ab.sh 2>&1 | tee "$L/small-cpu.txt"
+    ;;
+  *) echo "usage: $0 a|b|c|d|e|f|g"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs

@@ -201,7 +201,7 @@ config! {
     /// ~/.cache/railcc; "off": compile in every process.
     cache_dir: String = String::new(), "RAILCC_CACHE_DIR";
     /// GPU all-reduces up to this many bytes per rank use the low-latency kernel (one exchange,
-    /// no barriers); larger ones the bulk kernel. 0 disables it; at most 65536.
+    /// no barriers); larger ones the bulk kernel. 0 disables it; at most 524288.
     gpu_ll_max_bytes: usize = 65536, "RAILCC_GPU_LL_MAX_BYTES";
     /// 1: the bulk GPU kernel loads every input's data of two 16-byte vectors at once before
     /// reducing (more reads in flight: on 4 x H100 at 24 blocks 0.79x -> 0.89x NCCL's busbw at

@@ -19,8 +19,10 @@ use cudarc::driver::sys;
 use railcc_core::{DataType, ReduceOp, Result};
 use std::ffi::c_void;
 
-/// Largest all-reduce (bytes per rank) the low-latency kernel takes.
-pub const MAX_BYTES: usize = 64 * 1024;
+/// Largest all-reduce (bytes per rank) the low-latency kernel can take: its scratch is 16 MiB
+/// of each GPU's area. `RAILCC_GPU_LL_MAX_BYTES` picks the crossover below it (the scratch
+/// holds more than the default takes, so the crossover can be measured without a rebuild).
+pub const MAX_BYTES: usize = 512 * 1024;
 /// One source's lines for one parity: two bytes of scratch per byte of data.
 const SLOT_BYTES: usize = 2 * MAX_BYTES;
 pub const SCRATCH_BYTES: usize = 2 * MAX_PEERS * SLOT_BYTES;
@@ -192,7 +194,8 @@ mod tests {
             }
         }
         assert_eq!(blocks(8, 132), 1);
-        assert_eq!(blocks(MAX_BYTES, 132), 32);
+        assert_eq!(blocks(64 * 1024, 132), 32);
+        assert_eq!(blocks(MAX_BYTES, 132), 132);
         assert_eq!(blocks(MAX_BYTES, 4), 4);
     }
 }
