@@ -62,12 +62,12 @@ case ${1:-} in
     OUT=$L P2P_RUNS="fused-all fused-nostage" P2P_SIZES="-b 1M -e 256M -f 16" timeout 90 bash bench/compare/gpu-p2p-ab.sh 2>&1 | tee "$L/p2p-ab.txt"
     ;;
   g)
-    RAILCC_GPU_LL_MAX_BYTES=524288 OUT=$L TEST_GPU_PARTS=bench TEST_GPU_COLLS=all_reduce NG=${NG:-4} timeout 200 bash scripts/test-gpu.sh 2>&1 | tee "$L/bench-ll512.txt" | grep -E "^(PASS|FAIL|test-gpu)"
+    RAILCC_GPU_LL_MAX_BYTES=524288 OUT=$L TEST_GPU_PARTS=bench TEST_GPU_COLLS=all_reduce NG=${NG:-4} timeout 110 bash scripts/test-gpu.sh 2>&1 | tee "$L/bench-ll512.txt" | grep -E "^(PASS|FAIL|test-gpu)"
     cp "$L/test-gpu.log" "$L/test-gpu-bench-ll512.log" 2>/dev/null
     for ll in 65536 524288; do
-      RAILCC_GPU_LL_MAX_BYTES=$ll OUT=$L NG=${NG:-4} SMALL_COLLS=all_reduce SMALL_SIZES="-b 8 -e 1M -f 2" SMALL_TAG=-ll$ll timeout 70 bash bench/compare/gpu-small-ab.sh 2>&1 | tee "$L/small-ll$ll.txt"
+      RAILCC_GPU_LL_MAX_BYTES=$ll OUT=$L NG=${NG:-4} SMALL_COLLS=all_reduce SMALL_SIZES="-b 8 -e 1M -f 2" SMALL_TAG=-ll$ll timeout 55 bash bench/compare/gpu-small-ab.sh 2>&1 | tee "$L/small-ll$ll.txt"
     done
-    OUT=$L NG=${NG:-4} SMALL_EXTRA="-C 1" SMALL_SIZES="-b 8 -e 64K -f 8" SMALL_TAG=-cpu timeout 80 bash bench/compare/gpu-small-ab.sh 2>&1 | tee "$L/small-cpu.txt"
+    OUT=$L NG=${NG:-4} SMALL_EXTRA="-C 1" SMALL_SIZES="-b 8 -e 64K -f 8" SMALL_TAG=-cpu timeout 60 bash bench/compare/gpu-small-ab.sh 2>&1 | tee "$L/small-cpu.txt"
     ;;
   *) echo "usage: $0 a|b|c|d|e|f|g"; exit 2 ;;
 esac
