@@ -96,35 +96,46 @@ __device__ __forceinline__ void p2p_copy_block(const unsigned char* s, unsigned 
     for (unsigned long long i = head + nv * 16 + threadIdx.x; i < len; i += blockDim.x) d[i] = s[i];
   }
 }
-// The block's chunks of the staged sends (p2p_fused): each waits until its slot's earlier
-// message has been copied by the receiver, then is copied into the slot. Returns 0 when a
-// wait ended on the deadline or an abort.
-__device__ __forceinline__ int p2p_stage_chunks(const P2pStage& st, int n_stage, unsigned long long mine, unsigned long long timeout_ns, unsigned long long chunk, unsigned long long lag) {
+// The staged sends of p2p_fused, in units of `chunk` bytes that blocks claim one at a time
+// (word 34), so the staging ends whichever blocks run (a block that has no SM yet, because
+// other kernels hold them, claims nothing). Each unit waits until its slot's earlier message
+// has been copied by the receiver, is copied into the slot, and is counted done (word 33);
+// the block that finishes the last unit (block 0 if there is none) marks the batch's sends
+// ready (`ready`). Every block then waits until all units are done before it pulls: a
+// receive may overwrite a staged send's source (in place). Returns 0 when a wait ended on
+// the deadline or an abort.
+__device__ __forceinline__ int p2p_stage_all(const P2pStage& st, int n_stage, unsigned long long mine, const Ptrs& theirs, int me, const P2pCounts& ready, unsigned long long timeout_ns, unsigned long long chunk, unsigned long long lag) {
   volatile unsigned long long* w = p2p_words(mine);
   __shared__ unsigned long long start[P2P_MAX_MSGS + 1];
-  __shared__ int stop;
+  __shared__ unsigned long long unit;
+  __shared__ int stop, marker;
   if (threadIdx.x == 0) {
     unsigned long long u = 0;
     for (int k = 0; k < n_stage; k++) { start[k] = u; u += (st.bytes[k] + chunk - 1) / chunk; }
     start[n_stage] = u;
     stop = 0;
+    marker = 0;
   }
   __syncthreads();
   const unsigned long long units = start[n_stage];
-  for (unsigned long long u = blockIdx.x; u < units; u += gridDim.x) {
+  unsigned long long t0 = now_ns();
+  for (;;) {
+    if (threadIdx.x == 0) unit = atomicAdd((unsigned long long*)(w + 34), 1ull);
+    __syncthreads();
+    const unsigned long long u = unit;
+    if (u >= units) break;
     int k = 0;
     while (start[k + 1] <= u) k++;
     if (threadIdx.x == 0) {
-      // SENT (word 16 + p) is this batch's start: block 0 adds the batch's marks only once
-      // every block has staged.
+      // SENT (word 16 + p) is still this batch's start: the marks come after every unit.
       const int p = st.peer[k];
       const unsigned long long need = w[16 + p] + (unsigned long long)st.before[k] - lag;
-      unsigned long long t0 = now_ns();
       unsigned int spins = 0;
       while ((long long)(w[8 + p] - need) < 0) {
         if (now_ns() - t0 > timeout_ns) { timed_out(mine); stop = 1; break; } // the receiver never came
         if ((++spins & 255u) == 0 && aborted(mine)) { stop = 1; break; }
       }
+      __threadfence(); // the receiver's copy of the slot's last message before we overwrite it
     }
     __syncthreads();
     if (stop) return 0;
@@ -133,8 +144,24 @@ __device__ __forceinline__ int p2p_stage_chunks(const P2pStage& st, int n_stage,
     if (len > chunk) len = chunk;
     p2p_copy_block((const unsigned char*)st.src[k] + off, (unsigned char*)st.dst[k] + off, len);
     __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence(); // this unit's bytes before its count
+      marker = atomicAdd((unsigned long long*)(w + 33), 1ull) == units - 1ull;
+    }
+    __syncthreads();
   }
-  return 1;
+  // No unit at all (every staged send empty): block 0 marks.
+  if (marker || (units == 0 && blockIdx.x == 0)) p2p_count_and_tell(mine, theirs, me, ready, 16, 0);
+  if (threadIdx.x == 0) {
+    unsigned int spins = 0;
+    while (w[33] < units) {
+      if (now_ns() - t0 > timeout_ns) { timed_out(mine); stop = 1; break; }
+      if ((++spins & 255u) == 0 && aborted(mine)) { stop = 1; break; }
+    }
+    __threadfence();
+  }
+  __syncthreads();
+  return stop ? 0 : 1;
 }
 __device__ __forceinline__ void p2p_pull_chunks(const P2pMsgs& m, int n_msgs, unsigned long long mine, unsigned long long timeout_ns, unsigned long long chunk) {
   volatile unsigned long long* w = p2p_words(mine);
@@ -180,41 +207,25 @@ __device__ __forceinline__ void p2p_pull_chunks(const P2pMsgs& m, int n_msgs, un
 extern "C" __global__ void __launch_bounds__(512) p2p_recv_many(P2pMsgs m, int n_msgs, unsigned long long mine, Ptrs theirs, int me, unsigned long long timeout_ns, unsigned long long chunk) {
   p2p_pull_chunks(m, n_msgs, mine, timeout_ns, chunk);
 }
-// A whole batch in one launch (at most P2P_MAX_MSGS receives, one stream): block 0 marks
-// the batch's sends ready (as p2p_ready_many), every block pulls chunks (as p2p_recv_many),
-// the last block to finish counts the receives and tells their senders (as p2p_recv_done),
-// then waits until every peer p with copied.n[p] != 0 has copied all our messages (as
-// p2p_wait_copied_many with lag 0). Block 0 marks before it waits on anything, so a receive
-// from this rank itself meets its mark once block 0 runs (blocks are at most the SMs). The
-// finished-block count (P2P word 32) is this area's alone: a communicator's kernels on a GPU
-// run one at a time (KernelOrder) and never under capture, and the last block puts it back
-// to 0. With staged sends (n_stage > 0) every block first copies its chunks of them into
-// their slots (p2p_stage_chunks), and block 0 marks only after all have (word 33 counts).
+// A whole batch in one launch (at most P2P_MAX_MSGS receives, one stream): the batch's
+// sends marked ready (as p2p_ready_many), every block pulls chunks (as p2p_recv_many), the
+// last block to finish counts the receives and tells their senders (as p2p_recv_done), then
+// waits until every peer p with copied.n[p] != 0 has copied all our messages (as
+// p2p_wait_copied_many with lag 0). Without staged sends block 0 marks before it waits on
+// anything, so a receive from this rank itself meets its mark once block 0 runs (blocks are
+// at most the SMs). With staged sends (one process per GPU; no self-receives there) the
+// staging goes first (p2p_stage_all) and the block that ends it marks. The counts of P2P
+// words 32-34 are this area's alone: a communicator's kernels on a GPU run one at a time
+// (KernelOrder) and never under capture, and the last block puts them back to 0 (every
+// block is done with them by then).
 extern "C" __global__ void __launch_bounds__(512) p2p_fused(P2pMsgs m, int n_msgs, unsigned long long mine, Ptrs theirs, int me, unsigned long long timeout_ns, unsigned long long chunk, P2pCounts ready, P2pCounts recvd, P2pCounts copied, P2pStage st, int n_stage, unsigned long long lag) {
   volatile unsigned long long* w = p2p_words(mine);
   if (n_stage > 0) {
-    // Every block stages its chunks and counts itself (word 33); block 0 marks the sends
-    // only once all have (a block that stopped on a deadline counts too: the marks then
-    // tell of data that is not there, but the communicator is broken already).
-    p2p_stage_chunks(st, n_stage, mine, timeout_ns, chunk, lag);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      __threadfence();
-      atomicAdd((unsigned long long*)(w + 33), 1ull);
-      if (blockIdx.x == 0) {
-        unsigned long long t0 = now_ns();
-        unsigned int spins = 0;
-        while (w[33] < (unsigned long long)gridDim.x) {
-          if (now_ns() - t0 > timeout_ns) { timed_out(mine); break; }
-          if ((++spins & 255u) == 0 && aborted(mine)) break;
-        }
-        w[33] = 0; // no block counts again in this launch
-        __threadfence();
-      }
-    }
-    __syncthreads();
+    // A deadline or abort breaks the communicator: the pulls then stop at once too.
+    p2p_stage_all(st, n_stage, mine, theirs, me, ready, timeout_ns, chunk, lag);
+  } else if (blockIdx.x == 0) {
+    p2p_count_and_tell(mine, theirs, me, ready, 16, 0);
   }
-  if (blockIdx.x == 0) p2p_count_and_tell(mine, theirs, me, ready, 16, 0);
   p2p_pull_chunks(m, n_msgs, mine, timeout_ns, chunk);
   __shared__ int last;
   __syncthreads();
@@ -222,7 +233,7 @@ extern "C" __global__ void __launch_bounds__(512) p2p_fused(P2pMsgs m, int n_msg
     __threadfence(); // this block's reads and marks before its count
     unsigned long long done = atomicAdd((unsigned long long*)(w + 32), 1ull);
     last = done == (unsigned long long)gridDim.x - 1ull;
-    if (last) w[32] = 0;
+    if (last) { w[32] = 0; w[33] = 0; w[34] = 0; }
   }
   __syncthreads();
   if (!last) return;

@@ -749,6 +749,9 @@ const FAILED_SHAPE: [u64; 5] = [u64::MAX; 5];
 const STAGE_SLOT_BYTES: usize = 2 << 20;
 /// Staging slots per peer, used in turn.
 const STAGE_SLOTS: u64 = 2;
+/// Bytes from one slot's start to the next: a send sits in its slot at its source's offset
+/// from 16 bytes, so both copies of it can take 16-byte loads.
+const STAGE_SLOT_STRIDE: u64 = STAGE_SLOT_BYTES as u64 + 256;
 
 /// One send or receive of a group (or one eager call) between processes.
 #[derive(Debug, Clone, Copy)]
@@ -843,7 +846,7 @@ impl ProcGpu {
             Ok(c)
         };
         for (i, o) in ops.iter().enumerate().filter(|(_, o)| o.send) {
-            let capturing = o.bytes > 0 && capturing_of(o.stream)?;
+            let capturing = capturing_of(o.stream)?;
             // Only a peer's first STAGE_SLOTS sends of the group may be staged, whatever their
             // size: a later one's slot wait would be for a message of this group, which the
             // peer copies only after its own sends (two ranks doing this wait on each other).
@@ -1148,12 +1151,12 @@ impl ProcGpu {
         let (b, desc) = match stages.entry(o.peer) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
-                let b = self.gpu.alloc(STAGE_SLOT_BYTES * STAGE_SLOTS as usize)?;
+                let b = self.gpu.alloc((STAGE_SLOT_STRIDE * STAGE_SLOTS) as usize)?;
                 let desc = export(b.ptr)?;
                 e.insert((b, desc))
             }
         };
-        let at = (o.seq % STAGE_SLOTS) * STAGE_SLOT_BYTES as u64;
+        let at = (o.seq % STAGE_SLOTS) * STAGE_SLOT_STRIDE + (o.ptr & 15);
         Ok(Some((
             b.ptr + at,
             BufDesc {
