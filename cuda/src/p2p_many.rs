@@ -118,7 +118,6 @@ __device__ __forceinline__ int p2p_stage_all(const P2pStage& st, int n_stage, un
   }
   __syncthreads();
   const unsigned long long units = start[n_stage];
-  unsigned long long t0 = now_ns();
   for (;;) {
     if (threadIdx.x == 0) unit = atomicAdd((unsigned long long*)(w + 34), 1ull);
     __syncthreads();
@@ -130,6 +129,7 @@ __device__ __forceinline__ int p2p_stage_all(const P2pStage& st, int n_stage, un
       // SENT (word 16 + p) is still this batch's start: the marks come after every unit.
       const int p = st.peer[k];
       const unsigned long long need = w[16 + p] + (unsigned long long)st.before[k] - lag;
+      const unsigned long long t0 = now_ns();
       unsigned int spins = 0;
       while ((long long)(w[8 + p] - need) < 0) {
         if (now_ns() - t0 > timeout_ns) { timed_out(mine); stop = 1; break; } // the receiver never came
@@ -150,17 +150,18 @@ __device__ __forceinline__ int p2p_stage_all(const P2pStage& st, int n_stage, un
     }
     __syncthreads();
   }
-  // No unit at all (every staged send empty): block 0 marks.
-  if (marker || (units == 0 && blockIdx.x == 0)) p2p_count_and_tell(mine, theirs, me, ready, 16, 0);
   if (threadIdx.x == 0) {
+    const unsigned long long t0 = now_ns();
     unsigned int spins = 0;
     while (w[33] < units) {
       if (now_ns() - t0 > timeout_ns) { timed_out(mine); stop = 1; break; }
       if ((++spins & 255u) == 0 && aborted(mine)) { stop = 1; break; }
     }
-    __threadfence();
+    __threadfence(); // every unit's bytes (and its reads of the sources) before what follows
   }
   __syncthreads();
+  // The marks, after that fence. No unit at all (every staged send empty): block 0 marks.
+  if (!stop && (marker || (units == 0 && blockIdx.x == 0))) p2p_count_and_tell(mine, theirs, me, ready, 16, 0);
   return stop ? 0 : 1;
 }
 __device__ __forceinline__ void p2p_pull_chunks(const P2pMsgs& m, int n_msgs, unsigned long long mine, unsigned long long timeout_ns, unsigned long long chunk) {
@@ -220,13 +221,15 @@ extern "C" __global__ void __launch_bounds__(512) p2p_recv_many(P2pMsgs m, int n
 // block is done with them by then).
 extern "C" __global__ void __launch_bounds__(512) p2p_fused(P2pMsgs m, int n_msgs, unsigned long long mine, Ptrs theirs, int me, unsigned long long timeout_ns, unsigned long long chunk, P2pCounts ready, P2pCounts recvd, P2pCounts copied, P2pStage st, int n_stage, unsigned long long lag) {
   volatile unsigned long long* w = p2p_words(mine);
+  int ok = 1;
   if (n_stage > 0) {
-    // A deadline or abort breaks the communicator: the pulls then stop at once too.
-    p2p_stage_all(st, n_stage, mine, theirs, me, ready, timeout_ns, chunk, lag);
+    // A deadline or abort breaks the communicator; a block that stopped pulls nothing (the
+    // staging may not be over, and a pull could overwrite a source in place).
+    ok = p2p_stage_all(st, n_stage, mine, theirs, me, ready, timeout_ns, chunk, lag);
   } else if (blockIdx.x == 0) {
     p2p_count_and_tell(mine, theirs, me, ready, 16, 0);
   }
-  p2p_pull_chunks(m, n_msgs, mine, timeout_ns, chunk);
+  p2p_pull_chunks(m, ok ? n_msgs : 0, mine, timeout_ns, chunk);
   __shared__ int last;
   __syncthreads();
   if (threadIdx.x == 0) {
