@@ -18,7 +18,11 @@
 #   g  the bench's all_reduce checks (every dtype and op, 8 B-2 MB, both ways of running)
 #      with the low-latency kernel up to 512 KB; small all_reduce times with it up to 64 KB
 #      and up to 512 KB; the host's time to issue small calls (nccl-tests -C 1).
-# Usage: bash bench/compare/gpu-x4-next.sh a|b|c|d|e|f|g (parts e-g on NG GPUs, default 4)
+#   h  (first, next session: the staging kernel after two reviews has not run) the unit
+#      tests, the six send/recv collectives of nccl-tests on the default path (one launch)
+#      every way, then every nccl-tests binary (test-gpu's nccl part), then the p2p A/B of
+#      the default against NCCL.
+# Usage: bash bench/compare/gpu-x4-next.sh a|b|c|d|e|f|g|h (parts e-h on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -69,7 +73,16 @@ case ${1:-} in
     done
     OUT=$L NG=${NG:-4} SMALL_EXTRA="-C 1" SMALL_SIZES="-b 8 -e 64K -f 8" SMALL_TAG=-cpu timeout 60 bash bench/compare/gpu-small-ab.sh 2>&1 | tee "$L/small-cpu.txt"
     ;;
-  *) echo "usage: $0 a|b|c|d|e|f|g"; exit 2 ;;
+  h)
+    OUT=$L TEST_GPU_PARTS=unit NG=${NG:-4} timeout 120 bash scripts/test-gpu.sh 2>&1 | tee "$L/unit.txt" | grep -E "^(FAIL|test-gpu)|p2p batch"
+    cp "$L/test-gpu.log" "$L/test-gpu-unit.log" 2>/dev/null
+    OUT=$L TEST_GPU_P2P_BATCH=2 TEST_GPU_PARTS=p2pbatch NG=${NG:-4} timeout 200 bash scripts/test-gpu.sh 2>&1 | tee "$L/p2pbatch.txt" | grep -E "^(FAIL|test-gpu)"
+    cp "$L/test-gpu.log" "$L/test-gpu-p2pbatch.log" 2>/dev/null
+    OUT=$L TEST_GPU_PARTS=nccl NG=${NG:-4} timeout 200 bash scripts/test-gpu.sh 2>&1 | tee "$L/nccl.txt" | grep -E "^(FAIL|test-gpu)"
+    cp "$L/test-gpu.log" "$L/test-gpu-nccl.log" 2>/dev/null
+    OUT=$L P2P_RUNS="fused-all" P2P_SIZES="-b 1M -e 256M -f 16" timeout 60 bash bench/compare/gpu-p2p-ab.sh 2>&1 | tee "$L/p2p-ab.txt"
+    ;;
+  *) echo "usage: $0 a|b|c|d|e|f|g|h"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs
