@@ -286,6 +286,9 @@ config! {
     /// Prints, when a GPU network communicator closes, where its calls' time went: time to
     /// enqueue, each piece's host part, and the stream's turnaround between pieces.
     gpu_net_trace: u8 = 0, "RAILCC_GPU_NET_TRACE";
+    /// Prints, when a communicator of one process per GPU on one host closes, where its
+    /// calls' host time went, per phase (exports, waiting for peers, launches).
+    gpu_host_trace: u8 = 0, "RAILCC_GPU_HOST_TRACE";
     /// The GPU this rank's data lives on (libnccl and the GPU paths set it; -1: none): its
     /// rails between hosts are the NICs nearest that GPU (`railcc topo`), as rail-optimised
     /// clusters are wired, instead of those nearest the rank's NUMA node.

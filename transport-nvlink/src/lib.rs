@@ -9,9 +9,12 @@
 //!   handles that each call publishes in a shared-memory table;
 //! - [`share`] and [`fdpass`]: those handles for any allocator: legacy IPC handles, VMM
 //!   pieces' file descriptors passed over Unix sockets, or none (the data is bounced);
-//! - [`order`]: one communicator's kernels on a GPU run one after another, whatever streams.
+//! - [`order`]: one communicator's kernels on a GPU run one after another, whatever streams;
+//! - [`host_trace`]: where one process per GPU's calls spend the host's time
+//!   (`RAILCC_GPU_HOST_TRACE`).
 
 pub mod fdpass;
+pub mod host_trace;
 pub mod multi;
 pub mod order;
 pub mod plan;
@@ -46,6 +49,8 @@ pub struct Settings {
     pub p2p_fused: bool,
     /// One process per GPU: sends up to this many bytes go through a staging slot.
     pub p2p_stage_bytes: usize,
+    /// One process per GPU: where each call's host time goes, printed at close.
+    pub host_trace: bool,
 }
 
 impl Settings {

@@ -65,6 +65,7 @@ pub struct ProcGpu {
     p2p_fused: bool,
     /// Sends up to this many bytes (at most STAGE_SLOT_BYTES) are staged.
     stage_bytes: usize,
+    trace: crate::host_trace::HostTrace,
     broken: Arc<Mutex<Option<Error>>>,
     watcher: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
 }
@@ -397,6 +398,7 @@ impl ProcGpu {
             p2p_batch: settings.p2p_batch,
             p2p_fused: settings.p2p_fused,
             stage_bytes: settings.p2p_stage_bytes.min(STAGE_SLOT_BYTES),
+            trace: crate::host_trace::HostTrace::new(settings.host_trace, rank),
             broken,
             watcher: Some((stop, watcher)),
         })
@@ -477,12 +479,13 @@ impl ProcGpu {
             ))
             .rank(self.rank));
         }
+        let mut clock = self.trace.start();
         self.check_alive()?;
         self.gpu.bind()?;
         let call = self.calls.fetch_add(1, Ordering::Relaxed) + 1;
         let mut published = false;
         // SAFETY: this function's contract.
-        let r = unsafe { self.collective_as(c, call, &mut published) };
+        let r = unsafe { self.collective_as(c, call, &mut published, &mut clock) };
         if let Err(e) = &r {
             // The peers must not wait for this rank's part of the call: a rank that failed
             // before publishing says so in its entry (they fail at once, naming it), and the
@@ -501,7 +504,13 @@ impl ProcGpu {
     ///
     /// # Safety
     /// As for [`ProcGpu::collective`].
-    unsafe fn collective_as(&self, c: &Call, call: u64, published: &mut bool) -> Result<Launch> {
+    unsafe fn collective_as(
+        &self,
+        c: &Call,
+        call: u64,
+        published: &mut bool,
+        clock: &mut Option<Instant>,
+    ) -> Result<Launch> {
         let (a, n) = (c.args, self.nranks);
         // A broadcast reads the root's send buffer alone: the others may pass NULL (NCCL's),
         // and export their receive buffer in its place.
@@ -543,6 +552,7 @@ impl ProcGpu {
         let shape = a.to_words();
         self.table.publish(call, self.rank, shape, mine);
         *published = true;
+        self.trace.lap(clock, "coll export+publish");
         let (mut ins, mut outs) = (vec![send; n], vec![recv; n]);
         for p in (0..n).filter(|&p| p != self.rank) {
             let (theirs, bufs) = self
@@ -576,6 +586,7 @@ impl ProcGpu {
             outs[p] = share.map(p, &bufs[1], deadline, &broken)?;
         }
         drop(share);
+        self.trace.lap(clock, "coll wait peers+map");
         let peers = Peers {
             ins: &ins,
             outs: &outs,
@@ -594,6 +605,7 @@ impl ProcGpu {
                 enqueue(&self.gpu, stream, self.rank, &a, k, &peers, timeout_ns)
             })
         }?;
+        self.trace.lap(clock, "coll launch");
         if let Some((dst, src, len)) = out.filter(|_| !no_recv) {
             // SAFETY: the bounce buffer and the caller's receive buffer hold `len` bytes.
             unsafe {
@@ -790,6 +802,7 @@ impl ProcGpu {
     /// `bytes`, and its stream a stream of this GPU, valid until the stream passes the op.
     pub unsafe fn p2p(&self, ops: &[P2p]) -> Result<()> {
         use railcc_cuda::launch::{p2p_step, P2pStep};
+        let mut clock = self.trace.start();
         self.check_alive()?;
         self.gpu.bind()?;
         let me = self.rank;
@@ -909,6 +922,7 @@ impl ProcGpu {
                 }?;
             }
         }
+        self.trace.lap(&mut clock, "p2p prepare");
         // Every send posted first, whatever its round: a receiver (in another process) only
         // needs the buffer's description to queue its copy, which waits on the GPU for the
         // send's mark. Its data is written (slot, bounce buffer) and marked in its round.
@@ -940,6 +954,7 @@ impl ProcGpu {
                 .post(me, o.peer, o.seq, (o.bytes as u64, desc), deadline, &broken)
                 .map_err(|e| e.rank(me))?;
         }
+        self.trace.lap(&mut clock, "p2p post");
         // A send of bytes a receive before it writes waits for that receive: the group runs
         // as rounds, one after another on the stream (`p2p_rounds`; nccl-tests' hypercube
         // forwards what it received). The last round's receives are launched below.
@@ -1056,6 +1071,7 @@ impl ProcGpu {
                 step(o, P2pStep::Copied, 0)?;
             }
         }
+        self.trace.lap(&mut clock, "p2p rounds (take+map)");
         // Sends straight from the caller's buffer end when the receiver has copied them.
         let mut copied = Vec::new();
         for o in waits.iter().filter(|_| batch) {
@@ -1104,6 +1120,7 @@ impl ProcGpu {
             // SAFETY: the caller's streams.
             unsafe { self.bounce_joins(&bounce_streams) }?;
         }
+        self.trace.lap(&mut clock, "p2p launch");
         Ok(())
     }
 
@@ -1169,6 +1186,7 @@ impl ProcGpu {
 
 impl Drop for ProcGpu {
     fn drop(&mut self) {
+        self.trace.report();
         if let Some((stop, h)) = self.watcher.take() {
             stop.store(true, Ordering::Relaxed);
             let _ = h.join();

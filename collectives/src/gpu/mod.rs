@@ -34,5 +34,6 @@ pub fn settings(cfg: &Config) -> Settings {
         p2p_batch: cfg.gpu_p2p_batch != 0,
         p2p_fused: cfg.gpu_p2p_batch == 2,
         p2p_stage_bytes: cfg.gpu_p2p_stage_bytes,
+        host_trace: cfg.gpu_host_trace != 0,
     }
 }
