@@ -22,7 +22,9 @@
 #      tests, the six send/recv collectives of nccl-tests on the default path (one launch)
 #      every way, then every nccl-tests binary (test-gpu's nccl part), then the p2p A/B of
 #      the default against NCCL.
-# Usage: bash bench/compare/gpu-x4-next.sh a|b|c|d|e|f|g|h (parts e-h on NG GPUs, default 4)
+#   i  where the host's time goes in small calls under mpirun (RAILCC_GPU_HOST_TRACE=1):
+#      all_reduce, sendrecv and alltoall, 8 B-32 KB, the trace lines of every rank.
+# Usage: bash bench/compare/gpu-x4-next.sh a|b|c|d|e|f|g|h|i (parts e-i on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -82,7 +84,16 @@ case ${1:-} in
     cp "$L/test-gpu.log" "$L/test-gpu-nccl.log" 2>/dev/null
     OUT=$L P2P_RUNS="fused-all" P2P_SIZES="-b 1M -e 256M -f 16" timeout 60 bash bench/compare/gpu-p2p-ab.sh 2>&1 | tee "$L/p2p-ab.txt"
     ;;
-  *) echo "usage: $0 a|b|c|d|e|f|g|h"; exit 2 ;;
+  i)
+    nccl_tests_build $NTM 1 || { echo "FAIL  nccl-tests build (MPI)"; exit 1; }
+    for c in all_reduce sendrecv alltoall; do
+      RAILCC_GPU_HOST_TRACE=1 LD_LIBRARY_PATH="$PWD/.device/lib:/usr/local/cuda/lib64" timeout 60 \
+        mpirun -np ${NG:-4} --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_GPU_HOST_TRACE \
+        $NTM/build/${c}_perf -b 8 -e 32K -f 8 -n 200 -w 20 -c 0 -g 1 > "$L/host-trace-$c.txt" 2>&1
+      echo "== $c (exit $?)"; grep -E "^ +[0-9]|host trace" "$L/host-trace-$c.txt"
+    done
+    ;;
+  *) echo "usage: $0 a|b|c|d|e|f|g|h|i"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs
