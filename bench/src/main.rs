@@ -14,6 +14,7 @@ mod measure;
 mod plot;
 mod report;
 mod sim_cmd;
+mod sim_published;
 mod sim_validate;
 mod spawn;
 mod topo_cmd;

@@ -46,6 +46,10 @@ pub struct SimArgs {
     /// With --measured, the algorithm of a table without an algorithm column (GPU runs).
     #[arg(long)]
     pub algo: Option<String>,
+    /// Published figures of another library (`SIZE BUSBW_GBPS SOURCE` a line, such as
+    /// bench/results/nccl-published-8gpu.txt) to print the prediction beside.
+    #[arg(long)]
+    pub published: Option<std::path::PathBuf>,
 }
 
 /// `450GB/s,1us`: bandwidth (B/s, KB/s, MB/s, GB/s; or Gb/s for bits) and latency (ns, us, ms, s).
@@ -119,6 +123,9 @@ pub fn run(a: &SimArgs) -> Result<(), String> {
     };
     if let Some(path) = &a.measured {
         return crate::sim_validate::run(&m, path, a.algo.as_deref());
+    }
+    if let Some(path) = &a.published {
+        return crate::sim_published::run(&m, path);
     }
     let p = m.ranks();
     let algos: Vec<_> = CANDIDATES
