@@ -8,7 +8,8 @@
 # NCCL's. Logs: $OUT/p2p-ab-*.log. P2P_SIZES (default "-b 1M -e 256M -f 4"), P2P_COLLS
 # (default "sendrecv alltoall"), NG (default every GPU), P2P_RUNS (default "copies batch
 # batch-all fused"; also "fused-all": one launch, one block per SM, and "fused-nostage": the
-# same with no staged sends, RAILCC_GPU_P2P_STAGE_BYTES=0).
+# same with no staged sends, RAILCC_GPU_P2P_STAGE_BYTES=0), P2P_MIN_CHUNK (railcc's
+# RAILCC_GPU_P2P_MIN_CHUNK for every run, default 65536).
 # Prepare with bench/compare/gpu-prepare.sh; carry .device.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,7 +23,8 @@ wait $b0 || { echo "FAIL  nccl-tests build"; exit 1; }
 wait $b1 || { echo "FAIL  nccl-tests build (MPI)"; exit 1; }
 NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
 FLAGS="${P2P_SIZES:--b 1M -e 256M -f 4} -n 20 -w 5 -c 1"
-MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_GPU_P2P_BATCH -x RAILCC_GPU_MAX_BLOCKS -x RAILCC_GPU_P2P_STAGE_BYTES -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS"
+export RAILCC_GPU_P2P_MIN_CHUNK=${P2P_MIN_CHUNK:-65536}
+MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_GPU_P2P_BATCH -x RAILCC_GPU_MAX_BLOCKS -x RAILCC_GPU_P2P_STAGE_BYTES -x RAILCC_GPU_P2P_MIN_CHUNK -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS"
 run() {  # NAME WAY(g|mpi) COLL LIBDIR [VAR=VALUE...]
   local name=$1 way=$2 c=$3 lib=$4 rc why
   shift 4

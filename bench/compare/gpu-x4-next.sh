@@ -24,7 +24,9 @@
 #      the default against NCCL.
 #   i  where the host's time goes in small calls under mpirun (RAILCC_GPU_HOST_TRACE=1):
 #      all_reduce, sendrecv and alltoall, 8 B-32 KB, the trace lines of every rank.
-# Usage: bash bench/compare/gpu-x4-next.sh a|b|c|d|e|f|g|h|i (parts e-i on NG GPUs, default 4)
+#   j  the default p2p path against NCCL with the smallest chunk at 16, 32 and 64 KiB
+#      (RAILCC_GPU_P2P_MIN_CHUNK): 1 MB all-to-all under mpirun is GPU-bound on 12 blocks.
+# Usage: bash bench/compare/gpu-x4-next.sh a|b|c|d|e|f|g|h|i|j (parts e-j on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -93,7 +95,14 @@ case ${1:-} in
       echo "== $c (exit $?)"; grep -E "^ +[0-9]|host trace" "$L/host-trace-$c.txt"
     done
     ;;
-  *) echo "usage: $0 a|b|c|d|e|f|g|h|i"; exit 2 ;;
+  j)
+    for mc in 16384 32768 65536; do
+      mkdir -p "$L/chunk$mc"
+      echo "== RAILCC_GPU_P2P_MIN_CHUNK=$mc"
+      OUT=$L/chunk$mc P2P_MIN_CHUNK=$mc P2P_RUNS="fused-all" P2P_SIZES="-b 1M -e 16M -f 4" timeout 100 bash bench/compare/gpu-p2p-ab.sh 2>&1 | tee "$L/chunk$mc/p2p-ab.txt"
+    done
+    ;;
+  *) echo "usage: $0 a|b|c|d|e|f|g|h|i|j"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs

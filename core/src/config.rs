@@ -217,6 +217,10 @@ config! {
     /// first copied into a staging slot, so it completes before its receiver copies it (as
     /// NCCL's sends that fit its buffers); 0: every send waits for its receiver.
     gpu_p2p_stage_bytes: usize = 2 << 20, "RAILCC_GPU_P2P_STAGE_BYTES";
+    /// The smallest piece a thread block of a GPU send/recv batch copies at a time (a power of
+    /// two from 4096 to 262144; pieces grow to about four a block). Smaller pieces put more
+    /// blocks on a small batch.
+    gpu_p2p_min_chunk: usize = 65536, "RAILCC_GPU_P2P_MIN_CHUNK";
     /// Network transport: auto (RDMA when every rank has an active RDMA port, else TCP), tcp,
     /// or rdma (an error when a rank has none).
     transport: String = "auto".to_string(), "RAILCC_TRANSPORT";

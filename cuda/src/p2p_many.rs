@@ -295,7 +295,7 @@ pub unsafe fn fused(
     msgs: &[RecvMsg],
     (ready, copied): (&[u32], &[u32]),
     (stage, lag): (&[StageMsg], u64),
-    max_blocks: u32,
+    (max_blocks, min_chunk): (u32, u64),
     timeout_ns: u64,
 ) -> Result<u32> {
     if msgs.len() > MAX_MSGS
@@ -322,7 +322,7 @@ pub unsafe fn fused(
             (mine, theirs),
             me,
             &order,
-            (bound, timeout_ns),
+            (bound, min_chunk, timeout_ns),
             Some((counts3, stage_list(stage), lag)),
         )
     }
@@ -341,7 +341,7 @@ unsafe fn launch_receives(
     (mine, theirs): (u64, &[u64]),
     me: usize,
     batch: &[RecvMsg],
-    (bound, timeout_ns): (u32, u64),
+    (bound, min_chunk, timeout_ns): (u32, u64, u64),
     fused: Option<([Counts; 3], Stage, u64)>,
 ) -> Result<u32> {
     let (f, what) = match fused {
@@ -360,7 +360,7 @@ unsafe fn launch_receives(
             peer: 0,
         })
         .collect();
-    let mut chunk = chunk_for(batch, bound).max(chunk_for(&staged, bound));
+    let mut chunk = chunk_for(batch, bound, min_chunk).max(chunk_for(&staged, bound, min_chunk));
     let blocks = blocks_for(batch, bound, chunk).max(blocks_for(&staged, bound, chunk));
     let (mut n, mut a, mut t, mut me_i, mut to) = (
         batch.len() as i32,
@@ -580,12 +580,16 @@ struct Msgs {
 }
 
 /// The chunk size of a launch of `msgs` on up to `max_blocks` blocks: about four chunks a
-/// block, a power of two from MIN_CHUNK_BYTES to MAX_CHUNK_BYTES.
-pub fn chunk_for(msgs: &[RecvMsg], max_blocks: u32) -> u64 {
+/// block, a power of two from `min_chunk` (`RAILCC_GPU_P2P_MIN_CHUNK`, default
+/// MIN_CHUNK_BYTES; 4 KiB at least) to MAX_CHUNK_BYTES.
+pub fn chunk_for(msgs: &[RecvMsg], max_blocks: u32, min_chunk: u64) -> u64 {
     let total: u64 = msgs.iter().map(|m| m.bytes).sum();
     (total / (u64::from(max_blocks.max(1)) * 4))
         .next_power_of_two()
-        .clamp(MIN_CHUNK_BYTES, MAX_CHUNK_BYTES)
+        .clamp(
+            min_chunk.clamp(4096, MAX_CHUNK_BYTES).next_power_of_two(),
+            MAX_CHUNK_BYTES,
+        )
 }
 
 /// Thread blocks a batch of `msgs` cut in `chunk`-byte pieces takes: one per chunk, at least
@@ -608,7 +612,7 @@ pub unsafe fn recv_many(
     (mine, theirs): (u64, &[u64]),
     me: usize,
     msgs: &[RecvMsg],
-    max_blocks: u32,
+    (max_blocks, min_chunk): (u32, u64),
     timeout_ns: u64,
 ) -> Result<u32> {
     // A rank's messages to itself count in its own area (`theirs[me]` is `mine`).
@@ -629,7 +633,7 @@ pub unsafe fn recv_many(
                 (mine, theirs),
                 me,
                 batch,
-                (max_blocks, timeout_ns),
+                (max_blocks, min_chunk, timeout_ns),
                 None,
             )
         }?;
@@ -660,11 +664,31 @@ mod tests {
         assert_eq!(blocks_for(&[m(1 << 30)], 32, c), 32);
         assert_eq!(blocks_for(&[m(1 << 30)], 0, c), 1);
         // About four chunks a block, within the bounds.
-        assert_eq!(chunk_for(&[m(1 << 20)], 132), MIN_CHUNK_BYTES);
-        assert_eq!(chunk_for(&[m(4 << 20); 3], 132), MIN_CHUNK_BYTES);
-        assert_eq!(chunk_for(&[m(16 << 20); 3], 132), 128 * 1024);
-        assert_eq!(chunk_for(&[m(64 << 20); 3], 132), MAX_CHUNK_BYTES);
-        assert_eq!(chunk_for(&[m(1 << 30)], 0), MAX_CHUNK_BYTES);
+        assert_eq!(
+            chunk_for(&[m(1 << 20)], 132, MIN_CHUNK_BYTES),
+            MIN_CHUNK_BYTES
+        );
+        assert_eq!(
+            chunk_for(&[m(4 << 20); 3], 132, MIN_CHUNK_BYTES),
+            MIN_CHUNK_BYTES
+        );
+        assert_eq!(
+            chunk_for(&[m(16 << 20); 3], 132, MIN_CHUNK_BYTES),
+            128 * 1024
+        );
+        assert_eq!(
+            chunk_for(&[m(64 << 20); 3], 132, MIN_CHUNK_BYTES),
+            MAX_CHUNK_BYTES
+        );
+        assert_eq!(
+            chunk_for(&[m(1 << 30)], 0, MIN_CHUNK_BYTES),
+            MAX_CHUNK_BYTES
+        );
+        // A smaller floor (RAILCC_GPU_P2P_MIN_CHUNK) spreads 1 MB over more blocks; a floor
+        // below 4 KiB or not a power of two is raised to one.
+        assert_eq!(chunk_for(&[m(1 << 20)], 132, 16 * 1024), 16 * 1024);
+        assert_eq!(chunk_for(&[m(1 << 20)], 132, 100), 4096);
+        assert_eq!(chunk_for(&[m(1 << 20)], 132, 20_000), 32 * 1024);
     }
 
     /// On a GPU: two ranks on one GPU (the context's sync area and a second one, a stream
@@ -795,7 +819,7 @@ mod tests {
                             &msgs_to(r),
                             (&c, &copied),
                             (&stage, 1),
-                            8,
+                            (8, 16 * 1024),
                             10_000_000_000,
                         )
                     }
@@ -816,7 +840,7 @@ mod tests {
                             (areas[r], &areas),
                             r,
                             &msgs_to(r),
-                            8,
+                            (8, MIN_CHUNK_BYTES),
                             10_000_000_000,
                         )
                     }

@@ -49,6 +49,8 @@ pub struct Settings {
     pub p2p_fused: bool,
     /// One process per GPU: sends up to this many bytes go through a staging slot.
     pub p2p_stage_bytes: usize,
+    /// The smallest piece a block of a p2p batch copies (`p2p_many::chunk_for`).
+    pub p2p_min_chunk: u64,
     /// One process per GPU: where each call's host time goes, printed at close.
     pub host_trace: bool,
 }

@@ -31,6 +31,7 @@ pub struct MultiGpu {
     wide_loads: bool,
     p2p_batch: bool,
     p2p_fused: bool,
+    p2p_min_chunk: u64,
     /// Launches from several threads take turns (each enqueues on every GPU).
     turn: parking_lot::Mutex<()>,
     /// Per GPU, the order of its collective kernels across streams.
@@ -78,6 +79,7 @@ impl MultiGpu {
             wide_loads: s.wide_loads,
             p2p_batch: s.p2p_batch,
             p2p_fused: s.p2p_fused,
+            p2p_min_chunk: s.p2p_min_chunk,
             turn: parking_lot::Mutex::new(()),
             orders: ordinals.iter().map(|_| Default::default()).collect(),
         })
@@ -331,7 +333,7 @@ impl MultiGpu {
                     msgs,
                     (ready, copied),
                     (&[], 0), // nothing staged: a peer reads the sender's buffer
-                    self.max_blocks,
+                    (self.max_blocks, self.p2p_min_chunk),
                     self.timeout_ns,
                 )
             })
@@ -404,7 +406,7 @@ impl MultiGpu {
                     (areas[g], &areas),
                     g,
                     msgs,
-                    self.max_blocks,
+                    (self.max_blocks, self.p2p_min_chunk),
                     self.timeout_ns,
                 )
             })

@@ -65,6 +65,7 @@ pub struct ProcGpu {
     p2p_fused: bool,
     /// Sends up to this many bytes (at most STAGE_SLOT_BYTES) are staged.
     stage_bytes: usize,
+    p2p_min_chunk: u64,
     trace: crate::host_trace::HostTrace,
     broken: Arc<Mutex<Option<Error>>>,
     watcher: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
@@ -398,6 +399,7 @@ impl ProcGpu {
             p2p_batch: settings.p2p_batch,
             p2p_fused: settings.p2p_fused,
             stage_bytes: settings.p2p_stage_bytes.min(STAGE_SLOT_BYTES),
+            p2p_min_chunk: settings.p2p_min_chunk,
             trace: crate::host_trace::HostTrace::new(settings.host_trace, rank),
             broken,
             watcher: Some((stop, watcher)),
@@ -1096,7 +1098,7 @@ impl ProcGpu {
                             &msgs,
                             (&marks, &copied),
                             (&stage, STAGE_SLOTS - 1),
-                            self.max_blocks,
+                            (self.max_blocks, self.p2p_min_chunk),
                             timeout_ns,
                         )
                     })
@@ -1148,7 +1150,7 @@ impl ProcGpu {
                         (self.gpu.sync.ptr, &self.syncs),
                         self.rank,
                         msgs,
-                        self.max_blocks,
+                        (self.max_blocks, self.p2p_min_chunk),
                         timeout_ns,
                     )
                 })

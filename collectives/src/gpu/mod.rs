@@ -34,6 +34,7 @@ pub fn settings(cfg: &Config) -> Settings {
         p2p_batch: cfg.gpu_p2p_batch != 0,
         p2p_fused: cfg.gpu_p2p_batch == 2,
         p2p_stage_bytes: cfg.gpu_p2p_stage_bytes,
+        p2p_min_chunk: cfg.gpu_p2p_min_chunk as u64,
         host_trace: cfg.gpu_host_trace != 0,
     }
 }
