@@ -20,3 +20,12 @@ nccl_tests_build() {
   [ -x "$1/build/all_reduce_perf" ] || make -C "$1" -j8 MPI="$2" MPI_HOME="$mpi_home" CUDA_HOME=/usr/local/cuda \
     NCCL_HOME="$NCCL_HOME" NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" src.build > "/tmp/nccl-build-$2.log" 2>&1
 }
+# nccl_tests_build_both: both builds at once (plain and MPI); exits the script on a failed
+# one. Sets NCCL_HOME here (the builds run in subshells).
+nccl_tests_build_both() {
+  nccl_tests_build $NT 0 & local b0=$!
+  nccl_tests_build $NTM 1 & local b1=$!
+  wait $b0 || { echo "FAIL  nccl-tests build"; exit 1; }
+  wait $b1 || { echo "FAIL  nccl-tests build (MPI)"; exit 1; }
+  NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
+}

@@ -17,11 +17,7 @@ source bench/compare/gpu-env.sh
 source bench/compare/tables.sh
 mkdir -p "$OUT"
 NG=${NG:-$(nvidia-smi -L | wc -l)}
-nccl_tests_build $NT 0 & b0=$!
-nccl_tests_build $NTM 1 & b1=$!
-wait $b0 || { echo "FAIL  nccl-tests build"; exit 1; }
-wait $b1 || { echo "FAIL  nccl-tests build (MPI)"; exit 1; }
-NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
+nccl_tests_build_both
 FLAGS="${P2P_SIZES:--b 1M -e 256M -f 4} -n 20 -w 5 -c 1"
 export RAILCC_GPU_P2P_MIN_CHUNK=${P2P_MIN_CHUNK:-65536}
 MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_GPU_P2P_BATCH -x RAILCC_GPU_MAX_BLOCKS -x RAILCC_GPU_P2P_STAGE_BYTES -x RAILCC_GPU_P2P_MIN_CHUNK -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS"

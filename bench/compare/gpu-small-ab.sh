@@ -15,11 +15,7 @@ source bench/compare/gpu-env.sh
 source bench/compare/tables.sh
 mkdir -p "$OUT"
 NG=${NG:-$(nvidia-smi -L | wc -l)}
-nccl_tests_build $NT 0 & b0=$!
-nccl_tests_build $NTM 1 & b1=$!
-wait $b0 || { echo "FAIL  nccl-tests build"; exit 1; }
-wait $b1 || { echo "FAIL  nccl-tests build (MPI)"; exit 1; }
-NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
+nccl_tests_build_both
 FLAGS="${SMALL_SIZES:--b 8 -e 1M -f 8} -n 200 -w 20 -c 0 ${SMALL_EXTRA:-}"
 MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS -x RAILCC_GPU_P2P_STAGE_BYTES -x RAILCC_GPU_MAX_BLOCKS -x RAILCC_GPU_LL_MAX_BYTES"
 export RAILCC_GPU_P2P_STAGE_BYTES=${RAILCC_GPU_P2P_STAGE_BYTES:-2097152} RAILCC_GPU_MAX_BLOCKS=${RAILCC_GPU_MAX_BLOCKS:-0} RAILCC_GPU_LL_MAX_BYTES=${RAILCC_GPU_LL_MAX_BYTES:-65536}

@@ -67,15 +67,7 @@ impl HostTrace {
             self.rank
         );
         for (name, v) in p.iter_mut() {
-            v.sort_unstable();
-            let at = |q: f64| v.get(((v.len() - 1) as f64 * q) as usize).copied();
-            line += &format!(
-                " {name} {}/{}/{} (n {});",
-                at(0.5).unwrap_or(0),
-                at(0.9).unwrap_or(0),
-                at(1.0).unwrap_or(0),
-                v.len()
-            );
+            line += &summary(name, v);
         }
         Some(line)
     }
@@ -86,6 +78,23 @@ impl HostTrace {
             eprintln!("{l}");
         }
     }
+}
+
+/// " NAME median/p90/max (n N);" of samples `v` (sorted here), or " NAME -;" when empty: the
+/// report's cell, shared with the GPU network trace.
+pub fn summary(name: &str, v: &mut [u32]) -> String {
+    if v.is_empty() {
+        return format!(" {name} -;");
+    }
+    v.sort_unstable();
+    let at = |q: f64| v[((v.len() - 1) as f64 * q) as usize];
+    format!(
+        " {name} {}/{}/{} (n {});",
+        at(0.5),
+        at(0.9),
+        at(1.0),
+        v.len()
+    )
 }
 
 #[cfg(test)]
@@ -122,5 +131,7 @@ mod tests {
             .and_then(|s| s.parse().ok())
             .unwrap();
         assert!(max >= 2000, "{line}");
+        assert_eq!(summary("turn", &mut []), " turn -;");
+        assert_eq!(summary("run", &mut [5, 1, 9]), " run 5/5/9 (n 3);");
     }
 }

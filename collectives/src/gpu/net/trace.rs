@@ -85,19 +85,7 @@ impl Trace {
             ("piece host part", &mut s.run),
             ("stream turnaround", &mut s.turn),
         ] {
-            v.sort_unstable();
-            let at = |q: f64| v.get(((v.len() - 1) as f64 * q) as usize).copied();
-            if v.is_empty() {
-                line += &format!(" {name} -;");
-            } else {
-                line += &format!(
-                    " {name} {}/{}/{} (n {});",
-                    at(0.5).unwrap_or(0),
-                    at(0.9).unwrap_or(0),
-                    at(1.0).unwrap_or(0),
-                    v.len()
-                );
-            }
+            line += &railcc_transport_nvlink::host_trace::summary(name, v);
         }
         eprintln!("{line}");
     }
