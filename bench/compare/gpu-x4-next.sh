@@ -26,7 +26,9 @@
 #      all_reduce, sendrecv and alltoall, 8 B-32 KB, the trace lines of every rank.
 #   j  the default p2p path against NCCL with the smallest chunk at 16, 32 and 64 KiB
 #      (RAILCC_GPU_P2P_MIN_CHUNK): 1 MB all-to-all under mpirun is GPU-bound on 12 blocks.
-# Usage: bash bench/compare/gpu-x4-next.sh a|b|c|d|e|f|g|h|i|j (parts e-j on NG GPUs, default 4)
+#   k  the FSDP2 and DDP steps on one host, 3 runs each, railcc at its default blocks and at
+#      NCCL's 24 (the kernels share the SMs with FSDP's overlapped compute).
+# Usage: bash bench/compare/gpu-x4-next.sh a|b|c|d|e|f|g|h|i|j|k (parts e-k on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -102,7 +104,14 @@ case ${1:-} in
       OUT=$L/chunk$mc P2P_MIN_CHUNK=$mc P2P_RUNS="fused-all" P2P_SIZES="-b 1M -e 16M -f 4" timeout 100 bash bench/compare/gpu-p2p-ab.sh 2>&1 | tee "$L/chunk$mc/p2p-ab.txt"
     done
     ;;
-  *) echo "usage: $0 a|b|c|d|e|f|g|h|i|j"; exit 2 ;;
+  k)
+    for b in 0 24; do
+      mkdir -p "$L/blocks$b"
+      echo "== RAILCC_GPU_MAX_BLOCKS=$b"
+      RAILCC_GPU_MAX_BLOCKS=$b OUT=$L/blocks$b STEP_LAYOUTS=host STEP_MODES="fsdp ddp" STEP_RUNS=3 STEP_LIMIT=120 timeout 280 bash bench/torch/step.sh 2>&1 | tee "$L/blocks$b/step.txt" | grep -v "^  "
+    done
+    ;;
+  *) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs
