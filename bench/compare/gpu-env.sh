@@ -25,7 +25,7 @@ nccl_tests_build() {
 nccl_tests_build_both() {
   nccl_tests_build $NT 0 & local b0=$!
   nccl_tests_build $NTM 1 & local b1=$!
-  wait $b0 || { echo "FAIL  nccl-tests build"; exit 1; }
+  wait $b0 || { kill $b1 2>/dev/null; echo "FAIL  nccl-tests build"; exit 1; }
   wait $b1 || { echo "FAIL  nccl-tests build (MPI)"; exit 1; }
   NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
 }

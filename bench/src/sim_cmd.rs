@@ -48,7 +48,7 @@ pub struct SimArgs {
     pub algo: Option<String>,
     /// Published figures of another library (`SIZE BUSBW_GBPS SOURCE` a line, such as
     /// bench/results/nccl-published-8gpu.txt) to print the prediction beside.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "measured")]
     pub published: Option<std::path::PathBuf>,
 }
 

@@ -197,6 +197,10 @@ struct Hello {
     sync: [u8; HANDLE_BYTES],
     shm: String,
     blocks: u32,
+    /// Settings that pick a call's kernel, which every rank must pick alike: each rank's
+    /// low-latency limit and least blocks; the communicator takes the least of each.
+    ll_max: u32,
+    min_blocks: u32,
     proc: Proc,
     /// Proves this rank's descriptor messages (fdpass.rs) to its peers.
     token: u64,
@@ -210,6 +214,8 @@ impl Hello {
         v.extend_from_slice(&self.blocks.to_le_bytes());
         v.extend_from_slice(&self.proc.pid.to_le_bytes());
         v.extend_from_slice(&self.proc.start.to_le_bytes());
+        v.extend_from_slice(&self.ll_max.to_le_bytes());
+        v.extend_from_slice(&self.min_blocks.to_le_bytes());
         for s in [&self.host, &self.shm] {
             v.extend_from_slice(&(s.len() as u16).to_le_bytes());
             v.extend_from_slice(s.as_bytes());
@@ -228,7 +234,11 @@ impl Hello {
                 .try_into()
                 .ok()?,
         );
-        let mut at = HANDLE_BYTES + 16;
+        let word = |at: usize| -> Option<u32> {
+            Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
+        };
+        let (ll_max, min_blocks) = (word(HANDLE_BYTES + 16)?, word(HANDLE_BYTES + 20)?);
+        let mut at = HANDLE_BYTES + 24;
         let mut s = [String::new(), String::new()];
         for x in s.iter_mut() {
             let n = u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?) as usize;
@@ -241,6 +251,8 @@ impl Hello {
             sync: sync.to_owned(),
             shm,
             blocks,
+            ll_max,
+            min_blocks,
             proc: Proc { pid, start },
             token,
         })
@@ -296,6 +308,8 @@ impl ProcGpu {
                     sync: sync.handle,
                     shm: shm.clone(),
                     blocks: *blocks,
+                    ll_max: settings.ll_max_bytes.min(u32::MAX as usize) as u32,
+                    min_blocks: settings.min_blocks.min(u32::MAX as usize) as u32,
                     proc: Proc::me(),
                     token,
                 }
@@ -346,6 +360,9 @@ impl ProcGpu {
             ShmTable::unlink(&hellos[0].shm);
         }
         let max_blocks = hellos.iter().map(|h| h.blocks).min().unwrap_or(1);
+        // One kernel choice for every rank, whatever each was started with.
+        let ll_max_bytes = hellos.iter().map(|h| h.ll_max as usize).min().unwrap_or(0);
+        let min_blocks = hellos.iter().map(|h| h.min_blocks).min().unwrap_or(0);
         let broken = Arc::new(Mutex::new(None));
         // Peers whose process this one can see (another pid namespace hides them): watched.
         let peers: Vec<(usize, Proc)> = hellos
@@ -393,8 +410,8 @@ impl ProcGpu {
             own_name,
             timeout: settings.timeout,
             max_blocks,
-            min_blocks: settings.min_blocks.min(u32::MAX as usize) as u32,
-            ll_max_bytes: settings.ll_max_bytes,
+            min_blocks,
+            ll_max_bytes,
             wide_loads: settings.wide_loads,
             p2p_batch: settings.p2p_batch,
             p2p_fused: settings.p2p_fused,
@@ -869,10 +886,10 @@ impl ProcGpu {
             before[i] = (*k).min(u64::from(u32::MAX)) as u32;
             let early = *k < STAGE_SLOTS;
             *k += 1;
-            if early && o.bytes <= self.stage_bytes && !capturing {
+            if early && self.stage_bytes > 0 && o.bytes <= self.stage_bytes && !capturing {
                 staged[i] = true;
             } else if o.bytes > 0 {
-                let at = railcc_cuda::vmm::info(o.ptr)?;
+                let at = railcc_cuda::vmm::info(o.ptr).map_err(|e| e.rank(me))?;
                 if at.sharing == railcc_cuda::vmm::Sharing::None {
                     bounced.insert(i, need);
                     need += (o.bytes as u64).next_multiple_of(256);
@@ -1211,6 +1228,8 @@ mod tests {
             sync: [7; HANDLE_BYTES],
             shm: "/railcc-1-2".into(),
             blocks: 132,
+            ll_max: 65536,
+            min_blocks: 8,
             proc: Proc { pid: 42, start: 7 },
             token: 99,
         };
@@ -1221,6 +1240,7 @@ mod tests {
             (d.host, d.shm, d.blocks, d.sync, d.proc, d.token),
             (h.host, h.shm, 132, h.sync, h.proc, 99)
         );
+        assert_eq!((d.ll_max, d.min_blocks), (65536, 8));
     }
 
     #[test]
