@@ -351,17 +351,11 @@ unsafe fn launch_receives(
     let mut list = msg_list(batch);
     let (mut c3, mut st, mut lag) = fused.unwrap_or_default();
     // The staged sends' bytes share the blocks with the receives'.
-    let staged: Vec<RecvMsg> = st.list.bytes[..st.n.clamp(0, MAX_MSGS as i32) as usize]
-        .iter()
-        .map(|&bytes| RecvMsg {
-            src: 0,
-            dst: 0,
-            bytes,
-            peer: 0,
-        })
-        .collect();
-    let mut chunk = chunk_for(batch, bound, min_chunk).max(chunk_for(&staged, bound, min_chunk));
-    let blocks = blocks_for(batch, bound, chunk).max(blocks_for(&staged, bound, chunk));
+    let staged = &st.list.bytes[..st.n.clamp(0, MAX_MSGS as i32) as usize];
+    let mut chunk =
+        chunk_for(batch, bound, min_chunk).max(chunk_of(staged.iter().copied(), bound, min_chunk));
+    let blocks =
+        blocks_for(batch, bound, chunk).max(blocks_of(staged.iter().copied(), bound, chunk));
     let (mut n, mut a, mut t, mut me_i, mut to) = (
         batch.len() as i32,
         mine,
@@ -583,8 +577,12 @@ struct Msgs {
 /// block, a power of two from `min_chunk` (`RAILCC_GPU_P2P_MIN_CHUNK`, default
 /// MIN_CHUNK_BYTES; 4 KiB at least) to MAX_CHUNK_BYTES.
 pub fn chunk_for(msgs: &[RecvMsg], max_blocks: u32, min_chunk: u64) -> u64 {
-    let total: u64 = msgs.iter().map(|m| m.bytes).sum();
-    (total / (u64::from(max_blocks.max(1)) * 4))
+    chunk_of(msgs.iter().map(|m| m.bytes), max_blocks, min_chunk)
+}
+
+/// [`chunk_for`] of messages of these sizes.
+fn chunk_of(sizes: impl Iterator<Item = u64>, max_blocks: u32, min_chunk: u64) -> u64 {
+    (sizes.sum::<u64>() / (u64::from(max_blocks.max(1)) * 4))
         .next_power_of_two()
         .clamp(
             min_chunk.clamp(4096, MAX_CHUNK_BYTES).next_power_of_two(),
@@ -595,7 +593,12 @@ pub fn chunk_for(msgs: &[RecvMsg], max_blocks: u32, min_chunk: u64) -> u64 {
 /// Thread blocks a batch of `msgs` cut in `chunk`-byte pieces takes: one per chunk, at least
 /// 1, at most `max_blocks`.
 pub fn blocks_for(msgs: &[RecvMsg], max_blocks: u32, chunk: u64) -> u32 {
-    let units: u64 = msgs.iter().map(|m| m.bytes.div_ceil(chunk.max(1))).sum();
+    blocks_of(msgs.iter().map(|m| m.bytes), max_blocks, chunk)
+}
+
+/// [`blocks_for`] of messages of these sizes.
+fn blocks_of(sizes: impl Iterator<Item = u64>, max_blocks: u32, chunk: u64) -> u32 {
+    let units: u64 = sizes.map(|b| b.div_ceil(chunk.max(1))).sum();
     units.clamp(1, u64::from(max_blocks.max(1))) as u32
 }
 
