@@ -862,7 +862,7 @@ impl ProcGpu {
         // map, through the bounce buffer, each at its own place in it.
         let mut staged = vec![false; ops.len()];
         let mut before = vec![0u32; ops.len()]; // sends to the same peer ahead in the group
-        let mut infos = std::collections::HashMap::new(); // the driver's word on each buffer
+        let mut infos = vec![None; ops.len()]; // the driver's word on each send's buffer
         let mut bounced = std::collections::HashMap::<usize, u64>::new();
         let mut per_peer = std::collections::HashMap::<usize, u64>::new();
         let mut need = 0u64;
@@ -894,7 +894,7 @@ impl ProcGpu {
                     bounced.insert(i, need);
                     need += (o.bytes as u64).next_multiple_of(256);
                 }
-                infos.insert(i, at);
+                infos[i] = Some(at);
             }
         }
         // Batch kernels (`railcc_cuda::p2p_many`) where the counts keep message order: every
@@ -945,7 +945,7 @@ impl ProcGpu {
         // Every send posted first, whatever its round: a receiver (in another process) only
         // needs the buffer's description to queue its copy, which waits on the GPU for the
         // send's mark. Its data is written (slot, bounce buffer) and marked in its round.
-        let mut how = std::collections::HashMap::<usize, Option<u64>>::new();
+        let mut slots: Vec<Option<u64>> = vec![None; ops.len()]; // each staged send's slot
         for (i, o) in ops.iter().enumerate().filter(|(_, o)| o.send) {
             let slot = if staged[i] { self.stage_slot(o)? } else { None };
             let desc = match (slot, bounced.get(&i)) {
@@ -955,8 +955,8 @@ impl ProcGpu {
                 (None, None) if o.bytes == 0 => BufDesc::EMPTY,
                 (None, None) => {
                     let mut share = self.share.lock();
-                    match infos.get(&i) {
-                        Some(&at) => {
+                    match infos[i] {
+                        Some(at) => {
                             share.export_at(at, o.ptr, o.bytes as u64, deadline, &broken)?
                         }
                         None => share.export(o.ptr, o.bytes as u64, deadline, &broken)?,
@@ -970,7 +970,7 @@ impl ProcGpu {
                     .rank(me)
                 })?,
             };
-            how.insert(i, slot.map(|(at, _)| at));
+            slots[i] = slot.map(|(at, _)| at);
             self.table
                 .post(me, o.peer, o.seq, (o.bytes as u64, desc), deadline, &broken)
                 .map_err(|e| e.rank(me))?;
@@ -1004,7 +1004,7 @@ impl ProcGpu {
                 .enumerate()
                 .filter(|(i, o)| o.send && in_round(*i))
             {
-                match how.get(&i).copied().flatten() {
+                match slots[i] {
                     Some(slot) if fused => stage.push(p2p_many::StageMsg {
                         src: o.ptr,
                         dst: slot,
