@@ -951,8 +951,6 @@ impl ProcGpu {
             let desc = match (slot, bounced.get(&i)) {
                 (Some((_, desc)), _) => desc,
                 (None, Some(&at)) => self.bounce_desc(at)?,
-                // Nothing to read (NCCL lets a count-0 buffer be NULL).
-                (None, None) if o.bytes == 0 => BufDesc::EMPTY,
                 (None, None) => {
                     let mut share = self.share.lock();
                     match infos[i] {
@@ -1077,10 +1075,7 @@ impl ProcGpu {
                     .rank(me)
                     .transport(crate::NAME));
                 }
-                let src = match o.bytes {
-                    0 => 0, // nothing is read: the sender may have sent no buffer
-                    _ => self.share.lock().map(o.peer, &desc, deadline, &broken)?,
-                };
+                let src = self.share.lock().map(o.peer, &desc, deadline, &broken)?;
                 if batch {
                     msgs.push(p2p_many::RecvMsg {
                         src,

@@ -178,6 +178,11 @@ impl Share {
         deadline: Instant,
         broken: &dyn Fn() -> Option<Error>,
     ) -> Result<Option<BufDesc>> {
+        if len == 0 {
+            // Nothing to reach (NCCL lets a count-0 buffer be NULL): no handle, and a peer's
+            // map of it is 0.
+            return Ok(Some(BufDesc::EMPTY));
+        }
         let at = vmm::info(ptr).map_err(|e| e.rank(self.rank))?;
         self.export_at(at, ptr, len, deadline, broken)
     }
@@ -281,6 +286,9 @@ impl Share {
         deadline: Instant,
         broken: &dyn Fn() -> Option<Error>,
     ) -> Result<u64> {
+        if *d == BufDesc::EMPTY {
+            return Ok(0); // an empty range (`Share::export`): nothing is read
+        }
         match d.kind {
             KIND_LEGACY => self.legacy.map(peer, d),
             KIND_VMM => {
