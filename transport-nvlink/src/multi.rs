@@ -319,16 +319,13 @@ impl MultiGpu {
         msgs: &[railcc_cuda::p2p_many::RecvMsg],
         (ready, copied): (&[u32], &[u32]),
     ) -> Result<u32> {
-        let (gpu, areas) = self.batch_gpu(g)?;
-        let _t = self.turn.lock();
-        // In the GPU's kernel order: the kernel counts its finished blocks in the area.
         // SAFETY: as in recv_many.
         unsafe {
-            self.orders[g].lock().run(gpu, stream, || {
+            self.in_order(g, stream, |gpu, areas| {
                 railcc_cuda::p2p_many::fused(
                     gpu,
                     stream_of(stream),
-                    (areas[g], &areas),
+                    (areas[g], areas),
                     g,
                     msgs,
                     (ready, copied),
@@ -337,6 +334,28 @@ impl MultiGpu {
                     self.timeout_ns,
                 )
             })
+        }
+    }
+
+    /// Runs `launch` (one batch kernel on GPU g's `stream`, given the GPU and every GPU's
+    /// area) in the GPU's kernel order, this thread's turn held: two at once on two streams
+    /// would share the area's count of finished blocks.
+    ///
+    /// # Safety
+    /// `stream` a live stream of GPU `g`; `launch` as safe as the kernel it enqueues.
+    unsafe fn in_order<T>(
+        &self,
+        g: usize,
+        stream: usize,
+        launch: impl FnOnce(&GpuCtx, &[u64]) -> Result<T>,
+    ) -> Result<T> {
+        let (gpu, areas) = self.batch_gpu(g)?;
+        let _t = self.turn.lock();
+        // SAFETY: the caller's stream of this GPU.
+        unsafe {
+            self.orders[g]
+                .lock()
+                .run(gpu, stream, || launch(gpu, &areas))
         }
     }
 
@@ -392,18 +411,14 @@ impl MultiGpu {
         stream: usize,
         msgs: &[railcc_cuda::p2p_many::RecvMsg],
     ) -> Result<u32> {
-        let (gpu, areas) = self.batch_gpu(g)?;
-        let _t = self.turn.lock();
-        // In the GPU's kernel order: two at once on two streams would share the area's count
-        // of finished blocks.
         // SAFETY: peer access is enabled between every pair, so GPU g reads every sender's
         // buffer; the caller vouches for the buffers and stream.
         unsafe {
-            self.orders[g].lock().run(gpu, stream, || {
+            self.in_order(g, stream, |gpu, areas| {
                 railcc_cuda::p2p_many::recv_many(
                     gpu,
                     stream_of(stream),
-                    (areas[g], &areas),
+                    (areas[g], areas),
                     g,
                     msgs,
                     (self.max_blocks, self.p2p_min_chunk),
