@@ -131,7 +131,8 @@ __device__ __forceinline__ int p2p_stage_all(const P2pStage& st, int n_stage, un
       const unsigned long long need = w[16 + p] + (unsigned long long)st.before[k] - lag;
       const unsigned long long t0 = now_ns();
       unsigned int spins = 0;
-      while ((long long)(w[8 + p] - need) < 0) {
+      // A copy to this rank itself (p == me, selfcopy.rs) waits for nobody.
+      while (p != me && (long long)(w[8 + p] - need) < 0) {
         if (now_ns() - t0 > timeout_ns) { timed_out(mine); stop = 1; break; } // the receiver never came
         if ((++spins & 255u) == 0 && aborted(mine)) { stop = 1; break; }
       }
@@ -264,7 +265,8 @@ pub struct RecvMsg {
 /// One send `p2p_fused` copies into a staging slot before marking the batch's sends: `bytes`
 /// from this GPU's `src` into the slot at `dst`, once `peer` has copied every message to it
 /// but the last `lag` before this one, the `before`-th of the batch to that peer (counting
-/// every send to it, staged or not).
+/// every send to it, staged or not). With `peer` this rank itself, a copy of a message to
+/// itself, which waits for nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StageMsg {
     pub src: u64,
@@ -730,6 +732,13 @@ mod tests {
         // Rank 1's staging slots (two, as STAGE_SLOTS in the per-process path).
         const SLOT: usize = 256 * 1024;
         let slots = gpu.alloc(2 * SLOT).expect("slots");
+        // Rank 0's copy to itself in the fused rounds.
+        const OWN: usize = 100_003;
+        let own: Vec<u8> = (0..OWN + 3).map(|j| (j % 251) as u8).collect();
+        let own_src = gpu.alloc(OWN + 3).expect("alloc");
+        gpu.upload(&own_src, 0, &own).expect("upload");
+        let own_dst = gpu.alloc(OWN + 3).expect("alloc");
+        gpu.upload(&own_dst, 0, &vec![0u8; OWN + 3]).expect("clear");
         let mut bad = 0usize;
         // Rounds 0 and 1 in the four kernels; rounds 2 and 3 in one launch each (p2p_fused,
         // which takes MAX_MSGS receives: rank 0 sends its first 16; round 3 finds the
@@ -809,7 +818,14 @@ mod tests {
                             })
                             .collect()
                     } else {
-                        Vec::new()
+                        // Rank 0 copies a message to itself in the launch (selfcopy.rs).
+                        vec![StageMsg {
+                            src: own_src.ptr + 3,
+                            dst: own_dst.ptr + 3,
+                            bytes: OWN as u64,
+                            peer: r,
+                            before: 0,
+                        }]
                     };
                     // SAFETY: every buffer, area and stream is this GPU's, live until the
                     // synchronize below; the two launches run at once on their streams.
@@ -867,6 +883,12 @@ mod tests {
             // SAFETY: the bound context is live.
             check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize").expect("kernels ran");
             assert!(!gpu.kernels_stopped(), "a p2p batch kernel timed out");
+            if round >= 2 {
+                let mut got = vec![0u8; OWN + 3];
+                gpu.download(&own_dst, 0, &mut got).expect("download");
+                bad += (3..OWN + 3).filter(|&j| got[j] != own[j]).count();
+                gpu.upload(&own_dst, 0, &vec![0u8; OWN + 3]).expect("clear");
+            }
             for (from, list) in sizes.iter().enumerate() {
                 for (i, &n) in list.iter().take(n_of(from, round)).enumerate() {
                     let mut got = vec![0u8; n + offset(i) + 16];
@@ -879,7 +901,7 @@ mod tests {
             }
         }
         println!(
-            "p2p batch kernels: 18 messages one way and 2 the other, 2 rounds, then 16 and 2 (staged) in one launch each, 2 rounds, {bad} bytes wrong"
+            "p2p batch kernels: 18 messages one way and 2 the other, 2 rounds, then 16 and 2 (staged) in one launch each with a copy to itself, 2 rounds, {bad} bytes wrong"
         );
         // SAFETY: made above; every kernel on it is done.
         unsafe { crate::gpu::destroy_stream(&gpu, streams[1]) }.expect("destroy stream");

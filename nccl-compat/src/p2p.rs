@@ -60,18 +60,17 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
             group::Pending::P2p(c, op) => p2ps.push((c, op)),
         }
     }
-    // Sends and receives after the collectives, in program order; a rank's messages to
-    // itself are copies. On the per-process and network paths a communicator's sends and
-    // receives of the group are one batch (which orders them so that no two ranks wait on
-    // each other); in one process, the clique pairs them.
-    let mut self_sends: HashMap<usize, std::collections::VecDeque<P2pOp>> = HashMap::new();
-    let mut self_recvs: Vec<(*const Comm, P2pOp)> = Vec::new();
+    // Sends and receives after the collectives, in program order. On the per-process and
+    // network paths a communicator's sends and receives of the group are one batch (which
+    // orders them so that no two ranks wait on each other; a rank's messages to itself are
+    // copies there, `railcc_transport_nvlink::selfcopy` on one host); in one process, the
+    // clique pairs them.
     let mut batches: Vec<(*const Comm, Vec<P2pOp>)> = Vec::new();
     let mut local_batches: Vec<LocalBatch> = Vec::new();
     for (c, op) in p2ps {
         // SAFETY: handles in a group are live (NCCL's contract).
         let cr = unsafe { &*c };
-        let Some(Backend::Gpu(g)) = cr.backend.get() else {
+        let Some(Backend::Gpu(_)) = cr.backend.get() else {
             match local_batch_entry(c, op) {
                 Ok(Some((clique, _))) => {
                     match local_batches
@@ -90,14 +89,6 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
             }
             continue;
         };
-        if g.copies_to_self() && op.peer == cr.rank {
-            if op.send {
-                self_sends.entry(c as usize).or_default().push_back(op);
-            } else {
-                self_recvs.push((c, op));
-            }
-            continue;
-        }
         match batches.iter_mut().find(|g| std::ptr::eq(g.0, c)) {
             Some(g) => g.1.push(op),
             None => batches.push((c, vec![op])),
@@ -116,26 +107,6 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
             )),
         };
         tickets.push((c, Ticket::Done(res)));
-    }
-    for (c, r) in self_recvs {
-        let s = self_sends
-            .get_mut(&(c as usize))
-            .and_then(|q| q.pop_front());
-        // SAFETY: handles in a group are live (NCCL's contract).
-        let backend = unsafe { (*c).backend.get() };
-        let res = match (s, backend) {
-            (Some(s), Some(Backend::Gpu(g))) => g.self_copy(s, r),
-            _ => Err(Error::new(
-                ErrorKind::InvalidArgument,
-                "a receive from this rank itself without its send in the same group",
-            )),
-        };
-        tickets.push((c, Ticket::Done(res)));
-    }
-    if self_sends.values().any(|q| !q.is_empty()) {
-        note(invalid(
-            "a send to this rank itself without its receive in the same group",
-        ));
     }
     for (c, t) in tickets {
         note(wait(c, t));

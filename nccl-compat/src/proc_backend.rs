@@ -11,7 +11,7 @@ use crate::Backend;
 use railcc_collectives::gpu::{GpuComm, GpuPath, Placement};
 use railcc_collectives::Communicator;
 use railcc_core::call::P2pOp;
-use railcc_core::{Error, ErrorKind, Result};
+use railcc_core::{Error, Result};
 use std::time::Duration;
 
 /// Roots served by this process, kept until it exits (each stops once its job has met).
@@ -84,56 +84,6 @@ pub struct GpuRank {
 }
 
 impl GpuRank {
-    /// Whether a rank's messages to itself are copies here (on peer access; across hosts
-    /// the network engine takes them with the rest of the group).
-    pub fn copies_to_self(&self) -> bool {
-        self.comm.peer_gpu().is_some()
-    }
-
-    /// A rank's message to itself: a copy on the receive's stream, after the send's stream
-    /// reaches the send (events when the streams differ).
-    pub fn self_copy(&self, s: P2pOp, r: P2pOp) -> Result<()> {
-        use railcc_cuda::gpu::{copy_async, stream_of, stream_waits_for};
-        if s.bytes != r.bytes {
-            return Err(Error::new(
-                ErrorKind::Mismatch,
-                format!(
-                    "send to itself of {} bytes, receive from itself of {}",
-                    s.bytes, r.bytes
-                ),
-            ));
-        }
-        if s.bytes == 0 {
-            return Ok(());
-        }
-        let g = self.comm.peer_gpu().ok_or_else(|| {
-            Error::new(
-                ErrorKind::Unsupported,
-                "a copy to itself outside a group on the network path",
-            )
-        })?;
-        let (ss, rs) = (stream_of(s.stream), stream_of(r.stream));
-        // SAFETY: both streams are the caller's streams of this rank's GPU (NCCL's contract),
-        // as are both buffers of `bytes`.
-        unsafe {
-            if ss != rs {
-                stream_waits_for(g, rs, g, ss)?;
-            }
-            g.bind()?;
-            copy_async(
-                r.ptr,
-                s.ptr,
-                s.bytes,
-                rs,
-                "cuMemcpyAsync (a rank to itself)",
-            )?;
-            if ss != rs {
-                stream_waits_for(g, ss, g, rs)?;
-            }
-        }
-        Ok(())
-    }
-
     /// Sends and receives of one group (or one call).
     pub fn p2p(&self, ops: &[P2pOp]) -> Result<()> {
         // SAFETY: NCCL's contract: device buffers of this rank's GPU (cudaMalloc/cuMemAlloc,

@@ -7,6 +7,8 @@
 //!   between every pair;
 //! - [`proc`] and [`table`]: one process per GPU (torchrun style), peers' buffers mapped through
 //!   handles that each call publishes in a shared-memory table;
+//! - [`selfcopy`]: a rank's messages to itself in such a group, copies (inside the group's one
+//!   launch where nothing else of the group touches them);
 //! - [`share`] and [`fdpass`]: those handles for any allocator: legacy IPC handles, VMM
 //!   pieces' file descriptors passed over Unix sockets, or none (the data is bounced);
 //! - [`order`]: one communicator's kernels on a GPU run one after another, whatever streams;
@@ -19,6 +21,7 @@ pub mod multi;
 pub mod order;
 pub mod plan;
 pub mod proc;
+pub mod selfcopy;
 pub mod share;
 pub mod table;
 

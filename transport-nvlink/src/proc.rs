@@ -819,18 +819,25 @@ impl ProcGpu {
     /// # Safety
     /// Each op's buffer must be device memory of this GPU from cudaMalloc/cuMemAlloc with
     /// `bytes`, and its stream a stream of this GPU, valid until the stream passes the op.
-    pub unsafe fn p2p(&self, ops: &[P2p]) -> Result<()> {
+    pub unsafe fn p2p(&self, all: &[P2p]) -> Result<()> {
         use railcc_cuda::launch::{p2p_step, P2pStep};
         let mut clock = self.trace.start();
         self.check_alive()?;
         self.gpu.bind()?;
         let me = self.rank;
-        if let Some(o) = ops.iter().find(|o| o.peer >= self.nranks || o.peer == me) {
+        if let Some(o) = all.iter().find(|o| o.peer >= self.nranks) {
             return Err(Error::invalid(format!(
-                "send/recv: peer {} of {} ranks (a rank's messages to itself are copies)",
+                "send/recv: peer {} of {} ranks",
                 o.peer, self.nranks
             ))
             .rank(me));
+        }
+        // Messages to this rank itself are copies (`selfcopy`).
+        let (others, pairs) = crate::selfcopy::split(all, me)?;
+        let ops = &others[..];
+        if ops.is_empty() {
+            // SAFETY: the caller's buffers and streams (this function's contract).
+            return unsafe { crate::selfcopy::copy_after(&self.gpu, &pairs) };
         }
         let deadline = Instant::now() + self.timeout;
         let broken = || self.async_error();
@@ -981,12 +988,31 @@ impl ProcGpu {
         let last = rounds.last().copied().unwrap_or(0);
         // RAILCC_GPU_P2P_BATCH=2: staging, marks, receives and waits in one launch where it
         // fits.
+        // The pairs to itself copied by that launch too, where nothing else of the group
+        // touches them.
+        let copies: Vec<p2p_many::StageMsg> = pairs
+            .iter()
+            .filter(|(s, r)| s.bytes > 0 && s.ptr != r.ptr)
+            .map(|(s, r)| p2p_many::StageMsg {
+                src: s.ptr,
+                dst: r.ptr,
+                bytes: s.bytes as u64,
+                peer: me,
+                before: 0,
+            })
+            .collect();
+        let fold = !pairs.is_empty()
+            && ops
+                .first()
+                .is_some_and(|o| crate::selfcopy::foldable(&pairs, ops, o.stream));
+        let in_launch = staged.iter().filter(|&&s| s).count() + if fold { copies.len() } else { 0 };
         let fused = batch
             && self.p2p_fused
             && last == 0
             && ops.iter().filter(|o| !o.send).count() <= p2p_many::MAX_MSGS
-            && staged.iter().filter(|&&s| s).count() <= p2p_many::MAX_MSGS;
-        let mut stage = Vec::new();
+            && in_launch <= p2p_many::MAX_MSGS;
+        let fold = fused && fold;
+        let mut stage = if fold { copies } else { Vec::new() };
         let mut waits = Vec::new();
         let mut msgs = Vec::new();
         for k in 0..=last {
@@ -1138,6 +1164,10 @@ impl ProcGpu {
         if bounce_streams.len() > 1 {
             // SAFETY: the caller's streams.
             unsafe { self.bounce_joins(&bounce_streams) }?;
+        }
+        if !fold {
+            // SAFETY: the caller's buffers and streams.
+            unsafe { crate::selfcopy::copy_after(&self.gpu, &pairs) }?;
         }
         self.trace.lap(&mut clock, "p2p launch");
         Ok(())
