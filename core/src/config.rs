@@ -287,6 +287,14 @@ config! {
     /// the ring together); pieces are cut to fit. 0: no budget (pieces up to 32 MiB, a ring
     /// of up to 512 MiB at the default depth).
     gpu_net_staging_bytes: usize = 0, "RAILCC_GPU_NET_STAGING_BYTES";
+    /// How a GPU network call moves its pieces between the device and the staging ring: 0,
+    /// copies and flag operations on the caller's stream, per piece; 1, one kernel launch of
+    /// up to `RAILCC_GPU_NET_BLOCKS` blocks per 32 pieces (the SMs copy to and from the
+    /// mapped pinned ring and hand pieces over by the same flags).
+    gpu_net_kernel: u8 = 0, "RAILCC_GPU_NET_KERNEL";
+    /// Thread blocks of the network staging kernel (at most; a divisor of the ring's depth).
+    /// 1 to 16.
+    gpu_net_blocks: usize = 4, "RAILCC_GPU_NET_BLOCKS";
     /// Prints, when a GPU network communicator closes, where its calls' time went: time to
     /// enqueue, each piece's host part, and the stream's turnaround between pieces.
     gpu_net_trace: u8 = 0, "RAILCC_GPU_NET_TRACE";
@@ -428,6 +436,12 @@ impl Config {
             return Err(Error::invalid(format!(
                 "RAILCC_GPU_PATH={} must be auto or net",
                 self.gpu_path
+            )));
+        }
+        if self.gpu_net_kernel > 1 || !(1..=16).contains(&self.gpu_net_blocks) {
+            return Err(Error::invalid(format!(
+                "RAILCC_GPU_NET_KERNEL={} must be 0 or 1 and RAILCC_GPU_NET_BLOCKS={} 1 to 16",
+                self.gpu_net_kernel, self.gpu_net_blocks
             )));
         }
         if !(2..=16).contains(&self.gpu_net_ring) {

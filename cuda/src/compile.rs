@@ -22,36 +22,59 @@ pub fn arch_for(major: i32) -> &'static str {
 
 /// Where the PTX for this source, architecture and driver lives in `dir`.
 pub fn cache_path(dir: &Path, arch: &str, driver_version: i32) -> PathBuf {
+    cache_path_of(dir, "kernels", &source(), arch, driver_version)
+}
+
+/// As [`cache_path`], for the module `tag` of source `src` (a module of its own, such as the
+/// network staging kernel, `netcopy.rs`).
+pub fn cache_path_of(dir: &Path, tag: &str, src: &str, arch: &str, driver_version: i32) -> PathBuf {
     let mut h = blake3::Hasher::new();
-    h.update(source().as_bytes());
+    h.update(src.as_bytes());
     h.update(arch.as_bytes());
     h.update(&driver_version.to_le_bytes());
     let hex = h.finalize().to_hex();
-    dir.join(format!("kernels-{arch}-{}.ptx", &hex[..16]))
+    dir.join(format!("{tag}-{arch}-{}.ptx", &hex[..16]))
 }
 
 /// PTX for `arch`, from the cache when `use_cache` and present, else compiled (and stored).
 /// Compiled PTX is also kept in memory, so a process driving several GPUs compiles once.
 pub fn ptx(arch: &'static str, cache: Option<&Path>, use_cache: bool) -> Result<CString> {
-    static MEMO: std::sync::Mutex<Vec<(&'static str, CString)>> = std::sync::Mutex::new(Vec::new());
+    ptx_of("kernels", &source(), arch, cache, use_cache)
+}
+
+/// As [`ptx`], for the module `tag` of source `src`.
+pub fn ptx_of(
+    tag: &'static str,
+    src: &str,
+    arch: &'static str,
+    cache: Option<&Path>,
+    use_cache: bool,
+) -> Result<CString> {
+    type Memo = Vec<(&'static str, &'static str, CString)>;
+    static MEMO: std::sync::Mutex<Memo> = std::sync::Mutex::new(Vec::new());
     if use_cache {
-        if let Some((_, c)) = MEMO
+        if let Some((.., c)) = MEMO
             .lock()
             .ok()
-            .and_then(|m| m.iter().find(|(a, _)| *a == arch).cloned())
+            .and_then(|m| m.iter().find(|(t, a, _)| *t == tag && *a == arch).cloned())
         {
             return Ok(c);
         }
     }
-    let c = ptx_uncached(arch, cache, use_cache)?;
+    let c = ptx_uncached(src, arch, cache, use_cache)?;
     if let Ok(mut m) = MEMO.lock() {
-        m.retain(|(a, _)| *a != arch);
-        m.push((arch, c.clone()));
+        m.retain(|(t, a, _)| !(*t == tag && *a == arch));
+        m.push((tag, arch, c.clone()));
     }
     Ok(c)
 }
 
-fn ptx_uncached(arch: &'static str, cache: Option<&Path>, use_cache: bool) -> Result<CString> {
+fn ptx_uncached(
+    src: &str,
+    arch: &'static str,
+    cache: Option<&Path>,
+    use_cache: bool,
+) -> Result<CString> {
     if let (Some(path), true) = (cache, use_cache) {
         if let Ok(bytes) = std::fs::read(path) {
             if let Ok(c) = CString::new(bytes) {
@@ -65,7 +88,7 @@ fn ptx_uncached(arch: &'static str, cache: Option<&Path>, use_cache: bool) -> Re
         arch: Some(arch),
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source(), opts).map_err(|e| {
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(|e| {
         Error::new(ErrorKind::Io, format!("NVRTC compile failed: {e:?}")).transport(crate::NAME)
     })?;
     tracing::info!(

@@ -19,7 +19,9 @@
 //! - [`vmm`]: memory of the virtual memory API (PyTorch's expandable segments, ncclMemAlloc):
 //!   how a buffer can be shared, its pieces' file descriptors, peers' pieces mapped as views;
 //! - [`dmabuf`]: device memory exported as dma-buf (GPUDirect RDMA);
-//! - [`nvml`]: NVLink counts between GPUs (`railcc topo`).
+//! - [`nvml`]: NVLink counts between GPUs (`railcc topo`);
+//! - [`netcopy`]: the network engine's staging kernel (SM copies between device buffers and
+//!   the pinned ring, flags handed to the progress thread), a module of its own.
 
 pub mod check;
 pub mod compile;
@@ -31,6 +33,7 @@ pub mod ipc;
 pub mod kernels;
 pub mod launch;
 pub mod ll;
+pub mod netcopy;
 pub mod nvml;
 pub mod p2p_many;
 pub mod staging;

@@ -29,9 +29,11 @@ impl PinnedBuf {
     /// Pinned memory of the context `ctx`, which must be current on this thread.
     pub fn in_current(ctx: sys::CUcontext, bytes: usize) -> Result<PinnedBuf> {
         let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: valid out-pointer in the bound context; flags 0 = portable off, plain pinning.
+        // DEVICEMAP: kernels may also reach it (the network staging kernel, `netcopy.rs`);
+        // with unified addressing that is so anyway, this makes it explicit.
+        // SAFETY: valid out-pointer in the bound context.
         check(
-            unsafe { sys::cuMemHostAlloc(&mut p, bytes.max(1), 0) },
+            unsafe { sys::cuMemHostAlloc(&mut p, bytes.max(1), sys::CU_MEMHOSTALLOC_DEVICEMAP) },
             "cuMemHostAlloc",
         )?;
         Ok(PinnedBuf {
@@ -51,6 +53,17 @@ impl PinnedBuf {
 
     pub fn as_ptr(&self) -> *const u8 {
         self.ptr
+    }
+
+    /// The address kernels reach this memory at (with unified addressing, the host's).
+    pub fn dev_ptr(&self) -> Result<u64> {
+        let mut d: sys::CUdeviceptr = 0;
+        // SAFETY: valid out-pointer; `ptr` is this context's pinned allocation.
+        check(
+            unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, self.ptr as *mut c_void, 0) },
+            "cuMemHostGetDevicePointer",
+        )?;
+        Ok(d)
     }
 
     pub fn as_mut_ptr(&mut self) -> *mut u8 {

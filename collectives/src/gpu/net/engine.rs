@@ -28,6 +28,7 @@ use railcc_core::bootstrap::{RootServer, UniqueId};
 use railcc_core::{Error, ErrorKind, Result};
 use railcc_cuda::gpu::Stream;
 use railcc_cuda::hostsync::{capturing, d2h, h2d, on_graph_destroy, Ctx, Flags};
+use railcc_cuda::netcopy::{self, NetKernel};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -123,6 +124,8 @@ pub struct GpuNet {
     /// Every staging slot's size under a budget (`RAILCC_GPU_NET_STAGING_BYTES`).
     slot_cap: Option<usize>,
     ring_depth: usize,
+    /// `RAILCC_GPU_NET_KERNEL=1`: the staging kernel and its blocks per launch.
+    kernel: Option<(NetKernel, u32)>,
     timeout: Duration,
     desc: String,
     _roots: Vec<RootServer>,
@@ -160,6 +163,14 @@ impl GpuNet {
                     ))
                 })?;
             let ctx = Arc::new(Ctx::new(ordinal)?);
+            let kernel = match cfg.gpu_net_kernel {
+                0 => None,
+                _ => Some((
+                    NetKernel::load(&ctx, cfg.kernel_cache_dir().as_deref())
+                        .map_err(|e| e.op("gpu net: loading the staging kernel"))?,
+                    netcopy::blocks_for(cfg.gpu_net_ring, cfg.gpu_net_blocks),
+                )),
+            };
             // Rank 0 serves one rendezvous per channel; everyone learns their ids.
             let mut roots = Vec::new();
             let mut mine = Vec::new();
@@ -171,12 +182,12 @@ impl GpuNet {
                     roots.push(r);
                 }
             }
-            Ok((rank, ctx, roots, mine))
+            Ok((rank, ctx, kernel, roots, mine))
         })();
         let mine = railcc_core::agree::record(&prep, |(.., ids)| ids.clone());
         let all = parent.oob_all_gather(&mine)?;
         let failed = railcc_core::agree::first_failure(&all, 0);
-        let (rank, ctx, roots, _) = match (prep, failed) {
+        let (rank, ctx, kernel, roots, _) = match (prep, failed) {
             (Err(e), _) => return Err(e),
             (Ok(_), Some((r, why))) => {
                 let e = format!("rank {r} failed to open its GPU network engine: {why}");
@@ -228,11 +239,17 @@ impl GpuNet {
             .name("railcc-progress".into())
             .spawn(move || progress.run())
             .map_err(|e| Error::io("gpu net: starting the progress thread", &e))?;
-        let desc = format!(
-            "{nch} channel(s) over {}, staged through pinned host memory by copies on the caller's stream (about 8 pieces per call, {} KiB to 32 MiB each); no thread blocks",
-            parent.transport(),
-            cfg.gpu_net_chunk_bytes / 1024
-        );
+        let desc = match &kernel {
+            None => format!(
+                "{nch} channel(s) over {}, staged through pinned host memory by copies on the caller's stream (about 8 pieces per call, {} KiB to 32 MiB each); no thread blocks",
+                parent.transport(),
+                cfg.gpu_net_chunk_bytes / 1024
+            ),
+            Some((_, b)) => format!(
+                "{nch} channel(s) over {}, staged through pinned host memory by a kernel of {b} thread block(s) per call (SM copies to and from the mapped ring)",
+                parent.transport(),
+            ),
+        };
         Ok(GpuNet {
             rank,
             nranks,
@@ -252,6 +269,7 @@ impl GpuNet {
             },
             slot_cap,
             ring_depth: cfg.gpu_net_ring,
+            kernel,
             timeout: cfg.timeout(),
             desc,
             _roots: roots,
@@ -316,7 +334,14 @@ impl GpuNet {
         // SAFETY: the caller's stream and buffers (contract above); the ring's slots hold
         // every piece's staged bytes (sized by stage_need).
         let t_ops = t0.map(|_| Instant::now());
-        let ops = unsafe { self.stream_ops(&call, stream) };
+        let ops = unsafe {
+            match &self.kernel {
+                Some((k, blocks)) if kernel_fits(&call) => {
+                    self.kernel_ops(&call, stream, k, *blocks)
+                }
+                _ => self.stream_ops(&call, stream),
+            }
+        };
         if let (Some(t0), Some(t_ops)) = (t0, t_ops) {
             self.shared.trace.enqueued(t0.elapsed(), t_ops.elapsed());
         }
@@ -341,6 +366,65 @@ impl GpuNet {
                     }),
                 )
             }?;
+        }
+        Ok(())
+    }
+
+    /// `call` on `stream` as launches of the staging kernel (`netcopy.rs`), 32 pieces each:
+    /// the same copies and flags as [`GpuNet::stream_ops`], done by the SMs.
+    unsafe fn kernel_ops(
+        &self,
+        call: &Call,
+        stream: Stream,
+        k: &NetKernel,
+        blocks: u32,
+    ) -> Result<()> {
+        let ring = &call.ring;
+        let mut base = netcopy::Params {
+            flags: self.slots.flags.dev_ptr(0)?,
+            depth: ring.depth as u32,
+            captured: call.captured as u32,
+            ..Default::default()
+        };
+        for i in 0..ring.depth.min(netcopy::MAX_DEPTH) {
+            base.send[i] = ring.send_dev[i];
+            base.recv[i] = ring.recv_dev[i];
+        }
+        let segs = |v: &[super::pieces::Seg]| -> Vec<netcopy::Seg> {
+            v.iter()
+                .map(|s| netcopy::Seg {
+                    dev: s.dev,
+                    stage: s.stage as u32,
+                    bytes: s.bytes as u32,
+                })
+                .collect()
+        };
+        let mut p = base;
+        for (i, r) in call.runs.iter().enumerate() {
+            let piece = netcopy::Piece {
+                start_word: Slots::start(r.slot) as u32,
+                done_word: Slots::done(r.slot) as u32,
+                token: r.token,
+                index: i as u32,
+                ..Default::default()
+            };
+            let (down, up) = (segs(&r.piece.down), segs(&r.piece.up));
+            if p.push(piece, &down, &up) {
+                continue;
+            }
+            // SAFETY: the caller's stream and buffers; the ring and flags live in the engine.
+            unsafe { k.launch(stream, &p, blocks) }?;
+            p = base;
+            if !p.push(piece, &down, &up) {
+                return Err(Error::invalid(format!(
+                    "gpu net: a piece of {} segments does not fit the staging kernel",
+                    down.len() + up.len()
+                )));
+            }
+        }
+        if p.npieces > 0 {
+            // SAFETY: as above.
+            unsafe { k.launch(stream, &p, blocks) }?;
         }
         Ok(())
     }
@@ -478,6 +562,20 @@ impl Drop for GpuNet {
         }
         self.shared.trace.report();
     }
+}
+
+/// Whether the staging kernel can take `call`: every piece's segments fit one launch and its
+/// offsets and sizes 32 bits, and the ring is within the kernel's depth.
+fn kernel_fits(call: &Call) -> bool {
+    call.ring.depth <= netcopy::MAX_DEPTH
+        && call.runs.iter().all(|r| {
+            let p = &r.piece;
+            p.down.len() + p.up.len() <= netcopy::MAX_SEGS
+                && p.down
+                    .iter()
+                    .chain(&p.up)
+                    .all(|s| u32::try_from(s.stage + s.bytes).is_ok())
+        })
 }
 
 /// The progress thread's state.

@@ -38,6 +38,9 @@ pub struct Ring {
     pub depth: usize,
     send: Vec<PinnedBuf>,
     recv: Vec<PinnedBuf>,
+    /// The slots' addresses in the GPU's address space (the staging kernel's).
+    pub send_dev: Vec<u64>,
+    pub recv_dev: Vec<u64>,
     regions: Vec<(Arc<Communicator>, RegionId)>,
 }
 
@@ -61,11 +64,19 @@ impl Ring {
             depth,
             send: Vec::new(),
             recv: Vec::new(),
+            send_dev: Vec::new(),
+            recv_dev: Vec::new(),
             regions: Vec::new(),
         };
         for _ in 0..depth {
-            r.send.push(PinnedBuf::in_current(ctx.ctx, slot_bytes)?);
-            r.recv.push(PinnedBuf::in_current(ctx.ctx, slot_bytes)?);
+            let (s, v) = (
+                PinnedBuf::in_current(ctx.ctx, slot_bytes)?,
+                PinnedBuf::in_current(ctx.ctx, slot_bytes)?,
+            );
+            r.send_dev.push(s.dev_ptr()?);
+            r.recv_dev.push(v.dev_ptr()?);
+            r.send.push(s);
+            r.recv.push(v);
         }
         // Registered with every channel (piece k runs on channel k mod channels), so RDMA
         // moves the stages without a registration per transfer.

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# On nvidia-h200-x2 (after bench/compare/gpu-prepare.sh here; carry .device): the network
+# engine's staging kernel (RAILCC_GPU_NET_KERNEL=1, issue 31) on 2 emulated hosts x 1 GPU
+# (each process its own RAILCC_HOSTID/NCCL_HOSTID, TCP over loopback). Parts (NK_PARTS,
+# default "check perf ret"):
+#   check  railcc bench --gpu-net with the kernel: every collective, dtype and op, 8 B-16 MB,
+#          --offset 8; -G 3 (graphs); random data to 256 MB; then nccl-tests through libnccl
+#          under mpirun with -c 1 (and -G 10). A failed check prints FAIL.
+#   perf   nccl-tests all_reduce 8 B-1 GB and alltoall 1 MB and 128 MB under mpirun: railcc
+#          with the stream's copies, with the kernel, with the kernel and a 32 MiB staging
+#          budget; NCCL with defaults and with 4 threads x 4 sockets. Same call, same hosts.
+#   ret    railcc bench all_reduce 8 B-1 GB: how long a call takes to return on an idle
+#          stream, stream copies against the kernel (checked results).
+# Logs under $OUT (nk-*.log).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source bench/compare/gpu-env.sh
+source bench/compare/tables.sh
+export RAILCC_TIMEOUT_MS=${RAILCC_TIMEOUT_MS:-30000} NCCL_SOCKET_IFNAME=lo RAILCC_SOCKET_IFNAME=lo
+export AS_HOST_GPUS=$(nvidia-smi -L | wc -l)
+echo "# gpu-net-kernel.sh: $AS_HOST_GPUS GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs)"
+PARTS=${NK_PARTS:-check perf ret}
+FAILS=0
+fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }
+LOG=$OUT/nk-check.log
+check() {  # LABEL CMD...: runs CMD (at most 120 s), logs it, judges its tables.
+  local label=$1; shift
+  local f=/tmp/nk-check.log rc why
+  timeout 120 "$@" > $f 2>&1; rc=$?
+  { echo "== $label"; cat $f; echo "== exit $rc"; } >> "$LOG"
+  why=$(table_problem $f)
+  if [ $rc = 0 ] && [ -z "$why" ]; then echo "PASS  $label"; else fail "$label (exit $rc${why:+, $why})"; tail -5 $f; fi
+}
+AS_HOST=$PWD/bench/compare/as-host.sh
+MPIRUN="mpirun -np 2 --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_SOCKET_IFNAME -x RAILCC_SOCKET_IFNAME -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x AS_HOST_GPUS"
+OURS="$PWD/.device/lib:/usr/local/cuda/lib64"
+K="RAILCC_GPU_NET_KERNEL=1"
+
+case " $PARTS " in *" check "*)
+  : > $LOG
+  for c in all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall; do
+    check "kernel: bench $c --gpu-net, every dtype/op, 8 B-16 MB, --offset 8" \
+      env $K $R bench $c --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 16M -f 16 -d all -o all -n 1 -w 0 -r 1 --offset 8
+  done
+  for c in all_reduce sendrecv alltoall; do
+    check "kernel: bench $c --gpu-net -G 3, 8 B-64 MB" \
+      env $K $R bench $c --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 64M -f 32 -d float,bfloat16 -n 3 -w 1 -G 3
+  done
+  check "kernel: bench all_reduce --gpu-net --fill random, 8 B-256 MB" \
+    env $K $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 256M -f 8 -d half,bfloat16 -o sum,avg -n 3 -w 1 --fill random
+  nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
+  for b in all_reduce all_gather reduce_scatter sendrecv alltoall; do
+    check "kernel: libnccl $b mpirun, 2 emulated hosts, 8 B-8 MB -c 1" \
+      env $K LD_LIBRARY_PATH="$OURS" $MPIRUN -x RAILCC_GPU_NET_KERNEL $AS_HOST $NTM/build/${b}_perf -b 8 -e 8M -f 8 -n 2 -w 1 -c 1 -d float,bfloat16 -g 1
+  done
+  check "kernel: libnccl all_reduce mpirun, 2 emulated hosts, -G 10" \
+    env $K LD_LIBRARY_PATH="$OURS" $MPIRUN -x RAILCC_GPU_NET_KERNEL $AS_HOST $NTM/build/all_reduce_perf -b 8 -e 32M -f 64 -n 2 -w 1 -c 1 -g 1 -G 10
+  env $K LD_LIBRARY_PATH="$OURS" NCCL_DEBUG=INFO $MPIRUN -x RAILCC_GPU_NET_KERNEL -x NCCL_DEBUG $AS_HOST $NTM/build/all_reduce_perf -b 8 -e 8 -n 1 -w 0 -g 1 2>&1 | grep -m2 "railcc libnccl"
+;; esac
+
+case " $PARTS " in *" perf "*)
+  nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
+  for b in all_reduce alltoall; do
+    P="-b 8 -e 1G -f 4 -n 10 -w 3 -c 0 -g 1"
+    [ $b = alltoall ] && P="-b 1M -e 128M -f 128 -n 20 -w 3 -c 0 -g 1"
+    L=$OUT/nk-perf-$b.log; : > $L
+    for run in "railcc stream|RAILCC_GPU_NET_KERNEL=0" "railcc kernel|RAILCC_GPU_NET_KERNEL=1" \
+               "railcc kernel 32MiB|RAILCC_GPU_NET_KERNEL=1 RAILCC_GPU_NET_STAGING_BYTES=33554432" \
+               "nccl defaults|NCCL=1" "nccl 4x4|NCCL=1 NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4"; do
+      IFS='|' read -r label vars <<< "$run"
+      echo "== $label" >> $L
+      lib=$OURS; case $vars in NCCL=1*) lib="$NCCL_HOME/lib:/usr/local/cuda/lib64" ;; esac
+      timeout 150 env $vars LD_LIBRARY_PATH="$lib" $MPIRUN -x RAILCC_GPU_NET_KERNEL -x RAILCC_GPU_NET_STAGING_BYTES \
+        -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD $AS_HOST $NTM/build/${b}_perf $P >> $L 2>&1
+      echo "== exit $?" >> $L
+    done
+    echo "== $b (time us / busbw GB/s, out of place)"
+    awk '/^== exit/ {next} /^== / {lab=substr($0,4); next} /^ +[0-9]+ +[0-9]+ / {printf "%-20s %12s %10s %8s\n", lab, $1, $6, $8}' $L
+  done
+;; esac
+
+case " $PARTS " in *" ret "*)
+  L=$OUT/nk-ret.log; : > $L
+  for k in 0 1; do
+    echo "== RAILCC_GPU_NET_KERNEL=$k" >> $L
+    timeout 150 env RAILCC_GPU_NET_KERNEL=$k $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 1G -f 8 -n 10 -w 2 -c 1 >> $L 2>&1
+    echo "== exit $?" >> $L
+  done
+  grep -E "^== |^# railcc|returned after|^ +[0-9]" $L | head -80
+;; esac
+echo "gpu-net-kernel: $FAILS failed"
+[ $FAILS = 0 ]

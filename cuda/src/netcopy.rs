@@ -1,0 +1,409 @@
+//! The network engine's staging kernel (`RAILCC_GPU_NET_KERNEL=1`): one launch moves a call's
+//! pieces between the caller's device buffers and the pinned staging ring and hands each piece
+//! to the progress thread through the same flags the stream operations use (`start = token`
+//! after a piece is staged; wait for `done`, then copy the result back). The copies are the
+//! SMs' loads and stores to mapped host memory, as NCCL's network path without GPUDirect does,
+//! so a call costs the caller's thread one launch instead of two copies and two flag
+//! operations per piece (what bounds a large call's return time, and a small call's latency).
+//!
+//! Block b of the launch runs pieces b, b + B, b + 2B, ... in order; B divides the ring's
+//! depth, so the piece that next uses a ring slot is the same block's, after it is done with
+//! the slot. A module of its own (a few hundred lines of PTX, compiled once and cached on
+//! disk), loaded in the engine's context without the collective kernels.
+
+use crate::compile;
+use crate::driver::check;
+use crate::hostsync::Ctx;
+use cudarc::driver::sys;
+use railcc_core::{Error, Result};
+use std::ffi::{c_void, CString};
+use std::path::Path;
+
+/// Pieces one launch takes; a call with more is several launches, in order on the stream.
+pub const MAX_PIECES: usize = 32;
+/// Segments (device range to or from a stage range) one launch takes.
+pub const MAX_SEGS: usize = 176;
+/// Ring depths the kernel's parameters hold.
+pub const MAX_DEPTH: usize = 16;
+pub const THREADS: u32 = 512;
+const NAME: &str = "net_stage";
+
+/// One copy of a piece: `bytes` between device address `dev` and the stage at offset `stage`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Seg {
+    pub dev: u64,
+    pub stage: u32,
+    pub bytes: u32,
+}
+
+/// One piece: its flag slot's words and token, its segments in (`down`) and back (`up`) as
+/// ranges of [`Params::segs`], and its index in the call (which ring slot it stages in).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Piece {
+    pub start_word: u32,
+    pub done_word: u32,
+    pub token: u32,
+    pub index: u32,
+    pub down: [u16; 2],
+    pub up: [u16; 2],
+}
+
+/// The kernel's one parameter (under CUDA's 4 KiB of parameters).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Params {
+    /// Device address of the flag words (`hostsync::Flags`).
+    pub flags: u64,
+    /// Device addresses of the ring's send and receive slots.
+    pub send: [u64; MAX_DEPTH],
+    pub recv: [u64; MAX_DEPTH],
+    pub depth: u32,
+    /// A captured call: wait for `done == token`, then clear it (graph replays).
+    pub captured: u32,
+    pub npieces: u32,
+    pub nsegs: u32,
+    pub pieces: [Piece; MAX_PIECES],
+    pub segs: [Seg; MAX_SEGS],
+}
+
+impl Default for Params {
+    fn default() -> Params {
+        Params {
+            flags: 0,
+            send: [0; MAX_DEPTH],
+            recv: [0; MAX_DEPTH],
+            depth: 0,
+            captured: 0,
+            npieces: 0,
+            nsegs: 0,
+            pieces: [Piece::default(); MAX_PIECES],
+            segs: [Seg::default(); MAX_SEGS],
+        }
+    }
+}
+
+impl Params {
+    /// Adds a piece with its segments; false (and nothing added) when the launch is full.
+    pub fn push(&mut self, p: Piece, down: &[Seg], up: &[Seg]) -> bool {
+        let n = self.nsegs as usize;
+        if self.npieces as usize >= MAX_PIECES || n + down.len() + up.len() > MAX_SEGS {
+            return false;
+        }
+        let mut p = p;
+        p.down = [n as u16, (n + down.len()) as u16];
+        p.up = [p.down[1], (n + down.len() + up.len()) as u16];
+        for (i, s) in down.iter().chain(up).enumerate() {
+            self.segs[n + i] = *s;
+        }
+        self.nsegs = p.up[1] as u32;
+        self.pieces[self.npieces as usize] = p;
+        self.npieces += 1;
+        true
+    }
+}
+
+/// Blocks of a launch for ring depth `depth`: at most `want`, a divisor of the depth.
+pub fn blocks_for(depth: usize, want: usize) -> u32 {
+    (1..=want.clamp(1, depth.max(1)))
+        .rev()
+        .find(|b| depth.is_multiple_of(*b))
+        .unwrap_or(1) as u32
+}
+
+/// CUDA source of the staging kernel.
+pub fn source() -> String {
+    format!(
+        r#"
+struct Seg {{ unsigned long long dev; unsigned int stage; unsigned int bytes; }};
+struct Piece {{ unsigned int start_word, done_word, token, index; unsigned short down[2], up[2]; }};
+struct Params {{
+  unsigned long long flags;
+  unsigned long long send[{MAX_DEPTH}];
+  unsigned long long recv[{MAX_DEPTH}];
+  unsigned int depth, captured, npieces, nsegs;
+  Piece pieces[{MAX_PIECES}];
+  Seg segs[{MAX_SEGS}];
+}};
+// One W-byte word; `cv`: the source is host memory the progress thread wrote (fetched again,
+// never from a cache).
+template <int W> struct Word;
+template <> struct Word<16> {{ typedef uint4 T; }};
+template <> struct Word<8> {{ typedef unsigned long long T; }};
+template <> struct Word<4> {{ typedef unsigned int T; }};
+template <> struct Word<2> {{ typedef unsigned short T; }};
+template <> struct Word<1> {{ typedef unsigned char T; }};
+template <typename T> __device__ __forceinline__ T load(const T* p, bool cv) {{ return cv ? __ldcv(p) : *p; }}
+// Copies n bytes with the block's threads in W-byte words (both ends equally aligned modulo
+// W), 8 loads in flight per thread: reads of host memory cross PCIe, so they must overlap.
+template <int W> __device__ __forceinline__ void copy_words(unsigned char* dst, const unsigned char* src, unsigned long long n, bool cv) {{
+  typedef typename Word<W>::T T;
+  const unsigned long long t = threadIdx.x, S = blockDim.x;
+  unsigned long long head = (W - ((unsigned long long)dst & (W - 1))) & (W - 1);
+  if (head > n) head = n;
+  const unsigned long long words = (n - head) / W;
+  const T* s = (const T*)(src + head);
+  T* d = (T*)(dst + head);
+  unsigned long long i = t;
+  for (; i + 7 * S < words; i += 8 * S) {{
+    T v[8];
+    #pragma unroll
+    for (int u = 0; u < 8; u++) v[u] = load(s + i + u * S, cv);
+    #pragma unroll
+    for (int u = 0; u < 8; u++) d[i + u * S] = v[u];
+  }}
+  for (; i < words; i += S) d[i] = load(s + i, cv);
+  for (unsigned long long k = t; k < head; k += S) dst[k] = load(src + k, cv);
+  for (unsigned long long k = head + words * W + t; k < n; k += S) dst[k] = load(src + k, cv);
+}}
+__device__ __forceinline__ void copy_block(unsigned char* dst, const unsigned char* src, unsigned long long n, bool cv) {{
+  const unsigned long long x = (unsigned long long)dst ^ (unsigned long long)src;
+  if ((x & 15) == 0) copy_words<16>(dst, src, n, cv);
+  else if ((x & 7) == 0) copy_words<8>(dst, src, n, cv);
+  else if ((x & 3) == 0) copy_words<4>(dst, src, n, cv);
+  else if ((x & 1) == 0) copy_words<2>(dst, src, n, cv);
+  else copy_words<1>(dst, src, n, cv);
+}}
+__device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {{
+  unsigned int v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}}
+__device__ __forceinline__ void store_release(unsigned int* p, unsigned int v) {{
+  asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}}
+extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(const Params p) {{
+  unsigned int* flags = (unsigned int*)p.flags;
+  const unsigned int n = p.npieces, B = gridDim.x, D = p.depth;
+  // Piece j: its segments into its ring slot's send stage, then start = token.
+  #define COPY_IN(j) do {{ \
+    const Piece& q = p.pieces[j]; \
+    unsigned char* stage = (unsigned char*)p.send[q.index % D]; \
+    for (unsigned int s = q.down[0]; s < q.down[1]; s++) \
+      copy_block(stage + p.segs[s].stage, (const unsigned char*)p.segs[s].dev, p.segs[s].bytes, false); \
+    __syncthreads(); \
+    if (threadIdx.x == 0) {{ __threadfence_system(); store_release(flags + q.start_word, q.token); }} \
+  }} while (0)
+  for (unsigned int j = blockIdx.x; j < n && j < D; j += B) COPY_IN(j);
+  for (unsigned int j = blockIdx.x; j < n; j += B) {{
+    const Piece& q = p.pieces[j];
+    if (threadIdx.x == 0) {{
+      // The progress thread sets done (also when the engine breaks: every waiting piece is
+      // let go), so this wait ends without a deadline of its own, as the stream's wait did.
+      if (p.captured) {{
+        while (load_acquire(flags + q.done_word) != q.token) __nanosleep(200);
+        store_release(flags + q.done_word, 0);
+      }} else {{
+        while ((int)(load_acquire(flags + q.done_word) - q.token) < 0) __nanosleep(200);
+      }}
+    }}
+    __syncthreads();
+    const unsigned char* stage = (const unsigned char*)p.recv[q.index % D];
+    for (unsigned int s = q.up[0]; s < q.up[1]; s++)
+      copy_block((unsigned char*)p.segs[s].dev, stage + p.segs[s].stage, p.segs[s].bytes, true);
+    // The recv slot is this block's again only after every thread's loads.
+    __syncthreads();
+    if (j + D < n) COPY_IN(j + D);
+  }}
+}}
+"#
+    )
+}
+
+/// The staging kernel loaded in one GPU's context.
+pub struct NetKernel {
+    func: sys::CUfunction,
+    module: sys::CUmodule,
+    ctx: sys::CUcontext,
+}
+
+// SAFETY: module and function handles may be used from any thread with the context bound; the
+// driver API is thread safe.
+unsafe impl Send for NetKernel {}
+// SAFETY: as above.
+unsafe impl Sync for NetKernel {}
+
+impl NetKernel {
+    /// Compiles (or takes from the PTX cache in `cache`) and loads the kernel in `ctx`.
+    pub fn load(ctx: &Ctx, cache: Option<&Path>) -> Result<NetKernel> {
+        crate::driver::nvrtc_available()?;
+        ctx.bind()?;
+        let mut dev: sys::CUdevice = 0;
+        // SAFETY: valid out-pointers; the context is bound.
+        check(unsafe { sys::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
+        let mut major = 0;
+        check(
+            // SAFETY: as above.
+            unsafe {
+                sys::cuDeviceGetAttribute(
+                    &mut major,
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                    dev,
+                )
+            },
+            "cuDeviceGetAttribute",
+        )?;
+        let mut driver_version = 0;
+        // SAFETY: valid out-pointer.
+        check(
+            unsafe { sys::cuDriverGetVersion(&mut driver_version) },
+            "cuDriverGetVersion",
+        )?;
+        let arch = compile::arch_for(major);
+        let src = source();
+        let path = cache.map(|d| compile::cache_path_of(d, "netcopy", &src, arch, driver_version));
+        let image = compile::ptx_of("netcopy", &src, arch, path.as_deref(), true)?;
+        match NetKernel::from_image(ctx, &image) {
+            Ok(k) => Ok(k),
+            Err(_) => {
+                // A cached file the driver rejects: rebuild.
+                let image = compile::ptx_of("netcopy", &src, arch, path.as_deref(), false)?;
+                NetKernel::from_image(ctx, &image)
+            }
+        }
+    }
+
+    fn from_image(ctx: &Ctx, image: &CString) -> Result<NetKernel> {
+        let mut module: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: NUL-terminated PTX; the context is bound (load).
+        check(
+            unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) },
+            "cuModuleLoadData(netcopy)",
+        )?;
+        let name = CString::new(NAME).map_err(|_| Error::invalid("kernel name"))?;
+        let mut func: sys::CUfunction = std::ptr::null_mut();
+        // SAFETY: module loaded above; `name` is NUL-terminated.
+        let r = check(
+            unsafe { sys::cuModuleGetFunction(&mut func, module, name.as_ptr()) },
+            "cuModuleGetFunction(net_stage)",
+        );
+        if let Err(e) = r {
+            // SAFETY: loaded above, not used after.
+            unsafe {
+                let _ = sys::cuModuleUnload(module);
+            }
+            return Err(e);
+        }
+        Ok(NetKernel {
+            func,
+            module,
+            ctx: ctx.ctx,
+        })
+    }
+
+    /// Launches `p` on `stream` with `blocks` blocks (a divisor of `p.depth`).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of this kernel's context, which is current; the segments'
+    /// device ranges are live device memory of that GPU until the stream passes the launch;
+    /// the ring slots and flag words are mapped host memory that outlives it.
+    pub unsafe fn launch(&self, stream: sys::CUstream, p: &Params, blocks: u32) -> Result<()> {
+        let depth = p.depth as usize;
+        if depth == 0 || depth > MAX_DEPTH || blocks == 0 || !depth.is_multiple_of(blocks as usize)
+        {
+            return Err(Error::invalid(format!(
+                "net staging kernel: {blocks} blocks for a ring of depth {depth}"
+            )));
+        }
+        let mut arg = *p;
+        let mut params: [*mut c_void; 1] = [&mut arg as *mut Params as *mut c_void];
+        // SAFETY: the one parameter matches the kernel's signature (source()) and lives across
+        // the call, which copies it; the caller vouches for the addresses in it.
+        check(
+            unsafe {
+                sys::cuLaunchKernel(
+                    self.func,
+                    blocks,
+                    1,
+                    1,
+                    THREADS,
+                    1,
+                    1,
+                    0,
+                    stream,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            },
+            "cuLaunchKernel(net_stage)",
+        )
+    }
+}
+
+impl Drop for NetKernel {
+    fn drop(&mut self) {
+        // SAFETY: loaded in `ctx`, unloaded once.
+        unsafe {
+            let _ = sys::cuCtxSetCurrent(self.ctx);
+            let _ = sys::cuModuleUnload(self.module);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_fit_cudas_parameter_limit() {
+        assert!(
+            std::mem::size_of::<Params>() <= 4096,
+            "{}",
+            std::mem::size_of::<Params>()
+        );
+        assert_eq!(std::mem::size_of::<Seg>(), 16);
+        assert_eq!(std::mem::size_of::<Piece>(), 24);
+    }
+
+    #[test]
+    fn push_lays_segments_end_to_end_and_stops_when_full() {
+        let mut p = Params::default();
+        let s = |d: u64| Seg {
+            dev: d,
+            stage: 0,
+            bytes: 8,
+        };
+        assert!(p.push(Piece::default(), &[s(1)], &[s(2), s(3)]));
+        assert!(p.push(Piece::default(), &[], &[s(4)]));
+        assert_eq!((p.npieces, p.nsegs), (2, 4));
+        assert_eq!((p.pieces[0].down, p.pieces[0].up), ([0, 1], [1, 3]));
+        assert_eq!((p.pieces[1].down, p.pieces[1].up), ([3, 3], [3, 4]));
+        assert_eq!(p.segs[3].dev, 4);
+        // Too many segments: refused, nothing changed.
+        let many = vec![s(9); MAX_SEGS];
+        assert!(!p.push(Piece::default(), &many, &[]));
+        assert_eq!((p.npieces, p.nsegs), (2, 4));
+        for _ in 2..MAX_PIECES {
+            assert!(p.push(Piece::default(), &[], &[]));
+        }
+        assert!(!p.push(Piece::default(), &[], &[]));
+    }
+
+    #[test]
+    fn blocks_divide_the_depth() {
+        assert_eq!(blocks_for(8, 4), 4);
+        assert_eq!(blocks_for(6, 4), 3);
+        assert_eq!(blocks_for(7, 4), 1);
+        assert_eq!(blocks_for(2, 4), 2);
+        assert_eq!(blocks_for(16, 1), 1);
+        for d in 1..=MAX_DEPTH {
+            for w in 1..=8 {
+                let b = blocks_for(d, w) as usize;
+                assert!(b >= 1 && b <= w && d % b == 0, "{d} {w}: {b}");
+            }
+        }
+    }
+
+    /// Compiles the kernel when NVRTC is present (no GPU needed); a skip line otherwise.
+    #[test]
+    fn net_stage_compiles_with_nvrtc() {
+        if let Err(e) = crate::driver::nvrtc_available() {
+            println!("SKIP NVRTC compile of net_stage: {e}");
+            return;
+        }
+        let ptx = compile::ptx_of("netcopy", &source(), "compute_90", None, false)
+            .expect("net_stage compiles");
+        assert!(ptx.to_string_lossy().contains(".entry net_stage"));
+    }
+}
