@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # On nvidia-h200-x2 (after bench/compare/gpu-prepare.sh here; carry .device): the network
-# engine's staging kernel (RAILCC_GPU_NET_KERNEL=1, issue 31) on 2 emulated hosts x 1 GPU
-# (each process its own RAILCC_HOSTID/NCCL_HOSTID, TCP over loopback). Parts (NK_PARTS,
-# default "check perf ret"):
-#   check  railcc bench --gpu-net with the kernel: every collective, dtype and op, 8 B-16 MB,
-#          --offset 8; -G 3 (graphs); random data to 256 MB; then nccl-tests through libnccl
-#          under mpirun with -c 1 (and -G 10). A failed check prints FAIL.
-#   perf   nccl-tests all_reduce 8 B-1 GB and alltoall 1 MB and 128 MB under mpirun: railcc
-#          with the stream's copies, with the kernel, with the kernel and a 32 MiB staging
-#          budget; NCCL with defaults and with 4 threads x 4 sockets. Same call, same hosts.
+# engine's staging kernel (RAILCC_GPU_NET_KERNEL=1 and a 32 MiB staging budget, the defaults
+# since issue 31) on 2 emulated hosts x 1 GPU (each process its own RAILCC_HOSTID/NCCL_HOSTID,
+# TCP over loopback). Parts (NK_PARTS, default "check perf ret"):
+#   check  railcc bench --gpu-net (K: extra settings, default none): every collective, dtype
+#          and op, 8 B-16 MB, --offset 8; -G 3 (graphs); random data to 256 MB; then
+#          nccl-tests through libnccl under mpirun with -c 1 (and -G 10). FAIL on a failure.
+#   x2     nccl-tests through libnccl on 2 emulated hosts x 2 ranks (4 ranks on 2 GPUs, the
+#          hierarchical path), -c 1.
+#   perf   nccl-tests all_reduce 8 B-1 GB and alltoall 1 MB and 128 MB under mpirun: railcc's
+#          defaults, railcc as before issue 31's kernel (stream copies, no budget), the kernel
+#          with no budget; NCCL with defaults and with 4 threads x 4 sockets. Same call.
 #   ret    railcc bench all_reduce 8 B-1 GB: how long a call takes to return on an idle
-#          stream, stream copies against the kernel (checked results).
+#          stream, the defaults against the stream copies (checked results).
 # Logs under $OUT (nk-*.log).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -34,7 +36,7 @@ check() {  # LABEL CMD...: runs CMD (at most 120 s), logs it, judges its tables.
 AS_HOST=$PWD/bench/compare/as-host.sh
 MPIRUN="mpirun -np 2 --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_SOCKET_IFNAME -x RAILCC_SOCKET_IFNAME -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x AS_HOST_GPUS"
 OURS="$PWD/.device/lib:/usr/local/cuda/lib64"
-K="RAILCC_GPU_NET_KERNEL=1"
+K=${K:-RAILCC_GPU_NET_KERNEL=1}
 
 case " $PARTS " in *" check "*)
   : > $LOG
@@ -58,14 +60,23 @@ case " $PARTS " in *" check "*)
   env $K LD_LIBRARY_PATH="$OURS" NCCL_DEBUG=INFO $MPIRUN -x RAILCC_GPU_NET_KERNEL -x NCCL_DEBUG $AS_HOST $NTM/build/all_reduce_perf -b 8 -e 8 -n 1 -w 0 -g 1 2>&1 | grep -m2 "railcc libnccl"
 ;; esac
 
+case " $PARTS " in *" x2 "*)
+  nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
+  MPI4="${MPIRUN/-np 2/-np 4} -x AS_HOST_PER"
+  for b in all_reduce all_gather reduce_scatter sendrecv alltoall; do
+    check "$K: libnccl $b 2 hosts x 2 ranks, 8 B-8 MB -c 1" \
+      env $K AS_HOST_PER=2 LD_LIBRARY_PATH="$OURS" $MPI4 -x RAILCC_GPU_NET_KERNEL $AS_HOST $NTM/build/${b}_perf -b 8 -e 8M -f 8 -n 2 -w 1 -c 1 -d float,bfloat16 -g 1
+  done
+;; esac
+
 case " $PARTS " in *" perf "*)
   nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
   for b in all_reduce alltoall; do
-    P="-b 8 -e 1G -f 4 -n 10 -w 3 -c 0 -g 1"
+    P="-b 8 -e 1G -f 2 -n 10 -w 3 -c 0 -g 1"
     [ $b = alltoall ] && P="-b 1M -e 128M -f 128 -n 20 -w 3 -c 0 -g 1"
     L=$OUT/nk-perf-$b.log; : > $L
-    for run in "railcc stream|RAILCC_GPU_NET_KERNEL=0" "railcc kernel|RAILCC_GPU_NET_KERNEL=1" \
-               "railcc kernel 32MiB|RAILCC_GPU_NET_KERNEL=1 RAILCC_GPU_NET_STAGING_BYTES=33554432" \
+    for run in "railcc default|RAILCC_GPU_NET_KERNEL=1" "railcc stream|RAILCC_GPU_NET_KERNEL=0 RAILCC_GPU_NET_STAGING_BYTES=0" \
+               "railcc kernel nobudget|RAILCC_GPU_NET_KERNEL=1 RAILCC_GPU_NET_STAGING_BYTES=0" \
                "nccl defaults|NCCL=1" "nccl 4x4|NCCL=1 NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4"; do
       IFS='|' read -r label vars <<< "$run"
       echo "== $label" >> $L
@@ -81,9 +92,9 @@ case " $PARTS " in *" perf "*)
 
 case " $PARTS " in *" ret "*)
   L=$OUT/nk-ret.log; : > $L
-  for k in 0 1; do
-    echo "== RAILCC_GPU_NET_KERNEL=$k" >> $L
-    timeout 150 env RAILCC_GPU_NET_KERNEL=$k $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 1G -f 8 -n 10 -w 2 -c 1 >> $L 2>&1
+  for k in "RAILCC_GPU_NET_KERNEL=1" "RAILCC_GPU_NET_KERNEL=0 RAILCC_GPU_NET_STAGING_BYTES=0"; do
+    echo "== $k" >> $L
+    timeout 150 env $k $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 1G -f 8 -n 10 -w 2 -c 1 >> $L 2>&1
     echo "== exit $?" >> $L
   done
   grep -E "^== |^# railcc|returned after|^ +[0-9]" $L | head -80

@@ -160,5 +160,16 @@ pub fn run_rank(
         );
         describe_gpus(gpus)?;
     }
-    sweep(&NetAsync { gpu, net, comm }, a)
+    let rank = comm.rank();
+    sweep(&NetAsync { gpu, net, comm }, a)?;
+    if rank == 0 {
+        // Every cuMemHostAlloc railcc made in this process, the bench's own buffers included.
+        let (now, peak) = railcc_cuda::staging::pinned_bytes();
+        println!(
+            "# pinned host memory of rank 0's process: at most {:.1} MiB ({:.1} MiB after the runs)",
+            peak as f64 / 1048576.0,
+            now as f64 / 1048576.0
+        );
+    }
+    Ok(())
 }

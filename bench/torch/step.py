@@ -10,7 +10,8 @@ does both in one call). Modes:
            2 x 2): reduce_scatter inside, all_reduce across;
   overlap  bf16 matrix products on one stream and, on another, the collectives of a training
            step of the same model ("ddp": 25 MB all_reduce buckets; "fsdp": per layer an
-           all_gather and a reduce_scatter), alone and together. The first overlapped step of
+           all_gather and a reduce_scatter), and one 128 MB all_reduce ("ar128", first), alone
+           and together. The first overlapped step of
            the process is timed apart (issue 31: no first-call stall).
 Each rank prints nothing; rank 0 writes one JSON line per measurement to OUT.json and a
 summary line to stdout. Losses (ddp/fsdp/hsdp) go into the JSON line, to compare libraries.
@@ -139,8 +140,17 @@ def overlap(a, dev, rank, world):
     else:
         mm_stream, coll_stream = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
     results = {}
-    for kind in ("ddp", "fsdp"):
-        if kind == "ddp":
+    # ar128 first: its first overlapped step is the process's first 128 MB all_reduce (issue
+    # 31: at most 1.2x the longer of its two parts alone).
+    for kind in ("ar128", "ddp", "fsdp"):
+        if kind == "ar128":
+            elems = 64 * 2**20  # 128 MB of bf16
+            big = torch.ones(elems, device=dev, dtype=bf)
+            moved = elems * 2 * 2 * (world - 1) / world
+
+            def colls():
+                dist.all_reduce(big)
+        elif kind == "ddp":
             elems = max(int(a.bucket_mb * 2**20 / 2), 1)
             n_buckets = (total + elems - 1) // elems
             bufs = [torch.ones(elems, device=dev, dtype=bf) for _ in range(n_buckets)]

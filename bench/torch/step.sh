@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On a GPU machine: bench/torch/step.py (a training step, DDP / FSDP2 / HSDP, and the overlap
 # benchmark) with railcc's libnccl and with NCCL in the same call, so every ratio compares
-# runs of one machine. Layouts (STEP_LAYOUTS): host (one torchrun of 4 ranks, this host) and
+# runs of one machine. Layouts (STEP_LAYOUTS): host (one torchrun of 4 ranks, this host),
 # 2x2 (two torchrun nodes of 2 ranks, each its own emulated host: NCCL_HOSTID/RAILCC_HOSTID,
-# traffic between them over loopback TCP). Modes (STEP_MODES, default "ddp fsdp hsdp
+# traffic between them over loopback TCP) and 2x1 (the same with one rank each, 2 GPUs). Modes (STEP_MODES, default "ddp fsdp hsdp
 # overlap"). Libraries: railcc (LD_PRELOAD .device/lib/libnccl.so.2), nccl (defaults), and
 # across hosts also nccl-4x4 (NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4, NCCL's better
 # socket setting). STEP_RUNS repeats each (default 2). Prints one line per run
@@ -17,7 +17,10 @@ mkdir -p "$OUT"
 LIB=$PWD/.device/lib/libnccl.so.2
 PY=$PWD/bench/torch/step.py
 NGPU=$(nvidia-smi -L | wc -l)
-[ "$NGPU" -ge 4 ] || { echo "step.sh: needs 4 GPUs, found $NGPU"; exit 1; }
+case " ${STEP_LAYOUTS:-host 2x2} " in
+  *" host "*|*" 2x2 "*) [ "$NGPU" -ge 4 ] || { echo "step.sh: layouts host and 2x2 need 4 GPUs, found $NGPU"; exit 1; } ;;
+  *) [ "$NGPU" -ge 2 ] || { echo "step.sh: layout 2x1 needs 2 GPUs, found $NGPU"; exit 1; } ;;
+esac
 export NCCL_SOCKET_IFNAME=lo RAILCC_SOCKET_IFNAME=lo PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
 LIMIT=${STEP_LIMIT:-300}
 fails=0
@@ -34,10 +37,13 @@ one() {
       --master_addr 127.0.0.1 --master_port $port "$PY" --mode "$mode" --out "$OUT/step" \
       --label "$label-$layout" > "$log" 2>&1 || rc=$?
   else
+    local per=2 gpus
+    [ "$layout" = 2x1 ] && per=1
     for i in 0 1; do
-      env "$@" CUDA_VISIBLE_DEVICES=$((2 * i)),$((2 * i + 1)) NCCL_HOSTID=host$i RAILCC_HOSTID=host$i \
+      gpus=$((per * i)); [ $per = 2 ] && gpus=$((2 * i)),$((2 * i + 1))
+      env "$@" CUDA_VISIBLE_DEVICES=$gpus NCCL_HOSTID=host$i RAILCC_HOSTID=host$i \
         timeout -k 10 "$LIMIT" python3 -m torch.distributed.run --nnodes 2 --node_rank $i \
-          --nproc_per_node 2 --master_addr 127.0.0.1 --master_port $port "$PY" --mode "$mode" \
+          --nproc_per_node $per --master_addr 127.0.0.1 --master_port $port "$PY" --mode "$mode" \
           --out "$OUT/step" --label "$label-$layout" < /dev/null > "$log.node$i" 2>&1 &
       pids[$i]=$!
     done

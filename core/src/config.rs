@@ -284,14 +284,14 @@ config! {
     /// copies in run this far ahead of the network. 2 to 16.
     gpu_net_ring: usize = 8, "RAILCC_GPU_NET_RING";
     /// Pinned staging bytes a stream's GPU network calls may hold (send and receive slots of
-    /// the ring together); pieces are cut to fit. 0: no budget (pieces up to 32 MiB, a ring
-    /// of up to 512 MiB at the default depth).
-    gpu_net_staging_bytes: usize = 0, "RAILCC_GPU_NET_STAGING_BYTES";
+    /// the ring together); pieces are cut to fit, and the first stream's ring is made at init.
+    /// 0: no budget (pieces up to 32 MiB, a ring of up to 512 MiB at the default depth).
+    gpu_net_staging_bytes: usize = 32 * 1024 * 1024, "RAILCC_GPU_NET_STAGING_BYTES";
     /// How a GPU network call moves its pieces between the device and the staging ring: 0,
     /// copies and flag operations on the caller's stream, per piece; 1, one kernel launch of
     /// up to `RAILCC_GPU_NET_BLOCKS` blocks per 32 pieces (the SMs copy to and from the
     /// mapped pinned ring and hand pieces over by the same flags).
-    gpu_net_kernel: u8 = 0, "RAILCC_GPU_NET_KERNEL";
+    gpu_net_kernel: u8 = 1, "RAILCC_GPU_NET_KERNEL";
     /// Thread blocks of the network staging kernel (at most; a divisor of the ring's depth).
     /// 1 to 16.
     gpu_net_blocks: usize = 4, "RAILCC_GPU_NET_BLOCKS";

@@ -92,6 +92,7 @@ impl Flags {
             unsafe { sys::cuMemFreeHost(p) };
             return Err(e);
         }
+        crate::staging::note_pinned(bytes, false);
         Ok(Flags {
             host: p as *mut u32,
             dev,
@@ -208,6 +209,7 @@ impl Drop for Flags {
         unsafe {
             let _ = sys::cuMemFreeHost(self.host as *mut c_void);
         }
+        crate::staging::note_pinned(self.words.max(1) * 4, true);
     }
 }
 

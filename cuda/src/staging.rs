@@ -9,6 +9,28 @@ use cudarc::driver::sys;
 use railcc_core::{Error, Result};
 use std::ffi::c_void;
 
+/// Bytes of page-locked host memory this process holds through railcc (every
+/// `cuMemHostAlloc` railcc makes goes through [`note_pinned`]), and the most it held.
+static PINNED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static PINNED_PEAK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Counts `bytes` of pinned memory allocated (`freed` false) or freed.
+pub fn note_pinned(bytes: usize, freed: bool) {
+    use std::sync::atomic::Ordering::Relaxed;
+    if freed {
+        PINNED.fetch_sub(bytes, Relaxed);
+    } else {
+        let now = PINNED.fetch_add(bytes, Relaxed) + bytes;
+        PINNED_PEAK.fetch_max(now, Relaxed);
+    }
+}
+
+/// (now, peak) bytes of pinned host memory railcc holds in this process.
+pub fn pinned_bytes() -> (usize, usize) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (PINNED.load(Relaxed), PINNED_PEAK.load(Relaxed))
+}
+
 /// Page-locked host memory from `cuMemHostAlloc`: GPU copies run at full speed, and an RDMA
 /// device can register it.
 pub struct PinnedBuf {
@@ -36,6 +58,7 @@ impl PinnedBuf {
             unsafe { sys::cuMemHostAlloc(&mut p, bytes.max(1), sys::CU_MEMHOSTALLOC_DEVICEMAP) },
             "cuMemHostAlloc",
         )?;
+        note_pinned(bytes.max(1), false);
         Ok(PinnedBuf {
             ptr: p as *mut u8,
             bytes,
@@ -88,6 +111,7 @@ impl Drop for PinnedBuf {
             let _ = sys::cuCtxSetCurrent(self.ctx);
             let _ = sys::cuMemFreeHost(self.ptr as *mut c_void);
         }
+        note_pinned(self.bytes.max(1), true);
     }
 }
 

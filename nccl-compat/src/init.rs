@@ -257,6 +257,15 @@ pub unsafe extern "C" fn ncclCommDestroy(comm: *mut Comm) -> NcclResult {
     unsafe { &*comm }.wait_init();
     // SAFETY: made by Box::into_raw; the caller gives it up.
     drop(unsafe { Box::from_raw(comm) });
+    if crate::debug().informs() {
+        // Every cuMemHostAlloc railcc makes is counted (`railcc_cuda::staging::pinned_bytes`).
+        let (now, peak) = railcc_cuda::staging::pinned_bytes();
+        crate::log_line(&format!(
+            "NCCL INFO railcc: pinned host memory of this process: {:.1} MiB after ncclCommDestroy, at most {:.1} MiB",
+            now as f64 / 1048576.0,
+            peak as f64 / 1048576.0
+        ));
+    }
     SUCCESS
 }
 

@@ -38,8 +38,12 @@ use std::time::{Duration, Instant};
 /// Flag slots: pieces in flight plus pieces held by live CUDA graphs.
 const SLOTS: usize = 8192;
 /// Pieces up to this many staged bytes run on the progress thread when their channel is
-/// idle (sparing a thread hand-off on small calls).
+/// idle (sparing a thread hand-off on small calls)...
 const INLINE_BYTES: usize = 256 * 1024;
+/// ...when they are their call's only piece or this small: the progress thread runs pieces
+/// one after another, so a call of several larger pieces runs them on their channels' threads
+/// at once (run inline, eight 256 KiB pieces took 1 ms for a 2 MB all_reduce on 2 x H100, 2 emulated hosts).
+const INLINE_MANY_BYTES: usize = 32 * 1024;
 
 /// One piece of a call: its flag slot and token, its channel and what it runs.
 struct Run {
@@ -211,6 +215,11 @@ impl GpuNet {
             comms.push(Arc::new(comm));
         }
         let slots = Arc::new(Slots::new(&ctx, SLOTS)?);
+        // Under a budget the first stream's ring is made now, not in its first call.
+        let rings = match slot_cap {
+            Some(cap) => Rings::with_spare(Ring::new(&ctx, cap, cfg.gpu_net_ring, &comms)?),
+            None => Rings::default(),
+        };
         let shared = Arc::new(Shared {
             broken: Mutex::new(None),
             comms: comms.clone(),
@@ -246,8 +255,16 @@ impl GpuNet {
                 cfg.gpu_net_chunk_bytes / 1024
             ),
             Some((_, b)) => format!(
-                "{nch} channel(s) over {}, staged through pinned host memory by a kernel of {b} thread block(s) per call (SM copies to and from the mapped ring)",
+                "{nch} channel(s) over {}, staged through pinned host memory by a kernel of {b} thread block(s) per call (SM copies to and from the mapped ring){}",
                 parent.transport(),
+                match slot_cap {
+                    Some(cap) => format!(
+                        "; ring of {} x 2 slots of {} KiB a stream",
+                        cfg.gpu_net_ring,
+                        cap / 1024
+                    ),
+                    None => String::new(),
+                }
             ),
         };
         Ok(GpuNet {
@@ -255,7 +272,7 @@ impl GpuNet {
             nranks,
             ctx,
             slots,
-            rings: Rings::default(),
+            rings,
             shared,
             tx,
             progress: Some(progress),
@@ -702,7 +719,9 @@ impl Progress {
                     finish((r.slot, r.token, call.captured));
                     continue;
                 }
-                let small = r.piece.send_bytes.max(r.piece.recv_bytes) <= INLINE_BYTES;
+                let bytes = r.piece.send_bytes.max(r.piece.recv_bytes);
+                let small =
+                    bytes <= INLINE_BYTES && (call.runs.len() == 1 || bytes <= INLINE_MANY_BYTES);
                 if small && busy[r.channel] == 0 {
                     // The channel is idle: run it here, sparing a thread hand-off.
                     let comm = &shared.comms[r.channel];

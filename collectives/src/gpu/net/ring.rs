@@ -52,7 +52,7 @@ unsafe impl Sync for Ring {}
 unsafe impl Send for Ring {}
 
 impl Ring {
-    fn new(
+    pub fn new(
         ctx: &Ctx,
         slot_bytes: usize,
         depth: usize,
@@ -118,12 +118,24 @@ impl Drop for Ring {
 #[derive(Default)]
 pub struct Rings {
     by_stream: Mutex<HashMap<usize, Arc<Ring>>>,
+    /// A ring made at init (under a budget, whose slot size is known then): the first stream
+    /// takes it, so its first call allocates and registers nothing (pinning takes
+    /// milliseconds, which an overlapped step would wait for), and may be captured.
+    spare: Mutex<Option<Arc<Ring>>>,
     /// Rings outgrown: graphs and calls in flight may still use them, and freeing pinned
     /// memory waits for the whole GPU; freed with the engine.
     retired: Mutex<Vec<Arc<Ring>>>,
 }
 
 impl Rings {
+    /// Rings whose first stream takes `spare`.
+    pub fn with_spare(spare: Ring) -> Rings {
+        Rings {
+            spare: Mutex::new(Some(Arc::new(spare))),
+            ..Rings::default()
+        }
+    }
+
     /// `stream`'s ring, with slots of at least `need` bytes.
     /// With a budget (`slot_cap`, from [`budget_slot_bytes`]), the first ring already has
     /// slots of that size and never grows (pieces are cut to fit it).
@@ -142,6 +154,13 @@ impl Rings {
         let have = m.get(&stream).map_or(0, |r| r.slot_bytes);
         if let Some(r) = m.get(&stream).filter(|r| r.slot_bytes >= need) {
             return Ok(r.clone());
+        }
+        if have == 0 {
+            let mut spare = self.spare.lock();
+            if let Some(r) = spare.take_if(|r| r.slot_bytes >= need && r.depth == depth) {
+                m.insert(stream, r.clone());
+                return Ok(r);
+            }
         }
         if capturing && have < need {
             return Err(Error::invalid(format!(
