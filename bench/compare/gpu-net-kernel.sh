@@ -9,8 +9,7 @@
 #   x2     nccl-tests through libnccl on 2 emulated hosts x 2 ranks (4 ranks on 2 GPUs, the
 #          hierarchical path), -c 1.
 #   perf   nccl-tests all_reduce 8 B-1 GB and alltoall 1 MB and 128 MB under mpirun: railcc's
-#          defaults, railcc as before issue 31's kernel (stream copies, no budget), the kernel
-#          with no budget; NCCL with defaults and with 4 threads x 4 sockets. Same call.
+#          defaults, railcc as before issue 31's kernel (stream copies, no budget); NCCL with defaults and with 4 threads x 4 sockets. Same call.
 #   ret    railcc bench all_reduce 8 B-1 GB: how long a call takes to return on an idle
 #          stream, the defaults against the stream copies (checked results).
 # Logs under $OUT (nk-*.log).
@@ -76,7 +75,6 @@ case " $PARTS " in *" perf "*)
     [ $b = alltoall ] && P="-b 1M -e 128M -f 128 -n 20 -w 3 -c 0 -g 1"
     L=$OUT/nk-perf-$b.log; : > $L
     for run in "railcc default|RAILCC_GPU_NET_KERNEL=1" "railcc stream|RAILCC_GPU_NET_KERNEL=0 RAILCC_GPU_NET_STAGING_BYTES=0" \
-               "railcc kernel nobudget|RAILCC_GPU_NET_KERNEL=1 RAILCC_GPU_NET_STAGING_BYTES=0" \
                "nccl defaults|NCCL=1" "nccl 4x4|NCCL=1 NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4"; do
       IFS='|' read -r label vars <<< "$run"
       echo "== $label" >> $L
