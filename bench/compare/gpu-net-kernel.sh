@@ -12,6 +12,11 @@
 #          defaults, railcc as before issue 31's kernel (stream copies, no budget); NCCL with defaults and with 4 threads x 4 sockets. Same call.
 #   ret    railcc bench all_reduce 8 B-1 GB: how long a call takes to return on an idle
 #          stream, the defaults against the stream copies (checked results).
+#   quick  a shorter check: bench all_reduce and alltoall 8 B-16 MB (--offset 8), all_reduce
+#          -G 3, nccl-tests all_reduce 8 B-1 GB -c 1 under mpirun.
+#   trace  where an idle call's return time goes (RAILCC_GPU_NET_TRACE=1: enqueue and its
+#          kernel/stream part), 8 B and 128 MB, the defaults and with no staging budget.
+#   big    nccl-tests all_reduce 128 MB-1 GB: railcc's defaults, NCCL with 4 x 4 sockets.
 # Logs under $OUT (nk-*.log).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -66,6 +71,42 @@ case " $PARTS " in *" x2 "*)
     check "$K: libnccl $b 2 hosts x 2 ranks, 8 B-8 MB -c 1" \
       env $K AS_HOST_PER=2 LD_LIBRARY_PATH="$OURS" $MPI4 -x RAILCC_GPU_NET_KERNEL $AS_HOST $NTM/build/${b}_perf -b 8 -e 8M -f 8 -n 2 -w 1 -c 1 -d float,bfloat16 -g 1
   done
+;; esac
+
+case " $PARTS " in *" quick "*)
+  : > $LOG
+  for c in all_reduce alltoall; do
+    check "bench $c --gpu-net, every dtype/op, 8 B-16 MB, --offset 8" \
+      $R bench $c --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 16M -f 16 -d all -o all -n 1 -w 0 -r 1 --offset 8
+  done
+  check "bench all_reduce --gpu-net -G 3, 8 B-256 MB" \
+    $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b 8 -e 256M -f 32 -d float,bfloat16 -n 3 -w 1 -G 3
+  nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
+  check "libnccl all_reduce mpirun, 2 emulated hosts, 8 B-1 GB -c 1" \
+    env LD_LIBRARY_PATH="$OURS" $MPIRUN $AS_HOST $NTM/build/all_reduce_perf -b 8 -e 1G -f 8 -n 2 -w 1 -c 1 -g 1
+;; esac
+
+case " $PARTS " in *" trace "*)
+  L=$OUT/nk-trace.log; : > $L
+  for run in "8|" "134217728|" "134217728|RAILCC_GPU_NET_STAGING_BYTES=0"; do
+    IFS='|' read -r sz vars <<< "$run"
+    echo "== $sz $vars" >> $L
+    timeout 60 env $vars RAILCC_GPU_NET_TRACE=1 $R bench all_reduce --device cuda --per-process --gpu-net --ranks 2 -b $sz -e $sz -n 1 -w 0 -c 0 >> $L 2>&1
+  done
+  grep -E "^== |gpu net trace|returned after" $L
+;; esac
+
+case " $PARTS " in *" big "*)
+  nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
+  L=$OUT/nk-big.log; : > $L
+  for run in "railcc default|" "nccl 4x4|NCCL=1 NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4"; do
+    IFS='|' read -r label vars <<< "$run"
+    echo "== $label" >> $L
+    lib=$OURS; case $vars in NCCL=1*) lib="$NCCL_HOME/lib:/usr/local/cuda/lib64" ;; esac
+    timeout 100 env $vars LD_LIBRARY_PATH="$lib" $MPIRUN -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD \
+      $AS_HOST $NTM/build/all_reduce_perf -b 128M -e 1G -f 2 -n 10 -w 3 -c 0 -g 1 >> $L 2>&1
+  done
+  awk '/^== / {lab=substr($0,4); next} /^ +[0-9]+ +[0-9]+ / {printf "%-16s %12s %10s %8s\n", lab, $1, $6, $8}' $L
 ;; esac
 
 case " $PARTS " in *" perf "*)

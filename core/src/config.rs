@@ -289,7 +289,7 @@ config! {
     gpu_net_staging_bytes: usize = 32 * 1024 * 1024, "RAILCC_GPU_NET_STAGING_BYTES";
     /// How a GPU network call moves its pieces between the device and the staging ring: 0,
     /// copies and flag operations on the caller's stream, per piece; 1, one kernel launch of
-    /// up to `RAILCC_GPU_NET_BLOCKS` blocks per 32 pieces (the SMs copy to and from the
+    /// up to `RAILCC_GPU_NET_BLOCKS` blocks per 64 pieces (the SMs copy to and from the
     /// mapped pinned ring and hand pieces over by the same flags).
     gpu_net_kernel: u8 = 1, "RAILCC_GPU_NET_KERNEL";
     /// Thread blocks of the network staging kernel (at most; a divisor of the ring's depth).

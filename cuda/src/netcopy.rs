@@ -8,7 +8,9 @@
 //!
 //! Block b of the launch runs pieces b, b + B, b + 2B, ... in order; B divides the ring's
 //! depth, so the piece that next uses a ring slot is the same block's, after it is done with
-//! the slot. A module of its own (a few hundred lines of PTX, compiled once and cached on
+//! the slot (piece j + depth of a launch is its call's piece i + depth for some i, so it
+//! stages in the same ring slot). A call of more than 64 pieces is several launches, one
+//! after another on the stream: each starts with every ring slot free. A module of its own (a few hundred lines of PTX, compiled once and cached on
 //! disk), loaded in the engine's context without the collective kernels.
 
 use crate::compile;
@@ -20,9 +22,9 @@ use std::ffi::{c_void, CString};
 use std::path::Path;
 
 /// Pieces one launch takes; a call with more is several launches, in order on the stream.
-pub const MAX_PIECES: usize = 32;
+pub const MAX_PIECES: usize = 64;
 /// Segments (device range to or from a stage range) one launch takes.
-pub const MAX_SEGS: usize = 176;
+pub const MAX_SEGS: usize = 168;
 /// Ring depths the kernel's parameters hold.
 pub const MAX_DEPTH: usize = 16;
 pub const THREADS: u32 = 512;
@@ -37,15 +39,15 @@ pub struct Seg {
     pub bytes: u32,
 }
 
-/// One piece: its flag slot's words and token, its segments in (`down`) and back (`up`) as
-/// ranges of [`Params::segs`], and its index in the call (which ring slot it stages in).
+/// One piece: its flag slot and token, its ring slot (its index in the call modulo the ring's
+/// depth), and its segments in (`down`) and back (`up`) as ranges of [`Params::segs`].
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Piece {
-    pub start_word: u32,
-    pub done_word: u32,
     pub token: u32,
-    pub index: u32,
+    pub slot: u16,
+    pub ring: u8,
+    pub pad: u8,
     pub down: [u16; 2],
     pub up: [u16; 2],
 }
@@ -54,7 +56,8 @@ pub struct Piece {
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct Params {
-    /// Device address of the flag words (`hostsync::Flags`).
+    /// Device address of the flag words (`hostsync::Flags`): slot i's `start` is word
+    /// `i * slot_words`, its `done` word `i * slot_words + done_word`.
     pub flags: u64,
     /// Device addresses of the ring's send and receive slots.
     pub send: [u64; MAX_DEPTH],
@@ -64,6 +67,8 @@ pub struct Params {
     pub captured: u32,
     pub npieces: u32,
     pub nsegs: u32,
+    pub slot_words: u32,
+    pub done_word: u32,
     pub pieces: [Piece; MAX_PIECES],
     pub segs: [Seg; MAX_SEGS],
 }
@@ -78,6 +83,8 @@ impl Default for Params {
             captured: 0,
             npieces: 0,
             nsegs: 0,
+            slot_words: 0,
+            done_word: 0,
             pieces: [Piece::default(); MAX_PIECES],
             segs: [Seg::default(); MAX_SEGS],
         }
@@ -117,12 +124,12 @@ pub fn source() -> String {
     format!(
         r#"
 struct Seg {{ unsigned long long dev; unsigned int stage; unsigned int bytes; }};
-struct Piece {{ unsigned int start_word, done_word, token, index; unsigned short down[2], up[2]; }};
+struct Piece {{ unsigned int token; unsigned short slot; unsigned char ring, pad; unsigned short down[2], up[2]; }};
 struct Params {{
   unsigned long long flags;
   unsigned long long send[{MAX_DEPTH}];
   unsigned long long recv[{MAX_DEPTH}];
-  unsigned int depth, captured, npieces, nsegs;
+  unsigned int depth, captured, npieces, nsegs, slot_words, done_word;
   Piece pieces[{MAX_PIECES}];
   Seg segs[{MAX_SEGS}];
 }};
@@ -179,27 +186,28 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(const Params p) {
   // Piece j: its segments into its ring slot's send stage, then start = token.
   #define COPY_IN(j) do {{ \
     const Piece& q = p.pieces[j]; \
-    unsigned char* stage = (unsigned char*)p.send[q.index % D]; \
+    unsigned char* stage = (unsigned char*)p.send[q.ring]; \
     for (unsigned int s = q.down[0]; s < q.down[1]; s++) \
       copy_block(stage + p.segs[s].stage, (const unsigned char*)p.segs[s].dev, p.segs[s].bytes, false); \
     __syncthreads(); \
-    if (threadIdx.x == 0) {{ __threadfence_system(); store_release(flags + q.start_word, q.token); }} \
+    if (threadIdx.x == 0) {{ __threadfence_system(); store_release(flags + q.slot * p.slot_words, q.token); }} \
   }} while (0)
   for (unsigned int j = blockIdx.x; j < n && j < D; j += B) COPY_IN(j);
   for (unsigned int j = blockIdx.x; j < n; j += B) {{
     const Piece& q = p.pieces[j];
+    unsigned int* done = flags + q.slot * p.slot_words + p.done_word;
     if (threadIdx.x == 0) {{
       // The progress thread sets done (also when the engine breaks: every waiting piece is
       // let go), so this wait ends without a deadline of its own, as the stream's wait did.
       if (p.captured) {{
-        while (load_acquire(flags + q.done_word) != q.token) __nanosleep(200);
-        store_release(flags + q.done_word, 0);
+        while (load_acquire(done) != q.token) __nanosleep(200);
+        store_release(done, 0);
       }} else {{
-        while ((int)(load_acquire(flags + q.done_word) - q.token) < 0) __nanosleep(200);
+        while ((int)(load_acquire(done) - q.token) < 0) __nanosleep(200);
       }}
     }}
     __syncthreads();
-    const unsigned char* stage = (const unsigned char*)p.recv[q.index % D];
+    const unsigned char* stage = (const unsigned char*)p.recv[q.ring];
     for (unsigned int s = q.up[0]; s < q.up[1]; s++)
       copy_block((unsigned char*)p.segs[s].dev, stage + p.segs[s].stage, p.segs[s].bytes, true);
     // The recv slot is this block's again only after every thread's loads.
@@ -353,7 +361,7 @@ mod tests {
             std::mem::size_of::<Params>()
         );
         assert_eq!(std::mem::size_of::<Seg>(), 16);
-        assert_eq!(std::mem::size_of::<Piece>(), 24);
+        assert_eq!(std::mem::size_of::<Piece>(), 16);
     }
 
     #[test]

@@ -387,7 +387,7 @@ impl GpuNet {
         Ok(())
     }
 
-    /// `call` on `stream` as launches of the staging kernel (`netcopy.rs`), 32 pieces each:
+    /// `call` on `stream` as launches of the staging kernel (`netcopy.rs`), 64 pieces each:
     /// the same copies and flags as [`GpuNet::stream_ops`], done by the SMs.
     unsafe fn kernel_ops(
         &self,
@@ -401,6 +401,8 @@ impl GpuNet {
             flags: self.slots.flags.dev_ptr(0)?,
             depth: ring.depth as u32,
             captured: call.captured as u32,
+            slot_words: Slots::start(1) as u32,
+            done_word: Slots::done(0) as u32,
             ..Default::default()
         };
         for i in 0..ring.depth.min(netcopy::MAX_DEPTH) {
@@ -419,10 +421,9 @@ impl GpuNet {
         let mut p = base;
         for (i, r) in call.runs.iter().enumerate() {
             let piece = netcopy::Piece {
-                start_word: Slots::start(r.slot) as u32,
-                done_word: Slots::done(r.slot) as u32,
                 token: r.token,
-                index: i as u32,
+                slot: r.slot as u16,
+                ring: (i % ring.depth) as u8,
                 ..Default::default()
             };
             let (down, up) = (segs(&r.piece.down), segs(&r.piece.up));
@@ -585,6 +586,7 @@ impl Drop for GpuNet {
 /// offsets and sizes 32 bits, and the ring is within the kernel's depth.
 fn kernel_fits(call: &Call) -> bool {
     call.ring.depth <= netcopy::MAX_DEPTH
+        && call.runs.iter().all(|r| r.slot <= u16::MAX as usize)
         && call.runs.iter().all(|r| {
             let p = &r.piece;
             p.down.len() + p.up.len() <= netcopy::MAX_SEGS
