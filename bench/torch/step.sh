@@ -6,7 +6,7 @@
 # traffic between them over loopback TCP) and 2x1 (the same with one rank each, 2 GPUs). Modes (STEP_MODES, default "ddp fsdp hsdp
 # overlap"). Libraries: railcc (LD_PRELOAD .device/lib/libnccl.so.2), nccl (defaults), and
 # across hosts also nccl-4x4 (NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4, NCCL's better
-# socket setting). STEP_RUNS repeats each (default 2). Prints one line per run
+# socket setting); STEP_LIBS picks some. STEP_RUNS repeats each (default 2). Prints one line per run
 # ("step: ...") and a table of medians with railcc's ratio to the better NCCL; writes
 # $OUT/step.json (every measurement) and $OUT/step-*.log.
 # Prepare with bench/compare/gpu-prepare.sh; carry .device.
@@ -62,9 +62,10 @@ one() {
 for r in $(seq 1 "${STEP_RUNS:-2}"); do
   for layout in ${STEP_LAYOUTS:-host 2x2}; do
     for mode in ${STEP_MODES:-ddp fsdp hsdp overlap}; do
-      one railcc "$layout" "$mode" LD_PRELOAD="$LIB"
-      one nccl "$layout" "$mode"
-      [ "$layout" = host ] || one nccl-4x4 "$layout" "$mode" NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
+      libs=" ${STEP_LIBS:-railcc nccl nccl-4x4} "
+      [[ $libs == *" railcc "* ]] && one railcc "$layout" "$mode" LD_PRELOAD="$LIB"
+      [[ $libs == *" nccl "* ]] && one nccl "$layout" "$mode"
+      [ "$layout" = host ] || [[ $libs != *" nccl-4x4 "* ]] || one nccl-4x4 "$layout" "$mode" NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
     done
   done
 done

@@ -214,6 +214,7 @@ impl GpuNet {
                 .map_err(|e| e.op(format!("gpu net channel {c} init")))?;
             comms.push(Arc::new(comm));
         }
+        warm_channels(&comms, slot_cap)?;
         let slots = Arc::new(Slots::new(&ctx, SLOTS)?);
         // Under a budget the first stream's ring is made now, not in its first call.
         let rings = match slot_cap {
@@ -580,6 +581,56 @@ impl Drop for GpuNet {
         }
         self.shared.trace.report();
     }
+}
+
+/// Every channel runs one piece-sized all-reduce now, all at once: a channel connects to its
+/// peers on first use, so without this the first large call (often inside an overlapped
+/// training step) waited for most channels' connections, their TCP slow start and their
+/// first plans and scratch. Collective: every rank of the engine runs it at init.
+fn warm_channels(comms: &[Arc<Communicator>], slot_cap: Option<usize>) -> Result<()> {
+    use crate::comm::Bufs;
+    use railcc_core::call::{CollArgs, CollKind};
+    use railcc_core::{DataType, ReduceOp};
+    let bytes = slot_cap.unwrap_or(1 << 20).clamp(4096, 4 << 20);
+    let results: Vec<Result<()>> = std::thread::scope(|s| {
+        let hs: Vec<_> = comms
+            .iter()
+            .enumerate()
+            .map(|(ch, c)| {
+                s.spawn(move || {
+                    let a = CollArgs {
+                        coll: CollKind::AllReduce,
+                        nranks: c.nranks(),
+                        count: bytes / 4,
+                        dtype: DataType::F32,
+                        op: ReduceOp::Sum,
+                        root: 0,
+                    };
+                    let send = vec![0u8; bytes];
+                    let mut recv = vec![0u8; bytes];
+                    c.collective(
+                        a,
+                        Bufs::OutOfPlace {
+                            send: &send,
+                            recv: &mut recv,
+                        },
+                    )
+                    .map_err(|e| e.op(format!("gpu net channel {ch} warm-up")))
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(Error::new(
+                        ErrorKind::Aborted,
+                        "gpu net: a channel's warm-up panicked",
+                    ))
+                })
+            })
+            .collect()
+    });
+    results.into_iter().collect()
 }
 
 /// Whether the staging kernel can take `call`: every piece's segments fit one launch and its
