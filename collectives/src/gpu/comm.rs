@@ -305,7 +305,7 @@ impl GpuComm {
                 }
                 let op = NetOp::Coll { a, send, recv };
                 // SAFETY: the caller's contract.
-                unsafe { net.enqueue(op, stream) }.map(|_| 0)
+                unsafe { net.enqueue(op, stream) }.map(|_| net.blocks())
             }
         }
     }

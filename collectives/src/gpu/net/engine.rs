@@ -302,6 +302,12 @@ impl GpuNet {
         self.nranks
     }
 
+    /// Thread blocks a call's staging kernel launches take (0: copies on the stream, no
+    /// kernel).
+    pub fn blocks(&self) -> u32 {
+        self.kernel.as_ref().map_or(0, |(_, b)| *b)
+    }
+
     /// How data moves, for logs and bench headers.
     pub fn describe(&self) -> &str {
         &self.desc
