@@ -3,13 +3,17 @@
 # RAILCC_HOSTID "host<N / AS_HOST_PER>", so railcc and NCCL treat ranks on one machine as
 # separate machines. AS_HOST_PER (default 1) ranks share each host; above 1, rank N also
 # drives GPU N mod AS_HOST_PER (NCCL_TESTS_DEVICE), so with 4 ranks on 2 GPUs each GPU holds
-# one rank of each host (the 2 x 2 layout on a 2-GPU machine). AS_HOST_GPUS=1 (a machine of
+# one rank of each host (the 2 x 2 layout on a 2-GPU machine); with a GPU for every rank
+# (AS_HOST_GPUS at least the ranks), rank N drives GPU N. AS_HOST_GPUS=1 (a machine of
 # one GPU) puts every rank on GPU 0: each emulated host's rank shares it with the others.
 r=${OMPI_COMM_WORLD_RANK:?as-host.sh runs under mpirun}
 per=${AS_HOST_PER:-1}
 h=host$((r / per))
 export NCCL_HOSTID=$h RAILCC_HOSTID=$h
-if [ "$per" -gt 1 ] || [ "${AS_HOST_GPUS:-0}" = 1 ]; then
+if [ "${AS_HOST_GPUS:-0}" -ge "${OMPI_COMM_WORLD_SIZE:-99999}" ]; then
+  # A GPU for every rank (2 x 2 on 4 GPUs): rank N on GPU N, host h on GPUs h*per...
+  export NCCL_TESTS_DEVICE=$r
+elif [ "$per" -gt 1 ] || [ "${AS_HOST_GPUS:-0}" = 1 ]; then
   export NCCL_TESTS_DEVICE=$(( (r % per) % ${AS_HOST_GPUS:-$per} ))
 fi
 exec "$@"

@@ -17,6 +17,10 @@
 #   trace  where an idle call's return time goes (RAILCC_GPU_NET_TRACE=1: enqueue and its
 #          kernel/stream part), 8 B and 128 MB, the defaults and with no staging budget.
 #   big    nccl-tests all_reduce 128 MB-1 GB: railcc's defaults, NCCL with 4 x 4 sockets.
+#   x2perf (4 GPUs: nvidia-h200-x4) 2 emulated hosts x 2 GPUs, rank N on GPU N: nccl-tests
+#          all_reduce 8 B-1 GB and alltoall 1 MB and 128 MB, railcc's defaults (the
+#          hierarchy), NCCL defaults, NCCL 4 x 4 sockets; then railcc's pinned memory as
+#          libnccl reports it at ncclCommDestroy (NCCL_DEBUG=INFO).
 # Logs under $OUT (nk-*.log).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -107,6 +111,28 @@ case " $PARTS " in *" big "*)
       $AS_HOST $NTM/build/all_reduce_perf -b 128M -e 1G -f 2 -n 10 -w 3 -c 0 -g 1 >> $L 2>&1
   done
   awk '/^== / {lab=substr($0,4); next} /^ +[0-9]+ +[0-9]+ / {printf "%-16s %12s %10s %8s\n", lab, $1, $6, $8}' $L
+;; esac
+
+case " $PARTS " in *" x2perf "*)
+  [ "$AS_HOST_GPUS" -ge 4 ] || { echo "x2perf: needs 4 GPUs"; exit 1; }
+  nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
+  MPI4="${MPIRUN/-np 2/-np 4} -x AS_HOST_PER"
+  for b in all_reduce alltoall; do
+    P="-b 8 -e 1G -f 2 -n 10 -w 3 -c 0 -g 1"
+    [ $b = alltoall ] && P="-b 1M -e 128M -f 128 -n 20 -w 3 -c 0 -g 1"
+    L=$OUT/nk-x2perf-$b.log; : > $L
+    for run in "railcc default|" "nccl defaults|NCCL=1" "nccl 4x4|NCCL=1 NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4"; do
+      IFS='|' read -r label vars <<< "$run"
+      echo "== $label" >> $L
+      lib=$OURS; case $vars in NCCL=1*) lib="$NCCL_HOME/lib:/usr/local/cuda/lib64" ;; esac
+      timeout 150 env $vars AS_HOST_PER=2 LD_LIBRARY_PATH="$lib" $MPI4 -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD \
+        $AS_HOST $NTM/build/${b}_perf $P >> $L 2>&1
+      echo "== exit $?" >> $L
+    done
+    echo "== 2 x 2 $b (time us / busbw GB/s, out of place)"
+    awk '/^== exit/ {next} /^== / {lab=substr($0,4); next} /^ +[0-9]+ +[0-9]+ / {printf "%-16s %12s %10s %8s\n", lab, $1, $6, $8}' $L
+  done
+  env AS_HOST_PER=2 LD_LIBRARY_PATH="$OURS" NCCL_DEBUG=INFO $MPI4 -x NCCL_DEBUG $AS_HOST $NTM/build/all_reduce_perf -b 1G -e 1G -n 2 -w 1 -c 1 -g 1 2>&1 | grep -E "pinned host memory|railcc libnccl|^ +[0-9]" | cut -c1-200
 ;; esac
 
 case " $PARTS " in *" perf "*)

@@ -426,6 +426,14 @@ impl GpuNet {
                 .collect()
         };
         let mut p = base;
+        let mut in_launch = std::time::Duration::ZERO;
+        let mut launch = |p: &netcopy::Params| -> Result<()> {
+            let t = Instant::now();
+            // SAFETY: the caller's stream and buffers; the ring and flags live in the engine.
+            let r = unsafe { k.launch(stream, p, blocks) };
+            in_launch += t.elapsed();
+            r
+        };
         for (i, r) in call.runs.iter().enumerate() {
             let piece = netcopy::Piece {
                 token: r.token,
@@ -437,8 +445,7 @@ impl GpuNet {
             if p.push(piece, &down, &up) {
                 continue;
             }
-            // SAFETY: the caller's stream and buffers; the ring and flags live in the engine.
-            unsafe { k.launch(stream, &p, blocks) }?;
+            launch(&p)?;
             p = base;
             if !p.push(piece, &down, &up) {
                 return Err(Error::invalid(format!(
@@ -448,9 +455,9 @@ impl GpuNet {
             }
         }
         if p.npieces > 0 {
-            // SAFETY: as above.
-            unsafe { k.launch(stream, &p, blocks) }?;
+            launch(&p)?;
         }
+        self.shared.trace.launched(in_launch);
         Ok(())
     }
 

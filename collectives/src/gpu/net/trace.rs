@@ -16,6 +16,8 @@ pub struct Trace {
 struct Samples {
     enqueue: Vec<u32>,
     stream_ops: Vec<u32>,
+    /// Of the stream operations, the staging kernel's launches alone (cuLaunchKernel).
+    launches: Vec<u32>,
     run: Vec<u32>,
     turn: Vec<u32>,
     last_done: Option<Instant>,
@@ -44,6 +46,16 @@ impl Trace {
     }
 
     /// A call took `total` to enqueue, `ops` of it putting operations on the stream.
+    /// A staging-kernel call's time in cuLaunchKernel.
+    pub fn launched(&self, d: Duration) {
+        if self.on {
+            let mut s = self.samples.lock();
+            if s.launches.len() < KEEP {
+                s.launches.push(us(d));
+            }
+        }
+    }
+
     pub fn enqueued(&self, total: Duration, ops: Duration) {
         if self.on {
             let mut s = self.samples.lock();
@@ -82,6 +94,7 @@ impl Trace {
         for (name, v) in [
             ("enqueue", &mut s.enqueue),
             ("stream ops", &mut s.stream_ops),
+            ("of which launches", &mut s.launches),
             ("piece host part", &mut s.run),
             ("stream turnaround", &mut s.turn),
         ] {
