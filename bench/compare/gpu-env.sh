@@ -29,3 +29,11 @@ nccl_tests_build_both() {
   wait $b1 || { echo "FAIL  nccl-tests build (MPI)"; exit 1; }
   NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
 }
+# net_env NAME: the settings of the emulated-hosts scripts (gpu-net.sh, gpu-net-kernel.sh):
+# loopback sockets, a 30 s deadline unless set, AS_HOST_GPUS (the GPUs here); prints NAME's
+# header line with the GPUs.
+net_env() {
+  export RAILCC_TIMEOUT_MS=${RAILCC_TIMEOUT_MS:-30000} NCCL_SOCKET_IFNAME=lo RAILCC_SOCKET_IFNAME=lo
+  export AS_HOST_GPUS=$(nvidia-smi -L | wc -l)
+  echo "# $1: $AS_HOST_GPUS GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs)"
+}

@@ -26,9 +26,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
 source bench/compare/tables.sh
-export RAILCC_TIMEOUT_MS=${RAILCC_TIMEOUT_MS:-30000} NCCL_SOCKET_IFNAME=lo RAILCC_SOCKET_IFNAME=lo
-export AS_HOST_GPUS=$(nvidia-smi -L | wc -l)
-echo "# gpu-net-kernel.sh: $AS_HOST_GPUS GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs)"
+net_env gpu-net-kernel.sh
 PARTS=${NK_PARTS:-check perf ret}
 FAILS=0
 fail() { echo "FAIL: $*"; FAILS=$((FAILS + 1)); }

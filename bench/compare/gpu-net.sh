@@ -14,12 +14,10 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
 source bench/compare/tables.sh
-export RAILCC_TIMEOUT_MS=${RAILCC_TIMEOUT_MS:-30000} NCCL_SOCKET_IFNAME=lo RAILCC_SOCKET_IFNAME=lo
 # On a machine of one GPU (nvidia-h200, nvidia-h100-x1) every rank shares GPU 0: the emulated
 # hosts still move their data over TCP, NCCL's too (different NCCL_HOSTID, so no duplicate-GPU
 # refusal). Figures from such a run are labelled "1 GPU" in the logs.
-export AS_HOST_GPUS=$(nvidia-smi -L | wc -l)
-echo "# gpu-net.sh: $AS_HOST_GPUS GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs)"
+net_env gpu-net.sh
 PARTS=${GPU_NET_PARTS:-bench nccl perf kill}
 # nccl-tests binaries of the nccl and x2 parts (GPU_NET_BINS picks some).
 BINS=${GPU_NET_BINS:-all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall alltoallv scatter gather hypercube}

@@ -36,6 +36,27 @@ pub fn cache_path_of(dir: &Path, tag: &str, src: &str, arch: &str, driver_versio
     dir.join(format!("{tag}-{arch}-{}.ptx", &hex[..16]))
 }
 
+/// PTX of the module `tag` (source `src`) for GPUs of compute capability `major`, from the
+/// cache directory `dir` when `use_cache` and present there (keyed by source, architecture
+/// and driver version), else compiled (and stored).
+pub fn module_ptx(
+    tag: &'static str,
+    src: &str,
+    major: i32,
+    dir: Option<&Path>,
+    use_cache: bool,
+) -> Result<CString> {
+    let mut driver_version = 0;
+    // SAFETY: valid out-pointer.
+    crate::driver::check(
+        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver_version) },
+        "cuDriverGetVersion",
+    )?;
+    let arch = arch_for(major);
+    let path = dir.map(|d| cache_path_of(d, tag, src, arch, driver_version));
+    ptx_of(tag, src, arch, path.as_deref(), use_cache)
+}
+
 /// PTX for `arch`, from the cache when `use_cache` and present, else compiled (and stored).
 /// Compiled PTX is also kept in memory, so a process driving several GPUs compiles once.
 pub fn ptx(arch: &'static str, cache: Option<&Path>, use_cache: bool) -> Result<CString> {

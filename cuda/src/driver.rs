@@ -51,7 +51,8 @@ pub struct GpuInfo {
     pub sms: i32,
 }
 
-fn attr(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Result<i32> {
+/// One attribute of device `dev` (the driver initialized).
+pub fn attr(dev: sys::CUdevice, a: sys::CUdevice_attribute) -> Result<i32> {
     let mut v = 0;
     // SAFETY: `v` is a valid out-pointer; the driver was initialized by `available`.
     check(

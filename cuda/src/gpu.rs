@@ -145,18 +145,11 @@ impl GpuCtx {
             },
             "cuMemcpyHtoD(abort word address)",
         )?;
-        let arch = compile::arch_for(major);
-        let mut driver_version = 0;
-        // SAFETY: valid out-pointer.
-        check(
-            unsafe { sys::cuDriverGetVersion(&mut driver_version) },
-            "cuDriverGetVersion",
-        )?;
-        let path = cache.map(|d| compile::cache_path(d, arch, driver_version));
-        let image = compile::ptx(arch, path.as_deref(), true)?;
+        let src = crate::kernels::source();
+        let image = compile::module_ptx("kernels", &src, major, cache, true)?;
         if g.load(&image).is_err() {
             // A cached file the driver rejects (truncated, or from another toolkit): rebuild.
-            let image = compile::ptx(arch, path.as_deref(), false)?;
+            let image = compile::module_ptx("kernels", &src, major, cache, false)?;
             g.load(&image)?;
         }
         Ok(g)

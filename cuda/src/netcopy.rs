@@ -238,35 +238,19 @@ impl NetKernel {
         crate::driver::nvrtc_available()?;
         ctx.bind()?;
         let mut dev: sys::CUdevice = 0;
-        // SAFETY: valid out-pointers; the context is bound.
+        // SAFETY: valid out-pointer; the context is bound.
         check(unsafe { sys::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
-        let mut major = 0;
-        check(
-            // SAFETY: as above.
-            unsafe {
-                sys::cuDeviceGetAttribute(
-                    &mut major,
-                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
-                    dev,
-                )
-            },
-            "cuDeviceGetAttribute",
+        let major = crate::driver::attr(
+            dev,
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
         )?;
-        let mut driver_version = 0;
-        // SAFETY: valid out-pointer.
-        check(
-            unsafe { sys::cuDriverGetVersion(&mut driver_version) },
-            "cuDriverGetVersion",
-        )?;
-        let arch = compile::arch_for(major);
         let src = source();
-        let path = cache.map(|d| compile::cache_path_of(d, "netcopy", &src, arch, driver_version));
-        let image = compile::ptx_of("netcopy", &src, arch, path.as_deref(), true)?;
+        let image = compile::module_ptx("netcopy", &src, major, cache, true)?;
         match NetKernel::from_image(ctx, &image) {
             Ok(k) => Ok(k),
             Err(_) => {
                 // A cached file the driver rejects: rebuild.
-                let image = compile::ptx_of("netcopy", &src, arch, path.as_deref(), false)?;
+                let image = compile::module_ptx("netcopy", &src, major, cache, false)?;
                 NetKernel::from_image(ctx, &image)
             }
         }
