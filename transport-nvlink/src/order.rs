@@ -38,6 +38,22 @@ impl KernelOrder {
         if unsafe { is_capturing(gpu, s) }? {
             return enqueue();
         }
+        // SAFETY: the caller's contract; not capturing (asked above).
+        unsafe { self.run_eager(gpu, stream, enqueue) }
+    }
+
+    /// As [`KernelOrder::run`] for a stream the caller knows is not being captured (one
+    /// driver call less: small calls under `mpirun` are bound by the host's time).
+    ///
+    /// # Safety
+    /// `stream` a live stream of `gpu`, not being captured.
+    pub unsafe fn run_eager<T>(
+        &mut self,
+        gpu: &GpuCtx,
+        stream: usize,
+        enqueue: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let s = stream_of(stream);
         let marker = match &mut self.marker {
             Some(m) => m,
             m => m.insert(Marker::new(gpu)?),

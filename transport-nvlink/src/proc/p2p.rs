@@ -356,12 +356,12 @@ impl ProcGpu {
             let of = |v: &[(Stream, [u32; MAX_PEERS])]| v.first().map_or([0; MAX_PEERS], |x| x.1);
             let (marks, copied) = (of(&ready), of(&copied));
             // In the communicator's kernel order: the kernel counts its finished blocks in the
-            // area.
+            // area. `fused` implies `batch`: the stream is not being captured.
             // SAFETY: the peers' buffers are mapped, ours the caller's, on its stream.
             unsafe {
                 self.kernel_order
                     .lock()
-                    .run(&self.gpu, o.stream as usize, || {
+                    .run_eager(&self.gpu, o.stream as usize, || {
                         p2p_many::fused(
                             &self.gpu,
                             o.stream,
