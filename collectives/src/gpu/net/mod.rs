@@ -1,11 +1,13 @@
 //! GPU buffers across the network (ranks that CUDA peer access cannot reach: other hosts).
 //!
-//! - [`engine`]: [`GpuNet`], the stream-ordered path: a call puts copies into pinned staging
-//!   and flag operations on the caller's stream and returns; a progress thread and one thread
-//!   per channel run the host side of each piece and let the stream go on;
+//! - [`engine`]: [`GpuNet`], the stream-ordered path: a call launches the staging kernel (or
+//!   puts copies and flag operations) on the caller's stream and returns (`engine/ops.rs`); a
+//!   progress thread (`engine/progress.rs`) and one thread per channel run the host side of
+//!   each piece and let the stream go on;
 //! - [`pieces`]: how a call is cut into pieces and spread over the channels;
-//! - [`host`], `worker`, `ring`, `slots`, `trace`: a piece's host call, a channel's thread,
-//!   the per-stream staging rings, the flag slots, where the time goes (`RAILCC_GPU_NET_TRACE`).
+//! - [`host`], `worker`, `ring`, `slots`, `trace`, `warm`: a piece's host call, a channel's
+//!   thread, the per-stream staging rings, the flag slots, where the time goes
+//!   (`RAILCC_GPU_NET_TRACE`), the channels' warm-up at init.
 
 pub mod engine;
 pub mod host;
@@ -13,6 +15,7 @@ pub mod pieces;
 mod ring;
 mod slots;
 mod trace;
+mod warm;
 mod worker;
 
 pub use engine::GpuNet;
