@@ -122,7 +122,6 @@ impl Shared {
 pub struct GpuNet {
     rank: usize,
     nranks: usize,
-    ctx: Arc<Ctx>,
     slots: Arc<Slots>,
     rings: Rings,
     shared: Arc<Shared>,
@@ -137,6 +136,9 @@ pub struct GpuNet {
     timeout: Duration,
     desc: String,
     _roots: Vec<RootServer>,
+    /// Last: fields drop in order, and the kernel's module, the flags and the rings are
+    /// freed in this context, which may be the last reference to the GPU's primary context.
+    ctx: Arc<Ctx>,
 }
 
 impl GpuNet {
