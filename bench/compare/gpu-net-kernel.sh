@@ -17,9 +17,11 @@
 #   trace  where an idle call's return time goes (RAILCC_GPU_NET_TRACE=1: enqueue and its
 #          kernel/stream part), 8 B and 128 MB, the defaults and with no staging budget.
 #   big    nccl-tests all_reduce 128 MB-1 GB: railcc's defaults, NCCL with 4 x 4 sockets.
-#   ring   the same sizes with other rings under a budget of at most 48 MiB: 16 x 2 slots of
-#          1 MiB, 12 x 2 of 2 MiB, 8 x 2 of 2 MiB (the default), against NCCL 4 x 4
-#          (issue 31's 1.2x at 1 GB was not met at the default: 1.14-1.17x).
+#   ring   all_reduce 1 MB-1 GB with other rings under a budget of at most 48 MiB (16 x 2
+#          slots of 1 MiB, 12 x 2 of 2 MiB, 8 x 2 of 2 MiB: the default) and with 8 staging
+#          blocks (one a ring slot: at 2-4 MB each block stages two 256-512 KiB pieces one
+#          after the other), against NCCL 4 x 4 (issue 31's 1.2x at 1 GB was not met at the
+#          default, 1.14-1.17x; 2-4 MB read 0.55-0.72x).
 #   x2perf (4 GPUs: nvidia-h200-x4) 2 emulated hosts x 2 GPUs, rank N on GPU N: nccl-tests
 #          all_reduce 8 B-1 GB and alltoall 1 MB and 128 MB, railcc's defaults (the
 #          hierarchy), NCCL defaults, NCCL 4 x 4 sockets; then railcc's pinned memory as
@@ -117,13 +119,14 @@ case " $PARTS " in *" big "*)
 case " $PARTS " in *" ring "*)
   nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
   L=$OUT/nk-ring.log; : > $L
-  for run in "railcc 8x2MiB|" "railcc 12x2MiB|RAILCC_GPU_NET_RING=12 RAILCC_GPU_NET_STAGING_BYTES=50331648" \
+  for run in "railcc 8x2MiB|" "railcc 8 blocks|RAILCC_GPU_NET_BLOCKS=8" \
+             "railcc 12x2MiB|RAILCC_GPU_NET_RING=12 RAILCC_GPU_NET_STAGING_BYTES=50331648" \
              "railcc 16x1MiB|RAILCC_GPU_NET_RING=16" "nccl 4x4|NCCL=1 NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4"; do
     IFS='|' read -r label vars <<< "$run"
     echo "== $label" >> $L
     lib=$OURS; case $vars in NCCL=1*) lib="$NCCL_HOME/lib:/usr/local/cuda/lib64" ;; esac
-    timeout 100 env $vars LD_LIBRARY_PATH="$lib" $MPIRUN -x RAILCC_GPU_NET_RING -x RAILCC_GPU_NET_STAGING_BYTES \
-      -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD $AS_HOST $NTM/build/all_reduce_perf -b 128M -e 1G -f 2 -n 10 -w 3 -c 0 -g 1 >> $L 2>&1
+    timeout 100 env $vars LD_LIBRARY_PATH="$lib" $MPIRUN -x RAILCC_GPU_NET_RING -x RAILCC_GPU_NET_STAGING_BYTES -x RAILCC_GPU_NET_BLOCKS \
+      -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD $AS_HOST $NTM/build/all_reduce_perf -b 1M -e 1G -f 4 -n 10 -w 3 -c 0 -g 1 >> $L 2>&1
   done
   awk '/^== / {lab=substr($0,4); next} /^ +[0-9]+ +[0-9]+ / {printf "%-16s %12s %10s %8s\n", lab, $1, $6, $8}' $L
 ;; esac
