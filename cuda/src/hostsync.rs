@@ -7,7 +7,7 @@ use crate::driver::{available, check, device};
 use cudarc::driver::sys;
 use railcc_core::{Error, ErrorKind, Result};
 use std::ffi::c_void;
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 /// One GPU's primary context, retained for the life of this value (no kernels, no NVRTC).
 pub struct Ctx {
@@ -121,13 +121,10 @@ impl Flags {
     /// ordered after this one.
     pub fn load(&self, i: usize) -> u32 {
         match self.at(i) {
-            // SAFETY: a valid aligned word of our allocation; the GPU may write it at any time,
-            // hence volatile.
-            Ok(p) => {
-                let v = unsafe { std::ptr::read_volatile(p) };
-                fence(Ordering::Acquire);
-                v
-            }
+            // SAFETY: a valid aligned word of our allocation for the life of self; the GPU
+            // writes it at any time, so every host access is atomic (an acquire load pairs
+            // with the GPU's system-scope release).
+            Ok(p) => unsafe { AtomicU32::from_ptr(p) }.load(Ordering::Acquire),
             Err(_) => 0,
         }
     }
@@ -135,9 +132,8 @@ impl Flags {
     /// Writes the word; earlier host writes are visible to the GPU before it.
     pub fn store(&self, i: usize, v: u32) {
         if let Ok(p) = self.at(i) {
-            fence(Ordering::Release);
             // SAFETY: as in load.
-            unsafe { std::ptr::write_volatile(p, v) };
+            unsafe { AtomicU32::from_ptr(p) }.store(v, Ordering::Release);
         }
     }
 
