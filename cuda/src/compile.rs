@@ -5,7 +5,6 @@
 //! the driver version, so a changed kernel or driver never loads stale PTX; a cached file that
 //! the driver rejects is recompiled (see `GpuCtx::new`).
 
-use crate::kernels::source;
 use railcc_core::{Error, ErrorKind, Result};
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
@@ -20,13 +19,8 @@ pub fn arch_for(major: i32) -> &'static str {
     }
 }
 
-/// Where the PTX for this source, architecture and driver lives in `dir`.
-pub fn cache_path(dir: &Path, arch: &str, driver_version: i32) -> PathBuf {
-    cache_path_of(dir, "kernels", &source(), arch, driver_version)
-}
-
-/// As [`cache_path`], for the module `tag` of source `src` (a module of its own, such as the
-/// network staging kernel, `netcopy.rs`).
+/// Where the PTX of the module `tag` (the collective kernels, "kernels"; the network staging
+/// kernel, "netcopy") of source `src` lives in `dir`, for this architecture and driver.
 pub fn cache_path_of(dir: &Path, tag: &str, src: &str, arch: &str, driver_version: i32) -> PathBuf {
     let mut h = blake3::Hasher::new();
     h.update(src.as_bytes());
@@ -57,13 +51,9 @@ pub fn module_ptx(
     ptx_of(tag, src, arch, path.as_deref(), use_cache)
 }
 
-/// PTX for `arch`, from the cache when `use_cache` and present, else compiled (and stored).
-/// Compiled PTX is also kept in memory, so a process driving several GPUs compiles once.
-pub fn ptx(arch: &'static str, cache: Option<&Path>, use_cache: bool) -> Result<CString> {
-    ptx_of("kernels", &source(), arch, cache, use_cache)
-}
-
-/// As [`ptx`], for the module `tag` of source `src`.
+/// PTX of the module `tag` (source `src`) for `arch`, from the cache when `use_cache` and
+/// present, else compiled (and stored). Compiled PTX is also kept in memory, so a process
+/// driving several GPUs compiles once.
 pub fn ptx_of(
     tag: &'static str,
     src: &str,
@@ -142,21 +132,22 @@ fn store(path: &Path, bytes: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::source;
 
     #[test]
     fn cache_key_depends_on_arch_and_driver() {
         let d = Path::new("/c");
         assert_ne!(
-            cache_path(d, "compute_90", 1),
-            cache_path(d, "compute_80", 1)
+            cache_path_of(d, "kernels", &source(), "compute_90", 1),
+            cache_path_of(d, "kernels", &source(), "compute_80", 1)
         );
         assert_ne!(
-            cache_path(d, "compute_90", 1),
-            cache_path(d, "compute_90", 2)
+            cache_path_of(d, "kernels", &source(), "compute_90", 1),
+            cache_path_of(d, "kernels", &source(), "compute_90", 2)
         );
         assert_eq!(
-            cache_path(d, "compute_90", 1),
-            cache_path(d, "compute_90", 1)
+            cache_path_of(d, "kernels", &source(), "compute_90", 1),
+            cache_path_of(d, "kernels", &source(), "compute_90", 1)
         );
     }
 
@@ -180,7 +171,14 @@ mod nvrtc_tests {
             println!("SKIP NVRTC compile: {e}");
             return;
         }
-        let ptx = super::ptx("compute_90", None, false).expect("kernels compile");
+        let ptx = super::ptx_of(
+            "kernels",
+            &crate::kernels::source(),
+            "compute_90",
+            None,
+            false,
+        )
+        .expect("kernels compile");
         let text = ptx.to_string_lossy();
         assert!(text.contains(".entry ar_float_sum"));
         assert!(text.contains(".entry ll_bfloat16_avg"));

@@ -298,8 +298,8 @@ impl NetKernel {
                 "net staging kernel: {blocks} blocks for a ring of depth {depth}"
             )));
         }
-        let mut arg = *p;
-        let mut params: [*mut c_void; 1] = [&mut arg as *mut Params as *mut c_void];
+        // The driver only reads the parameter (it copies it at the launch): no copy of our own.
+        let mut params: [*mut c_void; 1] = [p as *const Params as *mut c_void];
         // SAFETY: the one parameter matches the kernel's signature (source()) and lives across
         // the call, which copies it; the caller vouches for the addresses in it.
         check(

@@ -32,22 +32,27 @@ impl GpuNet {
             base.send[i] = ring.send_dev[i];
             base.recv[i] = ring.recv_dev[i];
         }
-        let segs = |v: &[crate::gpu::net::pieces::Seg]| -> Vec<netcopy::Seg> {
-            v.iter()
-                .map(|s| netcopy::Seg {
-                    dev: s.dev,
-                    stage: s.stage as u32,
-                    bytes: s.bytes as u32,
-                })
-                .collect()
+        // Each piece's segments as the kernel takes them, in two buffers reused piece after
+        // piece (no allocation per piece on the caller's thread).
+        let (mut down, mut up) = (Vec::new(), Vec::new());
+        let fill = |to: &mut Vec<netcopy::Seg>, v: &[crate::gpu::net::pieces::Seg]| {
+            to.clear();
+            to.extend(v.iter().map(|s| netcopy::Seg {
+                dev: s.dev,
+                stage: s.stage as u32,
+                bytes: s.bytes as u32,
+            }));
         };
         let mut p = base;
+        let timed = self.shared.trace.on();
         let mut in_launch = std::time::Duration::ZERO;
         let mut launch = |p: &netcopy::Params| -> Result<()> {
-            let t = Instant::now();
+            let t = timed.then(Instant::now);
             // SAFETY: the caller's stream and buffers; the ring and flags live in the engine.
             let r = unsafe { k.launch(stream, p, blocks) };
-            in_launch += t.elapsed();
+            if let Some(t) = t {
+                in_launch += t.elapsed();
+            }
             r
         };
         for (i, r) in call.runs.iter().enumerate() {
@@ -57,7 +62,8 @@ impl GpuNet {
                 ring: (i % ring.depth) as u8,
                 ..Default::default()
             };
-            let (down, up) = (segs(&r.piece.down), segs(&r.piece.up));
+            fill(&mut down, &r.piece.down);
+            fill(&mut up, &r.piece.up);
             if p.push(piece, &down, &up) {
                 continue;
             }
