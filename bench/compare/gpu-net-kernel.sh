@@ -103,32 +103,39 @@ case " $PARTS " in *" trace "*)
   grep -E "^== |gpu net trace|returned after" $L
 ;; esac
 
+NCCL_4X4="nccl 4x4|NCCL=1 NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4"
+# compare LOG "MPIRUN" "BINARY ARGS" RUN...: each RUN ("label|VAR=VALUE ...", NCCL=1 for the
+# image's NCCL instead of railcc's libnccl) runs nccl-tests' BINARY under MPIRUN, logged in LOG
+# under "== label"; then the table: label, size, time (us), busbw (GB/s), out of place.
+compare() {
+  local log=$1 mpi=$2 what=$3 run label vars lib
+  shift 3
+  : > "$log"
+  for run in "$@"; do
+    IFS='|' read -r label vars <<< "$run"
+    echo "== $label" >> "$log"
+    lib=$OURS; case $vars in NCCL=1*) lib="$NCCL_HOME/lib:/usr/local/cuda/lib64" ;; esac
+    timeout 150 env $vars LD_LIBRARY_PATH="$lib" $mpi -x RAILCC_GPU_NET_KERNEL -x RAILCC_GPU_NET_STAGING_BYTES \
+      -x RAILCC_GPU_NET_RING -x RAILCC_GPU_NET_BLOCKS -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD \
+      $AS_HOST $NTM/build/$what >> "$log" 2>&1
+    echo "== exit $?" >> "$log"
+  done
+  awk '/^== exit/ {next} /^== / {lab=substr($0,4); next} /^ +[0-9]+ +[0-9]+ / {printf "%-20s %12s %10s %8s\n", lab, $1, $6, $8}' "$log"
+}
+# The sizes of the perf and x2perf parts, per binary.
+sizes_of() { [ "$1" = alltoall ] && echo "-b 1M -e 128M -f 128 -n 20 -w 3 -c 0 -g 1" || echo "-b 8 -e 1G -f 2 -n 10 -w 3 -c 0 -g 1"; }
+
 case " $PARTS " in *" big "*)
   nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
-  L=$OUT/nk-big.log; : > $L
-  for run in "railcc default|" "nccl 4x4|NCCL=1 NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4"; do
-    IFS='|' read -r label vars <<< "$run"
-    echo "== $label" >> $L
-    lib=$OURS; case $vars in NCCL=1*) lib="$NCCL_HOME/lib:/usr/local/cuda/lib64" ;; esac
-    timeout 100 env $vars LD_LIBRARY_PATH="$lib" $MPIRUN -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD \
-      $AS_HOST $NTM/build/all_reduce_perf -b 128M -e 1G -f 2 -n 10 -w 3 -c 0 -g 1 >> $L 2>&1
-  done
-  awk '/^== / {lab=substr($0,4); next} /^ +[0-9]+ +[0-9]+ / {printf "%-16s %12s %10s %8s\n", lab, $1, $6, $8}' $L
+  compare $OUT/nk-big.log "$MPIRUN" "all_reduce_perf -b 128M -e 1G -f 2 -n 10 -w 3 -c 0 -g 1" "railcc default|" "$NCCL_4X4"
 ;; esac
 
 case " $PARTS " in *" ring "*)
   nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
-  L=$OUT/nk-ring.log; : > $L
-  for run in "railcc 8x2MiB|" "railcc 8 blocks|RAILCC_GPU_NET_BLOCKS=8" \
-             "railcc 12x2MiB|RAILCC_GPU_NET_RING=12 RAILCC_GPU_NET_STAGING_BYTES=50331648" \
-             "railcc 16x1MiB|RAILCC_GPU_NET_RING=16" "nccl 4x4|NCCL=1 NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4"; do
-    IFS='|' read -r label vars <<< "$run"
-    echo "== $label" >> $L
-    lib=$OURS; case $vars in NCCL=1*) lib="$NCCL_HOME/lib:/usr/local/cuda/lib64" ;; esac
-    timeout 100 env $vars LD_LIBRARY_PATH="$lib" $MPIRUN -x RAILCC_GPU_NET_RING -x RAILCC_GPU_NET_STAGING_BYTES -x RAILCC_GPU_NET_BLOCKS \
-      -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD $AS_HOST $NTM/build/all_reduce_perf -b 1M -e 1G -f 4 -n 10 -w 3 -c 0 -g 1 >> $L 2>&1
-  done
-  awk '/^== / {lab=substr($0,4); next} /^ +[0-9]+ +[0-9]+ / {printf "%-16s %12s %10s %8s\n", lab, $1, $6, $8}' $L
+  compare $OUT/nk-ring.log "$MPIRUN" "all_reduce_perf -b 1M -e 1G -f 4 -n 10 -w 3 -c 0 -g 1" \
+    "railcc 8x2MiB|" "railcc 8 blocks|RAILCC_GPU_NET_BLOCKS=8" \
+    "railcc 12x2MiB|RAILCC_GPU_NET_RING=12 RAILCC_GPU_NET_STAGING_BYTES=50331648" \
+    "railcc 16x1MiB|RAILCC_GPU_NET_RING=16" "$NCCL_4X4"
 ;; esac
 
 case " $PARTS " in *" x2perf "*)
@@ -136,19 +143,9 @@ case " $PARTS " in *" x2perf "*)
   nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
   MPI4="${MPIRUN/-np 2/-np 4} -x AS_HOST_PER"
   for b in all_reduce alltoall; do
-    P="-b 8 -e 1G -f 2 -n 10 -w 3 -c 0 -g 1"
-    [ $b = alltoall ] && P="-b 1M -e 128M -f 128 -n 20 -w 3 -c 0 -g 1"
-    L=$OUT/nk-x2perf-$b.log; : > $L
-    for run in "railcc default|" "nccl defaults|NCCL=1" "nccl 4x4|NCCL=1 NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4"; do
-      IFS='|' read -r label vars <<< "$run"
-      echo "== $label" >> $L
-      lib=$OURS; case $vars in NCCL=1*) lib="$NCCL_HOME/lib:/usr/local/cuda/lib64" ;; esac
-      timeout 150 env $vars AS_HOST_PER=2 LD_LIBRARY_PATH="$lib" $MPI4 -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD \
-        $AS_HOST $NTM/build/${b}_perf $P >> $L 2>&1
-      echo "== exit $?" >> $L
-    done
     echo "== 2 x 2 $b (time us / busbw GB/s, out of place)"
-    awk '/^== exit/ {next} /^== / {lab=substr($0,4); next} /^ +[0-9]+ +[0-9]+ / {printf "%-16s %12s %10s %8s\n", lab, $1, $6, $8}' $L
+    ( export AS_HOST_PER=2
+      compare $OUT/nk-x2perf-$b.log "$MPI4" "${b}_perf $(sizes_of $b)" "railcc default|" "nccl defaults|NCCL=1" "$NCCL_4X4" )
   done
   env AS_HOST_PER=2 LD_LIBRARY_PATH="$OURS" NCCL_DEBUG=INFO $MPI4 -x NCCL_DEBUG $AS_HOST $NTM/build/all_reduce_perf -b 1G -e 1G -n 2 -w 1 -c 1 -g 1 2>&1 | grep -E "pinned host memory|railcc libnccl|^ +[0-9]" | cut -c1-200
 ;; esac
@@ -156,20 +153,9 @@ case " $PARTS " in *" x2perf "*)
 case " $PARTS " in *" perf "*)
   nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
   for b in all_reduce alltoall; do
-    P="-b 8 -e 1G -f 2 -n 10 -w 3 -c 0 -g 1"
-    [ $b = alltoall ] && P="-b 1M -e 128M -f 128 -n 20 -w 3 -c 0 -g 1"
-    L=$OUT/nk-perf-$b.log; : > $L
-    for run in "railcc default|RAILCC_GPU_NET_KERNEL=1" "railcc stream|RAILCC_GPU_NET_KERNEL=0 RAILCC_GPU_NET_STAGING_BYTES=0" \
-               "nccl defaults|NCCL=1" "nccl 4x4|NCCL=1 NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4"; do
-      IFS='|' read -r label vars <<< "$run"
-      echo "== $label" >> $L
-      lib=$OURS; case $vars in NCCL=1*) lib="$NCCL_HOME/lib:/usr/local/cuda/lib64" ;; esac
-      timeout 150 env $vars LD_LIBRARY_PATH="$lib" $MPIRUN -x RAILCC_GPU_NET_KERNEL -x RAILCC_GPU_NET_STAGING_BYTES \
-        -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD $AS_HOST $NTM/build/${b}_perf $P >> $L 2>&1
-      echo "== exit $?" >> $L
-    done
     echo "== $b (time us / busbw GB/s, out of place)"
-    awk '/^== exit/ {next} /^== / {lab=substr($0,4); next} /^ +[0-9]+ +[0-9]+ / {printf "%-20s %12s %10s %8s\n", lab, $1, $6, $8}' $L
+    compare $OUT/nk-perf-$b.log "$MPIRUN" "${b}_perf $(sizes_of $b)" "railcc default|RAILCC_GPU_NET_KERNEL=1" \
+      "railcc stream|RAILCC_GPU_NET_KERNEL=0 RAILCC_GPU_NET_STAGING_BYTES=0" "nccl defaults|NCCL=1" "$NCCL_4X4"
   done
 ;; esac
 
