@@ -114,13 +114,15 @@ compare() {
   for run in "$@"; do
     IFS='|' read -r label vars <<< "$run"
     echo "== $label" >> "$log"
-    lib=$OURS; case $vars in NCCL=1*) lib="$NCCL_HOME/lib:/usr/local/cuda/lib64" ;; esac
+    # NCCL's INFO lines say its channels (a speed claim states them beside railcc's blocks).
+    lib=$OURS; case $vars in NCCL=1*) lib="$NCCL_HOME/lib:/usr/local/cuda/lib64"; vars="$vars NCCL_DEBUG=INFO" ;; esac
     timeout 150 env $vars LD_LIBRARY_PATH="$lib" $mpi -x RAILCC_GPU_NET_KERNEL -x RAILCC_GPU_NET_STAGING_BYTES \
-      -x RAILCC_GPU_NET_RING -x RAILCC_GPU_NET_BLOCKS -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD \
+      -x RAILCC_GPU_NET_RING -x RAILCC_GPU_NET_BLOCKS -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD -x NCCL_DEBUG \
       $AS_HOST $NTM/build/$what >> "$log" 2>&1
     echo "== exit $?" >> "$log"
   done
-  awk '/^== exit/ {next} /^== / {lab=substr($0,4); next} /^ +[0-9]+ +[0-9]+ / {printf "%-20s %12s %10s %8s\n", lab, $1, $6, $8}' "$log"
+  awk '/^== exit/ {next} /^== / {lab=substr($0,4); next} /^ +[0-9]+ +[0-9]+ / {printf "%-20s %12s %10s %8s\n", lab, $1, $6, $8}
+       / coll channels/ && !seen[lab]++ {sub(/.*NCCL INFO /, ""); print "# " lab ": " $0}' "$log"
 }
 # The sizes of the perf and x2perf parts, per binary.
 sizes_of() { [ "$1" = alltoall ] && echo "-b 1M -e 128M -f 128 -n 20 -w 3 -c 0 -g 1" || echo "-b 8 -e 1G -f 2 -n 10 -w 3 -c 0 -g 1"; }
