@@ -6,8 +6,9 @@
 #   check  railcc bench --gpu-net (K: extra settings, default none): every collective, dtype
 #          and op, 8 B-16 MB, --offset 8; -G 3 (graphs); random data to 256 MB; then
 #          nccl-tests through libnccl under mpirun with -c 1 (and -G 10). FAIL on a failure.
-#   x2     nccl-tests through libnccl on 2 emulated hosts x 2 ranks (4 ranks on 2 GPUs, the
-#          hierarchical path), -c 1.
+#   x2     nccl-tests through libnccl on 2 emulated hosts x 2 ranks (the hierarchical path;
+#          4 ranks on 2 GPUs, or rank N on GPU N with 4), -c 1, every collective; then the same
+#          all_reduce and broadcast with every size split (RAILCC_GPU_HIER_SMALL_BYTES=0).
 #   perf   nccl-tests all_reduce 8 B-1 GB and alltoall 1 MB and 128 MB under mpirun: railcc's
 #          defaults, railcc as before issue 31's kernel (stream copies, no budget); NCCL with defaults and with 4 threads x 4 sockets. Same call.
 #   ret    railcc bench all_reduce 8 B-1 GB: how long a call takes to return on an idle
@@ -24,7 +25,7 @@
 #          default, 1.14-1.17x; 2-4 MB read 0.55-0.72x).
 #   x2perf (4 GPUs: nvidia-h200-x4) 2 emulated hosts x 2 GPUs, rank N on GPU N: nccl-tests
 #          all_reduce 8 B-1 GB and alltoall 1 MB and 128 MB, railcc's defaults (the
-#          hierarchy), NCCL defaults, NCCL 4 x 4 sockets; then railcc's pinned memory as
+#          hierarchy; all_reduce also with every size split, RAILCC_GPU_HIER_SMALL_BYTES=0), NCCL defaults, NCCL 4 x 4 sockets; then railcc's pinned memory as
 #          libnccl reports it at ncclCommDestroy (NCCL_DEBUG=INFO).
 # Logs under $OUT (nk-*.log).
 set -uo pipefail
@@ -74,9 +75,13 @@ case " $PARTS " in *" check "*)
 case " $PARTS " in *" x2 "*)
   nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
   MPI4="${MPIRUN/-np 2/-np 4} -x AS_HOST_PER"
-  for b in all_reduce all_gather reduce_scatter sendrecv alltoall; do
+  for b in all_reduce all_gather reduce_scatter broadcast reduce sendrecv alltoall; do
     check "$K: libnccl $b 2 hosts x 2 ranks, 8 B-8 MB -c 1" \
       env $K AS_HOST_PER=2 LD_LIBRARY_PATH="$OURS" $MPI4 -x RAILCC_GPU_NET_KERNEL $AS_HOST $NTM/build/${b}_perf -b 8 -e 8M -f 8 -n 2 -w 1 -c 1 -d float,bfloat16 -g 1
+  done
+  for b in all_reduce broadcast; do
+    check "$K: libnccl $b 2 hosts x 2 ranks, split at every size, 8 B-1 MB -c 1" \
+      env $K AS_HOST_PER=2 RAILCC_GPU_HIER_SMALL_BYTES=0 LD_LIBRARY_PATH="$OURS" $MPI4 -x RAILCC_GPU_NET_KERNEL -x RAILCC_GPU_HIER_SMALL_BYTES $AS_HOST $NTM/build/${b}_perf -b 8 -e 1M -f 4 -n 2 -w 1 -c 1 -d float,bfloat16 -g 1
   done
 ;; esac
 
@@ -117,7 +122,7 @@ compare() {
     # NCCL's INFO lines say its channels (a speed claim states them beside railcc's blocks).
     lib=$OURS; case $vars in NCCL=1*) lib="$NCCL_HOME/lib:/usr/local/cuda/lib64"; vars="$vars NCCL_DEBUG=INFO" ;; esac
     timeout 150 env $vars LD_LIBRARY_PATH="$lib" $mpi -x RAILCC_GPU_NET_KERNEL -x RAILCC_GPU_NET_STAGING_BYTES \
-      -x RAILCC_GPU_NET_RING -x RAILCC_GPU_NET_BLOCKS -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD -x NCCL_DEBUG \
+      -x RAILCC_GPU_NET_RING -x RAILCC_GPU_NET_BLOCKS -x RAILCC_GPU_HIER_SMALL_BYTES -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD -x NCCL_DEBUG \
       $AS_HOST $NTM/build/$what >> "$log" 2>&1
     echo "== exit $?" >> "$log"
   done
@@ -147,7 +152,8 @@ case " $PARTS " in *" x2perf "*)
   for b in all_reduce alltoall; do
     echo "== 2 x 2 $b (time us / busbw GB/s, out of place)"
     ( export AS_HOST_PER=2
-      compare $OUT/nk-x2perf-$b.log "$MPI4" "${b}_perf $(sizes_of $b)" "railcc default|" "nccl defaults|NCCL=1" "$NCCL_4X4" )
+      split=; [ $b = all_reduce ] && split="railcc split|RAILCC_GPU_HIER_SMALL_BYTES=0"
+      compare $OUT/nk-x2perf-$b.log "$MPI4" "${b}_perf $(sizes_of $b)" "railcc default|" ${split:+"$split"} "nccl defaults|NCCL=1" "$NCCL_4X4" )
   done
   env AS_HOST_PER=2 LD_LIBRARY_PATH="$OURS" NCCL_DEBUG=INFO $MPI4 -x NCCL_DEBUG $AS_HOST $NTM/build/all_reduce_perf -b 1G -e 1G -n 2 -w 1 -c 1 -g 1 2>&1 | grep -E "pinned host memory|railcc libnccl|^ +[0-9]" | cut -c1-200
 ;; esac

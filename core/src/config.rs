@@ -274,6 +274,11 @@ config! {
     /// every host, collectives as a hierarchy of both) or net (the network between every pair,
     /// no hierarchy, for tests and comparisons).
     gpu_path: String = "auto".to_string(), "RAILCC_GPU_PATH";
+    /// On several hosts of several GPUs each, an all_reduce or broadcast of at most this many
+    /// bytes runs as one step inside the host and one across hosts over the whole buffer
+    /// instead of three steps over 1/L parts (latency over bandwidth). Rank 0's value holds
+    /// for every rank.
+    gpu_hier_small_bytes: usize = 32 * 1024, "RAILCC_GPU_HIER_SMALL_BYTES";
     /// GPU collectives across the network are split over this many channels, each with its own
     /// connections and thread (NCCL's channels and proxy threads). 1 to 32.
     gpu_net_channels: usize = 8, "RAILCC_GPU_NET_CHANNELS";

@@ -139,7 +139,10 @@ impl GpuComm {
                 // then every rank learns every outcome, so all leave together: with the same
                 // path, or with the same error.
                 let hier = hier.map(|l| HierGpu::new(boot, l, ordinal));
-                let net = GpuNet::new(boot, ordinal);
+                // The flat engine (all-to-all and send/recv across hosts) stages through the
+                // hierarchy's rings: one pinned budget per stream for the communicator.
+                let rings = hier.as_ref().and_then(|h| h.as_ref().ok()).map(|h| h.cross_rings());
+                let net = GpuNet::sharing(boot, ordinal, rings);
                 let h: Result<()> = match &hier {
                     Some(Err(e)) => Err(e.clone()),
                     _ => Ok(()),

@@ -149,8 +149,10 @@ pub fn takes(a: &CollArgs) -> bool {
     coll && (a.op != ReduceOp::Avg || a.dtype.is_float())
 }
 
-/// The steps of `a` for `rank` (which the layout holds; `takes(a)`).
-pub fn plan(a: &CollArgs, lay: &Layout, rank: usize) -> HierPlan {
+/// The steps of `a` for `rank` (which the layout holds; `takes(a)`). An all_reduce or
+/// broadcast of at most `small_bytes` skips the split into 1/L parts: one local and one cross
+/// step over the whole buffer (two steps' latency, not three; every rank must pass the same).
+pub fn plan(a: &CollArgs, lay: &Layout, rank: usize, small_bytes: usize) -> HierPlan {
     let (h, l) = lay.position(rank).unwrap_or((0, 0));
     let (nh, nl) = (lay.nhosts(), lay.local());
     let (n, op) = (a.count, a.op);
@@ -168,7 +170,9 @@ pub fn plan(a: &CollArgs, lay: &Layout, rank: usize) -> HierPlan {
     use CollKind::*;
     match a.coll {
         AllReduce => {
-            let (s, m) = (n / nl, n / nl * nl);
+            let whole = n * a.dtype.size() <= small_bytes;
+            // Small: the whole buffer as the tail below (local all-reduce, cross all-reduce).
+            let (s, m) = if whole { (0, 0) } else { (n / nl, n / nl * nl) };
             if s > 0 {
                 let mine = at(Recv, l * s);
                 steps.push(Step::Local {
@@ -248,31 +252,43 @@ pub fn plan(a: &CollArgs, lay: &Layout, rank: usize) -> HierPlan {
             } else {
                 at(Recv, 0)
             };
-            steps.push(Step::Local {
-                c: c(Broadcast, src, at(Recv, 0), n, l0),
-                hosts: Hosts::Only(h0),
-            });
-            if s > 0 {
-                let mine = at(Recv, l * s);
+            if n * a.dtype.size() <= small_bytes {
+                // Small: across hosts among the root's local index, then inside every host.
                 steps.push(Step::Cross {
-                    c: c(Broadcast, mine, mine, s, h0),
-                    group: None,
-                });
-                steps.push(Step::Local {
-                    c: c(AllGather, mine, at(Recv, 0), s, 0),
-                    hosts: Hosts::Except(h0),
-                });
-            }
-            if m < n {
-                let tail = at(Recv, m);
-                steps.push(Step::Cross {
-                    c: c(Broadcast, tail, tail, n - m, h0),
+                    c: c(Broadcast, src, at(Recv, 0), n, h0),
                     group: Some(l0),
                 });
                 steps.push(Step::Local {
-                    c: c(Broadcast, tail, tail, n - m, l0),
-                    hosts: Hosts::Except(h0),
+                    c: c(Broadcast, at(Recv, 0), at(Recv, 0), n, l0),
+                    hosts: Hosts::All,
                 });
+            } else {
+                steps.push(Step::Local {
+                    c: c(Broadcast, src, at(Recv, 0), n, l0),
+                    hosts: Hosts::Only(h0),
+                });
+                if s > 0 {
+                    let mine = at(Recv, l * s);
+                    steps.push(Step::Cross {
+                        c: c(Broadcast, mine, mine, s, h0),
+                        group: None,
+                    });
+                    steps.push(Step::Local {
+                        c: c(AllGather, mine, at(Recv, 0), s, 0),
+                        hosts: Hosts::Except(h0),
+                    });
+                }
+                if m < n {
+                    let tail = at(Recv, m);
+                    steps.push(Step::Cross {
+                        c: c(Broadcast, tail, tail, n - m, h0),
+                        group: Some(l0),
+                    });
+                    steps.push(Step::Local {
+                        c: c(Broadcast, tail, tail, n - m, l0),
+                        hosts: Hosts::Except(h0),
+                    });
+                }
             }
         }
         Reduce => {

@@ -35,6 +35,9 @@ pub struct HierGpu {
     group: Vec<usize>,
     local: Arc<ProcGpu>,
     cross: Arc<GpuNet>,
+    /// All_reduces and broadcasts of at most this many bytes run whole (`plan`): rank 0's
+    /// `RAILCC_GPU_HIER_SMALL_BYTES`, so every rank runs the same steps.
+    small_bytes: usize,
     scratch: Mutex<Scratch>,
     /// Side streams by caller stream (addresses): `side_stream`.
     sides: Mutex<HashMap<usize, usize>>,
@@ -117,6 +120,13 @@ impl HierGpu {
             e.rank(rank)
                 .op("hierarchical init: the network between hosts")
         })?;
+        // Every rank must cut a call the same way: rank 0's threshold for all.
+        let small = parent.oob_all_gather(&(cfg.gpu_hier_small_bytes as u64).to_le_bytes())?;
+        let small_bytes = small
+            .first()
+            .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+            .map(|b| u64::from_le_bytes(b) as usize)
+            .ok_or_else(|| Error::invalid("hierarchical init: rank 0 sent no small-call size"))?;
         let desc = format!(
             "hierarchical: {} hosts x {} GPUs; inside a host the NVLink kernels, between hosts local index {index}'s engine ({})",
             layout.nhosts(),
@@ -148,6 +158,7 @@ impl HierGpu {
             group,
             local,
             cross,
+            small_bytes,
             scratch: Mutex::new(Scratch::default()),
             sides: Mutex::new(HashMap::new()),
             cause,
@@ -158,6 +169,12 @@ impl HierGpu {
 
     pub fn describe(&self) -> &str {
         &self.desc
+    }
+
+    /// The cross engine's staging rings: the communicator's flat engine stages through them
+    /// too (one pinned budget a stream, not one an engine).
+    pub fn cross_rings(&self) -> Arc<crate::gpu::net::Rings> {
+        self.cross.rings()
     }
 
     /// Whether this path runs `a` (else the caller takes the flat network path).
@@ -273,7 +290,7 @@ impl HierGpu {
             return Err(Error::earlier(&e).rank(self.rank));
         }
         let es = a.dtype.size();
-        let p = plan(a, &self.layout, self.rank);
+        let p = plan(a, &self.layout, self.rank, self.small_bytes);
         // A scratch this rank cannot get fails the call here alone: its mates and the other
         // hosts would wait for its steps, so it aborts them as a failed step does.
         let r = self.scratch(stream, p.scratch * es).and_then(|scratch| {

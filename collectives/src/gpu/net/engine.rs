@@ -123,7 +123,10 @@ pub struct GpuNet {
     rank: usize,
     nranks: usize,
     slots: Arc<Slots>,
-    rings: Rings,
+    /// Shared with the other engine of the same communicator and GPU, if any (the flat one
+    /// and the hierarchy's cross one): calls on one stream run in stream order, so one ring
+    /// a stream serves both, within one budget.
+    rings: Arc<Rings>,
     shared: Arc<Shared>,
     tx: Sender<ToProgress>,
     progress: Option<JoinHandle<()>>,
@@ -146,8 +149,23 @@ impl GpuNet {
     /// connections) and the threads, for this rank's GPU `ordinal`. Collective: every rank of
     /// `parent` calls it.
     pub fn new(parent: &Communicator, ordinal: usize) -> Result<GpuNet> {
+        GpuNet::sharing(parent, ordinal, None)
+    }
+
+    /// As [`GpuNet::new`], staging through `rings` (another engine's of this GPU, see
+    /// [`GpuNet::rings`]) when given.
+    pub fn sharing(
+        parent: &Communicator,
+        ordinal: usize,
+        rings: Option<Arc<Rings>>,
+    ) -> Result<GpuNet> {
         let all: Vec<usize> = (0..parent.nranks()).collect();
-        GpuNet::among(parent, ordinal, &all)
+        GpuNet::open(parent, ordinal, &all, rings)
+    }
+
+    /// The staging rings, for another engine of this GPU to share ([`GpuNet::sharing`]).
+    pub fn rings(&self) -> Arc<Rings> {
+        self.rings.clone()
     }
 
     /// As [`GpuNet::new`], over the ranks `members` of `parent` only (this rank among them;
@@ -155,6 +173,15 @@ impl GpuNet {
     /// with its own group (the groups do not overlap): the hierarchical path's one engine per
     /// local index.
     pub fn among(parent: &Communicator, ordinal: usize, members: &[usize]) -> Result<GpuNet> {
+        GpuNet::open(parent, ordinal, members, None)
+    }
+
+    fn open(
+        parent: &Communicator,
+        ordinal: usize,
+        members: &[usize],
+        shared_rings: Option<Arc<Rings>>,
+    ) -> Result<GpuNet> {
         let mut cfg = parent.config().clone();
         // The channels' rails: the NICs nearest this GPU.
         cfg.gpu_ordinal = ordinal as i64;
@@ -223,9 +250,18 @@ impl GpuNet {
         super::warm::warm_channels(&comms, slot_cap)?;
         let slots = Arc::new(Slots::new(&ctx, SLOTS)?);
         // Under a budget the first stream's ring is made now, not in its first call.
-        let rings = match slot_cap {
-            Some(cap) => Rings::with_spare(Ring::new(&ctx, cap, cfg.gpu_net_ring, &comms)?),
-            None => Rings::default(),
+        let rings = match (shared_rings, slot_cap) {
+            (Some(r), _) => {
+                r.register_with(&comms)?;
+                r
+            }
+            (None, Some(cap)) => Arc::new(Rings::with_spare(Ring::new(
+                &ctx,
+                cap,
+                cfg.gpu_net_ring,
+                &comms,
+            )?)),
+            (None, None) => Arc::new(Rings::default()),
         };
         let shared = Arc::new(Shared {
             broken: Mutex::new(None),

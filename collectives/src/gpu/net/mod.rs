@@ -20,3 +20,4 @@ mod worker;
 
 pub use engine::GpuNet;
 pub use pieces::{NetOp, P2pOp};
+pub use ring::Rings;

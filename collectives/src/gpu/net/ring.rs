@@ -41,7 +41,9 @@ pub struct Ring {
     /// The slots' addresses in the GPU's address space (the staging kernel's).
     pub send_dev: Vec<u64>,
     pub recv_dev: Vec<u64>,
-    regions: Vec<(Arc<Communicator>, RegionId)>,
+    /// Registrations with the channels of every engine that uses the ring (a communicator's
+    /// flat engine and its hierarchy's cross engine share the rings: one budget a stream).
+    regions: Mutex<Vec<(Arc<Communicator>, RegionId)>>,
 }
 
 // SAFETY: plain pinned host memory; the flag protocol gives the stream and the host turns
@@ -66,7 +68,7 @@ impl Ring {
             recv: Vec::new(),
             send_dev: Vec::new(),
             recv_dev: Vec::new(),
-            regions: Vec::new(),
+            regions: Mutex::new(Vec::new()),
         };
         for _ in 0..depth {
             let (s, v) = (
@@ -78,22 +80,46 @@ impl Ring {
             r.send.push(s);
             r.recv.push(v);
         }
-        // Registered with every channel (piece k runs on channel k mod channels), so RDMA
-        // moves the stages without a registration per transfer.
-        let bufs: Vec<(*const u8, usize)> = r
-            .send
-            .iter()
-            .chain(&r.recv)
+        r.register_with(comms)?;
+        Ok(r)
+    }
+
+    /// Registers the slots with every channel of `comms` (piece k runs on channel k mod
+    /// channels), so RDMA moves the stages without a registration per transfer; a no-op for
+    /// channels it is registered with already.
+    pub fn register_with(&self, comms: &[Arc<Communicator>]) -> Result<()> {
+        let mut regions = self.regions.lock();
+        let known = |regions: &[(Arc<Communicator>, RegionId)], c: &Arc<Communicator>| {
+            regions.iter().any(|(have, _)| Arc::ptr_eq(have, c))
+        };
+        // Channels register in order, each whole or not at all: the last one known means all.
+        if comms.last().is_none_or(|c| known(&regions, c)) {
+            return Ok(());
+        }
+        let bufs: Vec<(*const u8, usize)> = (self.send.iter())
+            .chain(&self.recv)
             .map(|b| (b.as_ptr(), b.len()))
             .collect();
         for c in comms {
-            for &(p, n) in &bufs {
-                // SAFETY: the buffers live in `r` until Drop deregisters them.
-                let id = unsafe { c.register(p, n) }?;
-                r.regions.push((c.clone(), id));
+            if known(&regions, c) {
+                continue;
             }
+            let mut ids = Vec::with_capacity(bufs.len());
+            for &(p, n) in &bufs {
+                // SAFETY: the buffers live in `self` until Drop deregisters them.
+                match unsafe { c.register(p, n) } {
+                    Ok(id) => ids.push(id),
+                    Err(e) => {
+                        for id in ids {
+                            let _ = c.deregister(id);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            regions.extend(ids.into_iter().map(|id| (c.clone(), id)));
         }
-        Ok(r)
+        Ok(())
     }
 
     pub fn send_ptr(&self, k: usize) -> *mut u8 {
@@ -107,7 +133,7 @@ impl Ring {
 
 impl Drop for Ring {
     fn drop(&mut self) {
-        for (c, id) in self.regions.drain(..) {
+        for (c, id) in self.regions.get_mut().drain(..) {
             if let Err(e) = c.deregister(id) {
                 tracing::debug!("gpu net: deregister ring: {e}");
             }
@@ -136,6 +162,17 @@ impl Rings {
         }
     }
 
+    /// Registers every ring made so far with `comms`: another engine of the same GPU that
+    /// shares these rings, at its init (so its first call registers nothing).
+    pub fn register_with(&self, comms: &[Arc<Communicator>]) -> Result<()> {
+        let spare = self.spare.lock().clone();
+        let live: Vec<Arc<Ring>> = self.by_stream.lock().values().cloned().collect();
+        spare
+            .iter()
+            .chain(&live)
+            .try_for_each(|r| r.register_with(comms))
+    }
+
     /// `stream`'s ring, with slots of at least `need` bytes.
     /// With a budget (`slot_cap`, from [`budget_slot_bytes`]), the first ring already has
     /// slots of that size and never grows (pieces are cut to fit it).
@@ -153,11 +190,13 @@ impl Rings {
         let mut m = self.by_stream.lock();
         let have = m.get(&stream).map_or(0, |r| r.slot_bytes);
         if let Some(r) = m.get(&stream).filter(|r| r.slot_bytes >= need) {
+            r.register_with(comms)?;
             return Ok(r.clone());
         }
         if have == 0 {
             let mut spare = self.spare.lock();
             if let Some(r) = spare.take_if(|r| r.slot_bytes >= need && r.depth == depth) {
+                r.register_with(comms)?;
                 m.insert(stream, r.clone());
                 return Ok(r);
             }

@@ -98,11 +98,11 @@ fn run_coll(mems: &mut [Mem], members: &[usize], cs: &[Coll], dt: DataType) {
 }
 
 /// Runs the plans of every rank of `lay` for `a` and checks each receive buffer.
-fn check(a: &CollArgs, lay: &Layout, in_place: bool) {
+fn check(a: &CollArgs, lay: &Layout, in_place: bool, small_bytes: usize) {
     let dt = a.dtype;
     let es = dt.size();
     let n = lay.nranks();
-    let plans: Vec<HierPlan> = (0..n).map(|r| plan(a, lay, r)).collect();
+    let plans: Vec<HierPlan> = (0..n).map(|r| plan(a, lay, r, small_bytes)).collect();
     let inputs: Vec<Vec<u8>> = (0..n).map(|r| fill_input(a, r, 7)).collect();
     let prior: Vec<u8> = (0..a.recv_elems() * es)
         .map(|i| (i * 7 + 3) as u8)
@@ -264,8 +264,11 @@ fn every_plan_matches_the_reference() {
                             if !takes(&a) {
                                 continue;
                             }
-                            for in_place in [false, true] {
-                                check(&a, &lay, in_place);
+                            // 24 bytes: some counts go whole (small), the rest split.
+                            for (in_place, small) in
+                                [(false, 0), (true, 0), (false, 24), (true, 24)]
+                            {
+                                check(&a, &lay, in_place, small);
                                 runs += 1;
                             }
                         }
@@ -320,7 +323,7 @@ fn network_bytes_are_split_over_the_local_ranks() {
         root: 0,
     };
     for r in 0..8 {
-        let cross: usize = plan(&a, &lay, r)
+        let cross: usize = plan(&a, &lay, r, 0)
             .steps
             .iter()
             .filter_map(|s| match s {
@@ -329,5 +332,45 @@ fn network_bytes_are_split_over_the_local_ranks() {
             })
             .sum();
         assert_eq!(cross, a.count / 4, "rank {r}");
+    }
+}
+
+#[test]
+fn small_calls_run_whole_in_two_steps() {
+    // 2 hosts x 2: an 8-byte all_reduce is one local and one cross all-reduce of both
+    // elements (not three steps over halves); above the threshold it splits again.
+    let ids: Vec<Vec<u8>> = (0..4).map(|r| vec![(r / 2) as u8]).collect();
+    let lay = Layout::from_host_ids(&ids).expect("even");
+    for (coll, root) in [(CollKind::AllReduce, 0), (CollKind::Broadcast, 3)] {
+        let a = CollArgs {
+            coll,
+            nranks: 4,
+            count: 2,
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+            root,
+        };
+        for r in 0..4 {
+            let small = plan(&a, &lay, r, 8).steps;
+            let kinds: Vec<bool> = small
+                .iter()
+                .map(|s| matches!(s, Step::Cross { .. }))
+                .collect();
+            let want = if coll == CollKind::AllReduce {
+                vec![false, true]
+            } else {
+                vec![true, false]
+            };
+            assert_eq!(kinds, want, "{coll:?} rank {r}: {small:?}");
+            for s in &small {
+                if let Step::Cross { c, .. } | Step::Local { c, .. } = s {
+                    assert_eq!(c.count, 2, "{coll:?} rank {r}: the whole buffer");
+                }
+            }
+            assert!(
+                plan(&a, &lay, r, 4).steps.len() >= 3,
+                "{coll:?} rank {r}: split above 4 bytes"
+            );
+        }
     }
 }
