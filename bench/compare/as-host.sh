@@ -16,4 +16,11 @@ if [ "${AS_HOST_GPUS:-0}" -ge "${OMPI_COMM_WORLD_SIZE:-99999}" ]; then
 elif [ "$per" -gt 1 ] || [ "${AS_HOST_GPUS:-0}" = 1 ]; then
   export NCCL_TESTS_DEVICE=$(( (r % per) % ${AS_HOST_GPUS:-$per} ))
 fi
+# AS_HOST_BIND=1: the rank runs on the CPUs nearest its GPU (the PCI device's local_cpulist),
+# as NCCL binds its own threads; to tell NUMA placement from the libraries' own costs.
+if [ "${AS_HOST_BIND:-0}" = 1 ] && command -v taskset > /dev/null; then
+  bus=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader -i "${NCCL_TESTS_DEVICE:-0}" | tr 'A-F' 'a-f' | sed 's/^0000//')
+  cpus=$(cat "/sys/bus/pci/devices/$bus/local_cpulist" 2>/dev/null)
+  [ -n "$cpus" ] && exec taskset -c "$cpus" "$@"
+fi
 exec "$@"

@@ -27,6 +27,9 @@
 #          all_reduce 8 B-1 GB and alltoall 1 MB and 128 MB, railcc's defaults (the
 #          hierarchy; all_reduce also with every size split, RAILCC_GPU_HIER_SMALL_BYTES=0), NCCL defaults, NCCL 4 x 4 sockets; then railcc's pinned memory as
 #          libnccl reports it at ncclCommDestroy (NCCL_DEBUG=INFO).
+#   numa   (4 GPUs) 2 x 2 all_reduce 16 MB-1 GB: railcc twice, and each rank bound to its
+#          GPU's nearest CPUs (AS_HOST_BIND=1), against NCCL 4 x 4 (which binds its own
+#          threads) free and bound: the run-to-run spread and what placement is worth.
 # Logs under $OUT (nk-*.log).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -46,7 +49,7 @@ check() {  # LABEL CMD...: runs CMD (at most 120 s), logs it, judges its tables.
   if [ $rc = 0 ] && [ -z "$why" ]; then echo "PASS  $label"; else fail "$label (exit $rc${why:+, $why})"; tail -5 $f; fi
 }
 AS_HOST=$PWD/bench/compare/as-host.sh
-MPIRUN="mpirun -np 2 --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_SOCKET_IFNAME -x RAILCC_SOCKET_IFNAME -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x AS_HOST_GPUS"
+MPIRUN="mpirun -np 2 --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_SOCKET_IFNAME -x RAILCC_SOCKET_IFNAME -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x AS_HOST_GPUS -x AS_HOST_BIND"
 OURS="$PWD/.device/lib:/usr/local/cuda/lib64"
 K=${K:-RAILCC_GPU_NET_KERNEL=1}
 
@@ -156,6 +159,15 @@ case " $PARTS " in *" x2perf "*)
       compare $OUT/nk-x2perf-$b.log "$MPI4" "${b}_perf $(sizes_of $b)" "railcc default|" ${split:+"$split"} "nccl defaults|NCCL=1" "$NCCL_4X4" )
   done
   env AS_HOST_PER=2 LD_LIBRARY_PATH="$OURS" NCCL_DEBUG=INFO $MPI4 -x NCCL_DEBUG $AS_HOST $NTM/build/all_reduce_perf -b 1G -e 1G -n 2 -w 1 -c 1 -g 1 2>&1 | grep -E "pinned host memory|railcc libnccl|^ +[0-9]" | cut -c1-200
+;; esac
+
+case " $PARTS " in *" numa "*)
+  [ "$AS_HOST_GPUS" -ge 4 ] || { echo "numa: needs 4 GPUs"; exit 1; }
+  nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
+  MPI4="${MPIRUN/-np 2/-np 4} -x AS_HOST_PER"
+  ( export AS_HOST_PER=2
+    compare $OUT/nk-numa.log "$MPI4" "all_reduce_perf -b 16M -e 1G -f 4 -n 10 -w 3 -c 0 -g 1" "railcc|" \
+      "railcc bound|AS_HOST_BIND=1" "railcc again|" "$NCCL_4X4" "nccl 4x4 bound|NCCL=1 NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 AS_HOST_BIND=1" )
 ;; esac
 
 case " $PARTS " in *" perf "*)

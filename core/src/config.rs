@@ -285,11 +285,12 @@ config! {
     /// GPU collectives across the network move in chunks of at most this many staged bytes,
     /// so copies off the GPU, the network and copies back overlap.
     gpu_net_chunk_bytes: usize = 4 * 1024 * 1024, "RAILCC_GPU_NET_CHUNK_BYTES";
-    /// Pieces of a GPU network call in flight per stream (the staging ring's depth): the
+    /// Pieces of a GPU network call in flight (the staging ring's depth): the
     /// copies in run this far ahead of the network. 2 to 16.
     gpu_net_ring: usize = 8, "RAILCC_GPU_NET_RING";
-    /// Pinned staging bytes a stream's GPU network calls may hold (send and receive slots of
-    /// the ring together); pieces are cut to fit, and the first stream's ring is made at init.
+    /// Pinned staging bytes a communicator's GPU network calls may hold (send and receive
+    /// slots of its one ring, which every stream's calls share in turn); pieces are cut to
+    /// fit, and the ring is made at init.
     /// 0: no budget (pieces up to 32 MiB, a ring of up to 512 MiB at the default depth).
     gpu_net_staging_bytes: usize = 32 * 1024 * 1024, "RAILCC_GPU_NET_STAGING_BYTES";
     /// How a GPU network call moves its pieces between the device and the staging ring: 0,

@@ -489,6 +489,18 @@ impl Marker {
         Ok(Marker { ev })
     }
 
+    /// Made in the current context (the caller bound it).
+    pub fn in_current() -> Result<Marker> {
+        let mut ev: sys::CUevent = std::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: valid out-pointer; a context is current (the caller's contract).
+        check(
+            unsafe { sys::cuEventCreate(&mut ev, flags) },
+            "cuEventCreate",
+        )?;
+        Ok(Marker { ev })
+    }
+
     /// Marks the work enqueued so far on `stream`.
     ///
     /// # Safety

@@ -317,15 +317,33 @@ pub(crate) fn submit(comm: *const Comm, call: Call) -> Result<Ticket, NcclResult
             // SAFETY: NCCL's contract: device buffers of this rank's GPU (cudaMalloc/
             // cuMemAlloc, so CUDA IPC can export them), sized for the call, live until the
             // stream passes it.
-            Some(Backend::Gpu(g)) => Ok(Ticket::Done(
-                unsafe { g.comm.collective(std::slice::from_ref(&call)) }.map(|_| ()),
-            )),
+            Some(Backend::Gpu(g)) => {
+                let t0 = std::time::Instant::now();
+                // SAFETY: as above.
+                let r = unsafe { g.comm.collective(std::slice::from_ref(&call)) }.map(|_| ());
+                slow_call(c.rank, &call, t0.elapsed());
+                Ok(Ticket::Done(r))
+            }
             None => Err(usage(format!(
                 "{}: communicator not initialized",
                 call.args.coll.name()
             ))),
         }
     })?
+}
+
+/// At NCCL_DEBUG=INFO, a call that held the caller's thread for more than a millisecond (a
+/// stream-ordered call should return in microseconds: a longer one delays whatever the caller
+/// launches next, such as an overlapped step's matrix products).
+fn slow_call(rank: usize, call: &Call, took: std::time::Duration) {
+    if took >= std::time::Duration::from_millis(1) && crate::debug().informs() {
+        crate::log_line(&format!(
+            "NCCL INFO railcc: rank {rank}: {} of {} elements took {:.2} ms to enqueue",
+            call.args.coll.name(),
+            call.args.count,
+            took.as_secs_f64() * 1e3
+        ));
+    }
 }
 
 /// A submitted call's result (the clique's after every rank made it).

@@ -255,13 +255,13 @@ impl GpuNet {
                 r.register_with(&comms)?;
                 r
             }
-            (None, Some(cap)) => Arc::new(Rings::with_spare(Ring::new(
+            (None, Some(cap)) => Arc::new(Rings::with(Some(Ring::new(
                 &ctx,
                 cap,
                 cfg.gpu_net_ring,
                 &comms,
-            )?)),
-            (None, None) => Arc::new(Rings::default()),
+            )?))),
+            (None, None) => Arc::new(Rings::with(None)),
         };
         let shared = Arc::new(Shared {
             broken: Mutex::new(None),
@@ -411,6 +411,12 @@ impl GpuNet {
         if let (Some(t0), Some(t_ops)) = (t0, t_ops) {
             self.shared.trace.enqueued(t0.elapsed(), t_ops.elapsed());
         }
+        // The next call on another stream waits for this one (one ring for every stream).
+        // SAFETY: the caller's stream, of the bound context.
+        let ops = ops.and_then(|_| match call.captured {
+            true => Ok(()),
+            false => unsafe { self.rings.after_call(stream as usize) },
+        });
         if let Err(e) = &ops {
             // Part of the call may be on the stream already: break the engine so the progress
             // thread lets every piece go instead of the stream waiting forever.
@@ -447,15 +453,18 @@ impl GpuNet {
         self.ctx.bind()?;
         // SAFETY: the caller's stream (contract above).
         let captured = unsafe { capturing(stream) }?;
-        let ring = self.rings.for_stream(
-            stream as usize,
-            sb.max(rb),
-            self.ring_depth,
-            self.slot_cap,
-            captured,
-            &self.ctx,
-            &self.shared.comms,
-        )?;
+        // SAFETY: the caller's stream, of this context (bound above).
+        let ring = unsafe {
+            self.rings.for_call(
+                stream as usize,
+                sb.max(rb),
+                self.ring_depth,
+                self.slot_cap,
+                captured,
+                &self.ctx,
+                &self.shared.comms,
+            )
+        }?;
         let mut runs = Vec::with_capacity(pieces.len());
         let broken = || self.shared.broken();
         for (k, piece) in pieces.into_iter().enumerate() {

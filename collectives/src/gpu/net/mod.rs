@@ -6,7 +6,7 @@
 //!   each piece and let the stream go on;
 //! - [`pieces`]: how a call is cut into pieces and spread over the channels;
 //! - [`host`], `worker`, `ring`, `slots`, `trace`, `warm`: a piece's host call, a channel's
-//!   thread, the per-stream staging rings, the flag slots, where the time goes
+//!   thread, the staging ring, the flag slots, where the time goes
 //!   (`RAILCC_GPU_NET_TRACE`), the channels' warm-up at init.
 
 pub mod engine;

@@ -1,23 +1,21 @@
-//! Staging rings: per caller stream, `depth` slots of pinned send and receive staging
-//! (`RAILCC_GPU_NET_RING`). The stream's own copies fill and drain them in stream order
-//! (piece k uses slot k mod depth),
-//! so no other stream's work is ever waited for: a stream waiting on a flag can block the
-//! hardware queue it shares with other streams, and copies on those would never run.
+//! The staging ring: `depth` slots of pinned send and receive staging (`RAILCC_GPU_NET_RING`)
+//! that a call's copies fill and drain in stream order (piece k uses slot k mod depth). One
+//! ring serves the communicator's calls on every stream, one call after another (`Rings`).
 
 use crate::comm::Communicator;
 use crate::regions::RegionId;
 use parking_lot::Mutex;
 use railcc_core::{Error, Result};
+use railcc_cuda::gpu::{Marker, Stream};
 use railcc_cuda::hostsync::Ctx;
 use railcc_cuda::staging::PinnedBuf;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// A new stream's ring holds pieces of this many bytes (a ring cannot grow while the stream
 /// is being captured: CUDA refuses pinned allocations then), or of the budget's slot size.
 const FIRST_SLOT_BYTES: usize = 4 << 20;
 
-/// The slot size a staging budget of `budget` bytes per stream allows at ring depth `depth`
+/// The slot size a staging budget of `budget` bytes allows at ring depth `depth`
 /// (send and receive slots): a power of two, at least 4 KiB; None without a budget.
 pub fn budget_slot_bytes(budget: usize, depth: usize) -> Option<usize> {
     if budget == 0 {
@@ -34,7 +32,7 @@ pub fn budget_slot_bytes(budget: usize, depth: usize) -> Option<usize> {
 
 pub struct Ring {
     pub slot_bytes: usize,
-    /// Pieces in flight per stream: the copy of piece k+depth waits for piece k to be done.
+    /// Pieces in flight: the copy of piece k+depth waits for piece k to be done.
     pub depth: usize,
     send: Vec<PinnedBuf>,
     recv: Vec<PinnedBuf>,
@@ -141,43 +139,56 @@ impl Drop for Ring {
     }
 }
 
-#[derive(Default)]
+/// The staging ring of a communicator's GPU network calls on every stream. One ring, not one
+/// a stream (NCCL's buffers are a communicator's too): a call on another stream than the last
+/// call's first waits, on the GPU, for the last call's work (an event recorded after each
+/// call), so the calls of one communicator run one after another whatever their streams,
+/// the pinned budget holds for the communicator, and a new stream allocates nothing (pinning
+/// 32 MiB takes about 20 ms, which an overlapped step waited for). Captured calls neither
+/// record nor wait: a graph's launches and other calls on the communicator are the caller's
+/// to order, as with NCCL.
 pub struct Rings {
-    by_stream: Mutex<HashMap<usize, Arc<Ring>>>,
-    /// A ring made at init (under a budget, whose slot size is known then): the first stream
-    /// takes it, so its first call allocates and registers nothing (pinning takes
-    /// milliseconds, which an overlapped step would wait for), and may be captured.
-    spare: Mutex<Option<Arc<Ring>>>,
-    /// Rings outgrown: graphs and calls in flight may still use them, and freeing pinned
-    /// memory waits for the whole GPU; freed with the engine.
+    state: Mutex<RingState>,
+    /// Rings outgrown (no budget): graphs and calls in flight may still use them, and freeing
+    /// pinned memory waits for the whole GPU; freed with the engine.
     retired: Mutex<Vec<Arc<Ring>>>,
 }
 
+struct RingState {
+    ring: Option<Arc<Ring>>,
+    /// The stream of the last call that was not captured, and the end of its work.
+    last: Option<(usize, Marker)>,
+}
+
 impl Rings {
-    /// Rings whose first stream takes `spare`.
-    pub fn with_spare(spare: Ring) -> Rings {
+    /// Rings whose calls start with `ring` (made at init under a budget, whose slot size is
+    /// known then: the first call allocates and registers nothing, and may be captured).
+    pub fn with(ring: Option<Ring>) -> Rings {
         Rings {
-            spare: Mutex::new(Some(Arc::new(spare))),
-            ..Rings::default()
+            state: Mutex::new(RingState {
+                ring: ring.map(Arc::new),
+                last: None,
+            }),
+            retired: Mutex::new(Vec::new()),
         }
     }
 
-    /// Registers every ring made so far with `comms`: another engine of the same GPU that
-    /// shares these rings, at its init (so its first call registers nothing).
+    /// Registers the ring with `comms`: another engine of the same GPU that shares these
+    /// rings, at its init (so its first call registers nothing).
     pub fn register_with(&self, comms: &[Arc<Communicator>]) -> Result<()> {
-        let spare = self.spare.lock().clone();
-        let live: Vec<Arc<Ring>> = self.by_stream.lock().values().cloned().collect();
-        spare
-            .iter()
-            .chain(&live)
-            .try_for_each(|r| r.register_with(comms))
+        let ring = self.state.lock().ring.clone();
+        ring.map_or(Ok(()), |r| r.register_with(comms))
     }
 
-    /// `stream`'s ring, with slots of at least `need` bytes.
-    /// With a budget (`slot_cap`, from [`budget_slot_bytes`]), the first ring already has
-    /// slots of that size and never grows (pieces are cut to fit it).
+    /// The ring for a call on `stream`, with slots of at least `need` bytes, `stream` made to
+    /// wait for the last call's work if that was on another stream. With a budget
+    /// (`slot_cap`, from [`budget_slot_bytes`]) the ring made at init already has slots of
+    /// that size and never grows (pieces are cut to fit it).
+    ///
+    /// # Safety
+    /// `stream` is a live stream of `ctx`, which is current.
     #[allow(clippy::too_many_arguments)]
-    pub fn for_stream(
+    pub unsafe fn for_call(
         &self,
         stream: usize,
         need: usize,
@@ -187,34 +198,52 @@ impl Rings {
         ctx: &Ctx,
         comms: &[Arc<Communicator>],
     ) -> Result<Arc<Ring>> {
-        let mut m = self.by_stream.lock();
-        let have = m.get(&stream).map_or(0, |r| r.slot_bytes);
-        if let Some(r) = m.get(&stream).filter(|r| r.slot_bytes >= need) {
-            r.register_with(comms)?;
-            return Ok(r.clone());
-        }
-        if have == 0 {
-            let mut spare = self.spare.lock();
-            if let Some(r) = spare.take_if(|r| r.slot_bytes >= need && r.depth == depth) {
-                r.register_with(comms)?;
-                m.insert(stream, r.clone());
-                return Ok(r);
+        let mut st = self.state.lock();
+        let have = st.ring.as_ref().map_or(0, |r| r.slot_bytes);
+        if have < need {
+            if capturing {
+                return Err(Error::invalid(format!(
+                    "a captured GPU network call needs staging pieces of {need} bytes but the communicator's ring has {have}: make one call of that size before capturing (CUDA allows no pinned allocation during capture)"
+                )));
+            }
+            let bytes = match slot_cap {
+                Some(cap) => cap.max(need.next_power_of_two()),
+                None => need.next_power_of_two().max(FIRST_SLOT_BYTES),
+            };
+            let ring = Arc::new(Ring::new(ctx, bytes, depth, comms)?);
+            if let Some(old) = st.ring.replace(ring) {
+                self.retired.lock().push(old);
             }
         }
-        if capturing && have < need {
-            return Err(Error::invalid(format!(
-                "a captured GPU network call needs staging pieces of {need} bytes but this stream has {have}: make one call of that size on this stream before capturing (CUDA allows no pinned allocation during capture)"
-            )));
-        }
-        let bytes = match slot_cap {
-            Some(cap) => cap.max(need.next_power_of_two()),
-            None => need.next_power_of_two().max(FIRST_SLOT_BYTES),
-        };
-        let ring = Arc::new(Ring::new(ctx, bytes, depth, comms)?);
-        if let Some(old) = m.insert(stream, ring.clone()) {
-            self.retired.lock().push(old);
+        let ring = st
+            .ring
+            .clone()
+            .ok_or_else(|| Error::invalid("gpu net: no staging ring"))?;
+        ring.register_with(comms)?;
+        if !capturing {
+            if let Some((_, m)) = st.last.as_ref().filter(|(s, _)| *s != stream) {
+                // SAFETY: the caller's stream; the marker is this context's.
+                unsafe { m.wait(stream as Stream) }?;
+            }
         }
         Ok(ring)
+    }
+
+    /// Marks the end of a call that was not captured on `stream` (enqueued just before), for
+    /// the next call on another stream to wait for.
+    ///
+    /// # Safety
+    /// As for [`Rings::for_call`].
+    pub unsafe fn after_call(&self, stream: usize) -> Result<()> {
+        let mut st = self.state.lock();
+        let m = match st.last.take() {
+            Some((_, m)) => m,
+            None => Marker::in_current()?,
+        };
+        // SAFETY: the caller's stream; the marker is this context's.
+        let r = unsafe { m.record(stream as Stream) };
+        st.last = Some((stream, m));
+        r
     }
 }
 
