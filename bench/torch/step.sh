@@ -6,7 +6,7 @@
 # traffic between them over loopback TCP) and 2x1 (the same with one rank each, 2 GPUs). Modes (STEP_MODES, default "ddp fsdp hsdp
 # overlap"). Libraries: railcc (LD_PRELOAD .device/lib/libnccl.so.2), nccl (defaults), and
 # across hosts also nccl-4x4 (NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4, NCCL's better
-# socket setting); STEP_LIBS picks some. STEP_RUNS repeats each (default 2). Prints one line per run
+# socket setting), and railcc-bN (railcc at most N thread blocks a kernel); STEP_LIBS picks some. STEP_RUNS repeats each (default 2). Prints one line per run
 # ("step: ...") and a table of medians with railcc's ratio to the better NCCL; writes
 # $OUT/step.json (every measurement) and $OUT/step-*.log.
 # Prepare with bench/compare/gpu-prepare.sh; carry .device.
@@ -64,6 +64,10 @@ for r in $(seq 1 "${STEP_RUNS:-2}"); do
     for mode in ${STEP_MODES:-ddp fsdp hsdp overlap}; do
       libs=" ${STEP_LIBS:-railcc nccl nccl-4x4} "
       [[ $libs == *" railcc "* ]] && one railcc "$layout" "$mode" LD_PRELOAD="$LIB"
+      # railcc-bN: railcc with at most N thread blocks a kernel (RAILCC_GPU_MAX_BLOCKS).
+      for v in $libs; do
+        [[ $v == railcc-b* ]] && one "$v" "$layout" "$mode" LD_PRELOAD="$LIB" RAILCC_GPU_MAX_BLOCKS="${v#railcc-b}"
+      done
       [[ $libs == *" nccl "* ]] && one nccl "$layout" "$mode"
       [ "$layout" = host ] || [[ $libs != *" nccl-4x4 "* ]] || one nccl-4x4 "$layout" "$mode" NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4
     done
@@ -85,13 +89,14 @@ for line in open(sys.argv[1]):
                 rows.setdefault((layout, "first-overlap-" + k), {}).setdefault(lib, []).append(v["first_over_longer_alone"])
     else:
         rows.setdefault((layout, d["mode"]), {}).setdefault(lib, []).append(d["median_ms"])
-print(f"{'layout':8} {'what':22} {'railcc':>10} {'nccl':>10} {'nccl-4x4':>10} {'ratio':>7}")
+extra = sorted({k for libs in rows.values() for k in libs} - {"railcc", "nccl", "nccl-4x4"})
+print(f"{'layout':8} {'what':22} {'railcc':>10} {'nccl':>10} {'nccl-4x4':>10} {'ratio':>7}" + "".join(f" {k:>12}" for k in extra))
 for (layout, what), libs in sorted(rows.items()):
     med = {k: statistics.median(v) for k, v in libs.items()}
     nccl = [med[k] for k in ("nccl", "nccl-4x4") if k in med]
     ratio = med["railcc"] / min(nccl) if "railcc" in med and nccl and not what.startswith("first") else float("nan")
     cells = "".join(f" {med.get(k, float('nan')):10.2f}" for k in ("railcc", "nccl", "nccl-4x4"))
-    print(f"{layout:8} {what:22}{cells} {ratio:7.3f}")
+    print(f"{layout:8} {what:22}{cells} {ratio:7.3f}" + "".join(f" {med.get(k, float('nan')):12.2f}" for k in extra))
 print("(ms: median step over each run's steps, then the median over runs; first-overlap: the")
 print(" first overlapped step of a fresh process over the longer of its two parts alone)")
 PY
