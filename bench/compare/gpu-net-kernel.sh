@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On nvidia-h200-x2 (after bench/compare/gpu-prepare.sh here; carry .device): the network
-# engine's staging kernel (RAILCC_GPU_NET_KERNEL=1 and a 32 MiB staging budget, the defaults
+# engine's staging kernel (RAILCC_GPU_NET_KERNEL=1 and a 28 MiB staging budget, the defaults
 # since issue 31) on 2 emulated hosts x 1 GPU (each process its own RAILCC_HOSTID/NCCL_HOSTID,
 # TCP over loopback). Parts (NK_PARTS, default "check perf ret"):
 #   check  railcc bench --gpu-net (K: extra settings, default none): every collective, dtype

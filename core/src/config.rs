@@ -292,7 +292,7 @@ config! {
     /// slots of its one ring, which every stream's calls share in turn); pieces are cut to
     /// fit, and the ring is made at init.
     /// 0: no budget (pieces up to 32 MiB, a ring of up to 512 MiB at the default depth).
-    gpu_net_staging_bytes: usize = 32 * 1024 * 1024, "RAILCC_GPU_NET_STAGING_BYTES";
+    gpu_net_staging_bytes: usize = 28 * 1024 * 1024, "RAILCC_GPU_NET_STAGING_BYTES";
     /// How a GPU network call moves its pieces between the device and the staging ring: 0,
     /// copies and flag operations on the caller's stream, per piece; 1, one kernel launch of
     /// up to `RAILCC_GPU_NET_BLOCKS` blocks per 64 pieces (the SMs copy to and from the

@@ -302,7 +302,7 @@ impl GpuNet {
                 parent.transport(),
                 match slot_cap {
                     Some(cap) => format!(
-                        "; ring of {} x 2 slots of {} KiB a stream",
+                        "; one ring of {} x 2 slots of {} KiB for every stream",
                         cfg.gpu_net_ring,
                         cap / 1024
                     ),

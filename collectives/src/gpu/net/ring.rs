@@ -15,19 +15,14 @@ use std::sync::Arc;
 /// is being captured: CUDA refuses pinned allocations then), or of the budget's slot size.
 const FIRST_SLOT_BYTES: usize = 4 << 20;
 
-/// The slot size a staging budget of `budget` bytes allows at ring depth `depth`
-/// (send and receive slots): a power of two, at least 4 KiB; None without a budget.
+/// The slot size a staging budget of `budget` bytes allows at ring depth `depth` (send and
+/// receive slots): a whole number of 4 KiB pages, at least one; None without a budget.
 pub fn budget_slot_bytes(budget: usize, depth: usize) -> Option<usize> {
     if budget == 0 {
         return None;
     }
     let per = budget / (2 * depth.max(1));
-    let pow = if per.is_power_of_two() {
-        per
-    } else {
-        per.next_power_of_two() / 2
-    };
-    Some(pow.max(4096))
+    Some((per / 4096 * 4096).max(4096))
 }
 
 pub struct Ring {
@@ -252,13 +247,14 @@ mod tests {
     use super::budget_slot_bytes;
 
     #[test]
-    fn a_budget_gives_power_of_two_slots_that_fit_it() {
+    fn a_budget_gives_page_multiple_slots_that_fit_it() {
         assert_eq!(budget_slot_bytes(0, 8), None);
         // 64 MiB at depth 8: 8 send and 8 receive slots of 4 MiB.
         assert_eq!(budget_slot_bytes(64 << 20, 8), Some(4 << 20));
-        // Not a power of two: rounded down, so the ring stays within the budget.
-        assert_eq!(budget_slot_bytes(100 << 20, 8), Some(4 << 20));
-        assert_eq!(budget_slot_bytes(48 << 20, 3), Some(8 << 20));
+        // The default, 28 MiB: slots of 1.75 MiB.
+        assert_eq!(budget_slot_bytes(28 << 20, 8), Some(1792 << 10));
+        // Not a multiple of 4 KiB a slot: rounded down, so the ring stays within the budget.
+        assert_eq!(budget_slot_bytes((100 << 20) + 5000, 8), Some(6400 << 10));
         // Tiny budgets: 4 KiB slots at least.
         assert_eq!(budget_slot_bytes(1000, 8), Some(4096));
         for (budget, depth) in [
@@ -266,10 +262,11 @@ mod tests {
             (100 << 20, 8),
             (48 << 20, 3),
             (7 << 20, 16),
+            (28 << 20, 8),
         ] {
             let s = budget_slot_bytes(budget, depth).unwrap_or(0);
             assert!(
-                s.is_power_of_two() && 2 * depth * s <= budget,
+                s.is_multiple_of(4096) && s > 0 && 2 * depth * s <= budget,
                 "{budget} {depth}: {s}"
             );
         }
