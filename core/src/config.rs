@@ -279,6 +279,10 @@ config! {
     /// instead of three steps over 1/L parts (latency over bandwidth). Rank 0's value holds
     /// for every rank.
     gpu_hier_small_bytes: usize = 32 * 1024, "RAILCC_GPU_HIER_SMALL_BYTES";
+    /// A message of a GPU send/recv group across the network is spread over every channel
+    /// when each channel gets at least this many bytes of it (smaller ones go whole to one
+    /// channel with the group's other messages).
+    gpu_net_p2p_spread_bytes: usize = 64 * 1024, "RAILCC_GPU_NET_P2P_SPREAD_BYTES";
     /// GPU collectives across the network are split over this many channels, each with its own
     /// connections and thread (NCCL's channels and proxy threads). 1 to 32.
     gpu_net_channels: usize = 8, "RAILCC_GPU_NET_CHANNELS";

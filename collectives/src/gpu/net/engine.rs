@@ -326,6 +326,7 @@ impl GpuNet {
                 max_piece_bytes: slot_cap.unwrap_or(cfg.gpu_net_chunk_bytes.max(32 << 20)),
                 target_pieces: 8,
                 min_spread_bytes: 64 * 1024,
+                p2p_min_spread_bytes: cfg.gpu_net_p2p_spread_bytes.max(1),
             },
             slot_cap,
             ring_depth: cfg.gpu_net_ring,

@@ -75,6 +75,9 @@ pub struct Cut {
     pub target_pieces: usize,
     /// A call is spread over every channel only when each gets at least this many bytes.
     pub min_spread_bytes: usize,
+    /// The same for one message of a send/recv group (`RAILCC_GPU_NET_P2P_SPREAD_BYTES`): a
+    /// message is cut by its own size alone, so both ends cut it alike.
+    pub p2p_min_spread_bytes: usize,
 }
 
 /// Ranges `[a, b)` cutting `n` units of `unit_bytes` staged bytes each.
@@ -189,7 +192,12 @@ fn coll_pieces(a: &CollArgs, send: u64, recv: u64, rank: usize, cut: &Cut) -> Ve
 /// Piece k holds chunk k of every message that has one; each side of the stage lays its
 /// messages' chunks end to end.
 fn p2p_pieces(ops: &[P2pOp], cut: &Cut) -> Vec<Piece> {
-    let cuts: Vec<Vec<(usize, usize)>> = ops.iter().map(|o| ranges(o.bytes, 1, cut)).collect();
+    let msg_cut = Cut {
+        min_spread_bytes: cut.p2p_min_spread_bytes,
+        ..*cut
+    };
+    let cuts: Vec<Vec<(usize, usize)>> =
+        (ops.iter()).map(|o| ranges(o.bytes, 1, &msg_cut)).collect();
     let n = cuts.iter().map(Vec::len).max().unwrap_or(0);
     let mut out = Vec::with_capacity(n);
     for k in 0..n {
@@ -245,6 +253,7 @@ mod tests {
             max_piece_bytes: chunk,
             target_pieces: 8,
             min_spread_bytes: 1024,
+            p2p_min_spread_bytes: 1024,
         }
     }
 
@@ -279,6 +288,7 @@ mod tests {
             max_piece_bytes: 32 << 20,
             target_pieces: 8,
             min_spread_bytes: 64 << 10,
+            p2p_min_spread_bytes: 64 << 10,
         };
         assert_eq!(ranges(32 << 20, 4, &big).len(), 8); // 128 MB: 8 x 16 MB
         assert_eq!(ranges(4 << 20, 4, &big).len(), 4); // 16 MB: 4 x 4 MB
@@ -352,5 +362,42 @@ mod tests {
             let bytes = |p: &Piece| p.down.last().map(|s| s.bytes);
             assert_eq!(bytes(x), bytes(y));
         }
+    }
+
+    #[test]
+    fn a_message_spreads_by_its_own_size() {
+        // 2 x 2 all-to-all of 1 MB: 256 KB to each of two peers across hosts, one group.
+        let op = |kind, peer, bytes| P2pOp {
+            kind,
+            peer,
+            addr: 0,
+            bytes,
+        };
+        let group = [
+            op(P2pKind::Send, 1, 256 << 10),
+            op(P2pKind::Recv, 1, 256 << 10),
+            op(P2pKind::Send, 3, 256 << 10),
+            op(P2pKind::Recv, 3, 256 << 10),
+        ];
+        let mut c = Cut {
+            channels: 8,
+            chunk_bytes: 1792 << 10,
+            max_piece_bytes: 1792 << 10,
+            target_pieces: 8,
+            min_spread_bytes: 64 << 10,
+            p2p_min_spread_bytes: 64 << 10,
+        };
+        // 32 KiB a channel is under 64 KiB: the whole group is one piece (one channel).
+        assert_eq!(p2p_pieces(&group, &c).len(), 1);
+        c.p2p_min_spread_bytes = 16 << 10;
+        let ps = p2p_pieces(&group, &c);
+        assert_eq!(ps.len(), 8);
+        for p in &ps {
+            assert_eq!((p.send_bytes, p.recv_bytes), (64 << 10, 64 << 10));
+        }
+        // The peer's receive of the same message, alone in its group, is cut the same way.
+        let alone = p2p_pieces(&[op(P2pKind::Recv, 0, 256 << 10)], &c);
+        assert_eq!(alone.len(), 8);
+        assert!(alone.iter().all(|p| p.recv_bytes == 32 << 10));
     }
 }
