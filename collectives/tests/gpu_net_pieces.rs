@@ -64,6 +64,7 @@ const CUT: Cut = Cut {
     max_piece_bytes: 1000,
     target_pieces: 8,
     min_spread_bytes: 256,
+    p2p_min_spread_bytes: 256,
 };
 
 #[test]
@@ -179,12 +180,27 @@ fn send_recv_groups_with_messages_cut_differently() {
             }
         }
         ops.retain(|o| o.bytes > 0);
-        run(&c, &NetOp::P2p(ops), &CUT);
-        for (s, got) in recvs.iter().enumerate() {
-            for (i, b) in got.iter().enumerate() {
-                assert_eq!(*b, byte(s, me, i), "rank {me}: byte {i} from {s}");
+        // Messages spread over the channels from 256 bytes a channel, then never (only
+        // the piece cap cuts them): both ends cut each message alike either way.
+        for spread in [256, 1 << 20] {
+            for r in recvs.iter_mut() {
+                r.fill(0);
             }
+            let cut = Cut {
+                p2p_min_spread_bytes: spread,
+                ..CUT
+            };
+            run(&c, &NetOp::P2p(ops.clone()), &cut);
+            for (s, got) in recvs.iter().enumerate() {
+                for (i, b) in got.iter().enumerate() {
+                    assert_eq!(
+                        *b,
+                        byte(s, me, i),
+                        "rank {me}, spread {spread}: byte {i} from {s}"
+                    );
+                }
+            }
+            c.barrier().unwrap();
         }
-        c.barrier().unwrap();
     });
 }
