@@ -65,6 +65,7 @@ const CUT: Cut = Cut {
     target_pieces: 8,
     min_spread_bytes: 256,
     p2p_min_spread_bytes: 256,
+    p2p_max_piece_bytes: 1000,
 };
 
 #[test]

@@ -140,7 +140,7 @@ impl GpuComm {
                 // path, or with the same error.
                 let hier = hier.map(|l| HierGpu::new(boot, l, ordinal));
                 // The flat engine (all-to-all and send/recv across hosts) stages through the
-                // hierarchy's rings: one pinned budget per stream for the communicator.
+                // hierarchy's ring: one pinned budget for the communicator.
                 let rings = hier.as_ref().and_then(|h| h.as_ref().ok()).map(|h| h.cross_rings());
                 let net = GpuNet::sharing(boot, ordinal, rings);
                 let h: Result<()> = match &hier {

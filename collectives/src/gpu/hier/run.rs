@@ -172,7 +172,7 @@ impl HierGpu {
     }
 
     /// The cross engine's staging rings: the communicator's flat engine stages through them
-    /// too (one pinned budget a stream, not one an engine).
+    /// too (one pinned budget, not one an engine).
     pub fn cross_rings(&self) -> Arc<crate::gpu::net::Rings> {
         self.cross.rings()
     }

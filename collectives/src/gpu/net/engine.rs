@@ -39,6 +39,48 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+/// What `cut_settings` writes: five little-endian u64s.
+const SETTINGS_BYTES: usize = 40;
+
+/// The settings that decide how calls are cut, as every rank sends them at init.
+fn cut_settings(cfg: &railcc_core::Config) -> [u8; SETTINGS_BYTES] {
+    let mut b = [0u8; SETTINGS_BYTES];
+    let v = [
+        cfg.gpu_net_channels,
+        cfg.gpu_net_chunk_bytes,
+        cfg.gpu_net_staging_bytes,
+        cfg.gpu_net_ring,
+        cfg.gpu_net_p2p_spread_bytes,
+    ];
+    for (chunk, x) in b.chunks_exact_mut(8).zip(v) {
+        chunk.copy_from_slice(&(x as u64).to_le_bytes());
+    }
+    b
+}
+
+/// Whether every member (`members[i]` sent `payloads[i]`) sent the first one's settings.
+fn same_settings(members: &[usize], payloads: &[Vec<u8>]) -> Result<()> {
+    let want = payloads.first().and_then(|p| p.get(..SETTINGS_BYTES));
+    for (&r, got) in members.iter().zip(payloads) {
+        if got.get(..SETTINGS_BYTES) != want {
+            return Err(Error::invalid(format!(
+                "gpu net: rank {r} has other network settings than rank {} (RAILCC_GPU_NET_CHANNELS, _CHUNK_BYTES, _STAGING_BYTES, _RING and _P2P_SPREAD_BYTES must be the same on every rank): {:?} against {:?}",
+                members.first().copied().unwrap_or(0),
+                settings_of(got),
+                settings_of(want.unwrap_or_default())
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The values of a `cut_settings` record, for an error message.
+fn settings_of(b: &[u8]) -> Vec<u64> {
+    b.chunks_exact(8)
+        .filter_map(|c| <[u8; 8]>::try_from(c).ok().map(u64::from_le_bytes))
+        .collect()
+}
+
 /// Flag slots: pieces in flight plus pieces held by live CUDA graphs.
 const SLOTS: usize = 8192;
 /// Pieces up to this many staged bytes run on the progress thread when their channel is
@@ -124,8 +166,8 @@ pub struct GpuNet {
     nranks: usize,
     slots: Arc<Slots>,
     /// Shared with the other engine of the same communicator and GPU, if any (the flat one
-    /// and the hierarchy's cross one): calls on one stream run in stream order, so one ring
-    /// a stream serves both, within one budget.
+    /// and the hierarchy's cross one): the communicator's calls run one after another
+    /// (`Rings::for_call`), so one ring serves both, within one budget.
     rings: Arc<Rings>,
     shared: Arc<Shared>,
     tx: Sender<ToProgress>,
@@ -208,9 +250,10 @@ impl GpuNet {
                     netcopy::blocks_for(cfg.gpu_net_ring, cfg.gpu_net_blocks),
                 )),
             };
-            // Rank 0 serves one rendezvous per channel; everyone learns their ids.
+            // Rank 0 serves one rendezvous per channel; everyone learns their ids. Before
+            // them, the settings both ends of a piece must share (checked below).
             let mut roots = Vec::new();
-            let mut mine = Vec::new();
+            let mut mine = cut_settings(&cfg).to_vec();
             if rank == 0 {
                 for _ in 0..nch {
                     let bind = SocketAddr::new(parent.interface_ip(), 0);
@@ -232,11 +275,18 @@ impl GpuNet {
             }
             (Ok(p), None) => p,
         };
-        let ids = members
-            .first()
-            .and_then(|&r| all.get(r))
-            .map(|b| railcc_core::agree::payload(b, 0))
-            .unwrap_or_default();
+        // Both ends of a message or a collective's piece cut the call alike only with the same
+        // settings: a difference fails every rank here, naming it, instead of a hang later.
+        let payloads: Vec<Vec<u8>> = (members.iter())
+            .map(|&r| {
+                all.get(r)
+                    .map(|b| railcc_core::agree::payload(b, 0))
+                    .unwrap_or_default()
+            })
+            .collect();
+        same_settings(members, &payloads)?;
+        let first = payloads.first().cloned().unwrap_or_default();
+        let ids = first.get(SETTINGS_BYTES..).unwrap_or_default().to_vec();
         let mut comms = Vec::with_capacity(nch);
         for c in 0..nch {
             let b = ids
@@ -249,7 +299,7 @@ impl GpuNet {
         }
         super::warm::warm_channels(&comms, slot_cap)?;
         let slots = Arc::new(Slots::new(&ctx, SLOTS)?);
-        // Under a budget the first stream's ring is made now, not in its first call.
+        // Under a budget the ring is made now, not in the first call.
         let rings = match (shared_rings, slot_cap) {
             (Some(r), _) => {
                 r.register_with(&comms)?;
@@ -327,6 +377,13 @@ impl GpuNet {
                 target_pieces: 8,
                 min_spread_bytes: 64 * 1024,
                 p2p_min_spread_bytes: cfg.gpu_net_p2p_spread_bytes.max(1),
+                // A group's piece k holds chunk k of each message, up to one send and one
+                // receive per peer: each at most a slot over the peers, so a piece fits the
+                // ring (a group that repeats a peer may still grow it, past the budget).
+                p2p_max_piece_bytes: match slot_cap {
+                    Some(c) => (c / nranks.saturating_sub(1).max(1) / 4096 * 4096).max(4096),
+                    None => cfg.gpu_net_chunk_bytes.max(32 << 20),
+                },
             },
             slot_cap,
             ring_depth: cfg.gpu_net_ring,
@@ -537,6 +594,29 @@ impl Drop for GpuNet {
         if let Some(h) = self.progress.take() {
             let _ = h.join();
         }
+        // The rings may be shared with another engine that lives on: not through them.
+        self.rings.forget(&self.shared.comms);
         self.shared.trace.report();
+    }
+}
+
+#[cfg(test)]
+mod settings_tests {
+    use super::{cut_settings, same_settings};
+
+    #[test]
+    fn ranks_with_other_cut_settings_are_named() {
+        let cfg = railcc_core::Config::default();
+        let mut other = cfg.clone();
+        other.gpu_net_p2p_spread_bytes = 16384;
+        let ids = [7u8; 3];
+        let a = [cut_settings(&cfg).as_slice(), &ids].concat();
+        let b = cut_settings(&cfg).to_vec();
+        assert!(same_settings(&[0, 2, 4], &[a.clone(), b.clone(), b]).is_ok());
+        let c = cut_settings(&other).to_vec();
+        let e = same_settings(&[0, 2, 4], &[a, cut_settings(&cfg).to_vec(), c])
+            .expect_err("rank 4 differs");
+        let msg = e.to_string();
+        assert!(msg.contains("rank 4") && msg.contains("16384"), "{msg}");
     }
 }

@@ -78,6 +78,9 @@ pub struct Cut {
     /// The same for one message of a send/recv group (`RAILCC_GPU_NET_P2P_SPREAD_BYTES`): a
     /// message is cut by its own size alone, so both ends cut it alike.
     pub p2p_min_spread_bytes: usize,
+    /// And at most this many bytes of each message in a piece (a send/recv group's piece
+    /// holds a chunk of each of its messages).
+    pub p2p_max_piece_bytes: usize,
 }
 
 /// Ranges `[a, b)` cutting `n` units of `unit_bytes` staged bytes each.
@@ -86,8 +89,8 @@ fn ranges(n: usize, unit_bytes: usize, cut: &Cut) -> Vec<(usize, usize)> {
         return Vec::new();
     }
     let total = n.saturating_mul(unit_bytes.max(1));
-    // Whole units per piece under the cap: no piece is over it, so the staging slot (a power
-    // of two at least the largest piece) stays the cap's size when a unit does not divide it.
+    // Whole units per piece under the cap: no piece is over it, so the staging slot (the
+    // cap under a budget) holds every piece when a unit does not divide it.
     let by_cap = n.div_ceil((cut.max_piece_bytes / unit_bytes.max(1)).max(1));
     let by_grain = total.div_ceil(cut.chunk_bytes.max(1));
     let mut k = by_cap.max(by_grain.min(cut.target_pieces.max(1)));
@@ -194,6 +197,7 @@ fn coll_pieces(a: &CollArgs, send: u64, recv: u64, rank: usize, cut: &Cut) -> Ve
 fn p2p_pieces(ops: &[P2pOp], cut: &Cut) -> Vec<Piece> {
     let msg_cut = Cut {
         min_spread_bytes: cut.p2p_min_spread_bytes,
+        max_piece_bytes: cut.p2p_max_piece_bytes.min(cut.max_piece_bytes),
         ..*cut
     };
     let cuts: Vec<Vec<(usize, usize)>> =
@@ -254,6 +258,7 @@ mod tests {
             target_pieces: 8,
             min_spread_bytes: 1024,
             p2p_min_spread_bytes: 1024,
+            p2p_max_piece_bytes: chunk,
         }
     }
 
@@ -289,6 +294,7 @@ mod tests {
             target_pieces: 8,
             min_spread_bytes: 64 << 10,
             p2p_min_spread_bytes: 64 << 10,
+            p2p_max_piece_bytes: 32 << 20,
         };
         assert_eq!(ranges(32 << 20, 4, &big).len(), 8); // 128 MB: 8 x 16 MB
         assert_eq!(ranges(4 << 20, 4, &big).len(), 4); // 16 MB: 4 x 4 MB
@@ -386,6 +392,7 @@ mod tests {
             target_pieces: 8,
             min_spread_bytes: 64 << 10,
             p2p_min_spread_bytes: 64 << 10,
+            p2p_max_piece_bytes: 32 << 20,
         };
         // 32 KiB a channel is under 64 KiB: the whole group is one piece (one channel).
         assert_eq!(p2p_pieces(&group, &c).len(), 1);
@@ -399,5 +406,16 @@ mod tests {
         let alone = p2p_pieces(&[op(P2pKind::Recv, 0, 256 << 10)], &c);
         assert_eq!(alone.len(), 8);
         assert!(alone.iter().all(|p| p.recv_bytes == 32 << 10));
+        // Three peers' sends of 8 MiB each: with each message's chunk at a third of the
+        // slot (the engine's cap on 4 ranks), no piece stages more than a slot.
+        c.p2p_max_piece_bytes = (1792 << 10) / 3 / 4096 * 4096;
+        let big: Vec<P2pOp> = (1..4).map(|p| op(P2pKind::Send, p, 8 << 20)).collect();
+        let ps = p2p_pieces(&big, &c);
+        assert!(
+            ps.iter().all(|p| p.send_bytes <= 1792 << 10),
+            "{}",
+            ps.len()
+        );
+        assert_eq!(ps.iter().map(|p| p.send_bytes).sum::<usize>(), 24 << 20);
     }
 }

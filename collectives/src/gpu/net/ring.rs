@@ -11,7 +11,7 @@ use railcc_cuda::hostsync::Ctx;
 use railcc_cuda::staging::PinnedBuf;
 use std::sync::Arc;
 
-/// A new stream's ring holds pieces of this many bytes (a ring cannot grow while the stream
+/// Without a budget the first ring holds pieces of this many bytes (a ring cannot grow while a stream
 /// is being captured: CUDA refuses pinned allocations then), or of the budget's slot size.
 const FIRST_SLOT_BYTES: usize = 4 << 20;
 
@@ -35,7 +35,7 @@ pub struct Ring {
     pub send_dev: Vec<u64>,
     pub recv_dev: Vec<u64>,
     /// Registrations with the channels of every engine that uses the ring (a communicator's
-    /// flat engine and its hierarchy's cross engine share the rings: one budget a stream).
+    /// flat engine and its hierarchy's cross engine share the rings: one budget).
     regions: Mutex<Vec<(Arc<Communicator>, RegionId)>>,
 }
 
@@ -115,6 +115,20 @@ impl Ring {
         Ok(())
     }
 
+    /// Drops the registrations with the channels of `comms`.
+    pub fn deregister_from(&self, comms: &[Arc<Communicator>]) {
+        let mut regions = self.regions.lock();
+        regions.retain(|(c, id)| {
+            let theirs = comms.iter().any(|x| Arc::ptr_eq(x, c));
+            if theirs {
+                if let Err(e) = c.deregister(*id) {
+                    tracing::debug!("gpu net: deregister ring: {e}");
+                }
+            }
+            !theirs
+        });
+    }
+
     pub fn send_ptr(&self, k: usize) -> *mut u8 {
         self.send[k % self.depth].as_ptr() as *mut u8
     }
@@ -135,9 +149,9 @@ impl Drop for Ring {
 }
 
 /// The staging ring of a communicator's GPU network calls on every stream. One ring, not one
-/// a stream (NCCL's buffers are a communicator's too): a call on another stream than the last
-/// call's first waits, on the GPU, for the last call's work (an event recorded after each
-/// call), so the calls of one communicator run one after another whatever their streams,
+/// a stream (NCCL's buffers are a communicator's too): a call first waits, on the GPU, for the
+/// last call's work (an event recorded after each call; a no-op on the same stream), so the
+/// calls of one communicator run one after another whatever their streams,
 /// the pinned budget holds for the communicator, and a new stream allocates nothing (pinning
 /// 32 MiB takes about 20 ms, which an overlapped step waited for). Captured calls neither
 /// record nor wait: a graph's launches and other calls on the communicator are the caller's
@@ -151,8 +165,8 @@ pub struct Rings {
 
 struct RingState {
     ring: Option<Arc<Ring>>,
-    /// The stream of the last call that was not captured, and the end of its work.
-    last: Option<(usize, Marker)>,
+    /// The end of the last call that was not captured.
+    last: Option<Marker>,
 }
 
 impl Rings {
@@ -173,6 +187,16 @@ impl Rings {
     pub fn register_with(&self, comms: &[Arc<Communicator>]) -> Result<()> {
         let ring = self.state.lock().ring.clone();
         ring.map_or(Ok(()), |r| r.register_with(comms))
+    }
+
+    /// Deregisters every ring from `comms` (an engine that shared the rings and closes: its
+    /// channels are not kept alive by the other engine's rings).
+    pub fn forget(&self, comms: &[Arc<Communicator>]) {
+        let mut rings: Vec<Arc<Ring>> = self.retired.lock().clone();
+        rings.extend(self.state.lock().ring.clone());
+        for r in rings {
+            r.deregister_from(comms);
+        }
     }
 
     /// The ring for a call on `stream`, with slots of at least `need` bytes, `stream` made to
@@ -216,7 +240,10 @@ impl Rings {
             .ok_or_else(|| Error::invalid("gpu net: no staging ring"))?;
         ring.register_with(comms)?;
         if !capturing {
-            if let Some((_, m)) = st.last.as_ref().filter(|(s, _)| *s != stream) {
+            // Even on what looks like the same stream: a stream's address may be a destroyed
+            // stream's, and the per-thread default stream has one address on every thread.
+            // (On the same stream the wait costs the host about a microsecond, the GPU nothing.)
+            if let Some(m) = st.last.as_ref() {
                 // SAFETY: the caller's stream; the marker is this context's.
                 unsafe { m.wait(stream as Stream) }?;
             }
@@ -225,19 +252,19 @@ impl Rings {
     }
 
     /// Marks the end of a call that was not captured on `stream` (enqueued just before), for
-    /// the next call on another stream to wait for.
+    /// the next call to wait for.
     ///
     /// # Safety
     /// As for [`Rings::for_call`].
     pub unsafe fn after_call(&self, stream: usize) -> Result<()> {
         let mut st = self.state.lock();
         let m = match st.last.take() {
-            Some((_, m)) => m,
+            Some(m) => m,
             None => Marker::in_current()?,
         };
         // SAFETY: the caller's stream; the marker is this context's.
         let r = unsafe { m.record(stream as Stream) };
-        st.last = Some((stream, m));
+        st.last = Some(m);
         r
     }
 }
