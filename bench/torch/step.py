@@ -12,7 +12,10 @@ does both in one call). Modes:
            step of the same model ("ddp": 25 MB all_reduce buckets; "fsdp": per layer an
            all_gather and a reduce_scatter), and one 128 MB all_reduce ("ar128", first), alone
            and together. The first overlapped step of
-           the process is timed apart (issue 31: no first-call stall).
+           the process is timed apart (issue 31: no first-call stall);
+  small    all_reduce of 8 B, 64 KB and 1 MB through torch.distributed: the time per call of
+           200 back-to-back calls after 20 warm-up calls, median of 5 rounds (issue 31: 8 B at
+           NCCL's time through PyTorch).
 Each rank prints nothing; rank 0 writes one JSON line per measurement to OUT.json and a
 summary line to stdout. Losses (ddp/fsdp/hsdp) go into the JSON line, to compare libraries.
 --cpu runs on the CPU with gloo (a smoke test of the script, no figures).
@@ -30,7 +33,7 @@ import torch.nn as nn
 
 def parse():
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["ddp", "fsdp", "hsdp", "overlap"], required=True)
+    p.add_argument("--mode", choices=["ddp", "fsdp", "hsdp", "overlap", "small"], required=True)
     p.add_argument("--out", required=True, help="prefix of the JSON lines file")
     p.add_argument("--label", default="", help="run name written with each line")
     p.add_argument("--steps", type=int, default=10)
@@ -234,6 +237,30 @@ def overlap(a, dev, rank, world):
     return results
 
 
+def small(a, dev, world):
+    """Microseconds per all_reduce of back-to-back calls, per size (median of 5 rounds)."""
+    out = {}
+    for nbytes in (8, 65536, 1 << 20):
+        # MAX of rank + 1: the result stays `world` however many calls run, so it is checked.
+        x = torch.full((nbytes // 4,), float(dist.get_rank() + 1), device=dev)
+        for _ in range(20):
+            dist.all_reduce(x, op=dist.ReduceOp.MAX)
+        rounds = []
+        for _ in range(5):
+            sync(dev)
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(200):
+                dist.all_reduce(x, op=dist.ReduceOp.MAX)
+            sync(dev)
+            rounds.append((time.perf_counter() - t0) / 200 * 1e6)
+        bad = (x != float(world)).sum().item()
+        if bad:
+            raise SystemExit(f"small: all_reduce of {nbytes} B: {bad} elements are not {world}")
+        out[str(nbytes)] = statistics.median(rounds)
+    return {"us_per_call": out}
+
+
 def main():
     a = parse()
     backend = "gloo" if a.cpu else "nccl"
@@ -246,13 +273,21 @@ def main():
         dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(dev)
     nh, local = hosts_and_local()
-    r = overlap(a, dev, rank, world) if a.mode == "overlap" else train(a, dev, rank, world)
+    if a.mode == "overlap":
+        r = overlap(a, dev, rank, world)
+    elif a.mode == "small":
+        r = small(a, dev, world)
+    else:
+        r = train(a, dev, rank, world)
     if rank == 0:
         line = {"label": a.label, "mode": a.mode, "world": world, "hosts": nh, "per_host": local}
         line.update(r)
         with open(a.out + ".json", "a") as f:
             f.write(json.dumps(line) + "\n")
-        if a.mode == "overlap":
+        if a.mode == "small":
+            us = r["us_per_call"]
+            print(f"step: {a.label} small: all_reduce " + ", ".join(f"{k} B {v:.1f} us" for k, v in us.items()), flush=True)
+        elif a.mode == "overlap":
             for k, v in r.items():
                 print(
                     f"step: {a.label} overlap-{k}: step {v['step_ms']:.2f} ms "

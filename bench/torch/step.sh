@@ -4,7 +4,7 @@
 # runs of one machine. Layouts (STEP_LAYOUTS): host (one torchrun of 4 ranks, this host),
 # 2x2 (two torchrun nodes of 2 ranks, each its own emulated host: NCCL_HOSTID/RAILCC_HOSTID,
 # traffic between them over loopback TCP) and 2x1 (the same with one rank each, 2 GPUs). Modes (STEP_MODES, default "ddp fsdp hsdp
-# overlap"). Libraries: railcc (LD_PRELOAD .device/lib/libnccl.so.2), nccl (defaults), and
+# overlap"; "small": all_reduce of 8 B, 64 KB and 1 MB, us per call). Libraries: railcc (LD_PRELOAD .device/lib/libnccl.so.2), nccl (defaults), and
 # across hosts also nccl-4x4 (NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4, NCCL's better
 # socket setting), and railcc-bN (railcc at most N thread blocks a kernel); STEP_LIBS picks some. STEP_RUNS repeats each (default 2). Prints one line per run
 # ("step: ...") and a table of medians with railcc's ratio to the better NCCL; writes
@@ -87,6 +87,9 @@ for line in open(sys.argv[1]):
             if isinstance(v, dict):
                 rows.setdefault((layout, "overlap-" + k), {}).setdefault(lib, []).append(v["step_ms"])
                 rows.setdefault((layout, "first-overlap-" + k), {}).setdefault(lib, []).append(v["first_over_longer_alone"])
+    elif d["mode"] == "small":
+        for k, v in d["us_per_call"].items():
+            rows.setdefault((layout, f"small-{k}B-us"), {}).setdefault(lib, []).append(v)
     else:
         rows.setdefault((layout, d["mode"]), {}).setdefault(lib, []).append(d["median_ms"])
 extra = sorted({k for libs in rows.values() for k in libs} - {"railcc", "nccl", "nccl-4x4"})
@@ -97,7 +100,7 @@ for (layout, what), libs in sorted(rows.items()):
     ratio = med["railcc"] / min(nccl) if "railcc" in med and nccl and not what.startswith("first") else float("nan")
     cells = "".join(f" {med.get(k, float('nan')):10.2f}" for k in ("railcc", "nccl", "nccl-4x4"))
     print(f"{layout:8} {what:22}{cells} {ratio:7.3f}" + "".join(f" {med.get(k, float('nan')):12.2f}" for k in extra))
-print("(ms: median step over each run's steps, then the median over runs; first-overlap: the")
+print("(ms: median step over each run's steps, then the median over runs; small-*: us per all_reduce; first-overlap: the")
 print(" first overlapped step of a fresh process over the longer of its two parts alone)")
 PY
 [ "$fails" = 0 ] || { echo "step.sh: $fails run(s) failed"; exit 1; }
