@@ -35,7 +35,7 @@
 #          message under 512 KiB goes whole to one channel): 2 x 2 alltoall and sendrecv
 #          256 KB-16 MB, 2 x 1 sendrecv 64 KB-4 MB, against NCCL 4 x 4.
 #   bigx2  (4 GPUs) 2 x 2 all_reduce 128 MB-1 GB: the default, a ring of 16 (slots of 0.875
-#          MiB), 8 staging blocks, NCCL 4 x 4, then railcc and NCCL again (railcc's large
+#          MiB), 8 staging blocks, 4 channels (fewer host threads), NCCL 4 x 4, then railcc and NCCL again (railcc's large
 #          sizes varied 0.6-1.5x NCCL's from run to run).
 # Logs under $OUT (nk-*.log).
 set -uo pipefail
@@ -132,7 +132,7 @@ compare() {
     # NCCL's INFO lines say its channels (a speed claim states them beside railcc's blocks).
     lib=$OURS; case $vars in NCCL=1*) lib="$NCCL_HOME/lib:/usr/local/cuda/lib64"; vars="$vars NCCL_DEBUG=INFO" ;; esac
     timeout 150 env $vars LD_LIBRARY_PATH="$lib" $mpi -x RAILCC_GPU_NET_KERNEL -x RAILCC_GPU_NET_STAGING_BYTES \
-      -x RAILCC_GPU_NET_RING -x RAILCC_GPU_NET_BLOCKS -x RAILCC_GPU_HIER_SMALL_BYTES -x RAILCC_GPU_NET_P2P_SPREAD_BYTES -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD -x NCCL_DEBUG \
+      -x RAILCC_GPU_NET_RING -x RAILCC_GPU_NET_BLOCKS -x RAILCC_GPU_HIER_SMALL_BYTES -x RAILCC_GPU_NET_P2P_SPREAD_BYTES -x RAILCC_GPU_NET_CHANNELS -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD -x NCCL_DEBUG \
       $AS_HOST $NTM/build/$what >> "$log" 2>&1
     echo "== exit $?" >> "$log"
   done
@@ -198,7 +198,7 @@ case " $PARTS " in *" bigx2 "*)
   MPI4="${MPIRUN/-np 2/-np 4} -x AS_HOST_PER"
   ( export AS_HOST_PER=2
     compare $OUT/nk-bigx2.log "$MPI4" "all_reduce_perf -b 128M -e 1G -f 2 -n 10 -w 3 -c 0 -g 1" "railcc|" \
-      "railcc ring 16|RAILCC_GPU_NET_RING=16" "railcc 8 blocks|RAILCC_GPU_NET_BLOCKS=8" "$NCCL_4X4" "railcc again|" "nccl 4x4 again|NCCL=1 NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4" )
+      "railcc ring 16|RAILCC_GPU_NET_RING=16" "railcc 8 blocks|RAILCC_GPU_NET_BLOCKS=8" "railcc 4 channels|RAILCC_GPU_NET_CHANNELS=4" "$NCCL_4X4" "railcc again|" "nccl 4x4 again|NCCL=1 NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4" )
 ;; esac
 
 case " $PARTS " in *" perf "*)
