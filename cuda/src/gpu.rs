@@ -476,19 +476,6 @@ pub struct Marker {
 unsafe impl Send for Marker {}
 
 impl Marker {
-    /// Made in `gpu`'s context.
-    pub fn new(gpu: &GpuCtx) -> Result<Marker> {
-        gpu.bind()?;
-        let mut ev: sys::CUevent = std::ptr::null_mut();
-        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-        // SAFETY: valid out-pointer; the context is current.
-        check(
-            unsafe { sys::cuEventCreate(&mut ev, flags) },
-            "cuEventCreate",
-        )?;
-        Ok(Marker { ev })
-    }
-
     /// Made in the current context (the caller bound it).
     pub fn in_current() -> Result<Marker> {
         let mut ev: sys::CUevent = std::ptr::null_mut();
@@ -533,6 +520,76 @@ impl Drop for Marker {
         unsafe {
             let _ = sys::cuEventDestroy_v2(self.ev);
         }
+    }
+}
+
+/// The order of one communicator's GPU work on one context, as NCCL orders a communicator's
+/// launches whatever streams they go on: each piece of work waits for the previous one (a
+/// marker recorded after it), so no two run at once. Every wait points to an earlier call in
+/// the host's order, so no cycle can form. Work on a stream being captured neither waits nor
+/// is waited for: its graph's launches are the caller's to order.
+pub struct LaunchOrder {
+    last: Option<usize>,
+    marker: Option<Marker>,
+    /// Whether work on the last work's stream (by address) waits too: an address can be a
+    /// destroyed stream's reused, and the per-thread default stream has one address on every
+    /// thread. The wait costs the host about a microsecond, the GPU nothing.
+    wait_on_same_stream: bool,
+}
+
+impl LaunchOrder {
+    /// An order that trusts the stream order for work on the last work's stream address.
+    pub fn by_stream() -> LaunchOrder {
+        LaunchOrder {
+            last: None,
+            marker: None,
+            wait_on_same_stream: false,
+        }
+    }
+
+    /// An order that waits for the last work on every stream.
+    pub fn always() -> LaunchOrder {
+        LaunchOrder {
+            wait_on_same_stream: true,
+            ..LaunchOrder::by_stream()
+        }
+    }
+
+    /// Runs `enqueue` (which puts work on `stream`) after the previous work, and marks the
+    /// point after it. `bind` makes the order's context current (`enqueue` may change it).
+    ///
+    /// # Safety
+    /// `stream` a live stream of the order's context, not being captured.
+    pub unsafe fn run_eager<T>(
+        &mut self,
+        bind: impl Fn() -> Result<()>,
+        stream: usize,
+        enqueue: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let s = stream_of(stream);
+        bind()?;
+        let marker = match &mut self.marker {
+            Some(m) => m,
+            m => m.insert(Marker::in_current()?),
+        };
+        if self
+            .last
+            .is_some_and(|l| self.wait_on_same_stream || l != stream)
+        {
+            // SAFETY: the caller's live stream; the marker is of this context, current.
+            unsafe { marker.wait(s) }?;
+        }
+        let r = enqueue()?;
+        bind()?;
+        // SAFETY: as above.
+        unsafe { marker.record(s) }?;
+        self.last = Some(stream);
+        Ok(r)
+    }
+
+    /// Destroys the marker (with its context current).
+    pub fn release(&mut self) {
+        self.marker.take();
     }
 }
 

@@ -10,13 +10,15 @@
 //! no cycle can form.
 
 use railcc_core::Result;
-use railcc_cuda::gpu::{is_capturing, stream_of, GpuCtx, Marker};
+use railcc_cuda::gpu::{is_capturing, stream_of, GpuCtx, LaunchOrder};
 
 /// The last collective kernel enqueued outside a capture: its stream, and a marker after it.
-#[derive(Default)]
-pub struct KernelOrder {
-    last: Option<usize>,
-    marker: Option<Marker>,
+pub struct KernelOrder(LaunchOrder);
+
+impl Default for KernelOrder {
+    fn default() -> KernelOrder {
+        KernelOrder(LaunchOrder::by_stream())
+    }
 }
 
 impl KernelOrder {
@@ -33,9 +35,8 @@ impl KernelOrder {
         stream: usize,
         enqueue: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
-        let s = stream_of(stream);
         // SAFETY: the caller's stream of this GPU.
-        if unsafe { is_capturing(gpu, s) }? {
+        if unsafe { is_capturing(gpu, stream_of(stream)) }? {
             return enqueue();
         }
         // SAFETY: the caller's contract; not capturing (asked above).
@@ -53,26 +54,12 @@ impl KernelOrder {
         stream: usize,
         enqueue: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
-        let s = stream_of(stream);
-        let marker = match &mut self.marker {
-            Some(m) => m,
-            m => m.insert(Marker::new(gpu)?),
-        };
-        gpu.bind()?;
-        if self.last.is_some_and(|l| l != stream) {
-            // SAFETY: the caller's live stream; the marker is of this GPU's context, current.
-            unsafe { marker.wait(s) }?;
-        }
-        let r = enqueue()?;
-        gpu.bind()?;
-        // SAFETY: as above.
-        unsafe { marker.record(s) }?;
-        self.last = Some(stream);
-        Ok(r)
+        // SAFETY: the caller's contract.
+        unsafe { self.0.run_eager(|| gpu.bind(), stream, enqueue) }
     }
 
     /// Destroys the marker (with its GPU's context current).
     pub fn release(&mut self) {
-        self.marker.take();
+        self.0.release();
     }
 }

@@ -167,7 +167,7 @@ pub struct GpuNet {
     slots: Arc<Slots>,
     /// Shared with the other engine of the same communicator and GPU, if any (the flat one
     /// and the hierarchy's cross one): the communicator's calls run one after another
-    /// (`Rings::for_call`), so one ring serves both, within one budget.
+    /// (`Rings::in_order`), so one ring serves both, within one budget.
     rings: Arc<Rings>,
     shared: Arc<Shared>,
     tx: Sender<ToProgress>,
@@ -458,7 +458,7 @@ impl GpuNet {
         // SAFETY: the caller's stream and buffers (contract above); the ring's slots hold
         // every piece's staged bytes (sized by stage_need).
         let t_ops = t0.map(|_| Instant::now());
-        let ops = unsafe {
+        let ops = || unsafe {
             match &self.kernel {
                 Some((k, blocks)) if kernel_fits(&call) => {
                     self.kernel_ops(&call, stream, k, *blocks)
@@ -466,15 +466,15 @@ impl GpuNet {
                 _ => self.stream_ops(&call, stream),
             }
         };
+        // After the communicator's previous call, whatever its stream (one ring for all).
+        // SAFETY: the caller's stream, of this engine's context.
+        let ops = match call.captured {
+            true => ops(),
+            false => unsafe { self.rings.in_order(&self.ctx, stream as usize, ops) },
+        };
         if let (Some(t0), Some(t_ops)) = (t0, t_ops) {
             self.shared.trace.enqueued(t0.elapsed(), t_ops.elapsed());
         }
-        // The next call on another stream waits for this one (one ring for every stream).
-        // SAFETY: the caller's stream, of the bound context.
-        let ops = ops.and_then(|_| match call.captured {
-            true => Ok(()),
-            false => unsafe { self.rings.after_call(stream as usize) },
-        });
         if let Err(e) = &ops {
             // Part of the call may be on the stream already: break the engine so the progress
             // thread lets every piece go instead of the stream waiting forever.
@@ -511,18 +511,14 @@ impl GpuNet {
         self.ctx.bind()?;
         // SAFETY: the caller's stream (contract above).
         let captured = unsafe { capturing(stream) }?;
-        // SAFETY: the caller's stream, of this context (bound above).
-        let ring = unsafe {
-            self.rings.for_call(
-                stream as usize,
-                sb.max(rb),
-                self.ring_depth,
-                self.slot_cap,
-                captured,
-                &self.ctx,
-                &self.shared.comms,
-            )
-        }?;
+        let ring = self.rings.for_call(
+            sb.max(rb),
+            self.ring_depth,
+            self.slot_cap,
+            captured,
+            &self.ctx,
+            &self.shared.comms,
+        )?;
         let mut runs = Vec::with_capacity(pieces.len());
         let broken = || self.shared.broken();
         for (k, piece) in pieces.into_iter().enumerate() {

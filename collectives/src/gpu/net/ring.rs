@@ -6,7 +6,7 @@ use crate::comm::Communicator;
 use crate::regions::RegionId;
 use parking_lot::Mutex;
 use railcc_core::{Error, Result};
-use railcc_cuda::gpu::{Marker, Stream};
+use railcc_cuda::gpu::LaunchOrder;
 use railcc_cuda::hostsync::Ctx;
 use railcc_cuda::staging::PinnedBuf;
 use std::sync::Arc;
@@ -150,23 +150,19 @@ impl Drop for Ring {
 
 /// The staging ring of a communicator's GPU network calls on every stream. One ring, not one
 /// a stream (NCCL's buffers are a communicator's too): a call first waits, on the GPU, for the
-/// last call's work (an event recorded after each call; a no-op on the same stream), so the
+/// last call's work (`Rings::in_order`, a `LaunchOrder` that waits on every stream), so the
 /// calls of one communicator run one after another whatever their streams,
 /// the pinned budget holds for the communicator, and a new stream allocates nothing (pinning
 /// 32 MiB takes about 20 ms, which an overlapped step waited for). Captured calls neither
 /// record nor wait: a graph's launches and other calls on the communicator are the caller's
 /// to order, as with NCCL.
 pub struct Rings {
-    state: Mutex<RingState>,
+    /// The ring every call stages through (none yet without a budget).
+    ring: Mutex<Option<Arc<Ring>>>,
+    order: Mutex<LaunchOrder>,
     /// Rings outgrown (no budget): graphs and calls in flight may still use them, and freeing
     /// pinned memory waits for the whole GPU; freed with the engine.
     retired: Mutex<Vec<Arc<Ring>>>,
-}
-
-struct RingState {
-    ring: Option<Arc<Ring>>,
-    /// The end of the last call that was not captured.
-    last: Option<Marker>,
 }
 
 impl Rings {
@@ -174,10 +170,8 @@ impl Rings {
     /// known then: the first call allocates and registers nothing, and may be captured).
     pub fn with(ring: Option<Ring>) -> Rings {
         Rings {
-            state: Mutex::new(RingState {
-                ring: ring.map(Arc::new),
-                last: None,
-            }),
+            ring: Mutex::new(ring.map(Arc::new)),
+            order: Mutex::new(LaunchOrder::always()),
             retired: Mutex::new(Vec::new()),
         }
     }
@@ -185,7 +179,7 @@ impl Rings {
     /// Registers the ring with `comms`: another engine of the same GPU that shares these
     /// rings, at its init (so its first call registers nothing).
     pub fn register_with(&self, comms: &[Arc<Communicator>]) -> Result<()> {
-        let ring = self.state.lock().ring.clone();
+        let ring = self.ring.lock().clone();
         ring.map_or(Ok(()), |r| r.register_with(comms))
     }
 
@@ -193,23 +187,17 @@ impl Rings {
     /// channels are not kept alive by the other engine's rings).
     pub fn forget(&self, comms: &[Arc<Communicator>]) {
         let mut rings: Vec<Arc<Ring>> = self.retired.lock().clone();
-        rings.extend(self.state.lock().ring.clone());
+        rings.extend(self.ring.lock().clone());
         for r in rings {
             r.deregister_from(comms);
         }
     }
 
-    /// The ring for a call on `stream`, with slots of at least `need` bytes, `stream` made to
-    /// wait for the last call's work if that was on another stream. With a budget
-    /// (`slot_cap`, from [`budget_slot_bytes`]) the ring made at init already has slots of
-    /// that size and never grows (pieces are cut to fit it).
-    ///
-    /// # Safety
-    /// `stream` is a live stream of `ctx`, which is current.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn for_call(
+    /// The ring for a call, with slots of at least `need` bytes. With a budget (`slot_cap`,
+    /// from [`budget_slot_bytes`]) the ring made at init already has slots of that size and
+    /// never grows (pieces are cut to fit it).
+    pub fn for_call(
         &self,
-        stream: usize,
         need: usize,
         depth: usize,
         slot_cap: Option<usize>,
@@ -217,8 +205,8 @@ impl Rings {
         ctx: &Ctx,
         comms: &[Arc<Communicator>],
     ) -> Result<Arc<Ring>> {
-        let mut st = self.state.lock();
-        let have = st.ring.as_ref().map_or(0, |r| r.slot_bytes);
+        let mut current = self.ring.lock();
+        let have = current.as_ref().map_or(0, |r| r.slot_bytes);
         if have < need {
             if capturing {
                 return Err(Error::invalid(format!(
@@ -230,42 +218,28 @@ impl Rings {
                 None => need.next_power_of_two().max(FIRST_SLOT_BYTES),
             };
             let ring = Arc::new(Ring::new(ctx, bytes, depth, comms)?);
-            if let Some(old) = st.ring.replace(ring) {
+            if let Some(old) = current.replace(ring) {
                 self.retired.lock().push(old);
             }
         }
-        let ring = st
-            .ring
-            .clone()
-            .ok_or_else(|| Error::invalid("gpu net: no staging ring"))?;
+        let ring = (current.clone()).ok_or_else(|| Error::invalid("gpu net: no staging ring"))?;
         ring.register_with(comms)?;
-        if !capturing {
-            // Even on what looks like the same stream: a stream's address may be a destroyed
-            // stream's, and the per-thread default stream has one address on every thread.
-            // (On the same stream the wait costs the host about a microsecond, the GPU nothing.)
-            if let Some(m) = st.last.as_ref() {
-                // SAFETY: the caller's stream; the marker is this context's.
-                unsafe { m.wait(stream as Stream) }?;
-            }
-        }
         Ok(ring)
     }
 
-    /// Marks the end of a call that was not captured on `stream` (enqueued just before), for
-    /// the next call to wait for.
+    /// Runs `enqueue` (a call's work on `stream`, not being captured) after the
+    /// communicator's previous call, whatever its stream, so the two never share the ring.
     ///
     /// # Safety
-    /// As for [`Rings::for_call`].
-    pub unsafe fn after_call(&self, stream: usize) -> Result<()> {
-        let mut st = self.state.lock();
-        let m = match st.last.take() {
-            Some(m) => m,
-            None => Marker::in_current()?,
-        };
-        // SAFETY: the caller's stream; the marker is this context's.
-        let r = unsafe { m.record(stream as Stream) };
-        st.last = Some(m);
-        r
+    /// `stream` is a live stream of `ctx`, not being captured.
+    pub unsafe fn in_order<T>(
+        &self,
+        ctx: &Ctx,
+        stream: usize,
+        enqueue: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        // SAFETY: the caller's contract.
+        unsafe { self.order.lock().run_eager(|| ctx.bind(), stream, enqueue) }
     }
 }
 
