@@ -302,24 +302,16 @@ impl NetKernel {
         let mut params: [*mut c_void; 1] = [p as *const Params as *mut c_void];
         // SAFETY: the one parameter matches the kernel's signature (source()) and lives across
         // the call, which copies it; the caller vouches for the addresses in it.
-        check(
-            unsafe {
-                sys::cuLaunchKernel(
-                    self.func,
-                    blocks,
-                    1,
-                    1,
-                    THREADS,
-                    1,
-                    1,
-                    0,
-                    stream,
-                    params.as_mut_ptr(),
-                    std::ptr::null_mut(),
-                )
-            },
-            "cuLaunchKernel(net_stage)",
-        )
+        unsafe {
+            crate::launch::enqueue(
+                self.func,
+                blocks,
+                THREADS,
+                stream,
+                &mut params,
+                "cuLaunchKernel(net_stage)",
+            )
+        }
     }
 }
 
