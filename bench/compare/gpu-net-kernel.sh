@@ -139,6 +139,13 @@ compare() {
   awk '/^== exit/ {next} /^== / {lab=substr($0,4); next} /^ +[0-9]+ +[0-9]+ / {printf "%-20s %12s %10s %8s\n", lab, $1, $6, $8}
        / coll channels/ && !seen[lab]++ {sub(/.*NCCL INFO /, ""); print "# " lab ": " $0}' "$log"
 }
+# four_gpus PART: the 2 x 2 parts' start: 4 GPUs or the script ends; nccl-tests built; MPI4,
+# mpirun of 4 ranks (AS_HOST_PER ranks a host).
+four_gpus() {
+  [ "$AS_HOST_GPUS" -ge 4 ] || { echo "$1: needs 4 GPUs"; exit 1; }
+  nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
+  MPI4="${MPIRUN/-np 2/-np 4} -x AS_HOST_PER"
+}
 # The sizes of the perf and x2perf parts, per binary.
 sizes_of() { [ "$1" = alltoall ] && echo "-b 1M -e 128M -f 128 -n 20 -w 3 -c 0 -g 1" || echo "-b 8 -e 1G -f 2 -n 10 -w 3 -c 0 -g 1"; }
 
@@ -156,9 +163,7 @@ case " $PARTS " in *" ring "*)
 ;; esac
 
 case " $PARTS " in *" x2perf "*)
-  [ "$AS_HOST_GPUS" -ge 4 ] || { echo "x2perf: needs 4 GPUs"; exit 1; }
-  nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
-  MPI4="${MPIRUN/-np 2/-np 4} -x AS_HOST_PER"
+  four_gpus x2perf
   for b in all_reduce alltoall; do
     echo "== 2 x 2 $b (time us / busbw GB/s, out of place)"
     ( export AS_HOST_PER=2
@@ -169,18 +174,14 @@ case " $PARTS " in *" x2perf "*)
 ;; esac
 
 case " $PARTS " in *" numa "*)
-  [ "$AS_HOST_GPUS" -ge 4 ] || { echo "numa: needs 4 GPUs"; exit 1; }
-  nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
-  MPI4="${MPIRUN/-np 2/-np 4} -x AS_HOST_PER"
+  four_gpus numa
   ( export AS_HOST_PER=2
     compare $OUT/nk-numa.log "$MPI4" "all_reduce_perf -b 16M -e 1G -f 4 -n 10 -w 3 -c 0 -g 1" "railcc|" \
       "railcc bound|AS_HOST_BIND=1" "railcc again|" "$NCCL_4X4" "nccl 4x4 bound|NCCL=1 NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 AS_HOST_BIND=1" )
 ;; esac
 
 case " $PARTS " in *" spread "*)
-  [ "$AS_HOST_GPUS" -ge 4 ] || { echo "spread: needs 4 GPUs"; exit 1; }
-  nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
-  MPI4="${MPIRUN/-np 2/-np 4} -x AS_HOST_PER"
+  four_gpus spread
   ( export AS_HOST_PER=2
     for b in alltoall sendrecv; do
       echo "== 2 x 2 $b (time us / busbw GB/s, out of place)"
@@ -193,9 +194,7 @@ case " $PARTS " in *" spread "*)
 ;; esac
 
 case " $PARTS " in *" bigx2 "*)
-  [ "$AS_HOST_GPUS" -ge 4 ] || { echo "bigx2: needs 4 GPUs"; exit 1; }
-  nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
-  MPI4="${MPIRUN/-np 2/-np 4} -x AS_HOST_PER"
+  four_gpus bigx2
   ( export AS_HOST_PER=2
     compare $OUT/nk-bigx2.log "$MPI4" "all_reduce_perf -b 128M -e 1G -f 2 -n 10 -w 3 -c 0 -g 1" "railcc|" \
       "railcc ring 16|RAILCC_GPU_NET_RING=16" "railcc 8 blocks|RAILCC_GPU_NET_BLOCKS=8" "railcc 4 channels|RAILCC_GPU_NET_CHANNELS=4" "$NCCL_4X4" "railcc again|" "nccl 4x4 again|NCCL=1 NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4" )
