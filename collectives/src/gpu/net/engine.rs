@@ -380,10 +380,10 @@ impl GpuNet {
                 // A group's piece k holds chunk k of each message, up to one send and one
                 // receive per peer: each at most a slot over the peers, so a piece fits the
                 // ring (a group that repeats a peer may still grow it, past the budget).
-                p2p_max_piece_bytes: match slot_cap {
-                    Some(c) => (c / nranks.saturating_sub(1).max(1) / 4096 * 4096).max(4096),
-                    None => cfg.gpu_net_chunk_bytes.max(32 << 20),
-                },
+                // (Without a budget `max_piece_bytes` alone bounds a message's chunk.)
+                p2p_max_piece_bytes: slot_cap.map_or(usize::MAX, |c| {
+                    (c / nranks.saturating_sub(1).max(1) / 4096 * 4096).max(4096)
+                }),
             },
             slot_cap,
             ring_depth: cfg.gpu_net_ring,
