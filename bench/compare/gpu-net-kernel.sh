@@ -37,6 +37,21 @@
 #   bigx2  (4 GPUs) 2 x 2 all_reduce 128 MB-1 GB: the default, a ring of 16 (slots of 0.875
 #          MiB), 8 staging blocks, 4 channels (fewer host threads), NCCL 4 x 4, then railcc and NCCL again (railcc's large
 #          sizes varied 0.6-1.5x NCCL's from run to run).
+#   prof   (4 GPUs) 2 x 2 all_reduce 1 GB, 150 calls: per-thread CPU use (thread-cpu.py, 4 s
+#          sampled mid-run) for railcc, railcc with RAILCC_SPIN_US=0, and NCCL 4 x 4; busbw
+#          of each run beside it (is the host's CPU work what makes railcc's large sizes vary?).
+#   blocks (4 GPUs) staging blocks: 2 x 2 all_reduce 128 MB-1 GB and 8 B-1 MB, then 2 x 1 128 MB-1 GB,
+#          the default (4 blocks, ring of 8), 8 blocks (one a slot), a ring of 16 with 16
+#          blocks, against NCCL 4 x 4, each twice, alternating (8 blocks read 1.2x the default
+#          in one run).
+#   diag   where a small call's time goes: nsys (if the machine has it) over 2 x 1 all_reduce of 8 B
+#          (kernel durations and the gaps between them, kernel-gaps.py); 2 x 2 all_reduce 1 MB
+#          in place with max, 200 calls (torch's step.py small read 1 ms a call where nccl-tests
+#          read 0.28), railcc and NCCL 4 x 4.
+#   stamps where a small call's time goes on the GPU: nccl-tests all_reduce 8 B and 64 KB,
+#          1000 calls, 2 x 1 (and 2 x 2 with 4 GPUs) with RAILCC_GPU_NET_TRACE=1 (the host's
+#          trace and the staging kernel's stamps: copy in, wait for done, back and exit, the gap
+#          between launches), then NCCL 4 x 4's time.
 # Logs under $OUT (nk-*.log).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -198,6 +213,81 @@ case " $PARTS " in *" bigx2 "*)
   ( export AS_HOST_PER=2
     compare $OUT/nk-bigx2.log "$MPI4" "all_reduce_perf -b 128M -e 1G -f 2 -n 10 -w 3 -c 0 -g 1" "railcc|" \
       "railcc ring 16|RAILCC_GPU_NET_RING=16" "railcc 8 blocks|RAILCC_GPU_NET_BLOCKS=8" "railcc 4 channels|RAILCC_GPU_NET_CHANNELS=4" "$NCCL_4X4" "railcc again|" "nccl 4x4 again|NCCL=1 NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4" )
+;; esac
+
+case " $PARTS " in *" prof "*)
+  four_gpus prof
+  L=$OUT/nk-prof.log; : > $L
+  command -v perf >/dev/null && echo "perf: $(command -v perf)" >> $L
+  for run in "railcc|" "railcc no spin|RAILCC_SPIN_US=0" "$NCCL_4X4"; do
+    IFS='|' read -r label vars <<< "$run"
+    lib=$OURS; case $vars in NCCL=1*) lib="$NCCL_HOME/lib:/usr/local/cuda/lib64" ;; esac
+    echo "== $label" | tee -a $L
+    ( timeout 150 env $vars AS_HOST_PER=2 LD_LIBRARY_PATH="$lib" $MPI4 -x RAILCC_SPIN_US -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD \
+        $AS_HOST $NTM/build/all_reduce_perf -b 1G -e 1G -n 150 -w 3 -c 0 -g 1 > /tmp/nk-prof-run.log 2>&1 ) &
+    sleep 8
+    python3 bench/compare/thread-cpu.py all_reduce_perf 4 2>&1 | tee -a $L
+    wait
+    grep -E "^ +[0-9]+ +[0-9]+ " /tmp/nk-prof-run.log | tee -a $L
+  done
+;; esac
+
+case " $PARTS " in *" blocks "*)
+  four_gpus blocks
+  B8="railcc 8 blocks|RAILCC_GPU_NET_BLOCKS=8"; B16="railcc ring 16 b16|RAILCC_GPU_NET_RING=16 RAILCC_GPU_NET_BLOCKS=16"
+  ( export AS_HOST_PER=2
+    compare $OUT/nk-blocks-2x2.log "$MPI4" "all_reduce_perf -b 128M -e 1G -f 2 -n 10 -w 3 -c 0 -g 1" \
+      "railcc|" "$B8" "$B16" "$NCCL_4X4" "railcc|" "$B8" "$B16" "$NCCL_4X4"
+    compare $OUT/nk-blocks-2x2-small.log "$MPI4" "all_reduce_perf -b 8 -e 1M -f 8 -n 50 -w 5 -c 0 -g 1" "railcc|" "$B8" "$B16" )
+  compare $OUT/nk-blocks-2x1.log "$MPIRUN" "all_reduce_perf -b 128M -e 1G -f 2 -n 10 -w 3 -c 0 -g 1" \
+    "railcc|" "$B8" "$B16" "$NCCL_4X4"
+;; esac
+
+case " $PARTS " in *" diag "*)
+  four_gpus diag
+  NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+  echo "nsys: ${NSYS:-none}"
+  if [ -n "$NSYS" ]; then
+    for run in "railcc|" "$NCCL_4X4"; do
+      IFS='|' read -r label vars <<< "$run"
+      lib=$OURS; case $vars in NCCL=1*) lib="$NCCL_HOME/lib:/usr/local/cuda/lib64" ;; esac
+      tag=$(echo "$label" | tr ' ' '-')
+      timeout 150 env $vars LD_LIBRARY_PATH="$lib" $MPIRUN -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD $AS_HOST \
+        $NSYS profile -t cuda -o /tmp/nsys-$tag-%q{OMPI_COMM_WORLD_RANK} -f true \
+        $NTM/build/all_reduce_perf -b 8 -e 8 -n 500 -w 20 -c 0 -g 1 > $OUT/nk-diag-nsys-$tag.log 2>&1
+      grep -E "^ +8 " $OUT/nk-diag-nsys-$tag.log
+      $NSYS stats -r cuda_gpu_trace -f csv -o /tmp/nsys-$tag-0 /tmp/nsys-$tag-0.nsys-rep > /dev/null 2>&1
+      echo "== $label kernels (rank 0)"
+      python3 bench/compare/kernel-gaps.py /tmp/nsys-$tag-0_cuda_gpu_trace.csv 2>&1 | head -8
+    done
+  fi
+  ( export AS_HOST_PER=2
+    compare $OUT/nk-diag-1m.log "$MPI4" "all_reduce_perf -b 1M -e 1M -o max -n 200 -w 20 -c 1 -g 1" "railcc|" "$NCCL_4X4" )
+  awk '/^ +1048576 /{print FILENAME": in place "$10" us"}' $OUT/nk-diag-1m.log
+;; esac
+
+case " $PARTS " in *" stamps "*)
+  nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
+  L=$OUT/nk-stamps.log; : > $L
+  MPI4="${MPIRUN/-np 2/-np 4} -x AS_HOST_PER"
+  for layout in 2x1 2x2; do
+    mpi=$MPIRUN; per=1
+    if [ $layout = 2x2 ]; then [ "$AS_HOST_GPUS" -ge 4 ] || continue; mpi=$MPI4; per=2; fi
+    for sz in 8 65536; do
+      for lib in railcc nccl; do
+        echo "== $layout $sz $lib" | tee -a $L
+        if [ $lib = railcc ]; then
+          timeout 120 env AS_HOST_PER=$per RAILCC_GPU_NET_TRACE=1 LD_LIBRARY_PATH="$OURS" $mpi -x RAILCC_GPU_NET_TRACE $AS_HOST \
+            $NTM/build/all_reduce_perf -b $sz -e $sz -n 1000 -w 50 -c 0 -g 1 > /tmp/nk-stamps.log 2>&1
+        else
+          timeout 120 env AS_HOST_PER=$per NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 LD_LIBRARY_PATH="$NCCL_HOME/lib:/usr/local/cuda/lib64" \
+            $mpi -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD $AS_HOST $NTM/build/all_reduce_perf -b $sz -e $sz -n 1000 -w 50 -c 0 -g 1 > /tmp/nk-stamps.log 2>&1
+        fi
+        cat /tmp/nk-stamps.log >> $L
+        grep -E "^ +$sz |rank 0 gpu net" /tmp/nk-stamps.log | cut -c1-330
+      done
+    done
+  done
 ;; esac
 
 case " $PARTS " in *" perf "*)

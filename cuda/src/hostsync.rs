@@ -100,6 +100,11 @@ impl Flags {
         })
     }
 
+    /// How many words there are.
+    pub fn words(&self) -> usize {
+        self.words
+    }
+
     /// Word `i`'s address as the GPU sees it.
     pub fn dev_ptr(&self, i: usize) -> Result<u64> {
         self.at(i)?;

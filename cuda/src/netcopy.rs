@@ -28,6 +28,11 @@ pub const MAX_SEGS: usize = 168;
 /// Ring depths the kernel's parameters hold.
 pub const MAX_DEPTH: usize = 16;
 pub const THREADS: u32 = 512;
+/// Launches whose times a trace keeps (the host passes launch k entry k modulo this).
+pub const STAMP_CALLS: usize = 4096;
+/// The stamp words of a launch: entry, block 0's staged pieces started, block 0's first piece
+/// seen done, block 0's exit (the GPU's global timer in ns, low 32 bits).
+pub const STAMP_WORDS: usize = 4;
 const NAME: &str = "net_stage";
 
 /// One copy of a piece: `bytes` between device address `dev` and the stage at offset `stage`.
@@ -69,6 +74,10 @@ pub struct Params {
     pub nsegs: u32,
     pub slot_words: u32,
     pub done_word: u32,
+    /// Device address of [`STAMP_WORDS`] mapped host words (this launch's entry of a trace's
+    /// table) where block 0's thread 0 writes when the launch reached each step
+    /// (`RAILCC_GPU_NET_TRACE`); 0: none.
+    pub stamps: u64,
     pub pieces: [Piece; MAX_PIECES],
     pub segs: [Seg; MAX_SEGS],
 }
@@ -85,6 +94,7 @@ impl Default for Params {
             nsegs: 0,
             slot_words: 0,
             done_word: 0,
+            stamps: 0,
             pieces: [Piece::default(); MAX_PIECES],
             segs: [Seg::default(); MAX_SEGS],
         }
@@ -130,6 +140,7 @@ struct Params {{
   unsigned long long send[{MAX_DEPTH}];
   unsigned long long recv[{MAX_DEPTH}];
   unsigned int depth, captured, npieces, nsegs, slot_words, done_word;
+  unsigned long long stamps;
   Piece pieces[{MAX_PIECES}];
   Seg segs[{MAX_SEGS}];
 }};
@@ -180,9 +191,19 @@ __device__ __forceinline__ unsigned int load_acquire(const unsigned int* p) {{
 __device__ __forceinline__ void store_release(unsigned int* p, unsigned int v) {{
   asm volatile("st.release.sys.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }}
+__device__ __forceinline__ void stamp(unsigned int* st, int i) {{
+  if (st) {{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    st[i] = (unsigned int)t;
+  }}
+}}
 extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(const Params p) {{
   unsigned int* flags = (unsigned int*)p.flags;
   const unsigned int n = p.npieces, B = gridDim.x, D = p.depth;
+  // Trace stamps: block 0's thread 0 only.
+  unsigned int* st = (p.stamps && blockIdx.x == 0 && threadIdx.x == 0) ? (unsigned int*)p.stamps : 0;
+  stamp(st, 0);
   // Piece j: its segments into its ring slot's send stage, then start = token.
   #define COPY_IN(j) do {{ \
     const Piece& q = p.pieces[j]; \
@@ -193,6 +214,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(const Params p) {
     if (threadIdx.x == 0) {{ __threadfence_system(); store_release(flags + q.slot * p.slot_words, q.token); }} \
   }} while (0)
   for (unsigned int j = blockIdx.x; j < n && j < D; j += B) COPY_IN(j);
+  stamp(st, 1);
   for (unsigned int j = blockIdx.x; j < n; j += B) {{
     const Piece& q = p.pieces[j];
     unsigned int* done = flags + q.slot * p.slot_words + p.done_word;
@@ -205,6 +227,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(const Params p) {
       }} else {{
         while ((int)(load_acquire(done) - q.token) < 0) __nanosleep(200);
       }}
+      if (j == 0) stamp(st, 2);
     }}
     __syncthreads();
     const unsigned char* stage = (const unsigned char*)p.recv[q.ring];
@@ -214,6 +237,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(const Params p) {
     __syncthreads();
     if (j + D < n) COPY_IN(j + D);
   }}
+  stamp(st, 3);
 }}
 "#
     )

@@ -178,6 +178,9 @@ pub struct GpuNet {
     ring_depth: usize,
     /// `RAILCC_GPU_NET_KERNEL=1`: the staging kernel and its blocks per launch.
     kernel: Option<(NetKernel, u32)>,
+    /// `RAILCC_GPU_NET_TRACE` with the kernel: where the staging kernel's launches stood when
+    /// (the last `netcopy::STAMP_CALLS` launches) and the launches so far; summarized at close.
+    stamps: Option<(Flags, std::sync::atomic::AtomicUsize)>,
     timeout: Duration,
     desc: String,
     _roots: Vec<RootServer>,
@@ -341,6 +344,13 @@ impl GpuNet {
             .name("railcc-progress".into())
             .spawn(move || progress.run())
             .map_err(|e| Error::io("gpu net: starting the progress thread", &e))?;
+        let stamps = match (&kernel, cfg.gpu_net_trace != 0) {
+            (Some(_), true) => Some((
+                Flags::new(&ctx, netcopy::STAMP_CALLS * netcopy::STAMP_WORDS)?,
+                Default::default(),
+            )),
+            _ => None,
+        };
         let desc = match &kernel {
             None => format!(
                 "{nch} channel(s) over {}, staged through pinned host memory by copies on the caller's stream (about 8 pieces per call, {} KiB to 32 MiB each); no thread blocks",
@@ -388,6 +398,7 @@ impl GpuNet {
             slot_cap,
             ring_depth: cfg.gpu_net_ring,
             kernel,
+            stamps,
             timeout: cfg.timeout(),
             desc,
             _roots: roots,
@@ -593,6 +604,14 @@ impl Drop for GpuNet {
         // The rings may be shared with another engine that lives on: not through them.
         self.rings.forget(&self.shared.comms);
         self.shared.trace.report();
+        if let Some((f, _)) = &self.stamps {
+            let words: Vec<u32> = (0..f.words()).map(|i| f.load(i)).collect();
+            eprintln!(
+                "railcc: rank {} gpu net kernel stamps{}",
+                self.rank,
+                super::trace::stamp_summary(&words, netcopy::STAMP_WORDS)
+            );
+        }
     }
 }
 

@@ -103,3 +103,90 @@ impl Trace {
         eprintln!("{line}");
     }
 }
+
+/// The staging kernel's stamps (`netcopy::Params::stamps`: per launch, `per` words of the GPU
+/// timer's low 32 bits, at entry, block 0's pieces staged, its first piece done, its exit) as
+/// "; name median/p90 us" parts: where a small call's time goes on the GPU between the host's
+/// `start` and `done`. Launch k sits at entry k modulo the table, so neighbours in the table
+/// are launches one after another: the gap is from one's exit to the next one's entry (up to
+/// 1 ms; longer is the caller not enqueueing).
+pub fn stamp_summary(words: &[u32], per: usize) -> String {
+    const NEIGHBOUR: usize = 1;
+    let per = per.max(4);
+    let at = |i: usize| words.get(i * per..i * per + 4);
+    let launches: Vec<(usize, [u32; 4])> = (0..words.len() / per)
+        .filter_map(|i| {
+            let w = at(i)?;
+            w.iter()
+                .all(|&x| x != 0)
+                .then(|| (i, [w[0], w[1], w[2], w[3]]))
+        })
+        .collect();
+    let ns = |a: u32, b: u32| b.wrapping_sub(a) as i32;
+    let mut parts: [(&str, Vec<u32>); 4] = [
+        ("copy in", Vec::new()),
+        ("wait for done", Vec::new()),
+        ("back and exit", Vec::new()),
+        ("gap after the launch before", Vec::new()),
+    ];
+    for (k, (i, t)) in launches.iter().enumerate() {
+        for (part, (a, b)) in [(t[0], t[1]), (t[1], t[2]), (t[2], t[3])]
+            .iter()
+            .enumerate()
+        {
+            if let Ok(d) = u32::try_from(ns(*a, *b)) {
+                parts[part].1.push(d);
+            }
+        }
+        if let Some((j, u)) = k.checked_sub(1).and_then(|p| launches.get(p)) {
+            let gap = ns(u[3], t[0]);
+            if i - j <= NEIGHBOUR && (0..1_000_000).contains(&gap) {
+                parts[3].1.push(gap as u32);
+            }
+        }
+    }
+    let mut out = format!(" (us, median/p90; {} launches):", launches.len());
+    for (name, v) in parts.iter_mut() {
+        v.sort_unstable();
+        let q = |f: f64| v.get(((v.len() as f64 * f) as usize).min(v.len().saturating_sub(1)));
+        match (q(0.5), q(0.9)) {
+            (Some(m), Some(p)) => {
+                out += &format!(" {name} {:.1}/{:.1};", *m as f64 / 1e3, *p as f64 / 1e3)
+            }
+            _ => out += &format!(" {name} -;"),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stamp_summary;
+
+    #[test]
+    fn stamps_give_each_step_and_the_gap_between_launches() {
+        // Launch 0 at index 3: 10 us in, 30 us waiting, 5 us back; launch 1 at index 4, 7 us
+        // after launch 0's exit; index 6 only half written (skipped).
+        let mut w = vec![0u32; 8 * 4];
+        let t0 = u32::MAX - 20_000; // the timer's low bits wrap inside launch 0
+        w[12..16].copy_from_slice(&[
+            t0,
+            t0.wrapping_add(10_000),
+            t0.wrapping_add(40_000),
+            t0.wrapping_add(45_000),
+        ]);
+        let t1 = t0.wrapping_add(52_000);
+        w[16..20].copy_from_slice(&[
+            t1,
+            t1.wrapping_add(12_000),
+            t1.wrapping_add(32_000),
+            t1.wrapping_add(36_000),
+        ]);
+        w[24] = 5;
+        let s = stamp_summary(&w, 4);
+        assert!(s.contains("2 launches"), "{s}");
+        assert!(s.contains("copy in 12.0/12.0"), "{s}");
+        assert!(s.contains("back and exit 5.0/5.0"), "{s}");
+        assert!(s.contains("gap after the launch before 7.0/7.0"), "{s}");
+    }
+}

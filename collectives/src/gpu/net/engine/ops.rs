@@ -46,7 +46,13 @@ impl GpuNet {
         let mut p = base;
         let timed = self.shared.trace.on();
         let mut in_launch = std::time::Duration::ZERO;
-        let mut launch = |p: &netcopy::Params| -> Result<()> {
+        let stamps = self.stamps.as_ref();
+        let mut launch = |p: &mut netcopy::Params| -> Result<()> {
+            if let Some((f, n)) = stamps {
+                // This launch's entry of the table: launches one after another, neighbours.
+                let k = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % netcopy::STAMP_CALLS;
+                p.stamps = f.dev_ptr(k * netcopy::STAMP_WORDS)?;
+            }
             let t = timed.then(Instant::now);
             // SAFETY: the caller's stream and buffers; the ring and flags live in the engine.
             let r = unsafe { k.launch(stream, p, blocks) };
@@ -67,7 +73,7 @@ impl GpuNet {
             if p.push(piece, &down, &up) {
                 continue;
             }
-            launch(&p)?;
+            launch(&mut p)?;
             p = base;
             if !p.push(piece, &down, &up) {
                 return Err(Error::invalid(format!(
@@ -77,7 +83,7 @@ impl GpuNet {
             }
         }
         if p.npieces > 0 {
-            launch(&p)?;
+            launch(&mut p)?;
         }
         self.shared.trace.launched(in_launch);
         Ok(())
