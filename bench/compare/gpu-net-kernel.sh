@@ -48,7 +48,7 @@
 #          (kernel durations and the gaps between them, kernel-gaps.py); 2 x 2 all_reduce 1 MB
 #          in place with max, 200 calls (torch's step.py small read 1 ms a call where nccl-tests
 #          read 0.28), railcc and NCCL 4 x 4.
-#   stamps where a small call's time goes on the GPU: nccl-tests all_reduce 8 B and 64 KB,
+#   stamps where a small call's time goes on the GPU: nccl-tests all_reduce 8 B and 64 KB (-c 1),
 #          1000 calls, 2 x 1 (and 2 x 2 with 4 GPUs) with RAILCC_GPU_NET_TRACE=1 (the host's
 #          trace and the staging kernel's stamps: copy in, wait for done, back and exit, the gap
 #          between launches), then NCCL 4 x 4's time.
@@ -278,7 +278,9 @@ case " $PARTS " in *" stamps "*)
         echo "== $layout $sz $lib" | tee -a $L
         if [ $lib = railcc ]; then
           timeout 120 env AS_HOST_PER=$per RAILCC_GPU_NET_TRACE=1 LD_LIBRARY_PATH="$OURS" $mpi -x RAILCC_GPU_NET_TRACE $AS_HOST \
-            $NTM/build/all_reduce_perf -b $sz -e $sz -n 1000 -w 50 -c 0 -g 1 > /tmp/nk-stamps.log 2>&1
+            $NTM/build/all_reduce_perf -b $sz -e $sz -n 1000 -w 50 -c 1 -g 1 > /tmp/nk-stamps.log 2>&1
+          why=$(table_problem /tmp/nk-stamps.log)
+          [ -z "$why" ] || fail "stamps $layout $sz: $why"
         else
           timeout 120 env AS_HOST_PER=$per NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 LD_LIBRARY_PATH="$NCCL_HOME/lib:/usr/local/cuda/lib64" \
             $mpi -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD $AS_HOST $NTM/build/all_reduce_perf -b $sz -e $sz -n 1000 -w 50 -c 0 -g 1 > /tmp/nk-stamps.log 2>&1
