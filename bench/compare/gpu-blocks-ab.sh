@@ -6,7 +6,9 @@
 # RAILCC_GPU_MAX_BLOCKS, so the comparison is at NCCL's SM budget. Prints, per size, the busbw
 # of each run and its ratio to NCCL's (out of place). Logs: $OUT/blocks-ab-*.log.
 # AB_SIZES (default "-b 2M -e 1G -f 4"), AB_ITERS (-n, default 20), NG (default every GPU),
-# AB_BLOCKS (default: NCCL's channel count and 0 = one per SM).
+# AB_BLOCKS (default: NCCL's channel count and 0 = one per SM), AB_VARIANTS (default "w0 w1";
+# also "tp": the wide loop with every bulk all-reduce in two phases,
+# RAILCC_GPU_AR_TWO_PHASE_BYTES=1).
 # Prepare with bench/compare/gpu-prepare.sh; carry .device.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -30,9 +32,15 @@ ch=$(grep -o "[0-9]* coll channels" "$OUT/blocks-ab-nccl.log" | head -n 1 | awk 
 echo "NCCL: ${ch:-?} coll channels ($(grep -m1 -o 'NCCL version [0-9.]*' "$OUT/blocks-ab-nccl.log"))"
 names=(nccl)
 for b in ${AB_BLOCKS:-${ch:-24} 0}; do
-  for w in 0 1; do
-    run "railcc-b$b-w$w" "$PWD/.device/lib" RAILCC_GPU_MAX_BLOCKS=$b RAILCC_GPU_WIDE_LOADS=$w
-    names+=("railcc-b$b-w$w")
+  for v in ${AB_VARIANTS:-w0 w1}; do
+    case $v in
+      w0) vars="RAILCC_GPU_WIDE_LOADS=0" ;;
+      w1) vars="RAILCC_GPU_WIDE_LOADS=1" ;;
+      tp) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_TWO_PHASE_BYTES=1" ;;
+      *) echo "FAIL  AB_VARIANTS: unknown $v"; exit 1 ;;
+    esac
+    run "railcc-b$b-$v" "$PWD/.device/lib" RAILCC_GPU_MAX_BLOCKS=$b $vars
+    names+=("railcc-b$b-$v")
   done
 done
 # The table: size, then each run's out-of-place busbw and its ratio to NCCL's.

@@ -362,6 +362,11 @@ mod tests {
         );
         assert_eq!(std::mem::size_of::<Seg>(), 16);
         assert_eq!(std::mem::size_of::<Piece>(), 16);
+        // The CUDA struct in source() has the same fields in the same order: no padding
+        // before `stamps` (six u32 after 33 u64) or after it.
+        assert_eq!(std::mem::offset_of!(Params, stamps), 288);
+        assert_eq!(std::mem::offset_of!(Params, pieces), 296);
+        assert_eq!(std::mem::size_of::<Params>(), 4008);
     }
 
     #[test]

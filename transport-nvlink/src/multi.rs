@@ -8,7 +8,7 @@
 //! the kernels stop at it ([`MultiGpu::async_error`] then says so) instead of hanging.
 
 use crate::order::KernelOrder;
-use crate::plan::{choose, clamp_blocks, enqueue, spec, Kernel, Launch, Peers};
+use crate::plan::{choose, clamp_blocks, enqueue, spec, Choice, Kernel, Launch, Peers};
 use crate::Settings;
 use railcc_core::call::{Call, P2pOp};
 use railcc_core::{Error, ErrorKind, Result};
@@ -29,6 +29,7 @@ pub struct MultiGpu {
     min_blocks: u32,
     ll_max_bytes: usize,
     wide_loads: bool,
+    two_phase_bytes: usize,
     p2p_batch: bool,
     p2p_fused: bool,
     p2p_min_chunk: u64,
@@ -77,6 +78,7 @@ impl MultiGpu {
             min_blocks: s.min_blocks.min(u32::MAX as usize) as u32,
             ll_max_bytes: s.ll_max_bytes,
             wide_loads: s.wide_loads,
+            two_phase_bytes: s.two_phase_bytes,
             p2p_batch: s.p2p_batch,
             p2p_fused: s.p2p_fused,
             p2p_min_chunk: s.p2p_min_chunk,
@@ -171,8 +173,13 @@ impl MultiGpu {
         let syncs: Vec<u64> = self.gpus.iter().map(|g| g.sync.ptr).collect();
         let k = choose(
             &a,
-            (self.ll_max_bytes, self.wide_loads),
-            (self.min_blocks, self.max_blocks),
+            &Choice {
+                ll_max_bytes: self.ll_max_bytes,
+                wide: self.wide_loads,
+                two_phase_bytes: self.two_phase_bytes,
+                min_blocks: self.min_blocks,
+                max_blocks: self.max_blocks,
+            },
         );
         if let Kernel::Bulk { .. } = k {
             // A bad argument launches nothing: what `spec` refuses (the collective, the root,

@@ -28,8 +28,13 @@ pub enum Kernel {
     /// exchange, no barrier.
     Ll { blocks: u32 },
     /// The bulk kernel: "ready" barrier, each GPU's part over peer memory, "done" barrier;
-    /// `wide`: its loop that loads every input at once.
-    Bulk { blocks: u32, wide: bool },
+    /// `wide`: its loop that loads every input at once; `two_phase`: an all-reduce as two
+    /// launches ([`phase_specs`]).
+    Bulk {
+        blocks: u32,
+        wide: bool,
+        two_phase: bool,
+    },
 }
 
 impl Kernel {
@@ -40,16 +45,36 @@ impl Kernel {
     }
 }
 
+/// How a communicator's calls pick their kernel: each setting must be the same on every
+/// rank (one process per GPU agrees on the least at init), as the kernels count each
+/// other's launches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Choice {
+    /// All-reduces up to this many bytes per rank take the low-latency kernel.
+    pub ll_max_bytes: usize,
+    /// The bulk kernel's wide loop.
+    pub wide: bool,
+    /// All-reduces of at least this many bytes per rank run in two phases (0: never).
+    pub two_phase_bytes: usize,
+    /// Thread blocks per GPU: at least (NCCL's minCTAs), at most (fixed at init).
+    pub min_blocks: u32,
+    pub max_blocks: u32,
+}
+
 /// The kernel and block count for call `a`: the low-latency kernel for all-reduces up to
 /// `ll_max_bytes` per rank (`RAILCC_GPU_LL_MAX_BYTES`, at most what its scratch holds), else
-/// the bulk kernel; blocks by the work, at least `min_blocks` (NCCL's minCTAs) and at most
-/// `max_blocks` (the communicator's, fixed at init from `RAILCC_GPU_MAX_BLOCKS` or maxCTAs and
-/// what stays resident). It depends only on the call's shape, so every rank chooses the same.
-pub fn choose(
-    a: &CollArgs,
-    (ll_max_bytes, wide): (usize, bool),
-    (min_blocks, max_blocks): (u32, u32),
-) -> Kernel {
+/// the bulk kernel (an all-reduce of at least `two_phase_bytes` in two launches); blocks by
+/// the work, at least `min_blocks` (NCCL's minCTAs) and at most `max_blocks` (the
+/// communicator's, fixed at init from `RAILCC_GPU_MAX_BLOCKS` or maxCTAs and what stays
+/// resident). It depends only on the call's shape, so every rank chooses the same.
+pub fn choose(a: &CollArgs, c: &Choice) -> Kernel {
+    let Choice {
+        ll_max_bytes,
+        wide,
+        two_phase_bytes,
+        min_blocks,
+        max_blocks,
+    } = *c;
     let nbytes = a.count * a.dtype.size();
     let floor = |b: u32| b.max(min_blocks.min(max_blocks));
     if ll::takes(a.coll, nbytes, ll_max_bytes) {
@@ -60,6 +85,10 @@ pub fn choose(
         Kernel::Bulk {
             blocks: floor(blocks(a.coll, a.nranks, a.count, a.dtype, max_blocks)),
             wide,
+            two_phase: a.coll == CollKind::AllReduce
+                && a.nranks > 1
+                && two_phase_bytes > 0
+                && nbytes >= two_phase_bytes,
         }
     }
 }
@@ -103,8 +132,11 @@ pub unsafe fn enqueue(
                 threads_per_block: ll::THREADS,
             })
         }
-        Kernel::Bulk { blocks, wide } => {
-            let s = spec(a.coll, g, p.ins, p.outs, a.count, a.dtype, a.root)?;
+        Kernel::Bulk {
+            blocks,
+            wide,
+            two_phase,
+        } => {
             let shape = CallShape {
                 dt: a.dtype,
                 op: a.op,
@@ -114,8 +146,20 @@ pub unsafe fn enqueue(
                 timeout_ns,
                 wide,
             };
-            // SAFETY: the caller's contract.
-            unsafe { launch(gpu, stream, g, &s, &shape) }?;
+            if two_phase {
+                let [reduce, spread] = phase_specs(g, p.ins, p.outs, a.count, a.dtype)?;
+                // SAFETY: the caller's contract; the second launch starts after the first
+                // has ended on every GPU (its done barrier), and reads only what this GPU's
+                // first launch wrote. It copies: no second average.
+                unsafe {
+                    launch(gpu, stream, g, &reduce, &shape)?;
+                    launch(gpu, stream, g, &spread, &CallShape { avg_n: 1, ..shape })?;
+                }
+            } else {
+                let s = spec(a.coll, g, p.ins, p.outs, a.count, a.dtype, a.root)?;
+                // SAFETY: the caller's contract.
+                unsafe { launch(gpu, stream, g, &s, &shape) }?;
+            }
             Ok(Launch {
                 blocks_per_gpu: blocks,
                 threads_per_block: THREADS,
@@ -193,6 +237,43 @@ pub fn spec(
         }
     };
     Ok(Spec { ins, outs, range })
+}
+
+/// GPU g's two launches of a two-phase all-reduce: first its segment reduced from every
+/// input into its own output only (every NVLink transfer a read), then that segment copied
+/// from its own output into every output (every transfer a write). Between them the first
+/// launch's done barrier: no GPU writes a peer's output before every GPU has read every
+/// input, which in place is the same buffer. Each GPU's second launch reads only the segment
+/// its own first launch wrote, and writes segment g of the outputs, which only GPU g's first
+/// launch read.
+pub fn phase_specs(
+    g: usize,
+    ins: &[u64],
+    outs: &[u64],
+    count: usize,
+    dt: DataType,
+) -> Result<[Spec; 2]> {
+    let n = ins.len();
+    if outs.len() != n || g >= n || n > MAX_PEERS {
+        return Err(Error::invalid(format!(
+            "all_reduce in two phases: {} inputs and {} outputs for GPU {g}",
+            ins.len(),
+            outs.len()
+        )));
+    }
+    let range = segment(count, dt, n, g);
+    Ok([
+        Spec {
+            ins: ins.to_vec(),
+            outs: vec![outs[g]],
+            range,
+        },
+        Spec {
+            ins: vec![outs[g]],
+            outs: outs.to_vec(),
+            range,
+        },
+    ])
 }
 
 /// GPU g's segment of `count` elements split over `n`, in multiples of 16 bytes so every GPU's
@@ -282,48 +363,112 @@ mod tests {
         assert!(spec(CollKind::AllToAll, 0, &ins, &outs, 10, DataType::F32, 0).is_err());
     }
 
-    #[test]
-    fn the_least_and_most_blocks_bound_every_kernel() {
-        let a = |count| CollArgs {
+    fn ar(count: usize) -> CollArgs {
+        CollArgs {
             coll: CollKind::AllReduce,
             nranks: 4,
             count,
             dtype: DataType::F32,
             op: railcc_core::ReduceOp::Sum,
             root: 0,
+        }
+    }
+
+    fn choice(ll: usize, wide: bool, (min_blocks, max_blocks): (u32, u32)) -> Choice {
+        Choice {
+            ll_max_bytes: ll,
+            wide,
+            two_phase_bytes: 0,
+            min_blocks,
+            max_blocks,
+        }
+    }
+
+    #[test]
+    fn the_least_and_most_blocks_bound_every_kernel() {
+        let bulk = |blocks, wide| Kernel::Bulk {
+            blocks,
+            wide,
+            two_phase: false,
         };
         // 8 B: the low-latency kernel, one block by the work; minCTAs 4 makes it 4.
         assert_eq!(
-            choose(&a(2), (65536, false), (0, 132)),
+            choose(&ar(2), &choice(65536, false, (0, 132))),
             Kernel::Ll { blocks: 1 }
         );
         assert_eq!(
-            choose(&a(2), (65536, false), (4, 132)),
+            choose(&ar(2), &choice(65536, false, (4, 132))),
             Kernel::Ll { blocks: 4 }
         );
         // Large: the bulk kernel, every block it may have; maxCTAs 8 bounds it.
         assert_eq!(
-            choose(&a(1 << 28), (65536, false), (0, 132)),
-            Kernel::Bulk {
-                blocks: 132,
-                wide: false
-            }
+            choose(&ar(1 << 28), &choice(65536, false, (0, 132))),
+            bulk(132, false)
         );
         assert_eq!(
-            choose(&a(1 << 28), (65536, true), (0, 8)),
-            Kernel::Bulk {
-                blocks: 8,
-                wide: true
-            }
+            choose(&ar(1 << 28), &choice(65536, true, (0, 8))),
+            bulk(8, true)
         );
         // A floor above the ceiling gives the ceiling.
-        assert_eq!(
-            choose(&a(2), (0, false), (16, 8)),
+        assert_eq!(choose(&ar(2), &choice(0, false, (16, 8))), bulk(8, false));
+    }
+
+    #[test]
+    fn two_phases_only_for_all_reduces_from_the_threshold() {
+        let c = Choice {
+            two_phase_bytes: 16 << 20,
+            ..choice(65536, true, (0, 132))
+        };
+        let phased = |a: &CollArgs| {
+            matches!(
+                choose(a, &c),
+                Kernel::Bulk {
+                    two_phase: true,
+                    ..
+                }
+            )
+        };
+        assert!(phased(&ar(4 << 20))); // 16 MiB of f32
+        assert!(!phased(&ar((4 << 20) - 1)));
+        assert!(!phased(&CollArgs {
+            coll: CollKind::ReduceScatter,
+            ..ar(4 << 20)
+        }));
+        assert!(!phased(&CollArgs {
+            nranks: 1,
+            ..ar(4 << 20)
+        }));
+        // 0: never.
+        assert!(!matches!(
+            choose(&ar(1 << 28), &choice(65536, true, (0, 132))),
             Kernel::Bulk {
-                blocks: 8,
-                wide: false
+                two_phase: true,
+                ..
             }
-        );
+        ));
+    }
+
+    #[test]
+    fn the_two_phases_reduce_into_the_own_output_then_spread_it() {
+        let (ins, outs) = ([100u64, 200, 300], [1000u64, 2000, 3000]);
+        let [reduce, spread] = phase_specs(1, &ins, &outs, 12, DataType::F32).unwrap();
+        // 12 floats over 3 GPUs: GPU 1's segment is elements 4..8, in both phases.
+        assert_eq!(reduce.range, (4, 8));
+        assert_eq!(spread.range, (4, 8));
+        assert_eq!(reduce.ins, ins.to_vec());
+        assert_eq!(reduce.outs, vec![2000]);
+        assert_eq!(spread.ins, vec![2000]);
+        assert_eq!(spread.outs, outs.to_vec());
+        // The segments of every GPU cover the buffer once, as in one phase.
+        let mut next = 0;
+        for g in 0..3 {
+            let [r, _] = phase_specs(g, &ins, &outs, 12, DataType::F32).unwrap();
+            assert_eq!(r.range.0, next);
+            next = r.range.1;
+        }
+        assert_eq!(next, 12);
+        assert!(phase_specs(3, &ins, &outs, 12, DataType::F32).is_err());
+        assert!(phase_specs(0, &ins, &outs[..2], 12, DataType::F32).is_err());
     }
 
     #[test]

@@ -18,7 +18,7 @@
 
 use crate::fdpass::FdPost;
 use crate::order::KernelOrder;
-use crate::plan::{choose, clamp_blocks, enqueue, Launch, Peers};
+use crate::plan::{choose, clamp_blocks, enqueue, Choice, Launch, Peers};
 use crate::share::Share;
 use crate::table::ShmTable;
 use crate::Settings;
@@ -64,6 +64,7 @@ pub struct ProcGpu {
     min_blocks: u32,
     ll_max_bytes: usize,
     wide_loads: bool,
+    two_phase_bytes: usize,
     /// A group's sends and receives as batch kernels (`RAILCC_GPU_P2P_BATCH`).
     p2p_batch: bool,
     p2p_fused: bool,
@@ -205,6 +206,8 @@ struct Hello {
     /// low-latency limit and least blocks; the communicator takes the least of each.
     ll_max: u32,
     min_blocks: u32,
+    /// All-reduces from this many bytes in two phases (0: never).
+    two_phase: u64,
     proc: Proc,
     /// Proves this rank's descriptor messages (fdpass.rs) to its peers.
     token: u64,
@@ -220,6 +223,7 @@ impl Hello {
         v.extend_from_slice(&self.proc.start.to_le_bytes());
         v.extend_from_slice(&self.ll_max.to_le_bytes());
         v.extend_from_slice(&self.min_blocks.to_le_bytes());
+        v.extend_from_slice(&self.two_phase.to_le_bytes());
         for s in [&self.host, &self.shm] {
             v.extend_from_slice(&(s.len() as u16).to_le_bytes());
             v.extend_from_slice(s.as_bytes());
@@ -242,7 +246,12 @@ impl Hello {
             Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
         };
         let (ll_max, min_blocks) = (word(HANDLE_BYTES + 16)?, word(HANDLE_BYTES + 20)?);
-        let mut at = HANDLE_BYTES + 24;
+        let two_phase = u64::from_le_bytes(
+            b.get(HANDLE_BYTES + 24..HANDLE_BYTES + 32)?
+                .try_into()
+                .ok()?,
+        );
+        let mut at = HANDLE_BYTES + 32;
         let mut s = [String::new(), String::new()];
         for x in s.iter_mut() {
             let n = u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?) as usize;
@@ -257,6 +266,7 @@ impl Hello {
             blocks,
             ll_max,
             min_blocks,
+            two_phase,
             proc: Proc { pid, start },
             token,
         })
@@ -314,6 +324,7 @@ impl ProcGpu {
                     blocks: *blocks,
                     ll_max: settings.ll_max_bytes.min(u32::MAX as usize) as u32,
                     min_blocks: settings.min_blocks.min(u32::MAX as usize) as u32,
+                    two_phase: settings.two_phase_bytes as u64,
                     proc: Proc::me(),
                     token,
                 }
@@ -367,6 +378,8 @@ impl ProcGpu {
         // One kernel choice for every rank, whatever each was started with.
         let ll_max_bytes = hellos.iter().map(|h| h.ll_max as usize).min().unwrap_or(0);
         let min_blocks = hellos.iter().map(|h| h.min_blocks).min().unwrap_or(0);
+        // 0 (never) on any rank is the least: then no rank splits.
+        let two_phase_bytes = hellos.iter().map(|h| h.two_phase).min().unwrap_or(0) as usize;
         let broken = Arc::new(Mutex::new(None));
         // Peers whose process this one can see (another pid namespace hides them): watched.
         let peers: Vec<(usize, Proc)> = hellos
@@ -417,6 +430,7 @@ impl ProcGpu {
             min_blocks,
             ll_max_bytes,
             wide_loads: settings.wide_loads,
+            two_phase_bytes,
             p2p_batch: settings.p2p_batch,
             p2p_fused: settings.p2p_fused,
             stage_bytes: settings.p2p_stage_bytes.min(STAGE_SLOT_BYTES),
@@ -617,8 +631,13 @@ impl ProcGpu {
         };
         let k = choose(
             &a,
-            (self.ll_max_bytes, self.wide_loads),
-            (self.min_blocks, self.max_blocks),
+            &Choice {
+                ll_max_bytes: self.ll_max_bytes,
+                wide: self.wide_loads,
+                two_phase_bytes: self.two_phase_bytes,
+                min_blocks: self.min_blocks,
+                max_blocks: self.max_blocks,
+            },
         );
         let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
         // SAFETY: the peers' buffers and sync areas are mapped into this context by IPC; the
@@ -807,6 +826,7 @@ mod tests {
             blocks: 132,
             ll_max: 65536,
             min_blocks: 8,
+            two_phase: 1 << 24,
             proc: Proc { pid: 42, start: 7 },
             token: 99,
         };
@@ -817,7 +837,7 @@ mod tests {
             (d.host, d.shm, d.blocks, d.sync, d.proc, d.token),
             (h.host, h.shm, 132, h.sync, h.proc, 99)
         );
-        assert_eq!((d.ll_max, d.min_blocks), (65536, 8));
+        assert_eq!((d.ll_max, d.min_blocks, d.two_phase), (65536, 8, 1 << 24));
     }
 
     #[test]

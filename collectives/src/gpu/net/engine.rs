@@ -340,10 +340,7 @@ impl GpuNet {
             shared: shared.clone(),
             timeout: cfg.timeout(),
         };
-        let progress = std::thread::Builder::new()
-            .name("railcc-progress".into())
-            .spawn(move || progress.run())
-            .map_err(|e| Error::io("gpu net: starting the progress thread", &e))?;
+        // Before the progress thread: nothing may fail once it runs.
         let stamps = match (&kernel, cfg.gpu_net_trace != 0) {
             (Some(_), true) => Some((
                 Flags::new(&ctx, netcopy::STAMP_CALLS * netcopy::STAMP_WORDS)?,
@@ -351,6 +348,10 @@ impl GpuNet {
             )),
             _ => None,
         };
+        let progress = std::thread::Builder::new()
+            .name("railcc-progress".into())
+            .spawn(move || progress.run())
+            .map_err(|e| Error::io("gpu net: starting the progress thread", &e))?;
         let desc = match &kernel {
             None => format!(
                 "{nch} channel(s) over {}, staged through pinned host memory by copies on the caller's stream (about 8 pieces per call, {} KiB to 32 MiB each); no thread blocks",

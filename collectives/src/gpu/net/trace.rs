@@ -165,28 +165,35 @@ mod tests {
 
     #[test]
     fn stamps_give_each_step_and_the_gap_between_launches() {
-        // Launch 0 at index 3: 10 us in, 30 us waiting, 5 us back; launch 1 at index 4, 7 us
-        // after launch 0's exit; index 6 only half written (skipped).
+        // Three launches at entries 3, 4 and 5 (one after another); the timer's low bits wrap
+        // inside launch 0's wait. Entry 7: a fourth launch two entries on (not a neighbour of
+        // 5: no gap from it), and entry 6 only half written (skipped).
         let mut w = vec![0u32; 8 * 4];
-        let t0 = u32::MAX - 20_000; // the timer's low bits wrap inside launch 0
-        w[12..16].copy_from_slice(&[
-            t0,
-            t0.wrapping_add(10_000),
-            t0.wrapping_add(40_000),
-            t0.wrapping_add(45_000),
-        ]);
-        let t1 = t0.wrapping_add(52_000);
-        w[16..20].copy_from_slice(&[
-            t1,
-            t1.wrapping_add(12_000),
-            t1.wrapping_add(32_000),
-            t1.wrapping_add(36_000),
-        ]);
+        let t0 = u32::MAX - 20_000;
+        let put = |w: &mut Vec<u32>, i: usize, t: u32, steps: [u32; 3]| {
+            w[i * 4] = t;
+            w[i * 4 + 1] = t.wrapping_add(steps[0]);
+            w[i * 4 + 2] = t.wrapping_add(steps[0] + steps[1]);
+            w[i * 4 + 3] = t.wrapping_add(steps[0] + steps[1] + steps[2]);
+        };
+        put(&mut w, 3, t0, [10_000, 30_000, 5_000]); // exits at t0 + 45 us
+        put(&mut w, 4, t0.wrapping_add(52_000), [12_000, 20_000, 4_000]); // gap 7 us; exits +88
+        put(&mut w, 5, t0.wrapping_add(97_000), [11_000, 25_000, 6_000]); // gap 9 us
+        put(&mut w, 7, t0.wrapping_add(500_000), [13_000, 40_000, 3_000]);
         w[24] = 5;
         let s = stamp_summary(&w, 4);
-        assert!(s.contains("2 launches"), "{s}");
-        assert!(s.contains("copy in 12.0/12.0"), "{s}");
-        assert!(s.contains("back and exit 5.0/5.0"), "{s}");
-        assert!(s.contains("gap after the launch before 7.0/7.0"), "{s}");
+        assert!(s.contains("4 launches"), "{s}");
+        // Medians of four: the upper middle value; p90 the largest.
+        assert!(s.contains("copy in 12.0/13.0"), "{s}");
+        assert!(s.contains("wait for done 30.0/40.0"), "{s}");
+        assert!(s.contains("back and exit 5.0/6.0"), "{s}");
+        // Gaps 7 and 9 us only (entry 7 is two entries after 5).
+        assert!(s.contains("gap after the launch before 9.0/9.0"), "{s}");
+        // Nothing stamped: every part says so.
+        let none = stamp_summary(&[0u32; 16], 4);
+        assert!(
+            none.contains("0 launches") && none.contains("copy in -;"),
+            "{none}"
+        );
     }
 }

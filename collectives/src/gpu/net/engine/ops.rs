@@ -50,8 +50,9 @@ impl GpuNet {
         let mut launch = |p: &mut netcopy::Params| -> Result<()> {
             if let Some((f, n)) = stamps {
                 // This launch's entry of the table: launches one after another, neighbours.
-                let k = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % netcopy::STAMP_CALLS;
-                p.stamps = f.dev_ptr(k * netcopy::STAMP_WORDS)?;
+                let entry =
+                    n.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % netcopy::STAMP_CALLS;
+                p.stamps = f.dev_ptr(entry * netcopy::STAMP_WORDS)?;
             }
             let t = timed.then(Instant::now);
             // SAFETY: the caller's stream and buffers; the ring and flags live in the engine.
