@@ -28,7 +28,13 @@
 #      (RAILCC_GPU_P2P_MIN_CHUNK): 1 MB all-to-all under mpirun is GPU-bound on 12 blocks.
 #   k  the FSDP2 and DDP steps on one host, 3 runs each, railcc at its default blocks and at
 #      NCCL's 24 (the kernels share the SMs with FSDP's overlapped compute).
-# Usage: bash bench/compare/gpu-x4-next.sh a|b|c|d|e|f|g|h|i|j|k (parts e-k on NG GPUs, default 4)
+#   l  (first, next session: written without a GPU) the two-phase all-reduce
+#      (RAILCC_GPU_AR_TWO_PHASE_BYTES): test-gpu's twophase part (every dtype and op, both
+#      ways of running, in and out of place, graphs); if it passes, all_reduce -g 4 at NCCL's
+#      channels and at one block per SM, one kernel (w1) against two phases (tp) against NCCL;
+#      then PyTorch's 256 MB all_reduce under the default allocator and expandable segments
+#      with two phases from 16 MiB, 3 repeats, against NCCL (issue 29's last figure).
+# Usage: bash bench/compare/gpu-x4-next.sh a|...|l (parts e-l on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -111,7 +117,15 @@ case ${1:-} in
       RAILCC_GPU_MAX_BLOCKS=$b OUT=$L/blocks$b STEP_LAYOUTS=host STEP_MODES="fsdp ddp" STEP_RUNS=3 STEP_LIMIT=120 timeout 280 bash bench/torch/step.sh 2>&1 | tee "$L/blocks$b/step.txt" | grep -v "^  "
     done
     ;;
-  *) echo "usage: $0 a|b|c|d|e|f|g|h|i|j|k"; exit 2 ;;
+  l)
+    OUT=$L TEST_GPU_PARTS=twophase NG=${NG:-4} timeout 200 bash scripts/test-gpu.sh 2>&1 | tee "$L/twophase.txt" | grep -E "^(PASS|FAIL|test-gpu)"
+    if grep -q "0 failed" "$L/twophase.txt"; then
+      OUT=$L AB_VARIANTS="w1 tp" AB_SIZES="-b 1M -e 1G -f 4" timeout 220 bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/two-phase-ab.txt"
+      RAILCC_GPU_AR_TWO_PHASE_BYTES=16777216 OUT=$L ALLOC_WAYS="default expandable" ALLOC_REPEATS=3 timeout 150 \
+        bash nccl-compat/tests/torch/alloc.sh 2>&1 | tee "$L/alloc-two-phase.txt" | grep -E "^(PASS  rail|FAIL)|failed"
+    fi
+    ;;
+  *) echo "usage: $0 a|...|l"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs
