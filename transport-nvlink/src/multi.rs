@@ -1,6 +1,7 @@
 //! One process driving several GPUs (like `ncclCommInitAll`, nccl-tests `-g N`).
 //!
-//! A call enqueues one kernel on every GPU's stream (each rank's own stream, from its call)
+//! A call enqueues its kernel (two for a two-phase all-reduce) on every GPU's stream (each
+//! rank's own stream, from its call)
 //! and returns at once, so one thread starts a collective on every GPU without deadlock: group
 //! semantics come for free. Peers' buffers are addressed directly (peer access is enabled
 //! between every pair), which is all that differs from one process per GPU (`proc.rs`): the
@@ -196,7 +197,7 @@ impl MultiGpu {
         for (g, gpu) in self.gpus.iter().enumerate() {
             // SAFETY: peer access is enabled between every pair, so GPU g addresses every
             // buffer and sync area; the caller vouches for the buffers and streams.
-            launched = Some(unsafe {
+            let r = unsafe {
                 self.orders[g].lock().run(gpu, calls[g].stream, || {
                     enqueue(
                         gpu,
@@ -208,7 +209,27 @@ impl MultiGpu {
                         self.timeout_ns,
                     )
                 })
-            }?);
+            };
+            match r {
+                Ok(l) => launched = Some(l),
+                Err(e) => {
+                    // Kernels of this call on their streams already (earlier GPUs', or a
+                    // two-phase call's first launch) wait for peers that will never come:
+                    // stop them, so no stream waits forever. Nothing launched: nothing to stop.
+                    if g > 0
+                        || matches!(
+                            k,
+                            Kernel::Bulk {
+                                two_phase: true,
+                                ..
+                            }
+                        )
+                    {
+                        self.abort();
+                    }
+                    return Err(e);
+                }
+            }
         }
         launched.ok_or_else(|| Error::invalid("no GPUs"))
     }

@@ -22,7 +22,7 @@ impl Default for KernelOrder {
 }
 
 impl KernelOrder {
-    /// Runs `enqueue` (which puts one kernel on `stream`) after the previous kernel, and marks
+    /// Runs `enqueue` (which puts a call's kernels on `stream`) after the previous call's, and marks
     /// the point after it. A stream under capture neither waits on an eager kernel (a capture
     /// cannot wait on an outside event) nor becomes the last one (its graph replays later,
     /// unseen; work inside a capture is ordered by the capture's own streams).

@@ -3,7 +3,8 @@
 //! - [`choose`]: the one place that picks the kernel (low-latency or bulk) and its thread
 //!   blocks per GPU for a call;
 //! - [`spec`]: which inputs, outputs and element range GPU g's bulk kernel gets;
-//! - [`enqueue`]: GPU g's launch on the caller's stream. The kernels themselves are the CUDA
+//! - [`enqueue`]: GPU g's launch (two for a two-phase all-reduce, [`phase_specs`]) on the
+//!   caller's stream. The kernels themselves are the CUDA
 //!   layer's (`railcc_cuda::launch`, `railcc_cuda::ll`).
 
 use railcc_core::call::{CollArgs, CollKind};
@@ -148,9 +149,9 @@ pub unsafe fn enqueue(
             };
             if two_phase {
                 let [reduce, spread] = phase_specs(g, p.ins, p.outs, a.count, a.dtype)?;
-                // SAFETY: the caller's contract; the second launch starts after the first
-                // has ended on every GPU (its done barrier), and reads only what this GPU's
-                // first launch wrote. It copies: no second average.
+                // SAFETY: the caller's contract; the second launch follows the first on this
+                // stream and reads only what it wrote (`phase_specs`). It copies (one input:
+                // no arithmetic, no second average).
                 unsafe {
                     launch(gpu, stream, g, &reduce, &shape)?;
                     launch(gpu, stream, g, &spread, &CallShape { avg_n: 1, ..shape })?;
@@ -241,11 +242,10 @@ pub fn spec(
 
 /// GPU g's two launches of a two-phase all-reduce: first its segment reduced from every
 /// input into its own output only (every NVLink transfer a read), then that segment copied
-/// from its own output into every output (every transfer a write). Between them the first
-/// launch's done barrier: no GPU writes a peer's output before every GPU has read every
-/// input, which in place is the same buffer. Each GPU's second launch reads only the segment
-/// its own first launch wrote, and writes segment g of the outputs, which only GPU g's first
-/// launch read.
+/// from its own output into every other output (every transfer a write). Safe in place: GPU
+/// g's second launch reads only the segment its own first launch wrote, ahead of it on the
+/// stream, and writes segment g of the peers' outputs, which (as their inputs, in place)
+/// only GPU g's first launch read.
 pub fn phase_specs(
     g: usize,
     ins: &[u64],
@@ -270,7 +270,10 @@ pub fn phase_specs(
         },
         Spec {
             ins: vec![outs[g]],
-            outs: outs.to_vec(),
+            outs: (outs.iter().enumerate())
+                .filter(|&(h, _)| h != g)
+                .map(|(_, &p)| p)
+                .collect(),
             range,
         },
     ])
@@ -458,7 +461,7 @@ mod tests {
         assert_eq!(reduce.ins, ins.to_vec());
         assert_eq!(reduce.outs, vec![2000]);
         assert_eq!(spread.ins, vec![2000]);
-        assert_eq!(spread.outs, outs.to_vec());
+        assert_eq!(spread.outs, vec![1000, 3000]);
         // The segments of every GPU cover the buffer once, as in one phase.
         let mut next = 0;
         for g in 0..3 {
