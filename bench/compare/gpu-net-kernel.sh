@@ -52,6 +52,8 @@
 #          1000 calls, 2 x 1 (and 2 x 2 with 4 GPUs) with RAILCC_GPU_NET_TRACE=1 (the host's
 #          trace and the staging kernel's stamps: copy in, wait for done, back and exit, the gap
 #          between launches), then NCCL 4 x 4's time.
+# NK_ROUNDS=N (default 1) runs every comparison's list N times, interleaved, and prints the
+# medians per setting and size with the lowest and highest busbw (rounds.py).
 # Logs under $OUT (nk-*.log).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -141,6 +143,8 @@ compare() {
   local log=$1 mpi=$2 what=$3 run label vars lib
   shift 3
   : > "$log"
+  local round
+  for round in $(seq "${NK_ROUNDS:-1}"); do
   for run in "$@"; do
     IFS='|' read -r label vars <<< "$run"
     echo "== $label" >> "$log"
@@ -151,6 +155,12 @@ compare() {
       $AS_HOST $NTM/build/$what >> "$log" 2>&1
     echo "== exit $?" >> "$log"
   done
+  done
+  if [ "${NK_ROUNDS:-1}" -gt 1 ]; then
+    python3 bench/compare/rounds.py "$log"
+    grep -h " coll channels" "$log" | head -1 | sed 's/.*NCCL INFO /# nccl: /'
+    return
+  fi
   awk '/^== exit/ {next} /^== / {lab=substr($0,4); next} /^ +[0-9]+ +[0-9]+ / {printf "%-20s %12s %10s %8s\n", lab, $1, $6, $8}
        / coll channels/ && !seen[lab]++ {sub(/.*NCCL INFO /, ""); print "# " lab ": " $0}' "$log"
 }
