@@ -25,12 +25,8 @@ pub struct MultiGpu {
     gpus: Vec<GpuCtx>,
     pub ordinals: Vec<usize>,
     timeout_ns: u64,
-    /// Thread blocks per GPU per call at most (the SMs a call occupies).
-    max_blocks: u32,
-    min_blocks: u32,
-    ll_max_bytes: usize,
-    wide_loads: bool,
-    two_phase_bytes: usize,
+    /// How calls pick their kernel (`max_blocks`: the SMs a call occupies at most).
+    choice: Choice,
     p2p_batch: bool,
     p2p_fused: bool,
     p2p_min_chunk: u64,
@@ -75,11 +71,13 @@ impl MultiGpu {
             gpus,
             ordinals: ordinals.to_vec(),
             timeout_ns: s.timeout_ns(),
-            max_blocks,
-            min_blocks: s.min_blocks.min(u32::MAX as usize) as u32,
-            ll_max_bytes: s.ll_max_bytes,
-            wide_loads: s.wide_loads,
-            two_phase_bytes: s.two_phase_bytes,
+            choice: Choice {
+                ll_max_bytes: s.ll_max_bytes,
+                wide: s.wide_loads,
+                two_phase_bytes: s.two_phase_bytes,
+                min_blocks: s.min_blocks.min(u32::MAX as usize) as u32,
+                max_blocks,
+            },
             p2p_batch: s.p2p_batch,
             p2p_fused: s.p2p_fused,
             p2p_min_chunk: s.p2p_min_chunk,
@@ -123,7 +121,7 @@ impl MultiGpu {
 
     /// Thread blocks per GPU a call takes at most.
     pub fn max_blocks(&self) -> u32 {
-        self.max_blocks
+        self.choice.max_blocks
     }
 
     pub fn len(&self) -> usize {
@@ -172,16 +170,7 @@ impl MultiGpu {
         let ins: Vec<u64> = calls.iter().map(|c| c.send).collect();
         let outs: Vec<u64> = calls.iter().map(|c| c.recv).collect();
         let syncs: Vec<u64> = self.gpus.iter().map(|g| g.sync.ptr).collect();
-        let k = choose(
-            &a,
-            &Choice {
-                ll_max_bytes: self.ll_max_bytes,
-                wide: self.wide_loads,
-                two_phase_bytes: self.two_phase_bytes,
-                min_blocks: self.min_blocks,
-                max_blocks: self.max_blocks,
-            },
-        );
+        let k = choose(&a, &self.choice);
         if let Kernel::Bulk { .. } = k {
             // A bad argument launches nothing: what `spec` refuses (the collective, the root,
             // an in-place sendrecv) is the same for every GPU, so GPU 0's part checks it.
@@ -216,15 +205,7 @@ impl MultiGpu {
                     // Kernels of this call on their streams already (earlier GPUs', or a
                     // two-phase call's first launch) wait for peers that will never come:
                     // stop them, so no stream waits forever. Nothing launched: nothing to stop.
-                    if g > 0
-                        || matches!(
-                            k,
-                            Kernel::Bulk {
-                                two_phase: true,
-                                ..
-                            }
-                        )
-                    {
+                    if g > 0 || k.two_phase() {
                         self.abort();
                     }
                     return Err(e);
@@ -358,7 +339,7 @@ impl MultiGpu {
                     msgs,
                     (ready, copied),
                     (&[], 0), // nothing staged: a peer reads the sender's buffer
-                    (self.max_blocks, self.p2p_min_chunk),
+                    (self.choice.max_blocks, self.p2p_min_chunk),
                     self.timeout_ns,
                 )
             })
@@ -449,7 +430,7 @@ impl MultiGpu {
                     (areas[g], areas),
                     g,
                     msgs,
-                    (self.max_blocks, self.p2p_min_chunk),
+                    (self.choice.max_blocks, self.p2p_min_chunk),
                     self.timeout_ns,
                 )
             })

@@ -44,6 +44,17 @@ impl Kernel {
             Kernel::Ll { blocks } | Kernel::Bulk { blocks, .. } => blocks,
         }
     }
+
+    /// Whether the call is two launches ([`phase_specs`]).
+    pub fn two_phase(self) -> bool {
+        matches!(
+            self,
+            Kernel::Bulk {
+                two_phase: true,
+                ..
+            }
+        )
+    }
 }
 
 /// How a communicator's calls pick their kernel: each setting must be the same on every

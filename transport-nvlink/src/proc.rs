@@ -60,11 +60,8 @@ pub struct ProcGpu {
     /// This rank as the communicator numbers it (the hierarchy's name), for errors.
     own_name: usize,
     timeout: Duration,
-    max_blocks: u32,
-    min_blocks: u32,
-    ll_max_bytes: usize,
-    wide_loads: bool,
-    two_phase_bytes: usize,
+    /// How calls pick their kernel, agreed at init (every rank the same).
+    choice: Choice,
     /// A group's sends and receives as batch kernels (`RAILCC_GPU_P2P_BATCH`).
     p2p_batch: bool,
     p2p_fused: bool,
@@ -426,11 +423,13 @@ impl ProcGpu {
             kernel_order: Mutex::new(KernelOrder::default()),
             own_name,
             timeout: settings.timeout,
-            max_blocks,
-            min_blocks,
-            ll_max_bytes,
-            wide_loads: settings.wide_loads,
-            two_phase_bytes,
+            choice: Choice {
+                ll_max_bytes,
+                wide: settings.wide_loads,
+                two_phase_bytes,
+                min_blocks,
+                max_blocks,
+            },
             p2p_batch: settings.p2p_batch,
             p2p_fused: settings.p2p_fused,
             stage_bytes: settings.p2p_stage_bytes.min(STAGE_SLOT_BYTES),
@@ -487,7 +486,7 @@ impl ProcGpu {
 
     /// Thread blocks per GPU a call takes at most (the least any rank's GPU keeps resident).
     pub fn max_blocks(&self) -> u32 {
-        self.max_blocks
+        self.choice.max_blocks
     }
 
     /// Enqueues this rank's part of collective `c` (NCCL's arguments: `c.send`/`c.recv` are
@@ -629,16 +628,7 @@ impl ProcGpu {
             outs: &outs,
             syncs: &self.syncs,
         };
-        let k = choose(
-            &a,
-            &Choice {
-                ll_max_bytes: self.ll_max_bytes,
-                wide: self.wide_loads,
-                two_phase_bytes: self.two_phase_bytes,
-                min_blocks: self.min_blocks,
-                max_blocks: self.max_blocks,
-            },
-        );
+        let k = choose(&a, &self.choice);
         let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
         // SAFETY: the peers' buffers and sync areas are mapped into this context by IPC; the
         // caller vouches for its own buffers and stream.

@@ -370,7 +370,7 @@ impl ProcGpu {
                             &msgs,
                             (&marks, &copied),
                             (&stage, STAGE_SLOTS - 1),
-                            (self.max_blocks, self.p2p_min_chunk),
+                            (self.choice.max_blocks, self.p2p_min_chunk),
                             timeout_ns,
                         )
                     })
@@ -426,7 +426,7 @@ impl ProcGpu {
                         (self.gpu.sync.ptr, &self.syncs),
                         self.rank,
                         msgs,
-                        (self.max_blocks, self.p2p_min_chunk),
+                        (self.choice.max_blocks, self.p2p_min_chunk),
                         timeout_ns,
                     )
                 })
