@@ -44,10 +44,9 @@
 #          the default (4 blocks, ring of 8), 8 blocks (one a slot), a ring of 16 with 16
 #          blocks, against NCCL 4 x 4, each twice, alternating (8 blocks read 1.2x the default
 #          in one run).
-#   diag   where a small call's time goes: nsys (if the machine has it) over 2 x 1 all_reduce of 8 B
-#          (kernel durations and the gaps between them, kernel-gaps.py); 2 x 2 all_reduce 1 MB
-#          in place with max, 200 calls (torch's step.py small read 1 ms a call where nccl-tests
-#          read 0.28), railcc and NCCL 4 x 4.
+#   diag   (4 GPUs) 2 x 2 all_reduce 1 MB in place with max, 200 calls (torch's step.py small
+#          read 1 ms a call where nccl-tests read 0.28), railcc and NCCL 4 x 4. (The device
+#          has no nsys: the staging kernel's stamps, part stamps, are its GPU timeline.)
 #   stamps where a small call's time goes on the GPU: nccl-tests all_reduce 8 B and 64 KB (-c 1),
 #          1000 calls, 2 x 1 (and 2 x 2 with 4 GPUs) with RAILCC_GPU_NET_TRACE=1 (the host's
 #          trace and the staging kernel's stamps: copy in, wait for done, back and exit, the gap
@@ -255,22 +254,6 @@ case " $PARTS " in *" blocks "*)
 
 case " $PARTS " in *" diag "*)
   four_gpus diag
-  NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda/nsight-systems*/bin/nsys 2>/dev/null | head -1)
-  echo "nsys: ${NSYS:-none}"
-  if [ -n "$NSYS" ]; then
-    for run in "railcc|" "$NCCL_4X4"; do
-      IFS='|' read -r label vars <<< "$run"
-      lib=$OURS; case $vars in NCCL=1*) lib="$NCCL_HOME/lib:/usr/local/cuda/lib64" ;; esac
-      tag=$(echo "$label" | tr ' ' '-')
-      timeout 150 env $vars LD_LIBRARY_PATH="$lib" $MPIRUN -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD $AS_HOST \
-        $NSYS profile -t cuda -o /tmp/nsys-$tag-%q{OMPI_COMM_WORLD_RANK} -f true \
-        $NTM/build/all_reduce_perf -b 8 -e 8 -n 500 -w 20 -c 0 -g 1 > $OUT/nk-diag-nsys-$tag.log 2>&1
-      grep -E "^ +8 " $OUT/nk-diag-nsys-$tag.log
-      $NSYS stats -r cuda_gpu_trace -f csv -o /tmp/nsys-$tag-0 /tmp/nsys-$tag-0.nsys-rep > /dev/null 2>&1
-      echo "== $label kernels (rank 0)"
-      python3 bench/compare/kernel-gaps.py /tmp/nsys-$tag-0_cuda_gpu_trace.csv 2>&1 | head -8
-    done
-  fi
   ( export AS_HOST_PER=2
     compare $OUT/nk-diag-1m.log "$MPI4" "all_reduce_perf -b 1M -e 1M -o max -n 200 -w 20 -c 1 -g 1" "railcc|" "$NCCL_4X4" )
   awk '/^ +1048576 /{print FILENAME": in place "$10" us"}' $OUT/nk-diag-1m.log
