@@ -7,8 +7,9 @@
 # of each run and its ratio to NCCL's (out of place). Logs: $OUT/blocks-ab-*.log.
 # AB_SIZES (default "-b 2M -e 1G -f 4"), AB_ITERS (-n, default 20), NG (default every GPU),
 # AB_BLOCKS (default: NCCL's channel count and 0 = one per SM), AB_VARIANTS (default "w0 w1";
-# also "tp": the wide loop with every bulk all-reduce in two phases,
-# RAILCC_GPU_AR_TWO_PHASE_BYTES=1).
+# also "pu": every all-reduce above the low-latency kernel on the push kernel,
+# RAILCC_GPU_AR_PUSH_BYTES=1). A second table has the in-place busbw (PyTorch's all_reduce is
+# in place).
 # Prepare with bench/compare/gpu-prepare.sh; carry .device.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -36,7 +37,7 @@ for b in ${AB_BLOCKS:-${ch:-24} 0}; do
     case $v in
       w0) vars="RAILCC_GPU_WIDE_LOADS=0" ;;
       w1) vars="RAILCC_GPU_WIDE_LOADS=1" ;;
-      tp) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_TWO_PHASE_BYTES=1" ;;
+      pu) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_PUSH_BYTES=1" ;;
       *) echo "FAIL  AB_VARIANTS: unknown $v"; exit 1 ;;
     esac
     run "railcc-b$b-$v" "$PWD/.device/lib" RAILCC_GPU_MAX_BLOCKS=$b $vars
@@ -47,14 +48,16 @@ done
 python3 - "$OUT" "${names[@]}" <<'PY'
 import re, sys
 out, names = sys.argv[1], sys.argv[2:]
-rows = {}
-for n in names:
+for col, title in ((7, "out of place"), (11, "in place")):
+  rows = {}
+  for n in names:
     for line in open(f"{out}/blocks-ab-{n}.log", errors="replace"):
         f = line.split()
-        if len(f) >= 12 and re.fullmatch(r"\d+", f[0]) and re.fullmatch(r"[\d.]+", f[7]):
-            rows.setdefault(int(f[0]), {})[n] = float(f[7])
-print("size        " + "".join(f"{n:>22}" for n in names))
-for size in sorted(rows):
+        if len(f) >= 12 and re.fullmatch(r"\d+", f[0]) and re.fullmatch(r"[\d.]+", f[col]):
+            rows.setdefault(int(f[0]), {})[n] = float(f[col])
+  print(f"busbw GB/s, {title}")
+  print("size        " + "".join(f"{n:>22}" for n in names))
+  for size in sorted(rows):
     r = rows[size]
     base = r.get("nccl")
     cells = []

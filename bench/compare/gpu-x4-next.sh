@@ -34,7 +34,12 @@
 #      channels and at one block per SM, one kernel (w1) against two phases (tp) against NCCL;
 #      then PyTorch's 256 MB all_reduce under the default allocator and expandable segments
 #      with two phases from 16 MiB, 3 repeats, against NCCL (issue 29's last figure).
-# Usage: bash bench/compare/gpu-x4-next.sh a|...|l (parts e-l on NG GPUs, default 4)
+#   m  (first, next session: written without a GPU) the push all-reduce
+#      (RAILCC_GPU_AR_PUSH_BYTES): test-gpu's push part; if it passes, all_reduce -g 4 at
+#      NCCL's channels and at one block per SM, the bulk kernel (w1) against push (pu) against
+#      NCCL, out of place and in place; then PyTorch's all_reduce under the default allocator
+#      and expandable segments with push from 16 MiB, 3 repeats, against NCCL (issue 29).
+# Usage: bash bench/compare/gpu-x4-next.sh a|...|m (parts e-l on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -125,7 +130,16 @@ case ${1:-} in
         bash nccl-compat/tests/torch/alloc.sh 2>&1 | tee "$L/alloc-two-phase.txt" | grep -E "^(PASS  rail|FAIL)|failed"
     fi
     ;;
-  *) echo "usage: $0 a|...|l"; exit 2 ;;
+  m)
+    OUT=$L TEST_GPU_PARTS=push NG=${NG:-4} timeout 200 bash scripts/test-gpu.sh 2>&1 | tee "$L/push.txt" | grep -E "^(PASS|FAIL|test-gpu)"
+    cp "$L/test-gpu.log" "$L/test-gpu-push.log" 2>/dev/null
+    if grep -q "test-gpu: [0-9]* passed, 0 failed" "$L/push.txt"; then
+      OUT=$L AB_VARIANTS="w1 pu" AB_SIZES="-b 1M -e 1G -f 4" timeout 230 bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/push-ab.txt"
+      RAILCC_GPU_AR_PUSH_BYTES=16777216 OUT=$L ALLOC_WAYS="default expandable" ALLOC_REPEATS=3 timeout $((580 - $(date +%s) + T0)) \
+        bash nccl-compat/tests/torch/alloc.sh 2>&1 | tee "$L/alloc-push.txt" | grep -E "^(PASS  rail|FAIL)|failed"
+    fi
+    ;;
+  *) echo "usage: $0 a|...|m"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs

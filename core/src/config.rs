@@ -207,12 +207,12 @@ config! {
     /// reducing (more reads in flight: on 4 x H100 at 24 blocks 0.79x -> 0.89x NCCL's busbw at
     /// 1 GB, no loss at 132); 0: one input at a time.
     gpu_wide_loads: usize = 1, "RAILCC_GPU_WIDE_LOADS";
-    /// GPU all-reduces of at least this many bytes per rank (bulk kernel, 0: never) run as two
-    /// kernels: each GPU reduces its segment from every peer's input into its own output,
-    /// then writes it into every peer's output, so all NVLink traffic of a phase goes one way
-    /// (reads, then writes) where the one kernel mixes them per element. Every rank takes the
-    /// least value of the communicator. Experimental: not measured yet.
-    gpu_ar_two_phase_bytes: usize = 0, "RAILCC_GPU_AR_TWO_PHASE_BYTES";
+    /// GPU all-reduces of at least this many bytes per rank (above the low-latency kernel;
+    /// 0: never) take the push kernel (`railcc_cuda::push`): every GPU writes its input's
+    /// pieces into the owners' scratch, each owner reduces its segment locally and writes it
+    /// into every output, so NVLink carries only writes, where the bulk kernel reads the
+    /// peers' inputs. Every rank takes the least value of the communicator.
+    gpu_ar_push_bytes: usize = 0, "RAILCC_GPU_AR_PUSH_BYTES";
     /// 1: a group's GPU sends and receives go as batch kernels (every receive of a stream
     /// pulled from all peers at once by thread blocks; 4 x H100 all-to-all at 256 MB: 0.43x ->
     /// 0.9x NCCL); 2: the same, a batch of up to 16 receives in one launch instead of four

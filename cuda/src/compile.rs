@@ -182,5 +182,6 @@ mod nvrtc_tests {
         let text = ptx.to_string_lossy();
         assert!(text.contains(".entry ar_float_sum"));
         assert!(text.contains(".entry ll_bfloat16_avg"));
+        assert!(text.contains(".entry push_bfloat16_avg"));
     }
 }

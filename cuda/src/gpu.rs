@@ -61,6 +61,7 @@ pub struct GpuCtx {
     pub stream: sys::CUstream,
     funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     ll_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
+    push_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     scale_funcs: HashMap<DataType, sys::CUfunction>,
     /// The p2p kernels, in kernels::P2P_KERNELS' order.
     p2p_funcs: Vec<sys::CUfunction>,
@@ -119,6 +120,7 @@ impl GpuCtx {
             stream,
             funcs: HashMap::new(),
             ll_funcs: HashMap::new(),
+            push_funcs: HashMap::new(),
             scale_funcs: HashMap::new(),
             p2p_funcs: Vec::new(),
             check_funcs: HashMap::new(),
@@ -178,6 +180,8 @@ impl GpuCtx {
                 self.funcs.insert((dt, op), get(kernel_name(dt, op))?);
                 self.ll_funcs
                     .insert((dt, op), get(crate::ll::kernel_name(dt, op))?);
+                self.push_funcs
+                    .insert((dt, op), get(crate::push::kernel_name(dt, op))?);
             }
             self.scale_funcs.insert(dt, get(scale_name(dt))?);
             self.check_funcs.insert(
@@ -218,6 +222,15 @@ impl GpuCtx {
             .get(&(dt, op))
             .copied()
             .ok_or_else(|| Error::new(ErrorKind::Unsupported, "no low-latency kernel for dtype/op"))
+    }
+
+    pub fn push_func(&self, dt: DataType, op: ReduceOp) -> Result<sys::CUfunction> {
+        self.push_funcs.get(&(dt, op)).copied().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Unsupported,
+                "no push all-reduce kernel for dtype/op",
+            )
+        })
     }
 
     /// p2p kernel `i` of kernels::P2P_KERNELS.

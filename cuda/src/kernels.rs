@@ -54,8 +54,9 @@ pub const P2P_KERNELS: [&str; 9] = [
     "p2p_recv_done",
     "p2p_fused",
 ];
-/// The whole per-GPU area that peers reach: sync words, then the low-latency scratch.
-pub const AREA_BYTES: usize = SCRATCH_OFFSET + crate::ll::SCRATCH_BYTES;
+/// The whole per-GPU area that peers reach: sync words, the low-latency scratch, then the
+/// push all-reduce's scratch (push.rs).
+pub const AREA_BYTES: usize = crate::push::SCRATCH_OFFSET + crate::push::SCRATCH_BYTES;
 
 /// (CUDA storage type, accumulator type, load, store) for each dtype.
 pub(crate) fn ctype(dt: DataType) -> (&'static str, &'static str, &'static str, &'static str) {
@@ -260,6 +261,7 @@ extern "C" __global__ void p2p_wait_copied(unsigned long long mine, unsigned lon
         p2p = P2P_OFFSET
     ));
     s.push_str(crate::p2p_many::SOURCE);
+    s.push_str(crate::push::COMMON_SOURCE);
     s.push_str(&crate::check::source());
     for dt in DataType::ALL {
         let (t, acc, ld, st) = ctype(dt);
@@ -358,6 +360,7 @@ extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, int n, Ptrs o
 "#
             ));
             s.push_str(&crate::ll::kernel_source(dt, op));
+            s.push_str(&crate::push::kernel_source(dt, op));
         }
         s.push_str(&scale_source(dt));
     }

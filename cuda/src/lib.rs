@@ -5,8 +5,8 @@
 //!
 //! - [`driver`]: guarded loading of libcuda (no driver is an `Unsupported` error, never a
 //!   panic), GPU discovery and the peer-access matrix;
-//! - [`kernels`] and [`ll`]: the CUDA C source of the bulk copy/reduce kernel and of the
-//!   low-latency all-reduce, one per dtype and op (f16/bf16 accumulate in f32), and the layout of
+//! - [`kernels`], [`ll`] and [`push`]: the CUDA C source of the bulk copy/reduce kernel, of
+//!   the low-latency all-reduce and of the push all-reduce (NVLink writes only), one per dtype and op (f16/bf16 accumulate in f32), and the layout of
 //!   the sync area through which they meet peers' kernels;
 //! - [`compile`]: NVRTC for the device's architecture on first use, cached on disk;
 //! - [`gpu`]: one GPU's context, stream, loaded kernels and sync area; device buffers, timing
@@ -36,6 +36,7 @@ pub mod ll;
 pub mod netcopy;
 pub mod nvml;
 pub mod p2p_many;
+pub mod push;
 pub mod staging;
 pub mod vmm;
 

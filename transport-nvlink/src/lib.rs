@@ -46,9 +46,9 @@ pub struct Settings {
     pub ll_max_bytes: usize,
     /// The bulk kernel's wide loop (every input's data loaded at once).
     pub wide_loads: bool,
-    /// All-reduces of at least this many bytes per rank run in two phases (`plan::choose`;
+    /// All-reduces of at least this many bytes per rank take the push kernel (`plan::choose`;
     /// 0: never).
-    pub two_phase_bytes: usize,
+    pub push_bytes: usize,
     /// A group's sends and receives as batch kernels (`railcc_cuda::p2p_many`).
     pub p2p_batch: bool,
     /// ... in one launch per batch where it fits (`p2p_many::fused`).

@@ -74,7 +74,7 @@ impl MultiGpu {
             choice: Choice {
                 ll_max_bytes: s.ll_max_bytes,
                 wide: s.wide_loads,
-                two_phase_bytes: s.two_phase_bytes,
+                push_bytes: s.push_bytes,
                 min_blocks: s.min_blocks.min(u32::MAX as usize) as u32,
                 max_blocks,
             },
@@ -202,10 +202,10 @@ impl MultiGpu {
             match r {
                 Ok(l) => launched = Some(l),
                 Err(e) => {
-                    // Kernels of this call on their streams already (earlier GPUs', or a
-                    // two-phase call's first launch) wait for peers that will never come:
-                    // stop them, so no stream waits forever. Nothing launched: nothing to stop.
-                    if g > 0 || k.two_phase() {
+                    // Kernels of this call on earlier GPUs' streams wait for peers that will
+                    // never come: stop them, so no stream waits forever. Nothing launched:
+                    // nothing to stop.
+                    if g > 0 {
                         self.abort();
                     }
                     return Err(e);

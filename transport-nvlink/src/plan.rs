@@ -3,16 +3,15 @@
 //! - [`choose`]: the one place that picks the kernel (low-latency or bulk) and its thread
 //!   blocks per GPU for a call;
 //! - [`spec`]: which inputs, outputs and element range GPU g's bulk kernel gets;
-//! - [`enqueue`]: GPU g's launch (two for a two-phase all-reduce, [`phase_specs`]) on the
-//!   caller's stream. The kernels themselves are the CUDA
-//!   layer's (`railcc_cuda::launch`, `railcc_cuda::ll`).
+//! - [`enqueue`]: GPU g's launch on the caller's stream. The kernels themselves are the CUDA
+//!   layer's (`railcc_cuda::launch`, `railcc_cuda::ll`, `railcc_cuda::push`).
 
 use railcc_core::call::{CollArgs, CollKind};
 use railcc_core::{DataType, Error, ErrorKind, Result};
 use railcc_cuda::gpu::{GpuCtx, Stream};
 use railcc_cuda::kernels::{MAX_BLOCKS, MAX_PEERS};
 use railcc_cuda::launch::{launch, CallShape, Spec, THREADS};
-use railcc_cuda::ll;
+use railcc_cuda::{ll, push};
 
 /// What one call launched.
 #[derive(Debug, Clone, Copy)]
@@ -29,31 +28,20 @@ pub enum Kernel {
     /// exchange, no barrier.
     Ll { blocks: u32 },
     /// The bulk kernel: "ready" barrier, each GPU's part over peer memory, "done" barrier;
-    /// `wide`: its loop that loads every input at once; `two_phase`: an all-reduce as two
-    /// launches ([`phase_specs`]).
-    Bulk {
-        blocks: u32,
-        wide: bool,
-        two_phase: bool,
-    },
+    /// `wide`: its loop that loads every input at once.
+    Bulk { blocks: u32, wide: bool },
+    /// The push all-reduce (`railcc_cuda::push`): NVLink writes only, through `slot`-byte
+    /// scratch slots.
+    Push { blocks: u32, slot: usize },
 }
 
 impl Kernel {
     pub fn blocks(self) -> u32 {
         match self {
-            Kernel::Ll { blocks } | Kernel::Bulk { blocks, .. } => blocks,
-        }
-    }
-
-    /// Whether the call is two launches ([`phase_specs`]).
-    pub fn two_phase(self) -> bool {
-        matches!(
-            self,
-            Kernel::Bulk {
-                two_phase: true,
-                ..
+            Kernel::Ll { blocks } | Kernel::Bulk { blocks, .. } | Kernel::Push { blocks, .. } => {
+                blocks
             }
-        )
+        }
     }
 }
 
@@ -66,8 +54,8 @@ pub struct Choice {
     pub ll_max_bytes: usize,
     /// The bulk kernel's wide loop.
     pub wide: bool,
-    /// All-reduces of at least this many bytes per rank run in two phases (0: never).
-    pub two_phase_bytes: usize,
+    /// All-reduces of at least this many bytes per rank take the push kernel (0: never).
+    pub push_bytes: usize,
     /// Thread blocks per GPU: at least (NCCL's minCTAs), at most (fixed at init).
     pub min_blocks: u32,
     pub max_blocks: u32,
@@ -75,15 +63,15 @@ pub struct Choice {
 
 /// The kernel and block count for call `a`: the low-latency kernel for all-reduces up to
 /// `ll_max_bytes` per rank (`RAILCC_GPU_LL_MAX_BYTES`, at most what its scratch holds), else
-/// the bulk kernel (an all-reduce of at least `two_phase_bytes` in two launches); blocks by
-/// the work, at least `min_blocks` (NCCL's minCTAs) and at most `max_blocks` (the
+/// the push kernel for all-reduces of at least `push_bytes` (at most its
+/// `railcc_cuda::push::MAX_BLOCKS`), else the bulk kernel; blocks by the work, at least `min_blocks` (NCCL's minCTAs) and at most `max_blocks` (the
 /// communicator's, fixed at init from `RAILCC_GPU_MAX_BLOCKS` or maxCTAs and what stays
 /// resident). It depends only on the call's shape, so every rank chooses the same.
 pub fn choose(a: &CollArgs, c: &Choice) -> Kernel {
     let Choice {
         ll_max_bytes,
         wide,
-        two_phase_bytes,
+        push_bytes,
         min_blocks,
         max_blocks,
     } = *c;
@@ -93,14 +81,21 @@ pub fn choose(a: &CollArgs, c: &Choice) -> Kernel {
         Kernel::Ll {
             blocks: floor(ll::blocks(nbytes, max_blocks)),
         }
+    } else if a.coll == CollKind::AllReduce
+        && a.nranks > 1
+        && push_bytes > 0
+        && nbytes >= push_bytes
+    {
+        let most = max_blocks.min(push::MAX_BLOCKS);
+        let (b, slot) = push::shape(a.nranks, a.count, a.dtype, most);
+        Kernel::Push {
+            blocks: b.max(min_blocks.min(most)),
+            slot,
+        }
     } else {
         Kernel::Bulk {
             blocks: floor(blocks(a.coll, a.nranks, a.count, a.dtype, max_blocks)),
             wide,
-            two_phase: a.coll == CollKind::AllReduce
-                && a.nranks > 1
-                && two_phase_bytes > 0
-                && nbytes >= two_phase_bytes,
         }
     }
 }
@@ -144,11 +139,29 @@ pub unsafe fn enqueue(
                 threads_per_block: ll::THREADS,
             })
         }
-        Kernel::Bulk {
-            blocks,
-            wide,
-            two_phase,
-        } => {
+        Kernel::Push { blocks, slot } => {
+            // SAFETY: the caller's contract.
+            unsafe {
+                push::launch(
+                    gpu,
+                    stream,
+                    g,
+                    p.ins[g],
+                    p.outs,
+                    a.count,
+                    a.dtype,
+                    a.op,
+                    p.syncs,
+                    (blocks, slot),
+                    timeout_ns,
+                )
+            }?;
+            Ok(Launch {
+                blocks_per_gpu: blocks,
+                threads_per_block: THREADS,
+            })
+        }
+        Kernel::Bulk { blocks, wide } => {
             let shape = CallShape {
                 dt: a.dtype,
                 op: a.op,
@@ -158,20 +171,9 @@ pub unsafe fn enqueue(
                 timeout_ns,
                 wide,
             };
-            if two_phase {
-                let [reduce, spread] = phase_specs(g, p.ins, p.outs, a.count, a.dtype)?;
-                // SAFETY: the caller's contract; the second launch follows the first on this
-                // stream and reads only what it wrote (`phase_specs`). It copies (one input:
-                // no arithmetic, no second average).
-                unsafe {
-                    launch(gpu, stream, g, &reduce, &shape)?;
-                    launch(gpu, stream, g, &spread, &CallShape { avg_n: 1, ..shape })?;
-                }
-            } else {
-                let s = spec(a.coll, g, p.ins, p.outs, a.count, a.dtype, a.root)?;
-                // SAFETY: the caller's contract.
-                unsafe { launch(gpu, stream, g, &s, &shape) }?;
-            }
+            let s = spec(a.coll, g, p.ins, p.outs, a.count, a.dtype, a.root)?;
+            // SAFETY: the caller's contract.
+            unsafe { launch(gpu, stream, g, &s, &shape) }?;
             Ok(Launch {
                 blocks_per_gpu: blocks,
                 threads_per_block: THREADS,
@@ -249,45 +251,6 @@ pub fn spec(
         }
     };
     Ok(Spec { ins, outs, range })
-}
-
-/// GPU g's two launches of a two-phase all-reduce: first its segment reduced from every
-/// input into its own output only (every NVLink transfer a read), then that segment copied
-/// from its own output into every other output (every transfer a write). Safe in place: GPU
-/// g's second launch reads only the segment its own first launch wrote, ahead of it on the
-/// stream, and writes segment g of the peers' outputs, which (as their inputs, in place)
-/// only GPU g's first launch read.
-pub fn phase_specs(
-    g: usize,
-    ins: &[u64],
-    outs: &[u64],
-    count: usize,
-    dt: DataType,
-) -> Result<[Spec; 2]> {
-    let n = ins.len();
-    if outs.len() != n || g >= n || n > MAX_PEERS {
-        return Err(Error::invalid(format!(
-            "all_reduce in two phases: {} inputs and {} outputs for GPU {g}",
-            ins.len(),
-            outs.len()
-        )));
-    }
-    let range = segment(count, dt, n, g);
-    Ok([
-        Spec {
-            ins: ins.to_vec(),
-            outs: vec![outs[g]],
-            range,
-        },
-        Spec {
-            ins: vec![outs[g]],
-            outs: (outs.iter().enumerate())
-                .filter(|&(h, _)| h != g)
-                .map(|(_, &p)| p)
-                .collect(),
-            range,
-        },
-    ])
 }
 
 /// GPU g's segment of `count` elements split over `n`, in multiples of 16 bytes so every GPU's
@@ -392,7 +355,7 @@ mod tests {
         Choice {
             ll_max_bytes: ll,
             wide,
-            two_phase_bytes: 0,
+            push_bytes: 0,
             min_blocks,
             max_blocks,
         }
@@ -400,11 +363,7 @@ mod tests {
 
     #[test]
     fn the_least_and_most_blocks_bound_every_kernel() {
-        let bulk = |blocks, wide| Kernel::Bulk {
-            blocks,
-            wide,
-            two_phase: false,
-        };
+        let bulk = |blocks, wide| Kernel::Bulk { blocks, wide };
         // 8 B: the low-latency kernel, one block by the work; minCTAs 4 makes it 4.
         assert_eq!(
             choose(&ar(2), &choice(65536, false, (0, 132))),
@@ -428,61 +387,31 @@ mod tests {
     }
 
     #[test]
-    fn two_phases_only_for_all_reduces_from_the_threshold() {
+    fn push_only_for_all_reduces_from_the_threshold_within_its_blocks() {
         let c = Choice {
-            two_phase_bytes: 16 << 20,
+            push_bytes: 16 << 20,
             ..choice(65536, true, (0, 132))
         };
-        let phased = |a: &CollArgs| {
-            matches!(
-                choose(a, &c),
-                Kernel::Bulk {
-                    two_phase: true,
-                    ..
-                }
-            )
-        };
-        assert!(phased(&ar(4 << 20))); // 16 MiB of f32
-        assert!(!phased(&ar((4 << 20) - 1)));
-        assert!(!phased(&CollArgs {
+        let pushed = |a: &CollArgs| matches!(choose(a, &c), Kernel::Push { .. });
+        assert!(pushed(&ar(4 << 20))); // 16 MiB of f32
+        assert!(!pushed(&ar((4 << 20) - 1)));
+        assert!(!pushed(&CollArgs {
             coll: CollKind::ReduceScatter,
             ..ar(4 << 20)
         }));
-        assert!(!phased(&CollArgs {
+        assert!(!pushed(&CollArgs {
             nranks: 1,
             ..ar(4 << 20)
         }));
         // 0: never.
         assert!(!matches!(
             choose(&ar(1 << 28), &choice(65536, true, (0, 132))),
-            Kernel::Bulk {
-                two_phase: true,
-                ..
-            }
+            Kernel::Push { .. }
         ));
-    }
-
-    #[test]
-    fn the_two_phases_reduce_into_the_own_output_then_spread_it() {
-        let (ins, outs) = ([100u64, 200, 300], [1000u64, 2000, 3000]);
-        let [reduce, spread] = phase_specs(1, &ins, &outs, 12, DataType::F32).unwrap();
-        // 12 floats over 3 GPUs: GPU 1's segment is elements 4..8, in both phases.
-        assert_eq!(reduce.range, (4, 8));
-        assert_eq!(spread.range, (4, 8));
-        assert_eq!(reduce.ins, ins.to_vec());
-        assert_eq!(reduce.outs, vec![2000]);
-        assert_eq!(spread.ins, vec![2000]);
-        assert_eq!(spread.outs, vec![1000, 3000]);
-        // The segments of every GPU cover the buffer once, as in one phase.
-        let mut next = 0;
-        for g in 0..3 {
-            let [r, _] = phase_specs(g, &ins, &outs, 12, DataType::F32).unwrap();
-            assert_eq!(r.range.0, next);
-            next = r.range.1;
-        }
-        assert_eq!(next, 12);
-        assert!(phase_specs(3, &ins, &outs, 12, DataType::F32).is_err());
-        assert!(phase_specs(0, &ins, &outs[..2], 12, DataType::F32).is_err());
+        // Its blocks: at most its table's 128 of the 132 allowed; maxCTAs 8 bounds them.
+        assert_eq!(choose(&ar(1 << 28), &c).blocks(), push::MAX_BLOCKS);
+        let c8 = Choice { max_blocks: 8, ..c };
+        assert_eq!(choose(&ar(1 << 28), &c8).blocks(), 8);
     }
 
     #[test]

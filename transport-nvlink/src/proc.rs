@@ -203,8 +203,8 @@ struct Hello {
     /// low-latency limit and least blocks; the communicator takes the least of each.
     ll_max: u32,
     min_blocks: u32,
-    /// All-reduces from this many bytes in two phases (0: never).
-    two_phase: u64,
+    /// All-reduces from this many bytes on the push kernel (0: never).
+    push: u64,
     proc: Proc,
     /// Proves this rank's descriptor messages (fdpass.rs) to its peers.
     token: u64,
@@ -220,7 +220,7 @@ impl Hello {
         v.extend_from_slice(&self.proc.start.to_le_bytes());
         v.extend_from_slice(&self.ll_max.to_le_bytes());
         v.extend_from_slice(&self.min_blocks.to_le_bytes());
-        v.extend_from_slice(&self.two_phase.to_le_bytes());
+        v.extend_from_slice(&self.push.to_le_bytes());
         for s in [&self.host, &self.shm] {
             v.extend_from_slice(&(s.len() as u16).to_le_bytes());
             v.extend_from_slice(s.as_bytes());
@@ -243,7 +243,7 @@ impl Hello {
             Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
         };
         let (ll_max, min_blocks) = (word(HANDLE_BYTES + 16)?, word(HANDLE_BYTES + 20)?);
-        let two_phase = u64::from_le_bytes(
+        let push = u64::from_le_bytes(
             b.get(HANDLE_BYTES + 24..HANDLE_BYTES + 32)?
                 .try_into()
                 .ok()?,
@@ -263,7 +263,7 @@ impl Hello {
             blocks,
             ll_max,
             min_blocks,
-            two_phase,
+            push,
             proc: Proc { pid, start },
             token,
         })
@@ -321,7 +321,7 @@ impl ProcGpu {
                     blocks: *blocks,
                     ll_max: settings.ll_max_bytes.min(u32::MAX as usize) as u32,
                     min_blocks: settings.min_blocks.min(u32::MAX as usize) as u32,
-                    two_phase: settings.two_phase_bytes as u64,
+                    push: settings.push_bytes as u64,
                     proc: Proc::me(),
                     token,
                 }
@@ -375,8 +375,8 @@ impl ProcGpu {
         // One kernel choice for every rank, whatever each was started with.
         let ll_max_bytes = hellos.iter().map(|h| h.ll_max as usize).min().unwrap_or(0);
         let min_blocks = hellos.iter().map(|h| h.min_blocks).min().unwrap_or(0);
-        // 0 (never) on any rank is the least: then no rank splits.
-        let two_phase_bytes = hellos.iter().map(|h| h.two_phase).min().unwrap_or(0) as usize;
+        // 0 (never) on any rank is the least: then no rank pushes.
+        let push_bytes = hellos.iter().map(|h| h.push).min().unwrap_or(0) as usize;
         let broken = Arc::new(Mutex::new(None));
         // Peers whose process this one can see (another pid namespace hides them): watched.
         let peers: Vec<(usize, Proc)> = hellos
@@ -426,7 +426,7 @@ impl ProcGpu {
             choice: Choice {
                 ll_max_bytes,
                 wide: settings.wide_loads,
-                two_phase_bytes,
+                push_bytes,
                 min_blocks,
                 max_blocks,
             },
@@ -816,7 +816,7 @@ mod tests {
             blocks: 132,
             ll_max: 65536,
             min_blocks: 8,
-            two_phase: 1 << 24,
+            push: 1 << 24,
             proc: Proc { pid: 42, start: 7 },
             token: 99,
         };
@@ -827,7 +827,7 @@ mod tests {
             (d.host, d.shm, d.blocks, d.sync, d.proc, d.token),
             (h.host, h.shm, 132, h.sync, h.proc, 99)
         );
-        assert_eq!((d.ll_max, d.min_blocks, d.two_phase), (65536, 8, 1 << 24));
+        assert_eq!((d.ll_max, d.min_blocks, d.push), (65536, 8, 1 << 24));
     }
 
     #[test]

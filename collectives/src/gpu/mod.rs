@@ -31,7 +31,7 @@ pub fn settings(cfg: &Config) -> Settings {
         min_blocks: cfg.gpu_min_blocks,
         ll_max_bytes: cfg.gpu_ll_max_bytes,
         wide_loads: cfg.gpu_wide_loads != 0,
-        two_phase_bytes: cfg.gpu_ar_two_phase_bytes,
+        push_bytes: cfg.gpu_ar_push_bytes,
         p2p_batch: cfg.gpu_p2p_batch != 0,
         p2p_fused: cfg.gpu_p2p_batch == 2,
         p2p_stage_bytes: cfg.gpu_p2p_stage_bytes,
