@@ -150,6 +150,8 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const {t}* in, Pt
     __syncthreads();
     const unsigned long long sb = min((unsigned long long)me * per, count), se = min(sb + per, count);
     const unsigned long long tb = sb + t * tile, te = min(tb + tile, se);
+    // The slots are read past L1 (ld.global.cg, volatile): this SM may hold lines of the
+    // same slot from two tiles ago, and L1 does not see the peers' NVLink writes.
     const T* src[8];
 #pragma unroll
     for (int r = 0; r < 8; r++) src[r] = r < n ? (r == me ? in + tb : (const T*)SLOT(me, r, k & 1ull)) : (const T*)0;
@@ -158,7 +160,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const {t}* in, Pt
     for (unsigned long long j = threadIdx.x; j < vl / V; j += blockDim.x) {{
       uint4 y[8];
 #pragma unroll
-      for (int r = 0; r < 8; r++) if (r < n) y[r] = ((const uint4*)src[r])[j];
+      for (int r = 0; r < 8; r++) if (r < n) y[r] = r == me ? ((const uint4*)src[r])[j] : __ldcg((const uint4*)src[r] + j);
       T* xv = (T*)&y[0];
       {acc} accs[V];
 #pragma unroll
@@ -178,8 +180,8 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const {t}* in, Pt
       for (int q = 0; q < n; q++) ((uint4*)(outs.p[(me + q) % n] + tb * sizeof(T)))[j] = x;
     }}
     for (unsigned long long i = vl + threadIdx.x; i < len; i += blockDim.x) {{
-      {acc} acc = {ld}(src[0][i]);
-      for (int r = 1; r < n; r++) {{ {acc} a = acc, b = {ld}(src[r][i]); acc = {expr}; }}
+      {acc} acc = {ld}(((volatile const T*)src[0])[i]);
+      for (int r = 1; r < n; r++) {{ {acc} a = acc, b = {ld}(((volatile const T*)src[r])[i]); acc = {expr}; }}
       {avg}
       T v = {st}(acc);
       for (int q = 0; q < n; q++) ((T*)outs.p[(me + q) % n])[tb + i] = v;
