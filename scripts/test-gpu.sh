@@ -35,7 +35,8 @@
 #  push   (not in the default list while RAILCC_GPU_AR_PUSH_BYTES is off by default) the
 #         bench's all_reduce checks with every all-reduce on the push kernel (the low-latency
 #         one off), one process and --per-process, every dtype and op, --offset 8, --fill
-#         random, -G 3, and at 3 blocks (many tiles a block: the slots' reuse).
+#         random, -G 3, and at 3 blocks (many tiles a block: the slots' reuse);
+#         TEST_GPU_PUSH_CHECKS picks some of "blocks3 offset random graphs".
 # A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
 # exit status 1 if any failed. Without a CUDA driver: a SKIP line, exit 0.
@@ -158,17 +159,23 @@ case " $PARTS " in *" bench "*)
 ;; esac
 
 case " $PARTS " in *" push "*)
+  # TEST_GPU_PUSH_CHECKS picks some of: blocks3 offset random graphs.
   PUSH="env RAILCC_GPU_AR_PUSH_BYTES=1 RAILCC_GPU_LL_MAX_BYTES=0"
   for mode in "" "--per-process"; do
     way=${mode:-"one process"}
-    check "push bench all_reduce $way: every dtype and op, 8 B-8 MB, --offset 8" \
-      $PUSH $R bench all_reduce --device cuda $mode -b 8 -e 8M -f 8 -d all -o all -n 1 -w 0 -r 1 --offset 8
-    check "push bench all_reduce $way: --fill random, every dtype and op, 4100 B-4 MB" \
-      $PUSH $R bench all_reduce --device cuda $mode -b 4100 -e 4M -f 16 -d all -o all -n 1 -w 0 -r 1 --fill random
-    check "push bench all_reduce $way: -G 3, every dtype and op, 8 B-8 MB" \
-      $PUSH $R bench all_reduce --device cuda $mode -b 8 -e 8M -f 32 -d all -o all -n 4 -w 1 -G 3 -r 1
-    check "push bench all_reduce $way: 3 blocks, float and bfloat16, sum and avg, 1 KB-64 MB" \
-      $PUSH RAILCC_GPU_MAX_BLOCKS=3 $R bench all_reduce --device cuda $mode -b 1K -e 64M -f 8 -d float,bfloat16 -o sum,avg -n 3 -w 1 -r 1 --fill random
+    for c in ${TEST_GPU_PUSH_CHECKS:-blocks3 offset random graphs}; do
+      case $c in
+        blocks3) check "push bench all_reduce $way: 3 blocks, float and bfloat16, sum and avg, 1 KB-64 MB" \
+          $PUSH RAILCC_GPU_MAX_BLOCKS=3 $R bench all_reduce --device cuda $mode -b 1K -e 64M -f 8 -d float,bfloat16 -o sum,avg -n 3 -w 1 -r 1 --fill random ;;
+        offset) check "push bench all_reduce $way: every dtype and op, 8 B-8 MB, --offset 8" \
+          $PUSH $R bench all_reduce --device cuda $mode -b 8 -e 8M -f 8 -d all -o all -n 1 -w 0 -r 1 --offset 8 ;;
+        random) check "push bench all_reduce $way: --fill random, every dtype and op, 4100 B-4 MB" \
+          $PUSH $R bench all_reduce --device cuda $mode -b 4100 -e 4M -f 16 -d all -o all -n 1 -w 0 -r 1 --fill random ;;
+        graphs) check "push bench all_reduce $way: -G 3, every dtype and op, 8 B-8 MB" \
+          $PUSH $R bench all_reduce --device cuda $mode -b 8 -e 8M -f 32 -d all -o all -n 4 -w 1 -G 3 -r 1 ;;
+        *) echo "test-gpu: TEST_GPU_PUSH_CHECKS: unknown $c"; exit 2 ;;
+      esac
+    done
   done
 ;; esac
 

@@ -34,8 +34,8 @@
 #      channels and at one block per SM, one kernel (w1) against two phases (tp) against NCCL;
 #      then PyTorch's 256 MB all_reduce under the default allocator and expandable segments
 #      with two phases from 16 MiB, 3 repeats, against NCCL (issue 29's last figure).
-#   m  (first, next session: written without a GPU) the push all-reduce
-#      (RAILCC_GPU_AR_PUSH_BYTES): test-gpu's push part; if it passes, all_reduce -g 4 at
+#   m  the push all-reduce (RAILCC_GPU_AR_PUSH_BYTES): test-gpu's push part (its checks
+#      PUSH_CHECKS, default blocks3: the others passed one process on 2026-11-27); if it passes, all_reduce -g 4 at
 #      NCCL's channels and at one block per SM, the bulk kernel (w1) against push (pu) against
 #      NCCL, out of place and in place; then PyTorch's all_reduce under the default allocator
 #      and expandable segments with push from 16 MiB, 3 repeats, against NCCL (issue 29).
@@ -131,7 +131,7 @@ case ${1:-} in
     fi
     ;;
   m)
-    OUT=$L TEST_GPU_PARTS=push NG=${NG:-4} timeout 200 bash scripts/test-gpu.sh 2>&1 | tee "$L/push.txt" | grep -E "^(PASS|FAIL|test-gpu)"
+    OUT=$L TEST_GPU_PARTS=push TEST_GPU_PUSH_CHECKS="${PUSH_CHECKS:-blocks3}" NG=${NG:-4} timeout 200 bash scripts/test-gpu.sh 2>&1 | tee "$L/push.txt" | grep -E "^(PASS|FAIL|test-gpu)"
     cp "$L/test-gpu.log" "$L/test-gpu-push.log" 2>/dev/null
     if grep -q "test-gpu: [0-9]* passed, 0 failed" "$L/push.txt"; then
       OUT=$L AB_VARIANTS="w1 pu" AB_SIZES="-b 1M -e 1G -f 4" timeout 230 bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/push-ab.txt"
