@@ -211,8 +211,10 @@ config! {
     /// 0: never) take the push kernel (`railcc_cuda::push`): every GPU writes its input's
     /// pieces into the owners' scratch, each owner reduces its segment locally and writes it
     /// into every output, so NVLink carries only writes, where the bulk kernel reads the
-    /// peers' inputs. Every rank takes the least value of the communicator.
-    gpu_ar_push_bytes: usize = 0, "RAILCC_GPU_AR_PUSH_BYTES";
+    /// peers' inputs. Every rank takes the least value of the communicator. 4 x H100, one
+    /// block per SM, nccl-tests -g 4: 0.93x -> 1.01x NCCL's busbw at 256 MB, 0.96x -> 1.05x at
+    /// 16 MB, equal at 4 MB (bench/results, 2026-11-27).
+    gpu_ar_push_bytes: usize = 16 << 20, "RAILCC_GPU_AR_PUSH_BYTES";
     /// 1: a group's GPU sends and receives go as batch kernels (every receive of a stream
     /// pulled from all peers at once by thread blocks; 4 x H100 all-to-all at 256 MB: 0.43x ->
     /// 0.9x NCCL); 2: the same, a batch of up to 16 receives in one launch instead of four

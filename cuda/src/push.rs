@@ -157,27 +157,40 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const {t}* in, Pt
     for (int r = 0; r < 8; r++) src[r] = r < n ? (r == me ? in + tb : (const T*)SLOT(me, r, k & 1ull)) : (const T*)0;
     const unsigned long long len = te > tb ? te - tb : 0;
     const unsigned long long vl = aligned ? len / V * V : 0;
-    for (unsigned long long j = threadIdx.x; j < vl / V; j += blockDim.x) {{
-      uint4 y[8];
+    // Two vectors of every source loaded a thread before any arithmetic: more loads in flight.
+    const unsigned long long nv = vl / V;
+    for (unsigned long long j = threadIdx.x; j < nv; j += 2 * blockDim.x) {{
+      const bool two = j + blockDim.x < nv;
+      uint4 y[2][8];
 #pragma unroll
-      for (int r = 0; r < 8; r++) if (r < n) y[r] = r == me ? ((const uint4*)src[r])[j] : __ldcg((const uint4*)src[r] + j);
-      T* xv = (T*)&y[0];
-      {acc} accs[V];
-#pragma unroll
-      for (int e = 0; e < V; e++) accs[e] = {ld}(xv[e]);
-#pragma unroll
-      for (int r = 1; r < 8; r++) {{
+      for (int r = 0; r < 8; r++) {{
         if (r < n) {{
-          T* yv = (T*)&y[r];
-#pragma unroll
-          for (int e = 0; e < V; e++) {{ {acc} a = accs[e], b = {ld}(yv[e]); accs[e] = {expr}; }}
+          const uint4* s = (const uint4*)src[r];
+          if (r == me) {{ y[0][r] = s[j]; if (two) y[1][r] = s[j + blockDim.x]; }}
+          else {{ y[0][r] = __ldcg(s + j); if (two) y[1][r] = __ldcg(s + j + blockDim.x); }}
         }}
       }}
-      uint4 x;
-      T* ov = (T*)&x;
 #pragma unroll
-      for (int e = 0; e < V; e++) {{ {acc} acc = accs[e]; {avg} ov[e] = {st}(acc); }}
-      for (int q = 0; q < n; q++) ((uint4*)(outs.p[(me + q) % n] + tb * sizeof(T)))[j] = x;
+      for (int u = 0; u < 2; u++) {{
+        if (u == 1 && !two) break;
+        T* xv = (T*)&y[u][0];
+        {acc} accs[V];
+#pragma unroll
+        for (int e = 0; e < V; e++) accs[e] = {ld}(xv[e]);
+#pragma unroll
+        for (int r = 1; r < 8; r++) {{
+          if (r < n) {{
+            T* yv = (T*)&y[u][r];
+#pragma unroll
+            for (int e = 0; e < V; e++) {{ {acc} a = accs[e], b = {ld}(yv[e]); accs[e] = {expr}; }}
+          }}
+        }}
+        uint4 x;
+        T* ov = (T*)&x;
+#pragma unroll
+        for (int e = 0; e < V; e++) {{ {acc} acc = accs[e]; {avg} ov[e] = {st}(acc); }}
+        for (int q = 0; q < n; q++) ((uint4*)(outs.p[(me + q) % n] + tb * sizeof(T)))[j + u * blockDim.x] = x;
+      }}
     }}
     for (unsigned long long i = vl + threadIdx.x; i < len; i += blockDim.x) {{
       {acc} acc = {ld}(((volatile const T*)src[0])[i]);
