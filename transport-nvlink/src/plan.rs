@@ -63,9 +63,10 @@ pub struct Choice {
 
 /// The kernel and block count for call `a`: the low-latency kernel for all-reduces up to
 /// `ll_max_bytes` per rank (`RAILCC_GPU_LL_MAX_BYTES`, at most what its scratch holds), else
-/// the push kernel for all-reduces of at least `push_bytes` (at most its
-/// `railcc_cuda::push::MAX_BLOCKS`), else the bulk kernel; blocks by the work, at least `min_blocks` (NCCL's minCTAs) and at most `max_blocks` (the
-/// communicator's, fixed at init from `RAILCC_GPU_MAX_BLOCKS` or maxCTAs and what stays
+/// the push kernel for all-reduces of at least `push_bytes` where the communicator has at
+/// least [`PUSH_MIN_BLOCKS`] (it takes at most `railcc_cuda::push::MAX_BLOCKS`), else the bulk
+/// kernel; blocks by the work, at least `min_blocks` (NCCL's minCTAs) and at most
+/// `max_blocks` (the communicator's, fixed at init from `RAILCC_GPU_MAX_BLOCKS` or maxCTAs and what stays
 /// resident). It depends only on the call's shape, so every rank chooses the same.
 pub fn choose(a: &CollArgs, c: &Choice) -> Kernel {
     let Choice {
@@ -85,6 +86,7 @@ pub fn choose(a: &CollArgs, c: &Choice) -> Kernel {
         && a.nranks > 1
         && push_bytes > 0
         && nbytes >= push_bytes
+        && max_blocks >= PUSH_MIN_BLOCKS
     {
         let most = max_blocks.min(push::MAX_BLOCKS);
         let (b, slot) = push::shape(a.nranks, a.count, a.dtype, most);
@@ -99,6 +101,12 @@ pub fn choose(a: &CollArgs, c: &Choice) -> Kernel {
         }
     }
 }
+
+/// The push kernel only where the communicator may use this many blocks per GPU: measured on
+/// 4 x H100 (bench/results, 2026-11-27), at 128 blocks it read 1.01-1.05x NCCL at 16-256 MB
+/// against the bulk kernel's 0.93-0.96x, at NCCL's 24 channels 0.88-0.96x against the bulk
+/// kernel's 0.92-1.05x.
+pub const PUSH_MIN_BLOCKS: u32 = 128;
 
 /// Every rank's buffers and sync area of one call, as the launching GPU addresses them: the
 /// same addresses under peer access (one process), mappings of CUDA IPC handles (one process
@@ -408,10 +416,20 @@ mod tests {
             choose(&ar(1 << 28), &choice(65536, true, (0, 132))),
             Kernel::Push { .. }
         ));
-        // Its blocks: at most its table's 128 of the 132 allowed; maxCTAs 8 bounds them.
+        // Its blocks: at most its table's 128 of the 132 allowed; under 128 allowed (maxCTAs
+        // 24, NCCL's channels) the bulk kernel, faster there.
         assert_eq!(choose(&ar(1 << 28), &c).blocks(), push::MAX_BLOCKS);
-        let c8 = Choice { max_blocks: 8, ..c };
-        assert_eq!(choose(&ar(1 << 28), &c8).blocks(), 8);
+        let c24 = Choice {
+            max_blocks: 24,
+            ..c
+        };
+        assert_eq!(
+            choose(&ar(1 << 28), &c24),
+            Kernel::Bulk {
+                blocks: 24,
+                wide: true
+            }
+        );
     }
 
     #[test]
