@@ -36,7 +36,8 @@
 #         bench's all_reduce checks with every all-reduce on the push kernel (the low-latency
 #         one off), one process and --per-process, every dtype and op, --offset 8, --fill
 #         random, -G 3, and at 3 blocks (many tiles a block: the slots' reuse);
-#         TEST_GPU_PUSH_CHECKS picks some of "blocks3 offset random graphs".
+#         TEST_GPU_PUSH_CHECKS picks some of "blocks3 offset random graphs split rs rssplit"
+#         (the last three: RAILCC_GPU_PUSH_SPLIT, RAILCC_GPU_PUSH_RS; not in the default list).
 # A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
 # exit status 1 if any failed. Without a CUDA driver: a SKIP line, exit 0.
@@ -159,8 +160,10 @@ case " $PARTS " in *" bench "*)
 ;; esac
 
 case " $PARTS " in *" push "*)
-  # TEST_GPU_PUSH_CHECKS picks some of: blocks3 offset random graphs.
+  # TEST_GPU_PUSH_CHECKS picks some of: blocks3 offset random graphs split rs rssplit.
   PUSH="env RAILCC_GPU_AR_PUSH_BYTES=1 RAILCC_GPU_LL_MAX_BYTES=0"
+  SPLIT="env RAILCC_GPU_PUSH_SPLIT=1"
+  RS="env RAILCC_GPU_PUSH_RS=1"
   for mode in "" "--per-process"; do
     way=${mode:-"one process"}
     for c in ${TEST_GPU_PUSH_CHECKS:-blocks3 offset random graphs}; do
@@ -173,6 +176,15 @@ case " $PARTS " in *" push "*)
           $PUSH $R bench all_reduce --device cuda $mode -b 4100 -e 4M -f 16 -d all -o all -n 1 -w 0 -r 1 --fill random ;;
         graphs) check "push bench all_reduce $way: -G 3, every dtype and op, 8 B-8 MB" \
           $PUSH $R bench all_reduce --device cuda $mode -b 8 -e 8M -f 32 -d all -o all -n 4 -w 1 -G 3 -r 1 ;;
+        split) check "push split bench all_reduce $way: 3 and 24 blocks, every dtype, sum and avg, --offset 8, --fill random, 1 KB-64 MB" \
+            $SPLIT $PUSH RAILCC_GPU_MAX_BLOCKS=3 $R bench all_reduce --device cuda $mode -b 1K -e 64M -f 8 -d all -o sum,avg -n 3 -w 1 -r 1 --fill random --offset 8
+          check "push split bench all_reduce $way: 24 blocks, every dtype and op, -G 3, 8 B-64 MB" \
+            $SPLIT $PUSH RAILCC_GPU_MAX_BLOCKS=24 $R bench all_reduce --device cuda $mode -b 8 -e 64M -f 8 -d all -o all -n 3 -w 1 -r 1 -G 3 ;;
+        rs|rssplit) v=; [ $c = rssplit ] && v=$SPLIT
+          check "push $c bench reduce_scatter $way: 3 blocks, every dtype and op, --offset 3, --fill random, 8 B-64 MB" \
+            $v $RS $PUSH RAILCC_GPU_MAX_BLOCKS=3 $R bench reduce_scatter --device cuda $mode -b 8 -e 64M -f 8 -d all -o all -n 3 -w 1 -r 1 --fill random --offset 3
+          check "push $c bench reduce_scatter $way: every dtype, sum and avg, -G 3, 4 KB-64 MB" \
+            $v $RS $PUSH $R bench reduce_scatter --device cuda $mode -b 4K -e 64M -f 16 -d all -o sum,avg -n 3 -w 1 -r 1 -G 3 ;;
         *) echo "test-gpu: TEST_GPU_PUSH_CHECKS: unknown $c"; exit 2 ;;
       esac
     done

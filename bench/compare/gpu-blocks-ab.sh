@@ -8,8 +8,12 @@
 # AB_SIZES (default "-b 2M -e 1G -f 4"), AB_ITERS (-n, default 20), NG (default every GPU),
 # AB_BLOCKS (default: NCCL's channel count and 0 = one per SM), AB_VARIANTS (default "w0 w1";
 # also "pu": every all-reduce above the low-latency kernel on the push kernel,
-# RAILCC_GPU_AR_PUSH_BYTES=1). A second table has the in-place busbw (PyTorch's all_reduce is
-# in place).
+# RAILCC_GPU_AR_PUSH_BYTES=1, where 128 blocks are allowed; "ps": the same with split blocks,
+# RAILCC_GPU_PUSH_SPLIT=1, at any block count; "bk": no push kernel, RAILCC_GPU_AR_PUSH_BYTES=0;
+# "rs" / "rss": reduce-scatters on the push kernel, RAILCC_GPU_PUSH_RS=1, without / with split).
+# w0 and w1 keep the defaults otherwise: from 16 MiB at 128 blocks that is the push kernel.
+# AB_COLL: the nccl-tests collective (default all_reduce; reduce_scatter for rs / rss). A
+# second table has the in-place busbw (PyTorch's all_reduce is in place).
 # Prepare with bench/compare/gpu-prepare.sh; carry .device.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,7 +26,7 @@ FLAGS="${AB_SIZES:--b 2M -e 1G -f 4} -g $NG -n ${AB_ITERS:-20} -w 5 -c 1"
 run() {  # NAME LIBDIR [VAR=VALUE...]: one all_reduce_perf run; its log is $OUT/blocks-ab-NAME.log
   local name=$1 lib=$2
   shift 2
-  env "$@" LD_LIBRARY_PATH="$lib:/usr/local/cuda/lib64" timeout 300 $NT/build/all_reduce_perf $FLAGS \
+  env "$@" LD_LIBRARY_PATH="$lib:/usr/local/cuda/lib64" timeout 300 $NT/build/${AB_COLL:-all_reduce}_perf $FLAGS \
     > "$OUT/blocks-ab-$name.log" 2>&1
   local rc=$? why
   why=$(table_problem "$OUT/blocks-ab-$name.log")
@@ -38,6 +42,10 @@ for b in ${AB_BLOCKS:-${ch:-24} 0}; do
       w0) vars="RAILCC_GPU_WIDE_LOADS=0" ;;
       w1) vars="RAILCC_GPU_WIDE_LOADS=1" ;;
       pu) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_PUSH_BYTES=1" ;;
+      ps) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_PUSH_BYTES=1 RAILCC_GPU_PUSH_SPLIT=1" ;;
+      bk) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_PUSH_BYTES=0" ;;
+      rs) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_PUSH_BYTES=1 RAILCC_GPU_PUSH_RS=1" ;;
+      rss) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_PUSH_BYTES=1 RAILCC_GPU_PUSH_RS=1 RAILCC_GPU_PUSH_SPLIT=1" ;;
       *) echo "FAIL  AB_VARIANTS: unknown $v"; exit 1 ;;
     esac
     run "railcc-b$b-$v" "$PWD/.device/lib" RAILCC_GPU_MAX_BLOCKS=$b $vars

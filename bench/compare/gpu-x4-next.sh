@@ -39,7 +39,13 @@
 #      NCCL's channels and at one block per SM, the bulk kernel (w1) against push (pu) against
 #      NCCL, out of place and in place; then PyTorch's all_reduce under the default allocator
 #      and expandable segments with push from 16 MiB, 3 repeats, against NCCL (issue 29).
-# Usage: bash bench/compare/gpu-x4-next.sh a|...|m (parts e-l on NG GPUs, default 4)
+#   n  (first, next session: written without a GPU) the push kernel's split blocks and its
+#      reduce-scatter: test-gpu's push part with "split rs rssplit"; if they pass, all_reduce
+#      -g 4 at NCCL's channels and at one block per SM, the default (w1: bulk at 24 blocks,
+#      push from 16 MiB at 132) against split push (ps) against NCCL.
+#   o  reduce_scatter -g 4: the default (bulk) against push (rs) and split push (rss) against
+#      NCCL; then test-gpu's default parts that the push default (16 MiB) touches: bench, nccl.
+# Usage: bash bench/compare/gpu-x4-next.sh a|...|o (parts e-l on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -139,7 +145,19 @@ case ${1:-} in
         bash nccl-compat/tests/torch/alloc.sh 2>&1 | tee "$L/alloc-push.txt" | grep -E "^(PASS  rail|FAIL)|failed"
     fi
     ;;
-  *) echo "usage: $0 a|...|m"; exit 2 ;;
+  n)
+    OUT=$L TEST_GPU_PARTS=push TEST_GPU_PUSH_CHECKS="${PUSH_CHECKS:-split rs rssplit}" NG=${NG:-4} timeout 330 bash scripts/test-gpu.sh 2>&1 | tee "$L/push.txt" | grep -E "^(PASS|FAIL|test-gpu)"
+    cp "$L/test-gpu.log" "$L/test-gpu-push.log" 2>/dev/null
+    if grep -q "test-gpu: [0-9]* passed, 0 failed" "$L/push.txt"; then
+      OUT=$L AB_VARIANTS="w1 ps" AB_SIZES="-b 1M -e 1G -f 4" timeout $((580 - $(date +%s) + T0)) bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/split-ab.txt"
+    fi
+    ;;
+  o)
+    OUT=$L AB_COLL=reduce_scatter AB_VARIANTS="w1 rs rss" AB_SIZES="-b 1M -e 1G -f 4" timeout 250 bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/rs-ab.txt"
+    OUT=$L TEST_GPU_PARTS="bench nccl" NG=${NG:-4} timeout $((580 - $(date +%s) + T0)) bash scripts/test-gpu.sh 2>&1 | tee "$L/default.txt" | grep -E "^(FAIL|test-gpu)"
+    cp "$L/test-gpu.log" "$L/test-gpu-default.log" 2>/dev/null
+    ;;
+  *) echo "usage: $0 a|...|o"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs
