@@ -269,19 +269,29 @@ impl GpuCtx {
             .ok_or_else(|| Error::new(ErrorKind::Unsupported, "no kernel for dtype/op"))
     }
 
-    /// Blocks of `threads` threads that one SM keeps resident for our kernels.
+    /// Blocks of `threads` threads that one SM keeps resident for every one of our bulk and
+    /// push kernels (the least of them: every block of a call must be resident, as blocks
+    /// wait for the peers' blocks).
     pub fn blocks_per_sm(&self, threads: u32) -> Result<u32> {
-        let f = self.func(DataType::F32, ReduceOp::Sum)?;
         self.bind()?;
-        let mut per_sm = 1;
-        // SAFETY: valid out-pointer and a loaded function.
-        check(
-            unsafe {
-                sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, f, threads as i32, 0)
-            },
-            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
-        )?;
-        Ok(per_sm.max(1) as u32)
+        let mut least = i32::MAX;
+        for &f in self.funcs.values().chain(self.push_funcs.values()) {
+            let mut per_sm = 1;
+            // SAFETY: valid out-pointer and a loaded function.
+            check(
+                unsafe {
+                    sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                        &mut per_sm,
+                        f,
+                        threads as i32,
+                        0,
+                    )
+                },
+                "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+            )?;
+            least = least.min(per_sm);
+        }
+        Ok(least.clamp(1, i32::MAX) as u32)
     }
 
     pub fn bind(&self) -> Result<()> {

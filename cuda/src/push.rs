@@ -35,6 +35,8 @@ pub const MAX_BLOCKS: u32 = 128;
 /// (kernels.rs).
 pub const FLAGS_OFFSET: usize = 72 * 1024;
 const FLAG_WORDS: usize = MAX_PEERS * MAX_BLOCKS as usize;
+// The most slots (8 GPUs, 128 blocks, four deep) of the least size fill the scratch at most.
+const _: () = assert!(MAX_PEERS * MAX_BLOCKS as usize * 4 * 4096 <= SCRATCH_BYTES);
 const _: () = assert!(
     crate::kernels::SYNC_BYTES <= FLAGS_OFFSET
         && FLAGS_OFFSET + 2 * FLAG_WORDS * 8 <= crate::kernels::P2P_OFFSET
@@ -129,10 +131,26 @@ __device__ __forceinline__ void push_copy(unsigned char* dst, const unsigned cha
     for (unsigned long long i = tid; i < nbytes; i += nth) dst[i] = src[i];
   }
 }
+// Waits until *p >= target, each load an acquire at system scope (the peers' writes before
+// their flag are seen after it, by the group too once it passes the barrier), without the
+// fence that would also wait for this thread's own NVLink writes in flight. Ends early as
+// kernels.rs' waits do: at the deadline (timed_out) or on the abort word.
+__device__ __forceinline__ void push_wait(volatile unsigned long long* p, unsigned long long target, unsigned long long timeout_ns, unsigned long long area) {
+  const unsigned long long t0 = now_ns();
+  unsigned int spins = 0;
+  for (;;) {
+    unsigned long long v;
+    asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    if (v >= target) return;
+    if (now_ns() - t0 > timeout_ns) { timed_out(area); return; }
+    if ((++spins & 1023u) == 0 && aborted(area)) return;
+  }
+}
 // The barrier of this thread's group: the whole block, or (split) named barrier `id` of the
 // group's nth threads (1: senders, 2: reducers; 0 is __syncthreads').
 __device__ __forceinline__ void push_group_sync(bool split, unsigned int id, unsigned int nth) {
-  if (split) asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(nth) : "memory");
+  // barrier.sync, not bar.sync: the group's threads may come from divergent waits.
+  if (split) asm volatile("barrier.sync %0, %1;" :: "r"(id), "r"(nth) : "memory");
   else __syncthreads();
 }
 "#;
@@ -158,7 +176,6 @@ pub fn kernel_source(dt: DataType, op: ReduceOp) -> String {
         r#"{tile}
 extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const {t}* in, Ptrs outs, unsigned long long count, unsigned long long per, Ptrs areas, int n, int me, int avg_n, unsigned long long tile, int rs, int split, unsigned long long timeout_ns) {{
   typedef {t} T;
-  const int V = 16 / sizeof(T);
   const unsigned long long area = areas.p[me];
   const unsigned long long epoch = call_epoch(area);
   arrive_ready(areas, n, me, epoch, timeout_ns);
@@ -184,7 +201,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const {t}* in, Pt
   #define SEND(k, t) do {{ \
     if ((k) >= depth) {{ \
       if (tid < n && tid != me) \
-        wait_at_least(freed + tid * {maxb} + blk, base | ((k) - depth + 1ull), now_ns(), timeout_ns, area); \
+        push_wait(freed + tid * {maxb} + blk, base | ((k) - depth + 1ull), timeout_ns, area); \
       push_group_sync(split, 1, nth); \
     }} \
     for (int q = 1; q < n; q++) {{ \
@@ -199,10 +216,12 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const {t}* in, Pt
       ((volatile unsigned long long*)(areas.p[tid] + {flags}ull))[me * {maxb} + blk] = base | ((k) + 1ull); \
   }} while (0)
   // Reduce tile number k (index t) of my segment once every peer posted it, in rank order,
-  // into the outputs; then raise "freed" in each sender's area.
+  // into the outputs; then raise "freed" in each sender's area. (The waits' acquire loads
+  // order the group's reads after the flag. No fence before "freed":
+  // the group's slot reads have returned by the barrier, their values stored.)
   #define REDUCE(k, t) do {{ \
     if (tid < n && tid != me) \
-      wait_at_least(posted + tid * {maxb} + blk, base | ((k) + 1ull), now_ns(), timeout_ns, area); \
+      push_wait(posted + tid * {maxb} + blk, base | ((k) + 1ull), timeout_ns, area); \
     push_group_sync(split, 2, nth); \
     {name}_tile(in, outs, count, per, n, me, avg_n, tile, rs, (t), aligned, tid, nth, area + {scratch}ull, (unsigned long long)nb * depth * tile * sizeof(T), ((unsigned long long)blk * depth + (k) % depth) * tile * sizeof(T)); \
     push_group_sync(split, 2, nth); \
