@@ -114,7 +114,8 @@ fn layout(rs: bool, n: usize, count: usize, dt: DataType) -> (usize, usize) {
 /// a block's thread group.
 pub const COMMON_SOURCE: &str = r#"
 // Copies nbytes from src to dst with threads tid of nth: 16-byte vectors, four loads in flight
-// a thread before their stores, when both are 16-byte aligned; else byte by byte.
+// a thread before their stores, when both are 16-byte aligned; else 8- or 4-byte words where
+// both allow, else byte by byte.
 __device__ __forceinline__ void push_copy(unsigned char* dst, const unsigned char* src, unsigned long long nbytes, bool aligned, unsigned int tid, unsigned int nth) {
   if (aligned) {
     const unsigned long long nv = nbytes / 16;
@@ -127,6 +128,15 @@ __device__ __forceinline__ void push_copy(unsigned char* dst, const unsigned cha
     }
     for (; j < nv; j += nth) d[j] = s[j];
     for (unsigned long long i = nv * 16 + tid; i < nbytes; i += nth) dst[i] = src[i];
+  } else if ((((unsigned long long)dst | (unsigned long long)src) & 7) == 0) {
+    // A reduce-scatter's blocks off 16 bytes: the widest words both ends allow.
+    const unsigned long long nw = nbytes / 8;
+    for (unsigned long long j = tid; j < nw; j += nth) ((unsigned long long*)dst)[j] = ((const unsigned long long*)src)[j];
+    for (unsigned long long i = nw * 8 + tid; i < nbytes; i += nth) dst[i] = src[i];
+  } else if ((((unsigned long long)dst | (unsigned long long)src) & 3) == 0) {
+    const unsigned long long nw = nbytes / 4;
+    for (unsigned long long j = tid; j < nw; j += nth) ((unsigned int*)dst)[j] = ((const unsigned int*)src)[j];
+    for (unsigned long long i = nw * 4 + tid; i < nbytes; i += nth) dst[i] = src[i];
   } else {
     for (unsigned long long i = tid; i < nbytes; i += nth) dst[i] = src[i];
   }

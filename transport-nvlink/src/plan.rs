@@ -69,8 +69,8 @@ pub struct Choice {
 /// The kernel and block count for call `a`: the low-latency kernel for all-reduces up to
 /// `ll_max_bytes` per rank (`RAILCC_GPU_LL_MAX_BYTES`, at most what its scratch holds), else
 /// the push kernel for all-reduces (and with `push_rs` reduce-scatters) of at least
-/// `push_bytes` of input per rank where the communicator has at least [`PUSH_MIN_BLOCKS`] or
-/// `push_split` is on (it takes at most `railcc_cuda::push::MAX_BLOCKS`), else the bulk
+/// `push_bytes` of input per rank on at least [`PUSH_MIN_GPUS`] GPUs where the communicator
+/// has at least [`PUSH_MIN_BLOCKS`] or `push_split` is on (it takes at most `railcc_cuda::push::MAX_BLOCKS`), else the bulk
 /// kernel; blocks by the work, at least `min_blocks` (NCCL's minCTAs) and at most
 /// `max_blocks` (the communicator's, fixed at init from `RAILCC_GPU_MAX_BLOCKS` or maxCTAs and what stays
 /// resident). It depends only on the call's shape, so every rank chooses the same.
@@ -113,7 +113,7 @@ fn pushed(a: &CollArgs, c: &Choice) -> Option<bool> {
         _ => return None,
     } * a.dtype.size();
     let enough_blocks = c.max_blocks >= PUSH_MIN_BLOCKS || c.push_split;
-    (a.nranks > 1 && c.push_bytes > 0 && input >= c.push_bytes && enough_blocks)
+    (a.nranks >= PUSH_MIN_GPUS && c.push_bytes > 0 && input >= c.push_bytes && enough_blocks)
         .then_some(a.coll == CollKind::ReduceScatter)
 }
 
@@ -123,6 +123,9 @@ fn pushed(a: &CollArgs, c: &Choice) -> Option<bool> {
 /// against the bulk kernel's 0.93-0.96x, at NCCL's 24 channels 0.88-0.96x against the bulk
 /// kernel's 0.92-1.05x.
 pub const PUSH_MIN_BLOCKS: u32 = 128;
+/// ... and only on this many GPUs or more: measured on 4; on 2, where the bulk kernel reads
+/// 1.03-1.2x NCCL (README), not yet.
+pub const PUSH_MIN_GPUS: usize = 4;
 
 /// Every rank's buffers and sync area of one call, as the launching GPU addresses them: the
 /// same addresses under peer access (one process), mappings of CUDA IPC handles (one process
@@ -417,7 +420,11 @@ mod tests {
             ..ar(4 << 20)
         }));
         assert!(!pushed(&CollArgs {
-            nranks: 1,
+            nranks: 2,
+            ..ar(4 << 20)
+        }));
+        assert!(pushed(&CollArgs {
+            nranks: 8,
             ..ar(4 << 20)
         }));
         // 0: never.
