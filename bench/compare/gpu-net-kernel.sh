@@ -72,7 +72,9 @@ check() {  # LABEL CMD...: runs CMD (at most 120 s), logs it, judges its tables.
   if [ $rc = 0 ] && [ -z "$why" ]; then echo "PASS  $label"; else fail "$label (exit $rc${why:+, $why})"; tail -5 $f; fi
 }
 AS_HOST=$PWD/bench/compare/as-host.sh
-MPIRUN="mpirun -np 2 --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_SOCKET_IFNAME -x RAILCC_SOCKET_IFNAME -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x AS_HOST_GPUS -x AS_HOST_BIND"
+# RAILCC_GPU_PATH=net (no hierarchy: small calls on the flat engine) travels to the ranks.
+export RAILCC_GPU_PATH=${RAILCC_GPU_PATH:-auto}
+MPIRUN="mpirun -np 2 --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_SOCKET_IFNAME -x RAILCC_SOCKET_IFNAME -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x RAILCC_GPU_PATH -x AS_HOST_GPUS -x AS_HOST_BIND"
 OURS="$PWD/.device/lib:/usr/local/cuda/lib64"
 K=${K:-RAILCC_GPU_NET_KERNEL=1}
 
