@@ -27,6 +27,8 @@
 #          all_reduce 8 B-1 GB and alltoall 1 MB and 128 MB, railcc's defaults (the
 #          hierarchy; all_reduce also with every size split, RAILCC_GPU_HIER_SMALL_BYTES=0), NCCL defaults, NCCL 4 x 4 sockets; then railcc's pinned memory as
 #          libnccl reports it at ncclCommDestroy (NCCL_DEBUG=INFO).
+#   flat   (4 GPUs) 2 x 2 all_reduce 8 B-64 KB: railcc's hierarchy against small calls on the
+#          flat engine (RAILCC_GPU_FLAT_BELOW_BYTES), NCCL defaults and 4 x 4 sockets.
 #   numa   (4 GPUs) 2 x 2 all_reduce 16 MB-1 GB: railcc twice, and each rank bound to its
 #          GPU's nearest CPUs (AS_HOST_BIND=1), against NCCL 4 x 4 (which binds its own
 #          threads) free and bound: the run-to-run spread and what placement is worth.
@@ -72,9 +74,10 @@ check() {  # LABEL CMD...: runs CMD (at most 120 s), logs it, judges its tables.
   if [ $rc = 0 ] && [ -z "$why" ]; then echo "PASS  $label"; else fail "$label (exit $rc${why:+, $why})"; tail -5 $f; fi
 }
 AS_HOST=$PWD/bench/compare/as-host.sh
-# RAILCC_GPU_PATH=net (no hierarchy: small calls on the flat engine) travels to the ranks.
-export RAILCC_GPU_PATH=${RAILCC_GPU_PATH:-auto}
-MPIRUN="mpirun -np 2 --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_SOCKET_IFNAME -x RAILCC_SOCKET_IFNAME -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x RAILCC_GPU_PATH -x AS_HOST_GPUS -x AS_HOST_BIND"
+# RAILCC_GPU_PATH=net (no hierarchy) and RAILCC_GPU_FLAT_BELOW_BYTES (small all_reduces on the
+# flat engine) travel to the ranks.
+export RAILCC_GPU_PATH=${RAILCC_GPU_PATH:-auto} RAILCC_GPU_FLAT_BELOW_BYTES=${RAILCC_GPU_FLAT_BELOW_BYTES:-0}
+MPIRUN="mpirun -np 2 --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_SOCKET_IFNAME -x RAILCC_SOCKET_IFNAME -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x RAILCC_GPU_PATH -x RAILCC_GPU_FLAT_BELOW_BYTES -x AS_HOST_GPUS -x AS_HOST_BIND"
 OURS="$PWD/.device/lib:/usr/local/cuda/lib64"
 K=${K:-RAILCC_GPU_NET_KERNEL=1}
 
@@ -197,6 +200,14 @@ case " $PARTS " in *" x2perf "*)
       compare $OUT/nk-x2perf-$b.log "$MPI4" "${b}_perf $(sizes_of $b)" "railcc default|" ${split:+"$split"} "nccl defaults|NCCL=1" "$NCCL_4X4" )
   done
   env AS_HOST_PER=2 LD_LIBRARY_PATH="$OURS" NCCL_DEBUG=INFO $MPI4 -x NCCL_DEBUG $AS_HOST $NTM/build/all_reduce_perf -b 1G -e 1G -n 2 -w 1 -c 1 -g 1 2>&1 | grep -E "pinned host memory|railcc libnccl|^ +[0-9]" | cut -c1-200
+;; esac
+
+case " $PARTS " in *" flat "*)
+  four_gpus flat
+  echo "== 2 x 2 all_reduce 8 B-64 KB: the hierarchy against the flat engine for small calls (time us)"
+  ( export AS_HOST_PER=2
+    compare $OUT/nk-flat.log "$MPI4" "all_reduce_perf -b 8 -e 64K -f 8 -n 1000 -w 50 -c 0 -g 1" "railcc default|" \
+      "railcc flat|RAILCC_GPU_FLAT_BELOW_BYTES=131072" "nccl defaults|NCCL=1" "$NCCL_4X4" )
 ;; esac
 
 case " $PARTS " in *" numa "*)

@@ -45,7 +45,10 @@
 #      push from 16 MiB at 132) against split push (ps) against NCCL.
 #   o  reduce_scatter -g 4: the default (bulk) against push (rs) and split push (rss) against
 #      NCCL; then test-gpu's default parts that the push default (16 MiB) touches: bench, nccl.
-# Usage: bash bench/compare/gpu-x4-next.sh a|...|o (parts e-l on NG GPUs, default 4)
+#   p  issue 31's small 2 x 2 all_reduce on the flat engine (RAILCC_GPU_FLAT_BELOW_BYTES,
+#      bench/results/issue31/small-call-design.md D3): the x2 checks with it at 32 KiB, then
+#      gpu-net-kernel's flat part (8 B-64 KB, the hierarchy against it, NCCL) with NK_ROUNDS=3.
+# Usage: bash bench/compare/gpu-x4-next.sh a|...|p (parts e-l on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -157,7 +160,13 @@ case ${1:-} in
     OUT=$L TEST_GPU_PARTS="bench nccl" NG=${NG:-4} timeout $((580 - $(date +%s) + T0)) bash scripts/test-gpu.sh 2>&1 | tee "$L/default.txt" | grep -E "^(FAIL|test-gpu)"
     cp "$L/test-gpu.log" "$L/test-gpu-default.log" 2>/dev/null
     ;;
-  *) echo "usage: $0 a|...|o"; exit 2 ;;
+  p)
+    RAILCC_GPU_FLAT_BELOW_BYTES=32768 OUT=$L NK_PARTS=x2 timeout 200 bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/x2-flat.txt" | grep -E "^(PASS|FAIL)"
+    if ! grep -q "^FAIL" "$L/x2-flat.txt"; then
+      OUT=$L NK_PARTS=flat NK_ROUNDS=3 timeout 200 bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/flat.txt" | tail -25
+    fi
+    ;;
+  *) echo "usage: $0 a|...|p"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs

@@ -296,6 +296,12 @@ config! {
     /// instead of three steps over 1/L parts (latency over bandwidth). Rank 0's value holds
     /// for every rank.
     gpu_hier_small_bytes: usize = 32 * 1024, "RAILCC_GPU_HIER_SMALL_BYTES";
+    /// On several hosts of several GPUs each, an all_reduce of fewer bytes than this skips the
+    /// hierarchy: the flat network engine runs it between every pair of ranks, in one host
+    /// step and one launch instead of the hierarchy's local call (with its rendezvous between
+    /// the host's processes) and cross call (bench/results/issue31/small-call-design.md, D3).
+    /// 0: never. Rank 0's value holds for every rank. Not measured yet.
+    gpu_flat_below_bytes: usize = 0, "RAILCC_GPU_FLAT_BELOW_BYTES";
     /// A message of a GPU send/recv group across the network is spread over every channel
     /// when each channel gets at least this many bytes of it (smaller ones go whole to one
     /// channel with the group's other messages).
