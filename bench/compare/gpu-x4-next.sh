@@ -39,16 +39,18 @@
 #      NCCL's channels and at one block per SM, the bulk kernel (w1) against push (pu) against
 #      NCCL, out of place and in place; then PyTorch's all_reduce under the default allocator
 #      and expandable segments with push from 16 MiB, 3 repeats, against NCCL (issue 29).
-#   n  (first, next session: written without a GPU) the push kernel's split blocks and its
-#      reduce-scatter: test-gpu's push part with "split rs rssplit"; if they pass, all_reduce
+#   n  (first, next session: written without a GPU) the push kernel's split blocks:
+#      test-gpu's push part with "split"; if they pass, all_reduce
 #      -g 4 at NCCL's channels and at one block per SM, the default (w1: bulk at 24 blocks,
 #      push from 16 MiB at 132) against split push (ps) against NCCL.
-#   o  reduce_scatter -g 4: the default (bulk) against push (rs) and split push (rss) against
-#      NCCL; then test-gpu's default parts that the push default (16 MiB) touches: bench, nccl.
+#   o  the push reduce-scatter: test-gpu's push part with "rs rssplit"; if they pass,
+#      reduce_scatter -g 4: the default (bulk) against push (rs) and split push (rss) against
+#      NCCL.
+#   q  test-gpu's default parts that the push default (16 MiB) touches: bench, nccl.
 #   p  issue 31's small 2 x 2 all_reduce on the flat engine (RAILCC_GPU_FLAT_BELOW_BYTES,
 #      bench/results/issue31/small-call-design.md D3): the x2 checks with it at 32 KiB, then
 #      gpu-net-kernel's flat part (8 B-64 KB, the hierarchy against it, NCCL) with NK_ROUNDS=3.
-# Usage: bash bench/compare/gpu-x4-next.sh a|...|p (parts e-l on NG GPUs, default 4)
+# Usage: bash bench/compare/gpu-x4-next.sh a|...|q (parts e-l on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -149,15 +151,21 @@ case ${1:-} in
     fi
     ;;
   n)
-    OUT=$L TEST_GPU_PARTS=push TEST_GPU_PUSH_CHECKS="${PUSH_CHECKS:-split rs rssplit}" NG=${NG:-4} timeout 330 bash scripts/test-gpu.sh 2>&1 | tee "$L/push.txt" | grep -E "^(PASS|FAIL|test-gpu)"
+    OUT=$L TEST_GPU_PARTS=push TEST_GPU_PUSH_CHECKS="${PUSH_CHECKS:-split}" NG=${NG:-4} timeout 300 bash scripts/test-gpu.sh 2>&1 | tee "$L/push.txt" | grep -E "^(PASS|FAIL|test-gpu)"
     cp "$L/test-gpu.log" "$L/test-gpu-push.log" 2>/dev/null
     if grep -q "test-gpu: [0-9]* passed, 0 failed" "$L/push.txt"; then
       OUT=$L AB_VARIANTS="w1 ps" AB_SIZES="-b 1M -e 1G -f 4" timeout $((580 - $(date +%s) + T0)) bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/split-ab.txt"
     fi
     ;;
   o)
-    OUT=$L AB_COLL=reduce_scatter AB_VARIANTS="w1 rs rss" AB_SIZES="-b 1M -e 1G -f 4" timeout 250 bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/rs-ab.txt"
-    OUT=$L TEST_GPU_PARTS="bench nccl" NG=${NG:-4} timeout $((580 - $(date +%s) + T0)) bash scripts/test-gpu.sh 2>&1 | tee "$L/default.txt" | grep -E "^(FAIL|test-gpu)"
+    OUT=$L TEST_GPU_PARTS=push TEST_GPU_PUSH_CHECKS="${PUSH_CHECKS:-rs rssplit}" NG=${NG:-4} timeout 300 bash scripts/test-gpu.sh 2>&1 | tee "$L/push-rs.txt" | grep -E "^(PASS|FAIL|test-gpu)"
+    cp "$L/test-gpu.log" "$L/test-gpu-push-rs.log" 2>/dev/null
+    if grep -q "test-gpu: [0-9]* passed, 0 failed" "$L/push-rs.txt"; then
+      OUT=$L AB_COLL=reduce_scatter AB_VARIANTS="w1 rs rss" AB_SIZES="-b 1M -e 1G -f 4" timeout $((580 - $(date +%s) + T0)) bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/rs-ab.txt"
+    fi
+    ;;
+  q)
+    OUT=$L TEST_GPU_PARTS="bench nccl" NG=${NG:-4} timeout 560 bash scripts/test-gpu.sh 2>&1 | tee "$L/default.txt" | grep -E "^(FAIL|test-gpu)"
     cp "$L/test-gpu.log" "$L/test-gpu-default.log" 2>/dev/null
     ;;
   p)
@@ -166,7 +174,7 @@ case ${1:-} in
       OUT=$L NK_PARTS=flat NK_ROUNDS=3 timeout 200 bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/flat.txt" | tail -25
     fi
     ;;
-  *) echo "usage: $0 a|...|p"; exit 2 ;;
+  *) echo "usage: $0 a|...|q"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs
