@@ -94,6 +94,50 @@ pub(crate) fn op_expr(op: ReduceOp, dt: DataType) -> &'static str {
     }
 }
 
+/// The device function that reduces one 16-byte vector of each of up to 8 sources (kernels
+/// `vec_source`), shared by the bulk kernel's wide loop and the push kernel.
+pub(crate) fn vec_name(dt: DataType, op: ReduceOp) -> String {
+    format!("vred_{}_{}", dt.name(), op.name())
+}
+
+/// CUDA source of [`vec_name`]'s function: sources 0..n of `y` reduced element by element in
+/// rank order (widened as `ctype` says), avg divided once, stored back as one vector.
+fn vec_source(dt: DataType, op: ReduceOp) -> String {
+    let (t, acc, ld, st) = ctype(dt);
+    let expr = op_expr(op, dt);
+    let avg = if op == ReduceOp::Avg {
+        format!("{{ {t} w = {st}(acc); acc = {ld}(w) / ({acc})avg_n; }}")
+    } else {
+        String::new()
+    };
+    let name = vec_name(dt, op);
+    format!(
+        r#"
+__device__ __forceinline__ uint4 {name}(const uint4 (&y)[8], int n, int avg_n) {{
+  typedef {t} T;
+  const int V = 16 / sizeof(T);
+  const T* xv = (const T*)&y[0];
+  {acc} accs[V];
+#pragma unroll
+  for (int k = 0; k < V; k++) accs[k] = {ld}(xv[k]);
+#pragma unroll
+  for (int r = 1; r < 8; r++) {{
+    if (r < n) {{
+      const T* yv = (const T*)&y[r];
+#pragma unroll
+      for (int k = 0; k < V; k++) {{ {acc} a = accs[k], b = {ld}(yv[k]); accs[k] = {expr}; }}
+    }}
+  }}
+  uint4 x;
+  T* ov = (T*)&x;
+#pragma unroll
+  for (int k = 0; k < V; k++) {{ {acc} acc = accs[k]; {avg} ov[k] = {st}(acc); }}
+  return x;
+}}
+"#
+    )
+}
+
 pub fn kernel_name(dt: DataType, op: ReduceOp) -> String {
     format!("ar_{}_{}", dt.name(), op.name())
 }
@@ -273,6 +317,8 @@ extern "C" __global__ void p2p_wait_copied(unsigned long long mine, unsigned lon
             } else {
                 String::new()
             };
+            let vec = vec_name(dt, op);
+            s.push_str(&vec_source(dt, op));
             // 16-byte vector loop over the aligned middle, scalar loop for the ends.
             s.push_str(&format!(
                 r#"
@@ -315,22 +361,7 @@ extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, int n, Ptrs o
 #pragma unroll
       for (int u = 0; u < 2; u++) {{
         if (u == 1 && !two) break;
-        T* xv = (T*)&y[u][0];
-        {acc} accs[V];
-#pragma unroll
-        for (int k = 0; k < V; k++) accs[k] = {ld}(xv[k]);
-#pragma unroll
-        for (int r = 1; r < 8; r++) {{
-          if (r < n) {{
-            T* yv = (T*)&y[u][r];
-#pragma unroll
-            for (int k = 0; k < V; k++) {{ {acc} a = accs[k], b = {ld}(yv[k]); accs[k] = {expr}; }}
-          }}
-        }}
-        uint4 x;
-        T* ov = (T*)&x;
-#pragma unroll
-        for (int k = 0; k < V; k++) {{ {acc} acc = accs[k]; {avg} ov[k] = {st}(acc); }}
+        const uint4 x = {vec}(y[u], n, avg_n);
         for (int r = 0; r < n_out; r++) ((uint4*)outs.p[r])[j + u * stride] = x;
       }}
     }}

@@ -1,4 +1,5 @@
-//! The push all-reduce: every byte crosses NVLink as a write, none as a read.
+//! The push all-reduce (and reduce-scatter): every byte crosses NVLink as a write, none as a
+//! read.
 //!
 //! Why: the bulk kernel (kernels.rs) reduces each GPU's segment by reading every peer's input
 //! over NVLink, and on 4 GPUs it stays at 0.89-0.94x NCCL at 256 MB-1 GB, while railcc's
@@ -22,7 +23,7 @@
 //! from ending before every peer has written its outputs.
 
 use crate::gpu::GpuCtx;
-use crate::kernels::{ctype, op_expr, MAX_PEERS};
+use crate::kernels::{ctype, op_expr, vec_name, MAX_PEERS};
 use crate::launch::{enqueue, ptrs, Ptrs, THREADS};
 use cudarc::driver::sys;
 use railcc_core::{DataType, ReduceOp, Result};
@@ -36,7 +37,7 @@ pub const MAX_BLOCKS: u32 = 128;
 pub const FLAGS_OFFSET: usize = 72 * 1024;
 const FLAG_WORDS: usize = MAX_PEERS * MAX_BLOCKS as usize;
 // The most slots (8 GPUs, 128 blocks, four deep) of the least size fill the scratch at most.
-const _: () = assert!(MAX_PEERS * MAX_BLOCKS as usize * 4 * 4096 <= SCRATCH_BYTES);
+const _: () = assert!(MAX_PEERS * MAX_BLOCKS as usize * depth(true) * 4096 <= SCRATCH_BYTES);
 const _: () = assert!(
     crate::kernels::SYNC_BYTES <= FLAGS_OFFSET
         && FLAGS_OFFSET + 2 * FLAG_WORDS * 8 <= crate::kernels::P2P_OFFSET
@@ -46,8 +47,8 @@ const _: () = assert!(
 pub const SCRATCH_OFFSET: usize = crate::kernels::SCRATCH_OFFSET + crate::ll::SCRATCH_BYTES;
 pub const SCRATCH_BYTES: usize = 16 << 20;
 /// Slots per sender and block: one being reduced, one being filled; four where the block's
-/// halves send and reduce at their own pace (`split`).
-fn depth(split: bool) -> usize {
+/// halves send and reduce at their own pace (`split`). The kernel takes it as an argument.
+const fn depth(split: bool) -> usize {
     if split {
         4
     } else {
@@ -156,6 +157,11 @@ __device__ __forceinline__ void push_wait(volatile unsigned long long* p, unsign
     if ((++spins & 1023u) == 0 && aborted(area)) return;
   }
 }
+// Slot s of sender r for block blk (of nb, depth slots a sender) in the scratch at `scratch`
+// (one GPU's): where the sender writes and the owner reads.
+__device__ __forceinline__ unsigned long long push_slot(unsigned long long scratch, int r, unsigned int nb, unsigned int blk, unsigned long long depth, unsigned long long s, unsigned long long slot_bytes) {
+  return scratch + (((unsigned long long)r * nb + blk) * depth + s) * slot_bytes;
+}
 // The barrier of this thread's group: the whole block, or (split) named barrier `id` of the
 // group's nth threads (1: senders, 2: reducers; 0 is __syncthreads').
 __device__ __forceinline__ void push_group_sync(bool split, unsigned int id, unsigned int nth) {
@@ -181,17 +187,16 @@ pub fn kernel_source(dt: DataType, op: ReduceOp) -> String {
     };
     let name = kernel_name(dt, op);
     let (flags, fw, scratch, maxb) = (FLAGS_OFFSET, FLAG_WORDS, SCRATCH_OFFSET, MAX_BLOCKS);
-    let tile = tile_source(&name, t, acc, ld, st, expr, &avg);
+    let tile = tile_source(&name, &vec_name(dt, op), t, acc, ld, st, expr, &avg);
     format!(
         r#"{tile}
-extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const {t}* in, Ptrs outs, unsigned long long count, unsigned long long per, Ptrs areas, int n, int me, int avg_n, unsigned long long tile, int rs, int split, unsigned long long timeout_ns) {{
+extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const {t}* in, Ptrs outs, unsigned long long count, unsigned long long per, Ptrs areas, int n, int me, int avg_n, unsigned long long tile, int rs, int split, unsigned long long depth, unsigned long long timeout_ns) {{
   typedef {t} T;
   const unsigned long long area = areas.p[me];
   const unsigned long long epoch = call_epoch(area);
   arrive_ready(areas, n, me, epoch, timeout_ns);
   const unsigned long long base = epoch << 32;
   const unsigned long long tiles = (per + tile - 1) / tile;
-  const unsigned long long depth = split ? 4ull : 2ull;
   const unsigned int blk = blockIdx.x, nb = gridDim.x;
   // Split: threads [0, nth) send, [nth, 2 nth) reduce; else every thread does both.
   const unsigned int nth = split ? blockDim.x / 2 : blockDim.x;
@@ -203,8 +208,6 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const {t}* in, Pt
   for (int r = 0; r < n; r++) aligned = aligned && (outs.p[r] % 16 == 0);
   volatile unsigned long long* posted = (volatile unsigned long long*)(area + {flags}ull);
   volatile unsigned long long* freed = posted + {fw};
-  // Slot S of sender R for this block in GPU G's scratch.
-  #define SLOT(G, R, S) ((T*)(areas.p[G] + {scratch}ull + ((((unsigned long long)(R) * nb + blk) * depth + (S)) * tile * sizeof(T))))
   // Send tile number k (tile index t) of every peer's segment into the peer's slot k % depth,
   // once the peer has freed what that slot held (tile k - depth), starting after me so the
   // GPUs spread their writes over the links; then raise "posted" in each peer's area.
@@ -218,7 +221,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const {t}* in, Pt
       const int p = (me + q) % n; \
       const unsigned long long sb = min((unsigned long long)p * per, count), se = min(sb + per, count); \
       const unsigned long long tb = sb + (t) * tile, te = min(tb + tile, se); \
-      if (tb < te) push_copy((unsigned char*)SLOT(p, me, (k) % depth), (const unsigned char*)(in + tb), (te - tb) * sizeof(T), aligned, tid, nth); \
+      if (tb < te) push_copy((unsigned char*)push_slot(areas.p[p] + {scratch}ull, me, nb, blk, depth, (k) % depth, tile * sizeof(T)), (const unsigned char*)(in + tb), (te - tb) * sizeof(T), aligned, tid, nth); \
     }} \
     __threadfence_system(); \
     push_group_sync(split, 1, nth); \
@@ -233,7 +236,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const {t}* in, Pt
     if (tid < n && tid != me) \
       push_wait(posted + tid * {maxb} + blk, base | ((k) + 1ull), timeout_ns, area); \
     push_group_sync(split, 2, nth); \
-    {name}_tile(in, outs, count, per, n, me, avg_n, tile, rs, (t), aligned, tid, nth, area + {scratch}ull, (unsigned long long)nb * depth * tile * sizeof(T), ((unsigned long long)blk * depth + (k) % depth) * tile * sizeof(T)); \
+    {name}_tile(in, outs, count, per, n, me, avg_n, tile, rs, (t), aligned, tid, nth, area + {scratch}ull, nb, blk, depth, (k) % depth); \
     push_group_sync(split, 2, nth); \
     if (tid < n && tid != me) \
       ((volatile unsigned long long*)(areas.p[tid] + {flags}ull))[{fw} + me * {maxb} + blk] = base | ((k) + 1ull); \
@@ -254,7 +257,6 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const {t}* in, Pt
   }}
   #undef REDUCE
   #undef SEND
-  #undef SLOT
   __syncthreads();
   arrive_done(areas, n, me, epoch, timeout_ns);
 }}
@@ -263,8 +265,10 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const {t}* in, Pt
 }
 
 /// The reduction of one tile: a device function, ahead of the kernel in the source.
+#[allow(clippy::too_many_arguments)]
 fn tile_source(
     name: &str,
+    vec: &str,
     t: &str,
     acc: &str,
     ld: &str,
@@ -274,11 +278,10 @@ fn tile_source(
 ) -> String {
     format!(
         r#"
-// Tile t of my segment: my input and the peers' slots (sender r's at slots + r * stride + at
-// in my scratch) reduced in rank order. The
-// slots are read past L1 (ld.global.cg, volatile): this SM may hold lines of the same slot from
+// Tile t of my segment: my input and the peers' slots (slot s of this block in my scratch)
+// reduced in rank order. The slots are read past L1 (ld.global.cg, volatile): this SM may hold lines of the same slot from
 // an earlier tile, and L1 does not see the peers' NVLink writes.
-__device__ __forceinline__ void {name}_tile(const {t}* in, Ptrs outs, unsigned long long count, unsigned long long per, int n, int me, int avg_n, unsigned long long tile, int rs, unsigned long long t, bool aligned, unsigned int tid, unsigned int nth, unsigned long long slots, unsigned long long stride, unsigned long long at) {{
+__device__ __forceinline__ void {name}_tile(const {t}* in, Ptrs outs, unsigned long long count, unsigned long long per, int n, int me, int avg_n, unsigned long long tile, int rs, unsigned long long t, bool aligned, unsigned int tid, unsigned int nth, unsigned long long scratch, unsigned int nb, unsigned int blk, unsigned long long depth, unsigned long long s) {{
   typedef {t} T;
   const int V = 16 / sizeof(T);
   const unsigned long long sb = min((unsigned long long)me * per, count), se = min(sb + per, count);
@@ -286,7 +289,7 @@ __device__ __forceinline__ void {name}_tile(const {t}* in, Ptrs outs, unsigned l
   const T* src[8];
 #pragma unroll
   for (int r = 0; r < 8; r++)
-    src[r] = r < n ? (r == me ? in + tb : (const T*)(slots + r * stride + at)) : (const T*)0;
+    src[r] = r < n ? (r == me ? in + tb : (const T*)push_slot(scratch, r, nb, blk, depth, s, tile * sizeof(T))) : (const T*)0;
   // All-reduce: every output, at the segment's place; reduce-scatter: my own, from its start.
   const int n_out = rs ? 1 : n;
   unsigned long long dst[8];
@@ -311,22 +314,7 @@ __device__ __forceinline__ void {name}_tile(const {t}* in, Ptrs outs, unsigned l
 #pragma unroll
     for (int u = 0; u < 2; u++) {{
       if (u == 1 && !two) break;
-      T* xv = (T*)&y[u][0];
-      {acc} accs[V];
-#pragma unroll
-      for (int e = 0; e < V; e++) accs[e] = {ld}(xv[e]);
-#pragma unroll
-      for (int r = 1; r < 8; r++) {{
-        if (r < n) {{
-          T* yv = (T*)&y[u][r];
-#pragma unroll
-          for (int e = 0; e < V; e++) {{ {acc} a = accs[e], b = {ld}(yv[e]); accs[e] = {expr}; }}
-        }}
-      }}
-      uint4 x;
-      T* ov = (T*)&x;
-#pragma unroll
-      for (int e = 0; e < V; e++) {{ {acc} acc = accs[e]; {avg} ov[e] = {st}(acc); }}
+      const uint4 x = {vec}(y[u], n, avg_n);
       for (int q = 0; q < n_out; q++) ((uint4*)dst[q])[j + u * nth] = x;
     }}
   }}
@@ -377,8 +365,9 @@ pub unsafe fn launch(
     let (mut n, mut me_i, mut avg_n) = (areas.len() as i32, me as i32, areas.len() as i32);
     let mut tile = (s.slot / dt.size()) as u64;
     let (mut rs, mut split) = (i32::from(s.rs), i32::from(s.split));
+    let mut slots = depth(s.split) as u64;
     let mut timeout = timeout_ns;
-    let mut params: [*mut c_void; 12] = [
+    let mut params: [*mut c_void; 13] = [
         &mut i as *mut u64 as *mut c_void,
         &mut po as *mut Ptrs as *mut c_void,
         &mut cnt as *mut u64 as *mut c_void,
@@ -390,6 +379,7 @@ pub unsafe fn launch(
         &mut tile as *mut u64 as *mut c_void,
         &mut rs as *mut i32 as *mut c_void,
         &mut split as *mut i32 as *mut c_void,
+        &mut slots as *mut u64 as *mut c_void,
         &mut timeout as *mut u64 as *mut c_void,
     ];
     // SAFETY: the parameters match the kernel's signature and live across the call; the caller

@@ -1,6 +1,6 @@
 //! From a collective to kernel launches, the same for one process driving every GPU and for
 //! one process per GPU (they differ only in where the peers' addresses come from):
-//! - [`choose`]: the one place that picks the kernel (low-latency or bulk) and its thread
+//! - [`choose`]: the one place that picks the kernel (low-latency, push or bulk) and its thread
 //!   blocks per GPU for a call;
 //! - [`spec`]: which inputs, outputs and element range GPU g's bulk kernel gets;
 //! - [`enqueue`]: GPU g's launch on the caller's stream. The kernels themselves are the CUDA
@@ -70,10 +70,10 @@ pub struct Choice {
 /// `ll_max_bytes` per rank (`RAILCC_GPU_LL_MAX_BYTES`, at most what its scratch holds), else
 /// the push kernel for all-reduces (and with `push_rs` reduce-scatters) of at least
 /// `push_bytes` of input per rank on at least [`PUSH_MIN_GPUS`] GPUs where the communicator
-/// has at least [`PUSH_MIN_BLOCKS`] or `push_split` is on (it takes at most `railcc_cuda::push::MAX_BLOCKS`), else the bulk
-/// kernel; blocks by the work, at least `min_blocks` (NCCL's minCTAs) and at most
-/// `max_blocks` (the communicator's, fixed at init from `RAILCC_GPU_MAX_BLOCKS` or maxCTAs and what stays
-/// resident). It depends only on the call's shape, so every rank chooses the same.
+/// has at least [`PUSH_MIN_BLOCKS`] or `push_split` is on (it takes at most
+/// `railcc_cuda::push::MAX_BLOCKS`), else the bulk kernel; blocks by the work, at least
+/// `min_blocks` (NCCL's minCTAs) and at most `max_blocks` (the communicator's, fixed at init
+/// from `RAILCC_GPU_MAX_BLOCKS` or maxCTAs and what stays resident). It depends only on the call's shape, so every rank chooses the same.
 pub fn choose(a: &CollArgs, c: &Choice) -> Kernel {
     let Choice {
         ll_max_bytes,
@@ -118,8 +118,7 @@ fn pushed(a: &CollArgs, c: &Choice) -> Option<bool> {
 }
 
 /// The push kernel only where the communicator may use this many blocks per GPU (unless
-/// split): measured on
-/// 4 x H100 (bench/results, 2026-11-27), at 128 blocks it read 1.01-1.05x NCCL at 16-256 MB
+/// split): measured on 4 x H100 (bench/results, 2026-11-27), at 128 blocks it read 1.01-1.05x NCCL at 16-256 MB
 /// against the bulk kernel's 0.93-0.96x, at NCCL's 24 channels 0.88-0.96x against the bulk
 /// kernel's 0.92-1.05x.
 pub const PUSH_MIN_BLOCKS: u32 = 128;

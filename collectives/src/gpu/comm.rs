@@ -36,18 +36,7 @@ pub enum Reach {
 enum Path {
     InProcess(MultiGpu),
     Peer(ProcGpu),
-    /// `flat_below`: all_reduces of fewer bytes per rank skip the hierarchy (rank 0's
-    /// `RAILCC_GPU_FLAT_BELOW_BYTES`).
-    Net {
-        net: GpuNet,
-        hier: Option<HierGpu>,
-        flat_below: usize,
-    },
-}
-
-/// Whether call `a` runs on the flat engine although the hierarchy takes it.
-fn flat(a: &CollArgs, flat_below: usize) -> bool {
-    a.coll == CollKind::AllReduce && a.count * a.dtype.size() < flat_below
+    Net { net: GpuNet, hier: Option<HierGpu> },
 }
 
 impl Path {
@@ -158,11 +147,7 @@ impl GpuComm {
                     Some(Err(e)) => Err(e.clone()),
                     _ => Ok(()),
                 };
-                let below = boot.config().gpu_flat_below_bytes as u64;
-                let mine = [
-                    agree::record(&net, |_| below.to_le_bytes().to_vec()),
-                    agree::record(&h, |_| vec![]),
-                ];
+                let mine = [agree::record(&net, |_| vec![]), agree::record(&h, |_| vec![])];
                 let all = boot.oob_all_gather(&mine.concat())?;
                 let net = net?;
                 if let Some((r, why)) = agree::first_failure(&all, 0) {
@@ -180,18 +165,7 @@ impl GpuComm {
                     }
                     None => hier.transpose()?,
                 };
-                // Rank 0's threshold, so every rank routes a call alike.
-                let p = all.first().map(|m| agree::payload(m, 0)).unwrap_or_default();
-                let flat_below = p
-                    .get(..8)
-                    .and_then(|b| b.try_into().ok())
-                    .map(u64::from_le_bytes)
-                    .unwrap_or(0) as usize;
-                Path::Net {
-                    net,
-                    hier,
-                    flat_below,
-                }
+                Path::Net { net, hier }
             }
         };
         Ok(GpuComm {
@@ -254,12 +228,8 @@ impl GpuComm {
         match &self.path {
             Path::InProcess(m) => m.async_error(),
             Path::Peer(pg) => pg.async_error(),
-            Path::Net {
-                net, hier: None, ..
-            } => net.async_error(),
-            Path::Net {
-                net, hier: Some(h), ..
-            } => match (net.async_error(), h.async_error()) {
+            Path::Net { net, hier: None } => net.async_error(),
+            Path::Net { net, hier: Some(h) } => match (net.async_error(), h.async_error()) {
                 (Some(e), None) => {
                     h.abort_with(e.clone());
                     Some(e)
@@ -278,7 +248,7 @@ impl GpuComm {
         match &self.path {
             Path::InProcess(m) => m.abort(),
             Path::Peer(pg) => pg.abort(),
-            Path::Net { net, hier, .. } => {
+            Path::Net { net, hier } => {
                 net.abort();
                 if let Some(h) = hier {
                     h.abort();
@@ -320,11 +290,7 @@ impl GpuComm {
             Path::InProcess(_) => Ok(0),
             // SAFETY: the caller's contract.
             Path::Peer(pg) => unsafe { pg.collective(&c) }.map(|l| l.blocks_per_gpu),
-            Path::Net {
-                net,
-                hier,
-                flat_below,
-            } => {
+            Path::Net { net, hier } => {
                 // Either part broken breaks the communicator: a call on the other would run
                 // here while the peers that saw the failure have stopped.
                 self.not_broken()?;
@@ -336,10 +302,7 @@ impl GpuComm {
                     return unsafe { self.all_to_all_split(h, &a, send, recv, c.stream) }
                         .map(|_| 0);
                 }
-                if let Some(h) = hier
-                    .as_ref()
-                    .filter(|h| h.takes(&a) && !flat(&a, *flat_below))
-                {
+                if let Some(h) = hier.as_ref().filter(|h| h.takes(&a)) {
                     // SAFETY: the caller's contract.
                     return unsafe { h.enqueue(&a, send, recv, stream) }.map(|_| 0);
                 }
@@ -394,7 +357,7 @@ impl GpuComm {
             .rank(self.rank)),
             // SAFETY: the caller's contract.
             Path::Peer(pg) => unsafe { pg.p2p(&self.numbered(ops, Some)) },
-            Path::Net { net, hier, .. } => {
+            Path::Net { net, hier } => {
                 self.not_broken()?;
                 let local =
                     |o: &&P2pOp| hier.is_some() && self.reach(o.peer) == Some(Reach::PeerAccess);
@@ -533,29 +496,5 @@ impl GpuComm {
         unsafe { h.copy(recv + me, send + me, chunk, stream_of(stream)) }?;
         // SAFETY: the caller's contract.
         unsafe { self.p2p(&ops) }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use railcc_core::{DataType, ReduceOp};
-
-    #[test]
-    fn only_small_all_reduces_skip_the_hierarchy() {
-        let a = |coll, count| CollArgs {
-            coll,
-            nranks: 4,
-            count,
-            dtype: DataType::F32,
-            op: ReduceOp::Sum,
-            root: 0,
-        };
-        // Below 32 KiB of f32: flat; at it: the hierarchy; 0: never flat.
-        assert!(flat(&a(CollKind::AllReduce, 2), 32 * 1024));
-        assert!(flat(&a(CollKind::AllReduce, 8 * 1024 - 1), 32 * 1024));
-        assert!(!flat(&a(CollKind::AllReduce, 8 * 1024), 32 * 1024));
-        assert!(!flat(&a(CollKind::AllReduce, 2), 0));
-        assert!(!flat(&a(CollKind::Broadcast, 2), 32 * 1024));
     }
 }
