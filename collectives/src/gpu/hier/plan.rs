@@ -134,6 +134,14 @@ pub struct HierPlan {
     pub scratch: usize,
 }
 
+/// Whether call `a` goes to the flat network engine although the hierarchy covers it: an
+/// all_reduce of fewer bytes than `flat_below` (`RAILCC_GPU_FLAT_BELOW_BYTES`; 0: never), one
+/// host step instead of the hierarchy's local and cross calls
+/// (bench/results/issue31/small-call-design.md, D3).
+pub fn flat(a: &CollArgs, flat_below: usize) -> bool {
+    a.coll == CollKind::AllReduce && a.count * a.dtype.size() < flat_below
+}
+
 /// Whether the hierarchical schedules cover a call: the five collectives; averages only of
 /// floating types (the average of averages equals the whole average up to rounding, an
 /// integer one does not).

@@ -4,7 +4,7 @@
 //! copies. So a call returns once its steps are enqueued (a local step first waits on the
 //! host for the host's other ranks to make the same call, as every per-process call does).
 
-use super::plan::{plan, takes, At, Buf, Layout, Step};
+use super::plan::{flat, plan, takes, At, Buf, Layout, Step};
 use crate::comm::Communicator;
 use crate::gpu::net::{GpuNet, NetOp};
 use parking_lot::Mutex;
@@ -38,6 +38,9 @@ pub struct HierGpu {
     /// All_reduces and broadcasts of at most this many bytes run whole (`plan`): rank 0's
     /// `RAILCC_GPU_HIER_SMALL_BYTES`, so every rank runs the same steps.
     small_bytes: usize,
+    /// All_reduces of fewer bytes than this are not this path's (`takes`): the flat network
+    /// engine runs them in one host step (rank 0's `RAILCC_GPU_FLAT_BELOW_BYTES`; 0: none).
+    flat_below: usize,
     scratch: Mutex<Scratch>,
     /// Side streams by caller stream (addresses): `side_stream`.
     sides: Mutex<HashMap<usize, usize>>,
@@ -120,13 +123,19 @@ impl HierGpu {
             e.rank(rank)
                 .op("hierarchical init: the network between hosts")
         })?;
-        // Every rank must cut a call the same way: rank 0's threshold for all.
-        let small = parent.oob_all_gather(&(cfg.gpu_hier_small_bytes as u64).to_le_bytes())?;
-        let small_bytes = small
+        // Every rank must cut and route a call the same way: rank 0's thresholds for all.
+        let mine =
+            [cfg.gpu_hier_small_bytes, cfg.gpu_flat_below_bytes].map(|v| (v as u64).to_le_bytes());
+        let sizes = parent.oob_all_gather(&mine.concat())?;
+        let [small_bytes, flat_below] = sizes
             .first()
-            .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
-            .map(|b| u64::from_le_bytes(b) as usize)
-            .ok_or_else(|| Error::invalid("hierarchical init: rank 0 sent no small-call size"))?;
+            .and_then(|b| <[u8; 16]>::try_from(b.as_slice()).ok())
+            .map(|b| {
+                let word =
+                    |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+                [word(0) as usize, word(8) as usize]
+            })
+            .ok_or_else(|| Error::invalid("hierarchical init: rank 0 sent no small-call sizes"))?;
         let desc = format!(
             "hierarchical: {} hosts x {} GPUs; inside a host the NVLink kernels, between hosts local index {index}'s engine ({})",
             layout.nhosts(),
@@ -159,6 +168,7 @@ impl HierGpu {
             local,
             cross,
             small_bytes,
+            flat_below,
             scratch: Mutex::new(Scratch::default()),
             sides: Mutex::new(HashMap::new()),
             cause,
@@ -179,7 +189,7 @@ impl HierGpu {
 
     /// Whether this path runs `a` (else the caller takes the flat network path).
     pub fn takes(&self, a: &CollArgs) -> bool {
-        a.nranks == self.layout.nranks() && takes(a)
+        a.nranks == self.layout.nranks() && takes(a) && !flat(a, self.flat_below)
     }
 
     /// The error that broke either part, if any, naming ranks as the communicator does. The

@@ -374,3 +374,21 @@ fn small_calls_run_whole_in_two_steps() {
         }
     }
 }
+
+#[test]
+fn only_small_all_reduces_skip_the_hierarchy() {
+    let a = |coll, count| CollArgs {
+        coll,
+        nranks: 4,
+        count,
+        dtype: DataType::F32,
+        op: ReduceOp::Sum,
+        root: 0,
+    };
+    // Below 32 KiB of f32: flat; at it: the hierarchy; 0: never flat.
+    assert!(flat(&a(CollKind::AllReduce, 2), 32 * 1024));
+    assert!(flat(&a(CollKind::AllReduce, 8 * 1024 - 1), 32 * 1024));
+    assert!(!flat(&a(CollKind::AllReduce, 8 * 1024), 32 * 1024));
+    assert!(!flat(&a(CollKind::AllReduce, 2), 0));
+    assert!(!flat(&a(CollKind::Broadcast, 2), 32 * 1024));
+}
