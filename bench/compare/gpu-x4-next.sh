@@ -50,7 +50,8 @@
 #   p  issue 31's small 2 x 2 all_reduce on the flat engine (RAILCC_GPU_FLAT_BELOW_BYTES,
 #      bench/results/issue31/small-call-design.md D3): the x2 checks with it at 32 KiB, then
 #      gpu-net-kernel's flat part (8 B-64 KB, the hierarchy against it, NCCL) with NK_ROUNDS=3.
-# Usage: bash bench/compare/gpu-x4-next.sh a|...|q (parts e-l on NG GPUs, default 4)
+#   r  part n's checks and A/B, then test-gpu's bench part (the default path) in the time left.
+# Usage: bash bench/compare/gpu-x4-next.sh a|...|r (parts e-l on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -174,7 +175,16 @@ case ${1:-} in
       OUT=$L NK_PARTS=flat NK_ROUNDS=3 timeout 200 bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/flat.txt" | tail -25
     fi
     ;;
-  *) echo "usage: $0 a|...|q"; exit 2 ;;
+  r)
+    OUT=$L TEST_GPU_PARTS=push TEST_GPU_PUSH_CHECKS="${PUSH_CHECKS:-split}" NG=${NG:-4} timeout 240 bash scripts/test-gpu.sh 2>&1 | tee "$L/push.txt" | grep -E "^(PASS|FAIL|test-gpu)"
+    cp "$L/test-gpu.log" "$L/test-gpu-push.log" 2>/dev/null
+    if grep -q "test-gpu: [0-9]* passed, 0 failed" "$L/push.txt"; then
+      OUT=$L AB_VARIANTS="w1 ps" AB_SIZES="-b 1M -e 1G -f 4" timeout 200 bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/split-ab.txt"
+    fi
+    OUT=$L TEST_GPU_PARTS=bench NG=${NG:-4} timeout $((570 - $(date +%s) + T0)) bash scripts/test-gpu.sh 2>&1 | tee "$L/default-bench.txt" | grep -E "^(FAIL|test-gpu)"
+    cp "$L/test-gpu.log" "$L/test-gpu-default-bench.log" 2>/dev/null
+    ;;
+  *) echo "usage: $0 a|...|r"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs
