@@ -91,11 +91,18 @@ verdict() {
   fi
 }
 
-# check LABEL CMD...: runs CMD (10 minutes at most) and counts its verdict.
+# check LABEL CMD...: runs CMD (TEST_GPU_CHECK_LIMIT seconds, default 600, at most) and counts
+# its verdict. A TERM to this script (an outer timeout) stops the check's command too: left
+# running, it wrote into the next check's log.
+CHILD=
+trap '[ -n "$CHILD" ] && kill -TERM "$CHILD" 2>/dev/null; echo "test-gpu: stopped from outside ($PASSED passed, $FAILED failed so far)"; exit 143' TERM INT
 check() {
-  local label=$1; shift
-  timeout 600 "$@" > /tmp/test-gpu-one.log 2>&1
-  verdict "$label" $? /tmp/test-gpu-one.log
+  local label=$1 rc; shift
+  timeout -k 5 "${TEST_GPU_CHECK_LIMIT:-600}" "$@" > /tmp/test-gpu-one.log 2>&1 &
+  CHILD=$!
+  wait "$CHILD"; rc=$?
+  CHILD=
+  verdict "$label" $rc /tmp/test-gpu-one.log
 }
 
 case " $PARTS " in *" unit "*)
@@ -149,11 +156,12 @@ case " $PARTS " in *" bench "*)
         $R bench $c --device cuda $mode -b 8 -e 2M -f 32 -d all -o all -n 4 -w 1 -G 3 -r 1
     done
     # The default checks on the GPU: the host's way once, and an offset off the element size
-    # (the host makes those inputs; int8's stay on the GPU).
+    # (3 bytes: only the one-byte types may start there, as in CUDA; the host makes their
+    # inputs, the GPU checks).
     check "bench all_reduce $way: --check-on host, every dtype and op, 8 B-2 MB" \
       $R bench all_reduce --device cuda $mode -b 8 -e 2M -f 8 -d all -o all -n 1 -w 0 -r 1 --check-on host
-    check "bench reduce_scatter $way: --offset 3, every dtype, 8 B-2 MB" \
-      $R bench reduce_scatter --device cuda $mode -b 8 -e 2M -f 8 -d all -n 1 -w 0 -r 1 --offset 3
+    check "bench reduce_scatter $way: --offset 3, int8 and uint8, every op, 8 B-2 MB" \
+      $R bench reduce_scatter --device cuda $mode -b 8 -e 2M -f 8 -d int8,uint8 -o all -n 1 -w 0 -r 1 --offset 3
     check "bench all_reduce $way: -G 10 --fill random, half and bfloat16, 8 B-64 MB" \
       $R bench all_reduce --device cuda $mode -b 8 -e 64M -f 16 -d half,bfloat16 -o sum,avg -n 5 -w 1 -G 10 --fill random
   done
@@ -180,13 +188,17 @@ case " $PARTS " in *" push "*)
           $PUSH $R bench all_reduce --device cuda $mode -b 4100 -e 4M -f 16 -d all -o all -n 1 -w 0 -r 1 --fill random ;;
         graphs) check "push bench all_reduce $way: -G 3, every dtype and op, 8 B-8 MB" \
           $PUSH $R bench all_reduce --device cuda $mode -b 8 -e 8M -f 32 -d all -o all -n 4 -w 1 -G 3 -r 1 ;;
-        split) check "push split bench all_reduce $way: 3 and 24 blocks, every dtype, sum and avg, --offset 8, --fill random, 1 KB-64 MB" \
-            $SPLIT $PUSH RAILCC_GPU_MAX_BLOCKS=3 $R bench all_reduce --device cuda $mode -b 1K -e 64M -f 8 -d all -o sum,avg -n 3 -w 1 -r 1 --fill random --offset 8
-          check "push split bench all_reduce $way: 24 blocks, every dtype and op, -G 3, 8 B-64 MB" \
-            $SPLIT $PUSH RAILCC_GPU_MAX_BLOCKS=24 $R bench all_reduce --device cuda $mode -b 8 -e 64M -f 8 -d all -o all -n 3 -w 1 -r 1 -G 3 ;;
+        split) check "push split bench all_reduce $way: 3 blocks, float and bfloat16, sum and avg, --offset 8, --fill random, 1 KB-64 MB" \
+            $SPLIT $PUSH RAILCC_GPU_MAX_BLOCKS=3 $R bench all_reduce --device cuda $mode -b 1K -e 64M -f 8 -d float,bfloat16 -o sum,avg -n 3 -w 1 -r 1 --fill random --offset 8
+          check "push split bench all_reduce $way: 24 blocks, every dtype and op, -G 3, 8 B-8 MB" \
+            $SPLIT $PUSH RAILCC_GPU_MAX_BLOCKS=24 $R bench all_reduce --device cuda $mode -b 8 -e 8M -f 8 -d all -o all -n 3 -w 1 -r 1 -G 3
+          check "push split bench all_reduce $way: 24 blocks, float and bfloat16, sum, 16 MB-256 MB" \
+            $SPLIT $PUSH RAILCC_GPU_MAX_BLOCKS=24 $R bench all_reduce --device cuda $mode -b 16M -e 256M -f 4 -d float,bfloat16 -o sum -n 3 -w 1 -r 1 ;;
         rs|rssplit) v=; [ $c = rssplit ] && v=$SPLIT
-          check "push $c bench reduce_scatter $way: 3 blocks, every dtype and op, --offset 3, --fill random, 8 B-64 MB" \
-            $v $RS $PUSH RAILCC_GPU_MAX_BLOCKS=3 $R bench reduce_scatter --device cuda $mode -b 8 -e 64M -f 8 -d all -o all -n 3 -w 1 -r 1 --fill random --offset 3
+          check "push $c bench reduce_scatter $way: 3 blocks, int8 and uint8, every op, --offset 3, --fill random, 8 B-64 MB" \
+            $v $RS $PUSH RAILCC_GPU_MAX_BLOCKS=3 $R bench reduce_scatter --device cuda $mode -b 8 -e 64M -f 8 -d int8,uint8 -o all -n 3 -w 1 -r 1 --fill random --offset 3
+          check "push $c bench reduce_scatter $way: 3 blocks, every dtype and op, --offset 8, 8 B-8 MB" \
+            $v $RS $PUSH RAILCC_GPU_MAX_BLOCKS=3 $R bench reduce_scatter --device cuda $mode -b 8 -e 8M -f 8 -d all -o all -n 1 -w 0 -r 1 --offset 8
           check "push $c bench reduce_scatter $way: every dtype, sum and avg, -G 3, 4 KB-64 MB" \
             $v $RS $PUSH $R bench reduce_scatter --device cuda $mode -b 4K -e 64M -f 16 -d all -o sum,avg -n 3 -w 1 -r 1 -G 3 ;;
         *) echo "test-gpu: TEST_GPU_PUSH_CHECKS: unknown $c"; exit 2 ;;

@@ -50,7 +50,8 @@
 #   p  issue 31's small 2 x 2 all_reduce on the flat engine (RAILCC_GPU_FLAT_BELOW_BYTES,
 #      bench/results/issue31/small-call-design.md D3): the x2 checks with it at 32 KiB, then
 #      gpu-net-kernel's flat part (8 B-64 KB, the hierarchy against it, NCCL) with NK_ROUNDS=3.
-#   r  part n's checks and A/B, then test-gpu's bench part (the default path) in the time left.
+#   r  part n's checks (each 60 s at most) and A/B, then the three default checks that failed
+#      in the first call of 2026-11-27 (two beside a check left running, one ill-formed).
 # Usage: bash bench/compare/gpu-x4-next.sh a|...|r (parts e-l on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
@@ -176,13 +177,19 @@ case ${1:-} in
     fi
     ;;
   r)
-    OUT=$L TEST_GPU_PARTS=push TEST_GPU_PUSH_CHECKS="${PUSH_CHECKS:-split}" NG=${NG:-4} timeout 240 bash scripts/test-gpu.sh 2>&1 | tee "$L/push.txt" | grep -E "^(PASS|FAIL|test-gpu)"
+    OUT=$L TEST_GPU_CHECK_LIMIT=60 TEST_GPU_PARTS=push TEST_GPU_PUSH_CHECKS="${PUSH_CHECKS:-split}" NG=${NG:-4} timeout 230 bash scripts/test-gpu.sh 2>&1 | tee "$L/push.txt" | grep -E "^(PASS|FAIL|test-gpu)"
     cp "$L/test-gpu.log" "$L/test-gpu-push.log" 2>/dev/null
     if grep -q "test-gpu: [0-9]* passed, 0 failed" "$L/push.txt"; then
-      OUT=$L AB_VARIANTS="w1 ps" AB_SIZES="-b 1M -e 1G -f 4" timeout 200 bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/split-ab.txt"
+      OUT=$L AB_VARIANTS="w1 ps" AB_SIZES="-b 1M -e 1G -f 4" timeout 210 bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/split-ab.txt"
     fi
-    OUT=$L TEST_GPU_PARTS=bench NG=${NG:-4} timeout $((570 - $(date +%s) + T0)) bash scripts/test-gpu.sh 2>&1 | tee "$L/default-bench.txt" | grep -E "^(FAIL|test-gpu)"
-    cp "$L/test-gpu.log" "$L/test-gpu-default-bench.log" 2>/dev/null
+    source bench/compare/tables.sh
+    # The default path's checks that failed in call 1 beside a check left running.
+    for c in all_reduce reduce_scatter; do
+      timeout 40 $R bench $c --device cuda -b 8 -e 2M -f 8 -d all -o all -n 1 -w 0 -r 1 --offset 8 > "$L/recheck-$c.txt" 2>&1
+      echo "recheck $c --offset 8: exit $? $(table_problem "$L/recheck-$c.txt")"
+    done
+    timeout 40 $R bench reduce_scatter --device cuda -b 8 -e 2M -f 8 -d int8,uint8 -o all -n 1 -w 0 -r 1 --offset 3 > "$L/recheck-rs3.txt" 2>&1
+    echo "recheck reduce_scatter --offset 3 int8,uint8: exit $? $(table_problem "$L/recheck-rs3.txt")"
     ;;
   *) echo "usage: $0 a|...|r"; exit 2 ;;
 esac
