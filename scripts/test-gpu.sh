@@ -67,6 +67,9 @@ R=${RAILCC_BIN:-$R}   # another railcc binary (to see a broken build fail these 
 export RAILCC_TIMEOUT_MS=30000
 NG=${NG:-$(nvidia-smi -L | wc -l)}
 PARTS=${TEST_GPU_PARTS:-unit bench nccl p2pbatch register shared shrink split config alloc recover}
+# TEST_GPU_WAYS: the bench and push parts run one process driving every GPU (one) and one
+# process per GPU (per-process); default both.
+MODES=$(echo "${TEST_GPU_WAYS:-one per-process}" | sed 's/per-process/--per-process/')
 PASSED=0 FAILED=0 FAILS=""
 : > "$LOG"
 
@@ -145,8 +148,8 @@ case " $PARTS " in *" unit "*)
 ;; esac
 
 case " $PARTS " in *" bench "*)
-  for mode in "" "--per-process"; do
-    way=${mode:-"one process"}
+  for mode in $MODES; do
+    mode=${mode#one}; way=${mode:-"one process"}
     for c in ${TEST_GPU_COLLS:-all_reduce all_gather reduce_scatter broadcast reduce sendrecv}; do
       check "bench $c $way: every dtype and op, 8 B-2 MB, --offset 8" \
         $R bench $c --device cuda $mode -b 8 -e 2M -f 8 -d all -o all -n 1 -w 0 -r 1 --offset 8
@@ -176,8 +179,8 @@ case " $PARTS " in *" push "*)
   PUSH="env RAILCC_GPU_AR_PUSH_BYTES=1 RAILCC_GPU_LL_MAX_BYTES=0"
   SPLIT="env RAILCC_GPU_PUSH_SPLIT=1"
   RS="env RAILCC_GPU_PUSH_RS=1"
-  for mode in "" "--per-process"; do
-    way=${mode:-"one process"}
+  for mode in $MODES; do
+    mode=${mode#one}; way=${mode:-"one process"}
     for c in ${TEST_GPU_PUSH_CHECKS:-blocks3 offset random graphs}; do
       case $c in
         blocks3) check "push bench all_reduce $way: 3 blocks, float and bfloat16, sum and avg, 1 KB-64 MB" \
