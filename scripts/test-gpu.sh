@@ -32,12 +32,11 @@
 #  recover after a killed rank the survivors fail within 1 s naming it, then shrink or re-init
 #         in the same processes (one host and 2 emulated hosts x 2), and ncclCommAbort from
 #         another thread stops waiting kernels within 1 s (nccl-compat/tests/recover/recover.sh).
-#  push   (not in the default list while RAILCC_GPU_AR_PUSH_BYTES is off by default) the
+#  push   (the default from 16 MiB on 4 GPUs or more; the other parts stay under it) the
 #         bench's all_reduce checks with every all-reduce on the push kernel (the low-latency
 #         one off), one process and --per-process, every dtype and op, --offset 8, --fill
 #         random, -G 3, and at 3 blocks (many tiles a block: the slots' reuse);
-#         TEST_GPU_PUSH_CHECKS picks some of "blocks3 offset random graphs split rs rssplit"
-#         (the last three: RAILCC_GPU_PUSH_SPLIT, RAILCC_GPU_PUSH_RS; not in the default list).
+#         TEST_GPU_PUSH_CHECKS picks some of "blocks3 offset random graphs".
 # A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
 # exit status 1 if any failed. Without a CUDA driver: a SKIP line, exit 0.
@@ -66,7 +65,7 @@ source bench/compare/tables.sh
 R=${RAILCC_BIN:-$R}   # another railcc binary (to see a broken build fail these checks)
 export RAILCC_TIMEOUT_MS=30000
 NG=${NG:-$(nvidia-smi -L | wc -l)}
-PARTS=${TEST_GPU_PARTS:-unit bench nccl p2pbatch register shared shrink split config alloc recover}
+PARTS=${TEST_GPU_PARTS:-unit bench push nccl p2pbatch register shared shrink split config alloc recover}
 # TEST_GPU_WAYS: the bench and push parts run one process driving every GPU (one) and one
 # process per GPU (per-process); default both.
 MODES=$(echo "${TEST_GPU_WAYS:-one per-process}" | sed 's/per-process/--per-process/')
@@ -175,10 +174,8 @@ case " $PARTS " in *" push "*)
   # plan::PUSH_MIN_GPUS: on fewer GPUs every call would take the bulk kernel.
   echo "SKIP  push part: $NG GPUs, the push kernel runs on 4 or more (nothing counted)"
  else
-  # TEST_GPU_PUSH_CHECKS picks some of: blocks3 offset random graphs split rs rssplit.
+  # TEST_GPU_PUSH_CHECKS picks some of: blocks3 offset random graphs.
   PUSH="env RAILCC_GPU_AR_PUSH_BYTES=1 RAILCC_GPU_LL_MAX_BYTES=0"
-  SPLIT="env RAILCC_GPU_PUSH_SPLIT=1"
-  RS="env RAILCC_GPU_PUSH_RS=1"
   for mode in $MODES; do
     mode=${mode#one}; way=${mode:-"one process"}
     for c in ${TEST_GPU_PUSH_CHECKS:-blocks3 offset random graphs}; do
@@ -191,19 +188,6 @@ case " $PARTS " in *" push "*)
           $PUSH $R bench all_reduce --device cuda $mode -b 4100 -e 4M -f 16 -d all -o all -n 1 -w 0 -r 1 --fill random ;;
         graphs) check "push bench all_reduce $way: -G 3, every dtype and op, 8 B-8 MB" \
           $PUSH $R bench all_reduce --device cuda $mode -b 8 -e 8M -f 32 -d all -o all -n 4 -w 1 -G 3 -r 1 ;;
-        split) check "push split bench all_reduce $way: 3 blocks, float and bfloat16, sum and avg, --offset 8, --fill random, 1 KB-64 MB" \
-            $SPLIT $PUSH RAILCC_GPU_MAX_BLOCKS=3 $R bench all_reduce --device cuda $mode -b 1K -e 64M -f 8 -d float,bfloat16 -o sum,avg -n 3 -w 1 -r 1 --fill random --offset 8
-          check "push split bench all_reduce $way: 24 blocks, every dtype and op, -G 3, 8 B-8 MB" \
-            $SPLIT $PUSH RAILCC_GPU_MAX_BLOCKS=24 $R bench all_reduce --device cuda $mode -b 8 -e 8M -f 8 -d all -o all -n 3 -w 1 -r 1 -G 3
-          check "push split bench all_reduce $way: 24 blocks, float and bfloat16, sum, 16 MB-256 MB" \
-            $SPLIT $PUSH RAILCC_GPU_MAX_BLOCKS=24 $R bench all_reduce --device cuda $mode -b 16M -e 256M -f 4 -d float,bfloat16 -o sum -n 3 -w 1 -r 1 ;;
-        rs|rssplit) v=; [ $c = rssplit ] && v=$SPLIT
-          check "push $c bench reduce_scatter $way: 3 blocks, int8 and uint8, every op, --offset 3, --fill random, 8 B-64 MB" \
-            $v $RS $PUSH RAILCC_GPU_MAX_BLOCKS=3 $R bench reduce_scatter --device cuda $mode -b 8 -e 64M -f 8 -d int8,uint8 -o all -n 3 -w 1 -r 1 --fill random --offset 3
-          check "push $c bench reduce_scatter $way: 3 blocks, every dtype and op, --offset 8, 8 B-8 MB" \
-            $v $RS $PUSH RAILCC_GPU_MAX_BLOCKS=3 $R bench reduce_scatter --device cuda $mode -b 8 -e 8M -f 8 -d all -o all -n 1 -w 0 -r 1 --offset 8
-          check "push $c bench reduce_scatter $way: every dtype, sum and avg, -G 3, 4 KB-64 MB" \
-            $v $RS $PUSH $R bench reduce_scatter --device cuda $mode -b 4K -e 64M -f 16 -d all -o sum,avg -n 3 -w 1 -r 1 -G 3 ;;
         *) echo "test-gpu: TEST_GPU_PUSH_CHECKS: unknown $c"; exit 2 ;;
       esac
     done

@@ -8,11 +8,10 @@
 # AB_SIZES (default "-b 2M -e 1G -f 4"), AB_ITERS (-n, default 20), NG (default every GPU),
 # AB_BLOCKS (default: NCCL's channel count and 0 = one per SM), AB_VARIANTS (default "w0 w1";
 # also "pu": every all-reduce above the low-latency kernel on the push kernel,
-# RAILCC_GPU_AR_PUSH_BYTES=1, where 128 blocks are allowed; "ps": the same with split blocks,
-# RAILCC_GPU_PUSH_SPLIT=1, at any block count; "bk": no push kernel, RAILCC_GPU_AR_PUSH_BYTES=0;
-# "rs" / "rss": reduce-scatters on the push kernel, RAILCC_GPU_PUSH_RS=1, without / with split).
+# RAILCC_GPU_AR_PUSH_BYTES=1, where 128 blocks are allowed; "bk": no push kernel,
+# RAILCC_GPU_AR_PUSH_BYTES=0).
 # w0 and w1 keep the defaults otherwise: from 16 MiB at 128 blocks that is the push kernel.
-# AB_COLL: the nccl-tests collective (default all_reduce; reduce_scatter for rs / rss). A
+# AB_COLL: the nccl-tests collective (default all_reduce). A
 # second table has the in-place busbw (PyTorch's all_reduce is in place).
 # Prepare with bench/compare/gpu-prepare.sh; carry .device.
 set -uo pipefail
@@ -42,10 +41,7 @@ for b in ${AB_BLOCKS:-${ch:-24} 0}; do
       w0) vars="RAILCC_GPU_WIDE_LOADS=0" ;;
       w1) vars="RAILCC_GPU_WIDE_LOADS=1" ;;
       pu) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_PUSH_BYTES=1" ;;
-      ps) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_PUSH_BYTES=1 RAILCC_GPU_PUSH_SPLIT=1" ;;
       bk) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_PUSH_BYTES=0" ;;
-      rs) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_PUSH_BYTES=1 RAILCC_GPU_PUSH_RS=1" ;;
-      rss) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_PUSH_BYTES=1 RAILCC_GPU_PUSH_RS=1 RAILCC_GPU_PUSH_SPLIT=1" ;;
       *) echo "FAIL  AB_VARIANTS: unknown $v"; exit 1 ;;
     esac
     run "railcc-b$b-$v" "$PWD/.device/lib" RAILCC_GPU_MAX_BLOCKS=$b $vars

@@ -39,19 +39,13 @@
 #      NCCL's channels and at one block per SM, the bulk kernel (w1) against push (pu) against
 #      NCCL, out of place and in place; then PyTorch's all_reduce under the default allocator
 #      and expandable segments with push from 16 MiB, 3 repeats, against NCCL (issue 29).
-#   n  (first, next session: written without a GPU) the push kernel's split blocks:
-#      test-gpu's push part with "split"; if they pass, all_reduce
-#      -g 4 at NCCL's channels and at one block per SM, the default (w1: bulk at 24 blocks,
-#      push from 16 MiB at 132) against split push (ps) against NCCL.
-#   o  the push reduce-scatter: test-gpu's push part with "rs rssplit"; if they pass,
-#      reduce_scatter -g 4: the default (bulk) against push (rs) and split push (rss) against
-#      NCCL.
 #   q  test-gpu's default parts that the push default (16 MiB) touches: bench, nccl.
 #   p  issue 31's small 2 x 2 all_reduce on the flat engine (RAILCC_GPU_FLAT_BELOW_BYTES,
 #      bench/results/issue31/small-call-design.md D3): the x2 checks with it at 32 KiB, then
 #      gpu-net-kernel's flat part (8 B-64 KB, the hierarchy against it, NCCL) with NK_ROUNDS=3.
-#   r  part n's checks (each 60 s at most) and A/B, then the three default checks that failed
-#      in the first call of 2026-11-27 (two beside a check left running, one ill-formed).
+#   r  (2026-11-27, third call) the push kernel back as measured on 2026-11-27 (the split and
+#      reduce-scatter variants removed): the kernel compile timed, push checks (--offset 8
+#      every dtype and op, 3 blocks), then all_reduce at NCCL's channels and one block per SM.
 # Usage: bash bench/compare/gpu-x4-next.sh a|...|r (parts e-l on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
@@ -152,20 +146,6 @@ case ${1:-} in
         bash nccl-compat/tests/torch/alloc.sh 2>&1 | tee "$L/alloc-push.txt" | grep -E "^(PASS  rail|FAIL)|failed"
     fi
     ;;
-  n)
-    OUT=$L TEST_GPU_PARTS=push TEST_GPU_PUSH_CHECKS="${PUSH_CHECKS:-split}" NG=${NG:-4} timeout 300 bash scripts/test-gpu.sh 2>&1 | tee "$L/push.txt" | grep -E "^(PASS|FAIL|test-gpu)"
-    cp "$L/test-gpu.log" "$L/test-gpu-push.log" 2>/dev/null
-    if grep -q "test-gpu: [0-9]* passed, 0 failed" "$L/push.txt"; then
-      OUT=$L AB_VARIANTS="w1 ps" AB_SIZES="-b 1M -e 1G -f 4" timeout $((580 - $(date +%s) + T0)) bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/split-ab.txt"
-    fi
-    ;;
-  o)
-    OUT=$L TEST_GPU_PARTS=push TEST_GPU_PUSH_CHECKS="${PUSH_CHECKS:-rs rssplit}" NG=${NG:-4} timeout 300 bash scripts/test-gpu.sh 2>&1 | tee "$L/push-rs.txt" | grep -E "^(PASS|FAIL|test-gpu)"
-    cp "$L/test-gpu.log" "$L/test-gpu-push-rs.log" 2>/dev/null
-    if grep -q "test-gpu: [0-9]* passed, 0 failed" "$L/push-rs.txt"; then
-      OUT=$L AB_COLL=reduce_scatter AB_VARIANTS="w1 rs rss" AB_SIZES="-b 1M -e 1G -f 4" timeout $((580 - $(date +%s) + T0)) bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/rs-ab.txt"
-    fi
-    ;;
   q)
     OUT=$L TEST_GPU_PARTS="bench nccl" NG=${NG:-4} timeout 560 bash scripts/test-gpu.sh 2>&1 | tee "$L/default.txt" | grep -E "^(FAIL|test-gpu)"
     cp "$L/test-gpu.log" "$L/test-gpu-default.log" 2>/dev/null
@@ -178,22 +158,15 @@ case ${1:-} in
     ;;
   r)
     source bench/compare/tables.sh
-    # A fresh machine compiles every kernel first (NVRTC, then the driver's JIT for each GPU):
-    # more than 60 s, and a run stopped before the end caches nothing. Once, timed.
+    # A fresh machine compiles every kernel first (NVRTC, then the driver's JIT for each GPU);
+    # a run stopped before the end caches nothing. Once, timed, with NVRTC's own time.
     s0=$(date +%s)
-    timeout 250 $R bench all_reduce --device cuda -b 8 -e 8 -n 1 -w 0 > "$L/warm.txt" 2>&1
-    echo "warm-up (kernel compile, empty cache): exit $? after $(($(date +%s) - s0)) s"
-    # The default path's checks that failed in call 1 beside a check left running.
-    for c in all_reduce reduce_scatter; do
-      timeout 40 $R bench $c --device cuda -b 8 -e 2M -f 8 -d all -o all -n 1 -w 0 -r 1 --offset 8 > "$L/recheck-$c.txt" 2>&1
-      echo "recheck $c --offset 8: exit $? $(table_problem "$L/recheck-$c.txt")"
-    done
-    timeout 40 $R bench reduce_scatter --device cuda -b 8 -e 2M -f 8 -d int8,uint8 -o all -n 1 -w 0 -r 1 --offset 3 > "$L/recheck-rs3.txt" 2>&1
-    echo "recheck reduce_scatter --offset 3 int8,uint8: exit $? $(table_problem "$L/recheck-rs3.txt")"
-    OUT=$L TEST_GPU_WAYS=one TEST_GPU_CHECK_LIMIT=60 TEST_GPU_PARTS=push TEST_GPU_PUSH_CHECKS="${PUSH_CHECKS:-split}" NG=${NG:-4} timeout 190 bash scripts/test-gpu.sh 2>&1 | tee "$L/push.txt" | grep -E "^(PASS|FAIL|test-gpu)"
+    RUST_LOG=railcc_cuda=info timeout 250 $R bench all_reduce --device cuda -b 8 -e 8 -n 1 -w 0 > "$L/warm.txt" 2>&1
+    echo "warm-up (kernel compile, empty cache): exit $? after $(($(date +%s) - s0)) s"; grep -a -i "nvrtc" "$L/warm.txt" | head -3
+    OUT=$L TEST_GPU_WAYS=one TEST_GPU_CHECK_LIMIT=60 TEST_GPU_PARTS=push TEST_GPU_PUSH_CHECKS="${PUSH_CHECKS:-offset blocks3}" NG=${NG:-4} timeout 130 bash scripts/test-gpu.sh 2>&1 | tee "$L/push.txt" | grep -E "^(PASS|FAIL|test-gpu)"
     cp "$L/test-gpu.log" "$L/test-gpu-push.log" 2>/dev/null
     if grep -q "test-gpu: [0-9]* passed, 0 failed" "$L/push.txt"; then
-      OUT=$L AB_VARIANTS="w1 ps" AB_SIZES="-b 1M -e 1G -f 4" timeout $((575 - $(date +%s) + T0)) bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/split-ab.txt"
+      OUT=$L AB_VARIANTS="w1" AB_SIZES="-b 1M -e 1G -f 4" timeout $((560 - $(date +%s) + T0)) bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/push-ab.txt"
     fi
     ;;
   *) echo "usage: $0 a|...|r"; exit 2 ;;

@@ -215,15 +215,6 @@ config! {
     /// block per SM, nccl-tests -g 4: 0.93x -> 1.01x NCCL's busbw at 256 MB, 0.96x -> 1.05x at
     /// 16 MB, equal at 4 MB (bench/results, 2026-11-27).
     gpu_ar_push_bytes: usize = 16 << 20, "RAILCC_GPU_AR_PUSH_BYTES";
-    /// 1: the push kernel's blocks split in halves, one sending, one reducing, each at its own
-    /// pace, and the push kernel then at any block count (else only where a communicator may
-    /// use 128 blocks); 0: every thread sends then reduces, in turn. Every rank takes the
-    /// communicator's least. Not measured yet.
-    gpu_push_split: usize = 0, "RAILCC_GPU_PUSH_SPLIT";
-    /// 1: reduce-scatters on one host take the push kernel too (from RAILCC_GPU_AR_PUSH_BYTES
-    /// of input per rank): NVLink writes only, where the bulk kernel reads. Every rank takes
-    /// the communicator's least. Not measured yet.
-    gpu_push_rs: usize = 0, "RAILCC_GPU_PUSH_RS";
     /// 1: a group's GPU sends and receives go as batch kernels (every receive of a stream
     /// pulled from all peers at once by thread blocks; 4 x H100 all-to-all at 256 MB: 0.43x ->
     /// 0.9x NCCL); 2: the same, a batch of up to 16 receives in one launch instead of four

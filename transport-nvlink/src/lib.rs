@@ -49,10 +49,6 @@ pub struct Settings {
     /// All-reduces of at least this many bytes per rank take the push kernel (`plan::choose`;
     /// 0: never).
     pub push_bytes: usize,
-    /// The push kernel's blocks in a sending and a reducing half (`plan::Choice::push_split`).
-    pub push_split: bool,
-    /// Reduce-scatters on the push kernel too (`plan::Choice::push_rs`).
-    pub push_rs: bool,
     /// A group's sends and receives as batch kernels (`railcc_cuda::p2p_many`).
     pub p2p_batch: bool,
     /// ... in one launch per batch where it fits (`p2p_many::fused`).

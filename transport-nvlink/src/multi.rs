@@ -75,8 +75,6 @@ impl MultiGpu {
                 ll_max_bytes: s.ll_max_bytes,
                 wide: s.wide_loads,
                 push_bytes: s.push_bytes,
-                push_split: s.push_split,
-                push_rs: s.push_rs,
                 min_blocks: s.min_blocks.min(u32::MAX as usize) as u32,
                 max_blocks,
             },

@@ -30,16 +30,17 @@ pub enum Kernel {
     /// The bulk kernel: "ready" barrier, each GPU's part over peer memory, "done" barrier;
     /// `wide`: its loop that loads every input at once.
     Bulk { blocks: u32, wide: bool },
-    /// The push kernel (`railcc_cuda::push`), an all-reduce or a reduce-scatter: NVLink
-    /// writes only, through scratch slots.
-    Push(push::Shape),
+    /// The push all-reduce (`railcc_cuda::push`): NVLink writes only, through `slot`-byte
+    /// scratch slots.
+    Push { blocks: u32, slot: usize },
 }
 
 impl Kernel {
     pub fn blocks(self) -> u32 {
         match self {
-            Kernel::Ll { blocks } | Kernel::Bulk { blocks, .. } => blocks,
-            Kernel::Push(s) => s.blocks,
+            Kernel::Ll { blocks } | Kernel::Bulk { blocks, .. } | Kernel::Push { blocks, .. } => {
+                blocks
+            }
         }
     }
 }
@@ -55,12 +56,6 @@ pub struct Choice {
     pub wide: bool,
     /// All-reduces of at least this many bytes per rank take the push kernel (0: never).
     pub push_bytes: usize,
-    /// The push kernel with the block's halves sending and reducing at their own pace; with
-    /// it, at any block count (`RAILCC_GPU_PUSH_SPLIT`).
-    pub push_split: bool,
-    /// Reduce-scatters take the push kernel too (from `push_bytes` of input per rank;
-    /// `RAILCC_GPU_PUSH_RS`).
-    pub push_rs: bool,
     /// Thread blocks per GPU: at least (NCCL's minCTAs), at most (fixed at init).
     pub min_blocks: u32,
     pub max_blocks: u32,
@@ -68,17 +63,16 @@ pub struct Choice {
 
 /// The kernel and block count for call `a`: the low-latency kernel for all-reduces up to
 /// `ll_max_bytes` per rank (`RAILCC_GPU_LL_MAX_BYTES`, at most what its scratch holds), else
-/// the push kernel for all-reduces (and with `push_rs` reduce-scatters) of at least
-/// `push_bytes` of input per rank on at least [`PUSH_MIN_GPUS`] GPUs where the communicator
-/// has at least [`PUSH_MIN_BLOCKS`] or `push_split` is on (it takes at most
-/// `railcc_cuda::push::MAX_BLOCKS`), else the bulk kernel; blocks by the work, at least
+/// the push kernel for all-reduces of at least `push_bytes` per rank on at least
+/// [`PUSH_MIN_GPUS`] GPUs where the communicator has at least [`PUSH_MIN_BLOCKS`] (it takes at
+/// most `railcc_cuda::push::MAX_BLOCKS`), else the bulk kernel; blocks by the work, at least
 /// `min_blocks` (NCCL's minCTAs) and at most `max_blocks` (the communicator's, fixed at init
-/// from `RAILCC_GPU_MAX_BLOCKS` or maxCTAs and what stays resident). It depends only on the call's shape, so every rank chooses the same.
+/// from `RAILCC_GPU_MAX_BLOCKS` or maxCTAs and what stays resident). It depends only on the
+/// call's shape, so every rank chooses the same.
 pub fn choose(a: &CollArgs, c: &Choice) -> Kernel {
     let Choice {
         ll_max_bytes,
         wide,
-        push_split,
         min_blocks,
         max_blocks,
         ..
@@ -89,13 +83,13 @@ pub fn choose(a: &CollArgs, c: &Choice) -> Kernel {
         Kernel::Ll {
             blocks: floor(ll::blocks(nbytes, max_blocks)),
         }
-    } else if let Some(rs) = pushed(a, c) {
+    } else if pushed(a, c) {
         let most = max_blocks.min(push::MAX_BLOCKS);
-        let s = push::shape(rs, a.nranks, a.count, a.dtype, most, push_split);
-        Kernel::Push(push::Shape {
-            blocks: s.blocks.max(min_blocks.min(most)),
-            ..s
-        })
+        let (b, slot) = push::shape(a.nranks, a.count, a.dtype, most);
+        Kernel::Push {
+            blocks: b.max(min_blocks.min(most)),
+            slot,
+        }
     } else {
         Kernel::Bulk {
             blocks: floor(blocks(a.coll, a.nranks, a.count, a.dtype, max_blocks)),
@@ -104,23 +98,20 @@ pub fn choose(a: &CollArgs, c: &Choice) -> Kernel {
     }
 }
 
-/// Whether call `a` (above the low-latency kernel) takes the push kernel, and if so whether as
-/// a reduce-scatter.
-fn pushed(a: &CollArgs, c: &Choice) -> Option<bool> {
-    let input = match a.coll {
-        CollKind::AllReduce => a.count,
-        CollKind::ReduceScatter if c.push_rs => a.count * a.nranks,
-        _ => return None,
-    } * a.dtype.size();
-    let enough_blocks = c.max_blocks >= PUSH_MIN_BLOCKS || c.push_split;
-    (a.nranks >= PUSH_MIN_GPUS && c.push_bytes > 0 && input >= c.push_bytes && enough_blocks)
-        .then_some(a.coll == CollKind::ReduceScatter)
+/// Whether call `a` (above the low-latency kernel) takes the push all-reduce.
+fn pushed(a: &CollArgs, c: &Choice) -> bool {
+    a.coll == CollKind::AllReduce
+        && a.nranks >= PUSH_MIN_GPUS
+        && c.push_bytes > 0
+        && a.count * a.dtype.size() >= c.push_bytes
+        && c.max_blocks >= PUSH_MIN_BLOCKS
 }
 
-/// The push kernel only where the communicator may use this many blocks per GPU (unless
-/// split): measured on 4 x H100 (bench/results, 2026-11-27), at 128 blocks it read 1.01-1.05x NCCL at 16-256 MB
+/// The push kernel only where the communicator may use this many blocks per GPU: measured on
+/// 4 x H100 (bench/results, 2026-11-27), at 128 blocks it read 1.01-1.05x NCCL at 16-256 MB
 /// against the bulk kernel's 0.93-0.96x, at NCCL's 24 channels 0.88-0.96x against the bulk
-/// kernel's 0.92-1.05x.
+/// kernel's 0.92-1.05x. (A variant whose blocks split into a sending and a reducing half, to
+/// push at 24 blocks, read 0.74-0.77x: removed.)
 pub const PUSH_MIN_BLOCKS: u32 = 128;
 /// ... and only on this many GPUs or more: measured on 4; on 2, where the bulk kernel reads
 /// 1.03-1.2x NCCL (README), not yet.
@@ -165,16 +156,25 @@ pub unsafe fn enqueue(
                 threads_per_block: ll::THREADS,
             })
         }
-        Kernel::Push(s) => {
+        Kernel::Push { blocks, slot } => {
             // SAFETY: the caller's contract.
             unsafe {
                 push::launch(
-                    gpu, stream, g, p.ins[g], p.outs, a.count, a.dtype, a.op, p.syncs, s,
+                    gpu,
+                    stream,
+                    g,
+                    p.ins[g],
+                    p.outs,
+                    a.count,
+                    a.dtype,
+                    a.op,
+                    p.syncs,
+                    (blocks, slot),
                     timeout_ns,
                 )
             }?;
             Ok(Launch {
-                blocks_per_gpu: s.blocks,
+                blocks_per_gpu: blocks,
                 threads_per_block: THREADS,
             })
         }
@@ -373,8 +373,6 @@ mod tests {
             ll_max_bytes: ll,
             wide,
             push_bytes: 0,
-            push_split: false,
-            push_rs: false,
             min_blocks,
             max_blocks,
         }
@@ -411,7 +409,7 @@ mod tests {
             push_bytes: 16 << 20,
             ..choice(65536, true, (0, 132))
         };
-        let pushed = |a: &CollArgs| matches!(choose(a, &c), Kernel::Push(_));
+        let pushed = |a: &CollArgs| matches!(choose(a, &c), Kernel::Push { .. });
         assert!(pushed(&ar(4 << 20))); // 16 MiB of f32
         assert!(!pushed(&ar((4 << 20) - 1)));
         assert!(!pushed(&CollArgs {
@@ -429,7 +427,7 @@ mod tests {
         // 0: never.
         assert!(!matches!(
             choose(&ar(1 << 28), &choice(65536, true, (0, 132))),
-            Kernel::Push(_)
+            Kernel::Push { .. }
         ));
         // Its blocks: at most its table's 128 of the 132 allowed; under 128 allowed (maxCTAs
         // 24, NCCL's channels) the bulk kernel, faster there.
@@ -445,32 +443,6 @@ mod tests {
                 wide: true
             }
         );
-        // Split: at any block count.
-        let split24 = Choice {
-            push_split: true,
-            ..c24
-        };
-        assert!(matches!(
-            choose(&ar(1 << 28), &split24),
-            Kernel::Push(push::Shape {
-                blocks: 24,
-                split: true,
-                rs: false,
-                ..
-            })
-        ));
-        // Reduce-scatters with push_rs, from push_bytes of input per rank (4 x 1 MiB here).
-        let rs = |count| CollArgs {
-            coll: CollKind::ReduceScatter,
-            ..ar(count)
-        };
-        let crs = Choice { push_rs: true, ..c };
-        assert!(matches!(
-            choose(&rs(1 << 20), &crs),
-            Kernel::Push(push::Shape { rs: true, .. })
-        ));
-        assert!(!matches!(choose(&rs((1 << 20) - 4), &crs), Kernel::Push(_)));
-        assert!(!matches!(choose(&rs(1 << 20), &c), Kernel::Push(_)));
     }
 
     #[test]

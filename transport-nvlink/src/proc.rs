@@ -203,10 +203,8 @@ struct Hello {
     /// low-latency limit and least blocks; the communicator takes the least of each.
     ll_max: u32,
     min_blocks: u32,
-    /// All-reduces from this many bytes on the push kernel (0: never); its mode (bit 0:
-    /// split, bit 1: reduce-scatters too; the communicator takes the bits every rank has).
+    /// All-reduces from this many bytes on the push kernel (0: never).
     push: u64,
-    push_mode: u32,
     proc: Proc,
     /// Proves this rank's descriptor messages (fdpass.rs) to its peers.
     token: u64,
@@ -223,7 +221,6 @@ impl Hello {
         v.extend_from_slice(&self.ll_max.to_le_bytes());
         v.extend_from_slice(&self.min_blocks.to_le_bytes());
         v.extend_from_slice(&self.push.to_le_bytes());
-        v.extend_from_slice(&self.push_mode.to_le_bytes());
         for s in [&self.host, &self.shm] {
             v.extend_from_slice(&(s.len() as u16).to_le_bytes());
             v.extend_from_slice(s.as_bytes());
@@ -251,8 +248,7 @@ impl Hello {
                 .try_into()
                 .ok()?,
         );
-        let push_mode = word(HANDLE_BYTES + 32)?;
-        let mut at = HANDLE_BYTES + 36;
+        let mut at = HANDLE_BYTES + 32;
         let mut s = [String::new(), String::new()];
         for x in s.iter_mut() {
             let n = u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?) as usize;
@@ -268,7 +264,6 @@ impl Hello {
             ll_max,
             min_blocks,
             push,
-            push_mode,
             proc: Proc { pid, start },
             token,
         })
@@ -327,7 +322,6 @@ impl ProcGpu {
                     ll_max: settings.ll_max_bytes.min(u32::MAX as usize) as u32,
                     min_blocks: settings.min_blocks.min(u32::MAX as usize) as u32,
                     push: settings.push_bytes as u64,
-                    push_mode: u32::from(settings.push_split) | u32::from(settings.push_rs) << 1,
                     proc: Proc::me(),
                     token,
                 }
@@ -383,7 +377,6 @@ impl ProcGpu {
         let min_blocks = hellos.iter().map(|h| h.min_blocks).min().unwrap_or(0);
         // 0 (never) on any rank is the least: then no rank pushes.
         let push_bytes = hellos.iter().map(|h| h.push).min().unwrap_or(0) as usize;
-        let push_mode = hellos.iter().fold(u32::MAX, |m, h| m & h.push_mode);
         let broken = Arc::new(Mutex::new(None));
         // Peers whose process this one can see (another pid namespace hides them): watched.
         let peers: Vec<(usize, Proc)> = hellos
@@ -434,8 +427,6 @@ impl ProcGpu {
                 ll_max_bytes,
                 wide: settings.wide_loads,
                 push_bytes,
-                push_split: push_mode & 1 != 0,
-                push_rs: push_mode & 2 != 0,
                 min_blocks,
                 max_blocks,
             },
@@ -826,7 +817,6 @@ mod tests {
             ll_max: 65536,
             min_blocks: 8,
             push: 1 << 24,
-            push_mode: 2,
             proc: Proc { pid: 42, start: 7 },
             token: 99,
         };
@@ -838,8 +828,8 @@ mod tests {
             (h.host, h.shm, 132, h.sync, h.proc, 99)
         );
         assert_eq!(
-            (d.ll_max, d.min_blocks, d.push, d.push_mode),
-            (65536, 8, 1 << 24, 2)
+            (d.ll_max, d.min_blocks, d.push),
+            (65536, 8, 1 << 24)
         );
     }
 
