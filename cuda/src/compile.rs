@@ -1,13 +1,17 @@
-//! NVRTC compilation of the kernels, with a PTX cache on disk.
+//! NVRTC compilation of the kernels, with a cache on disk.
 //!
-//! Compiling every (dtype, op) kernel takes about a second, once per process; the cache makes
-//! every later process start in milliseconds. The key covers the source, the architecture and
-//! the driver version, so a changed kernel or driver never loads stale PTX; a cached file that
-//! the driver rejects is recompiled (see `GpuCtx::new`).
+//! The collective kernels are 13 modules (kernels.rs `modules`), compiled on parallel threads
+//! for the GPU's own architecture as cubins (SASS: the driver loads them with no JIT, on
+//! every GPU of the process) and cached on disk; PTX for the virtual architecture, which the
+//! driver JIT-compiles per context, is the fallback where NVRTC cannot make a cubin for the
+//! GPU or the driver refuses it. The key covers the source, the architecture and the driver
+//! version, so a changed kernel or driver never loads a stale image; a cached file that the
+//! driver rejects is recompiled (see `GpuCtx::new`).
 
 use railcc_core::{Error, ErrorKind, Result};
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The virtual architecture for a compute capability major version.
 pub fn arch_for(major: i32) -> &'static str {
@@ -19,15 +23,56 @@ pub fn arch_for(major: i32) -> &'static str {
     }
 }
 
-/// Where the PTX of the module `tag` (the collective kernels, "kernels"; the network staging
-/// kernel, "netcopy") of source `src` lives in `dir`, for this architecture and driver.
+/// The real architecture of compute capability (major, minor), where we name it: NVRTC then
+/// makes a cubin for exactly that GPU.
+pub fn sm_for(major: i32, minor: i32) -> Option<&'static str> {
+    Some(match (major, minor) {
+        (7, 0) => "sm_70",
+        (7, 5) => "sm_75",
+        (8, 0) => "sm_80",
+        (8, 6) => "sm_86",
+        (8, 9) => "sm_89",
+        (9, 0) => "sm_90",
+        (10, 0) => "sm_100",
+        (12, 0) => "sm_120",
+        _ => return None,
+    })
+}
+
+/// What a module is compiled to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// SASS for the GPU's own architecture (`sm_for`).
+    Cubin,
+    /// PTX for its virtual architecture (`arch_for`), JIT-compiled by the driver.
+    Ptx,
+}
+
+/// Where the image of the module `tag` (a kernels module, "kernels-float"; the network
+/// staging kernel, "netcopy") of source `src` lives in `dir`, for this architecture ("sm_90":
+/// a cubin; "compute_90": PTX) and driver.
 pub fn cache_path_of(dir: &Path, tag: &str, src: &str, arch: &str, driver_version: i32) -> PathBuf {
     let mut h = blake3::Hasher::new();
     h.update(src.as_bytes());
     h.update(arch.as_bytes());
     h.update(&driver_version.to_le_bytes());
     let hex = h.finalize().to_hex();
-    dir.join(format!("{tag}-{arch}-{}.ptx", &hex[..16]))
+    let ext = if arch.starts_with("sm_") {
+        "cubin"
+    } else {
+        "ptx"
+    };
+    dir.join(format!("{tag}-{arch}-{}.{ext}", &hex[..16]))
+}
+
+fn driver_version() -> Result<i32> {
+    let mut v = 0;
+    // SAFETY: valid out-pointer.
+    crate::driver::check(
+        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) },
+        "cuDriverGetVersion",
+    )?;
+    Ok(v)
 }
 
 /// PTX of the module `tag` (source `src`) for GPUs of compute capability `major`, from the
@@ -40,92 +85,215 @@ pub fn module_ptx(
     dir: Option<&Path>,
     use_cache: bool,
 ) -> Result<CString> {
-    let mut driver_version = 0;
-    // SAFETY: valid out-pointer.
-    crate::driver::check(
-        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver_version) },
-        "cuDriverGetVersion",
-    )?;
     let arch = arch_for(major);
-    let path = dir.map(|d| cache_path_of(d, tag, src, arch, driver_version));
+    let path = dir.map(|d| cache_path_of(d, tag, src, arch, driver_version().unwrap_or(0)));
     ptx_of(tag, src, arch, path.as_deref(), use_cache)
 }
 
+/// Images (`form`) of `modules` (tag, source) for a GPU of compute capability `cc`, in their
+/// order: each from the cache in `dir` when `use_cache` and present, else compiled (and
+/// stored), the compiles on parallel threads (at most one per core).
+pub fn module_images(
+    modules: &[(&str, &str)],
+    cc: (i32, i32),
+    dir: Option<&Path>,
+    use_cache: bool,
+    form: Form,
+) -> Result<Vec<Vec<u8>>> {
+    let arch = match form {
+        Form::Cubin => sm_for(cc.0, cc.1).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "no cubin target named for compute capability {}.{}",
+                    cc.0, cc.1
+                ),
+            )
+        })?,
+        Form::Ptx => arch_for(cc.0),
+    };
+    // Only the cache's key needs the driver (NVRTC runs without one).
+    let dv = if dir.is_some() { driver_version()? } else { 0 };
+    let next = AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, modules.len().max(1));
+    let mut out: Vec<Option<Result<Vec<u8>>>> = (0..modules.len()).map(|_| None).collect();
+    let done: Vec<Vec<(usize, Result<Vec<u8>>)>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&(tag, src)) = modules.get(i) else {
+                            break;
+                        };
+                        let path = dir.map(|d| cache_path_of(d, tag, src, arch, dv));
+                        mine.push((i, image_of(tag, src, arch, path.as_deref(), use_cache)));
+                    }
+                    mine
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| {
+                w.join().unwrap_or_else(|_| {
+                    vec![(
+                        usize::MAX,
+                        Err(Error::new(
+                            ErrorKind::Io,
+                            "an NVRTC compile thread panicked",
+                        )),
+                    )]
+                })
+            })
+            .collect()
+    });
+    for (i, r) in done.into_iter().flatten() {
+        match out.get_mut(i) {
+            Some(slot) => *slot = Some(r),
+            None => r.map(|_| ())?,
+        }
+    }
+    out.into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(Error::new(ErrorKind::Io, "a module was not compiled"))))
+        .collect()
+}
+
 /// PTX of the module `tag` (source `src`) for `arch`, from the cache when `use_cache` and
-/// present, else compiled (and stored). Compiled PTX is also kept in memory, so a process
-/// driving several GPUs compiles once.
+/// present, else compiled (and stored).
 pub fn ptx_of(
-    tag: &'static str,
+    tag: &str,
     src: &str,
     arch: &'static str,
     cache: Option<&Path>,
     use_cache: bool,
 ) -> Result<CString> {
-    type Memo = Vec<(&'static str, &'static str, CString)>;
+    let bytes = image_of(tag, src, arch, cache, use_cache)?;
+    CString::from_vec_with_nul(bytes)
+        .map_err(|_| Error::new(ErrorKind::Io, "PTX with a NUL byte inside").transport(crate::NAME))
+}
+
+/// The image of module `tag` (source `src`) for `arch` ("sm_*": a cubin; "compute_*": PTX,
+/// NUL-terminated), from the cache when `use_cache` and present, else compiled (and stored).
+/// Compiled images are also kept in memory, so a process driving several GPUs compiles once.
+fn image_of(
+    tag: &str,
+    src: &str,
+    arch: &'static str,
+    cache: Option<&Path>,
+    use_cache: bool,
+) -> Result<Vec<u8>> {
+    type Memo = Vec<(String, &'static str, std::sync::Arc<Vec<u8>>)>;
     static MEMO: std::sync::Mutex<Memo> = std::sync::Mutex::new(Vec::new());
     if use_cache {
-        if let Some((.., c)) = MEMO
-            .lock()
-            .ok()
-            .and_then(|m| m.iter().find(|(t, a, _)| *t == tag && *a == arch).cloned())
-        {
-            return Ok(c);
+        let hit = MEMO.lock().ok().and_then(|m| {
+            m.iter()
+                .find(|(t, a, _)| t == tag && *a == arch)
+                .map(|(.., c)| c.clone())
+        });
+        if let Some(c) = hit {
+            return Ok(c.to_vec());
         }
     }
-    let c = ptx_uncached(src, arch, cache, use_cache)?;
+    let c = image_uncached(src, arch, cache, use_cache)?;
     if let Ok(mut m) = MEMO.lock() {
-        m.retain(|(t, a, _)| !(*t == tag && *a == arch));
-        m.push((tag, arch, c.clone()));
+        m.retain(|(t, a, _)| !(t == tag && *a == arch));
+        m.push((tag.to_string(), arch, std::sync::Arc::new(c.clone())));
     }
     Ok(c)
 }
 
-fn ptx_uncached(
+fn image_uncached(
     src: &str,
     arch: &'static str,
     cache: Option<&Path>,
     use_cache: bool,
-) -> Result<CString> {
+) -> Result<Vec<u8>> {
+    let cubin = arch.starts_with("sm_");
     if let (Some(path), true) = (cache, use_cache) {
         if let Ok(bytes) = std::fs::read(path) {
-            if let Ok(c) = CString::new(bytes) {
-                tracing::debug!("kernels from the PTX cache {}", path.display());
-                return Ok(c);
+            // A PTX file ends with its NUL; a cubin is an ELF image.
+            let whole = if cubin {
+                bytes.starts_with(b"\x7fELF")
+            } else {
+                bytes.last() == Some(&0) && !bytes[..bytes.len() - 1].contains(&0)
+            };
+            if whole {
+                tracing::debug!("kernels from the cache {}", path.display());
+                return Ok(bytes);
             }
         }
     }
     let t0 = std::time::Instant::now();
-    let opts = cudarc::nvrtc::CompileOptions {
-        arch: Some(arch),
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(|e| {
-        Error::new(ErrorKind::Io, format!("NVRTC compile failed: {e:?}")).transport(crate::NAME)
-    })?;
+    let image = compile(src, arch, cubin)?;
     tracing::info!(
-        "NVRTC compiled the kernels for {arch} in {:?}",
+        "NVRTC compiled a kernel module for {arch} in {:?}",
         t0.elapsed()
     );
-    let src = ptx.to_src();
     if let Some(path) = cache {
-        store(path, src.as_bytes());
+        store(path, &image);
     }
-    CString::new(src).map_err(|_| {
-        Error::new(ErrorKind::Io, "NVRTC produced PTX with a NUL byte").transport(crate::NAME)
-    })
+    Ok(image)
+}
+
+/// One NVRTC compile of `src` for `arch`: the cubin, or the PTX with its NUL.
+fn compile(src: &str, arch: &'static str, cubin: bool) -> Result<Vec<u8>> {
+    use cudarc::nvrtc::{result, sys};
+    let fail = |what: String| Error::new(ErrorKind::Io, what).transport(crate::NAME);
+    let csrc = CString::new(src).map_err(|_| fail("kernel source with a NUL byte".into()))?;
+    let prog = result::create_program(&csrc, None)
+        .map_err(|e| fail(format!("nvrtcCreateProgram: {e:?}")))?;
+    let opt = format!("--gpu-architecture={arch}");
+    // SAFETY: `prog` is a live program, destroyed once below on every path; the sizes come
+    // from NVRTC for the buffers it fills.
+    unsafe {
+        let r = (|| -> Result<Vec<u8>> {
+            if let Err(e) = result::compile_program(prog, &[opt.as_str()]) {
+                let log = result::get_program_log(prog)
+                    .map(|l| CStr::from_ptr(l.as_ptr()).to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                return Err(fail(format!(
+                    "NVRTC compile for {arch} failed: {e:?}: {log}"
+                )));
+            }
+            let mut n = 0usize;
+            let (size, get): (unsafe fn(_, *mut usize) -> _, unsafe fn(_, *mut _) -> _) = if cubin {
+                (sys::nvrtcGetCUBINSize, sys::nvrtcGetCUBIN)
+            } else {
+                (sys::nvrtcGetPTXSize, sys::nvrtcGetPTX)
+            };
+            size(prog, &mut n)
+                .result()
+                .map_err(|e| fail(format!("NVRTC image size: {e:?}")))?;
+            let mut buf = vec![0u8; n];
+            get(prog, buf.as_mut_ptr() as *mut std::ffi::c_char)
+                .result()
+                .map_err(|e| fail(format!("NVRTC image: {e:?}")))?;
+            Ok(buf)
+        })();
+        let _ = result::destroy_program(prog);
+        r
+    }
 }
 
 /// Writes atomically (temporary file, then rename) so concurrent ranks never read half a file.
 /// A cache that cannot be written is only logged: it is an optimization.
 fn store(path: &Path, bytes: &[u8]) {
     let Some(dir) = path.parent() else { return };
-    let tmp = dir.join(format!(".{}.tmp", std::process::id()));
+    let tmp = dir.join(format!(
+        ".{}.{:?}.tmp",
+        std::process::id(),
+        std::thread::current().id()
+    ));
     let r = std::fs::create_dir_all(dir)
         .and_then(|_| std::fs::write(&tmp, bytes))
         .and_then(|_| std::fs::rename(&tmp, path));
     if let Err(e) = r {
         let _ = std::fs::remove_file(&tmp);
-        tracing::warn!("could not write the PTX cache {}: {e}", path.display());
+        tracing::warn!("could not write the kernel cache {}: {e}", path.display());
     }
 }
 
@@ -163,25 +331,78 @@ mod tests {
 
 #[cfg(test)]
 mod nvrtc_tests {
-    /// Compiles the real kernel source when NVRTC is present (it needs no GPU); prints a skip
-    /// line otherwise, as on CI.
+    use super::*;
+    use crate::kernels::{kernel_name, modules, scale_name, P2P_KERNELS};
+    use railcc_core::{DataType, ReduceOp};
+
+    /// Compiles the real kernel modules, as PTX and as sm_90 cubins, when NVRTC is present
+    /// (it needs no GPU); prints a skip line otherwise, as on CI. Every kernel that
+    /// `GpuCtx::load` looks up is in the module it looks in.
     #[test]
     fn kernels_compile_with_nvrtc() {
         if let Err(e) = crate::driver::nvrtc_available() {
             println!("SKIP NVRTC compile: {e}");
             return;
         }
-        let ptx = super::ptx_of(
-            "kernels",
-            &crate::kernels::source(),
-            "compute_90",
-            None,
-            false,
-        )
-        .expect("kernels compile");
-        let text = ptx.to_string_lossy();
-        assert!(text.contains(".entry ar_float_sum"));
-        assert!(text.contains(".entry ll_bfloat16_avg"));
-        assert!(text.contains(".entry push_bfloat16_avg"));
+        let ms = modules();
+        assert_eq!(ms.len(), 1 + DataType::ALL.len());
+        let parts: Vec<(&str, &str)> = ms
+            .iter()
+            .map(|m| (m.tag.as_str(), m.src.as_str()))
+            .collect();
+        for form in [Form::Ptx, Form::Cubin] {
+            let t0 = std::time::Instant::now();
+            let images = module_images(&parts, (9, 0), None, false, form).expect("kernels compile");
+            println!("{} modules as {form:?} in {:?}", images.len(), t0.elapsed());
+            assert_eq!(images.len(), ms.len());
+            for (m, image) in ms.iter().zip(&images) {
+                match form {
+                    Form::Ptx => assert_eq!(image.last(), Some(&0)),
+                    Form::Cubin => assert!(image.starts_with(b"\x7fELF"), "{}", m.tag),
+                }
+                let has = |name: &str| {
+                    let want = match form {
+                        Form::Ptx => format!(".entry {name}("),
+                        Form::Cubin => format!("{name}\0"),
+                    };
+                    image.windows(want.len()).any(|w| w == want.as_bytes())
+                };
+                let names: Vec<String> = match m.dtype {
+                    Some(dt) => ReduceOp::ALL
+                        .iter()
+                        .flat_map(|&op| {
+                            [
+                                kernel_name(dt, op),
+                                crate::ll::kernel_name(dt, op),
+                                crate::push::kernel_name(dt, op),
+                            ]
+                        })
+                        .chain([scale_name(dt)])
+                        .collect(),
+                    None => DataType::ALL
+                        .iter()
+                        .flat_map(|&dt| {
+                            [
+                                crate::check::kernel_name(dt),
+                                crate::check::fill_kernel_name(dt),
+                            ]
+                        })
+                        .chain(P2P_KERNELS.iter().map(|n| n.to_string()))
+                        .collect(),
+                };
+                for n in names {
+                    assert!(has(&n), "{form:?}: {n} not in {}", m.tag);
+                }
+                // Each dtype's module holds no other dtype's kernels.
+                if let Some(dt) = m.dtype {
+                    let other = if dt == DataType::F32 {
+                        DataType::F64
+                    } else {
+                        DataType::F32
+                    };
+                    assert!(!has(&kernel_name(other, ReduceOp::Sum)), "{}", m.tag);
+                }
+            }
+        }
     }
 }

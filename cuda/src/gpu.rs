@@ -147,55 +147,96 @@ impl GpuCtx {
             },
             "cuMemcpyHtoD(abort word address)",
         )?;
-        let src = crate::kernels::source();
-        let image = compile::module_ptx("kernels", &src, major, cache, true)?;
-        if g.load(&image).is_err() {
-            // A cached file the driver rejects (truncated, or from another toolkit): rebuild.
-            let image = compile::module_ptx("kernels", &src, major, cache, false)?;
-            g.load(&image)?;
+        let minor = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let modules = crate::kernels::modules();
+        let parts: Vec<(&str, &str)> = modules
+            .iter()
+            .map(|m| (m.tag.as_str(), m.src.as_str()))
+            .collect();
+        // Cubins (no JIT), else PTX; a cached file the driver rejects (truncated, or from
+        // another toolkit) is rebuilt last.
+        let t0 = std::time::Instant::now();
+        let mut last = None;
+        for (form, use_cache) in [
+            (compile::Form::Cubin, true),
+            (compile::Form::Ptx, true),
+            (compile::Form::Ptx, false),
+        ] {
+            let r = compile::module_images(&parts, (major, minor), cache, use_cache, form)
+                .and_then(|images| g.load(&modules, &images));
+            match r {
+                Ok(()) => {
+                    tracing::info!(
+                        "GPU {ordinal}: {} kernel modules as {form:?} in {:?}",
+                        modules.len(),
+                        t0.elapsed()
+                    );
+                    return Ok(g);
+                }
+                Err(e) => {
+                    tracing::debug!("GPU {ordinal}: kernels as {form:?}: {e}");
+                    last = Some(e);
+                }
+            }
         }
-        Ok(g)
+        Err(last.unwrap_or_else(|| Error::new(ErrorKind::Io, "no kernel image loaded")))
     }
 
-    fn load(&mut self, image: &CString) -> Result<()> {
+    /// Loads `images` (of `modules`, in order) into this context and finds every kernel.
+    fn load(&mut self, modules: &[crate::kernels::Module], images: &[Vec<u8>]) -> Result<()> {
         self.bind()?;
-        let mut module: sys::CUmodule = std::ptr::null_mut();
-        // SAFETY: `image` is NUL-terminated PTX; the context is bound.
-        check(
-            unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) },
-            "cuModuleLoadData",
-        )?;
-        let get = |name: String| -> Result<sys::CUfunction> {
-            let name = CString::new(name).map_err(|_| Error::invalid("kernel name"))?;
-            let mut f: sys::CUfunction = std::ptr::null_mut();
-            // SAFETY: module loaded above; `name` is NUL-terminated.
+        for (m, image) in modules.iter().zip(images) {
+            let mut module: sys::CUmodule = std::ptr::null_mut();
+            // SAFETY: `image` is a whole cubin or NUL-terminated PTX (compile.rs checks both
+            // when it reads them back); the context is bound.
             check(
-                unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) },
-                "cuModuleGetFunction",
+                unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) },
+                "cuModuleLoadData",
             )?;
-            Ok(f)
-        };
-        for dt in DataType::ALL {
-            for op in ReduceOp::ALL {
-                self.funcs.insert((dt, op), get(kernel_name(dt, op))?);
-                self.ll_funcs
-                    .insert((dt, op), get(crate::ll::kernel_name(dt, op))?);
-                self.push_funcs
-                    .insert((dt, op), get(crate::push::kernel_name(dt, op))?);
+            let get = |name: String| -> Result<sys::CUfunction> {
+                let name = CString::new(name).map_err(|_| Error::invalid("kernel name"))?;
+                let mut f: sys::CUfunction = std::ptr::null_mut();
+                // SAFETY: module loaded above; `name` is NUL-terminated.
+                check(
+                    unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) },
+                    "cuModuleGetFunction",
+                )?;
+                Ok(f)
+            };
+            match m.dtype {
+                Some(dt) => {
+                    for op in ReduceOp::ALL {
+                        self.funcs.insert((dt, op), get(kernel_name(dt, op))?);
+                        self.ll_funcs
+                            .insert((dt, op), get(crate::ll::kernel_name(dt, op))?);
+                        self.push_funcs
+                            .insert((dt, op), get(crate::push::kernel_name(dt, op))?);
+                    }
+                    self.scale_funcs.insert(dt, get(scale_name(dt))?);
+                }
+                None => {
+                    for dt in DataType::ALL {
+                        self.check_funcs.insert(
+                            dt,
+                            (
+                                get(crate::check::kernel_name(dt))?,
+                                get(crate::check::fill_kernel_name(dt))?,
+                            ),
+                        );
+                    }
+                    self.p2p_funcs = crate::kernels::P2P_KERNELS
+                        .iter()
+                        .map(|n| get(n.to_string()))
+                        .collect::<Result<_>>()?;
+                }
             }
-            self.scale_funcs.insert(dt, get(scale_name(dt))?);
-            self.check_funcs.insert(
-                dt,
-                (
-                    get(crate::check::kernel_name(dt))?,
-                    get(crate::check::fill_kernel_name(dt))?,
-                ),
-            );
         }
-        self.p2p_funcs = crate::kernels::P2P_KERNELS
-            .iter()
-            .map(|n| get(n.to_string()))
-            .collect::<Result<_>>()?;
+        if images.len() != modules.len() {
+            return Err(Error::new(
+                ErrorKind::Io,
+                "fewer kernel images than modules",
+            ));
+        }
         Ok(())
     }
 

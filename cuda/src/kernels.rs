@@ -2,8 +2,8 @@
 //!
 //! Why NVRTC rather than shipped PTX: the build then needs no CUDA toolkit (CI has none), and
 //! the code is compiled for the exact GPU it runs on (sm_90 on H200) instead of a lowest common
-//! denominator. The cost, a few seconds on a machine's first run, is paid once: compile.rs
-//! caches the PTX on disk.
+//! denominator. The cost is paid on a machine's first run (13 modules on parallel threads,
+//! [`modules`]), then compile.rs's cache on disk serves every process.
 //!
 //! One kernel per (dtype, op): `ar_<dtype>_<op>` reduces elements `[begin, end)` of `n` inputs
 //! and writes the result to `n_out` outputs (any of which may be on peer GPUs); with one input
@@ -142,8 +142,50 @@ pub fn kernel_name(dt: DataType, op: ReduceOp) -> String {
     format!("ar_{}_{}", dt.name(), op.name())
 }
 
-/// The whole program: helpers plus one kernel per (dtype, op).
+/// One separately compiled module of the kernels ([`modules`]).
+pub struct Module {
+    /// The cache's name for it: "kernels-common" or "kernels-<dtype>".
+    pub tag: String,
+    /// `Some(dt)`: dt's bulk, low-latency, push and scale kernels for every op; `None`: the
+    /// rest (send/recv, batch p2p, the bench's check and fill kernels).
+    pub dtype: Option<DataType>,
+    pub src: String,
+}
+
+/// The kernels as 13 modules, each with the shared helpers: one per dtype and one of the
+/// rest. Why not one: NVRTC compiles the modules on parallel threads, each cached on its own;
+/// one module of everything (790 KB of source) took 94 s to compile and load on a fresh
+/// 4 x H100 machine, 43 s of it NVRTC alone on our 2-core machine.
+pub fn modules() -> Vec<Module> {
+    let helpers = helpers();
+    let mut v = vec![Module {
+        tag: "kernels-common".into(),
+        dtype: None,
+        src: format!(
+            "{helpers}{}{}{}",
+            p2p_source(),
+            crate::p2p_many::SOURCE,
+            crate::check::source()
+        ),
+    }];
+    for dt in DataType::ALL {
+        v.push(Module {
+            tag: format!("kernels-{}", dt.name()),
+            dtype: Some(dt),
+            src: format!("{helpers}{}", dtype_source(dt)),
+        });
+    }
+    v
+}
+
+/// Every module's source, one after another: to look into, not one unit to compile (each
+/// repeats the helpers).
 pub fn source() -> String {
+    modules().into_iter().map(|m| m.src).collect()
+}
+
+/// The device functions every module shares.
+fn helpers() -> String {
     let mut s = String::from(
         r#"
 struct Ptrs { unsigned long long p[8]; };
@@ -261,7 +303,13 @@ __device__ __forceinline__ unsigned char f_e5m2(float f) {
 }
 "#,
     );
-    s.push_str(&format!(
+    s.push_str(crate::push::COMMON_SOURCE);
+    s
+}
+
+/// The send/recv kernels between processes.
+fn p2p_source() -> String {
+    format!(
         r#"
 // Send/recv between processes (P2P_OFFSET in kernels.rs). The sender's stream runs
 // p2p_ready (its data is written: tell the receiver) and p2p_wait_copied (until the receiver
@@ -303,25 +351,26 @@ extern "C" __global__ void p2p_wait_copied(unsigned long long mine, unsigned lon
 }}
 "#,
         p2p = P2P_OFFSET
-    ));
-    s.push_str(crate::p2p_many::SOURCE);
-    s.push_str(crate::push::COMMON_SOURCE);
-    s.push_str(&crate::check::source());
-    for dt in DataType::ALL {
-        let (t, acc, ld, st) = ctype(dt);
-        for op in ReduceOp::ALL {
-            let name = kernel_name(dt, op);
-            let expr = op_expr(op, dt);
-            let avg = if op == ReduceOp::Avg {
-                format!("{{ {t} w = {st}(acc); acc = {ld}(w) / ({acc})avg_n; }}")
-            } else {
-                String::new()
-            };
-            let vec = vec_name(dt, op);
-            s.push_str(&vec_source(dt, op));
-            // 16-byte vector loop over the aligned middle, scalar loop for the ends.
-            s.push_str(&format!(
-                r#"
+    )
+}
+
+/// dt's bulk, low-latency and push kernels for every op, and its scale kernel.
+fn dtype_source(dt: DataType) -> String {
+    let mut s = String::new();
+    let (t, acc, ld, st) = ctype(dt);
+    for op in ReduceOp::ALL {
+        let name = kernel_name(dt, op);
+        let expr = op_expr(op, dt);
+        let avg = if op == ReduceOp::Avg {
+            format!("{{ {t} w = {st}(acc); acc = {ld}(w) / ({acc})avg_n; }}")
+        } else {
+            String::new()
+        };
+        let vec = vec_name(dt, op);
+        s.push_str(&vec_source(dt, op));
+        // 16-byte vector loop over the aligned middle, scalar loop for the ends.
+        s.push_str(&format!(
+            r#"
 extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, int n, Ptrs outs, int n_out, unsigned long long begin, unsigned long long end, int avg_n, Ptrs syncs, int n_gpus, int me, unsigned long long timeout_ns, int wide) {{
   typedef {t} T;
   const unsigned long long epoch = call_epoch(syncs.p[me]);
@@ -337,64 +386,63 @@ extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, int n, Ptrs o
   unsigned long long ve = aligned ? end / V * V : end;
   if (ve < vb) ve = vb;
   for (unsigned long long i = begin + tid; i < vb; i += stride) {{
-    {acc} acc = {ld}(((const T*)ins.p[0])[i]);
-    for (int r = 1; r < n; r++) {{ {acc} a = acc, b = {ld}(((const T*)ins.p[r])[i]); acc = {expr}; }}
-    {avg}
-    T v = {st}(acc);
-    for (int r = 0; r < n_out; r++) ((T*)outs.p[r])[i] = v;
+{acc} acc = {ld}(((const T*)ins.p[0])[i]);
+for (int r = 1; r < n; r++) {{ {acc} a = acc, b = {ld}(((const T*)ins.p[r])[i]); acc = {expr}; }}
+{avg}
+T v = {st}(acc);
+for (int r = 0; r < n_out; r++) ((T*)outs.p[r])[i] = v;
   }}
   // Wide: every input's 16 bytes of two vectors loaded at once before any arithmetic (up to
   // 16 loads in flight a thread, where the narrow loop below has one), so few blocks keep
   // NVLink's read latency covered. The same sums in the same order.
   if (wide) {{
-    const unsigned long long vn = ve / V;
-    for (unsigned long long j = vb / V + tid; j < vn; j += 2 * stride) {{
-      const bool two = j + stride < vn;
-      uint4 y[2][8];
+const unsigned long long vn = ve / V;
+for (unsigned long long j = vb / V + tid; j < vn; j += 2 * stride) {{
+  const bool two = j + stride < vn;
+  uint4 y[2][8];
 #pragma unroll
-      for (int r = 0; r < 8; r++) {{
-        if (r < n) {{
-          y[0][r] = ((const uint4*)ins.p[r])[j];
-          if (two) y[1][r] = ((const uint4*)ins.p[r])[j + stride];
-        }}
-      }}
-#pragma unroll
-      for (int u = 0; u < 2; u++) {{
-        if (u == 1 && !two) break;
-        const uint4 x = {vec}(y[u], n, avg_n);
-        for (int r = 0; r < n_out; r++) ((uint4*)outs.p[r])[j + u * stride] = x;
-      }}
+  for (int r = 0; r < 8; r++) {{
+    if (r < n) {{
+      y[0][r] = ((const uint4*)ins.p[r])[j];
+      if (two) y[1][r] = ((const uint4*)ins.p[r])[j + stride];
     }}
+  }}
+#pragma unroll
+  for (int u = 0; u < 2; u++) {{
+    if (u == 1 && !two) break;
+    const uint4 x = {vec}(y[u], n, avg_n);
+    for (int r = 0; r < n_out; r++) ((uint4*)outs.p[r])[j + u * stride] = x;
+  }}
+}}
   }} else
   for (unsigned long long j = vb / V + tid; j < ve / V; j += stride) {{
-    uint4 x = ((const uint4*)ins.p[0])[j];
-    T* xv = (T*)&x;
-    {acc} accs[V];
-    for (int k = 0; k < V; k++) accs[k] = {ld}(xv[k]);
-    for (int r = 1; r < n; r++) {{
-      uint4 y = ((const uint4*)ins.p[r])[j];
-      T* yv = (T*)&y;
-      for (int k = 0; k < V; k++) {{ {acc} a = accs[k], b = {ld}(yv[k]); accs[k] = {expr}; }}
-    }}
-    for (int k = 0; k < V; k++) {{ {acc} acc = accs[k]; {avg} xv[k] = {st}(acc); }}
-    for (int r = 0; r < n_out; r++) ((uint4*)outs.p[r])[j] = x;
+uint4 x = ((const uint4*)ins.p[0])[j];
+T* xv = (T*)&x;
+{acc} accs[V];
+for (int k = 0; k < V; k++) accs[k] = {ld}(xv[k]);
+for (int r = 1; r < n; r++) {{
+  uint4 y = ((const uint4*)ins.p[r])[j];
+  T* yv = (T*)&y;
+  for (int k = 0; k < V; k++) {{ {acc} a = accs[k], b = {ld}(yv[k]); accs[k] = {expr}; }}
+}}
+for (int k = 0; k < V; k++) {{ {acc} acc = accs[k]; {avg} xv[k] = {st}(acc); }}
+for (int r = 0; r < n_out; r++) ((uint4*)outs.p[r])[j] = x;
   }}
   for (unsigned long long i = ve + tid; i < end; i += stride) {{
-    {acc} acc = {ld}(((const T*)ins.p[0])[i]);
-    for (int r = 1; r < n; r++) {{ {acc} a = acc, b = {ld}(((const T*)ins.p[r])[i]); acc = {expr}; }}
-    {avg}
-    T v = {st}(acc);
-    for (int r = 0; r < n_out; r++) ((T*)outs.p[r])[i] = v;
+{acc} acc = {ld}(((const T*)ins.p[0])[i]);
+for (int r = 1; r < n; r++) {{ {acc} a = acc, b = {ld}(((const T*)ins.p[r])[i]); acc = {expr}; }}
+{avg}
+T v = {st}(acc);
+for (int r = 0; r < n_out; r++) ((T*)outs.p[r])[i] = v;
   }}
   arrive_done(syncs, n_gpus, me, epoch, timeout_ns);
 }}
 "#
-            ));
-            s.push_str(&crate::ll::kernel_source(dt, op));
-            s.push_str(&crate::push::kernel_source(dt, op));
-        }
-        s.push_str(&scale_source(dt));
+        ));
+        s.push_str(&crate::ll::kernel_source(dt, op));
+        s.push_str(&crate::push::kernel_source(dt, op));
     }
+    s.push_str(&scale_source(dt));
     s
 }
 

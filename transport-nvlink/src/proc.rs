@@ -827,10 +827,7 @@ mod tests {
             (d.host, d.shm, d.blocks, d.sync, d.proc, d.token),
             (h.host, h.shm, 132, h.sync, h.proc, 99)
         );
-        assert_eq!(
-            (d.ll_max, d.min_blocks, d.push),
-            (65536, 8, 1 << 24)
-        );
+        assert_eq!((d.ll_max, d.min_blocks, d.push), (65536, 8, 1 << 24));
     }
 
     #[test]
