@@ -11,7 +11,9 @@
 # RAILCC_GPU_AR_PUSH_BYTES=1, where 128 blocks are allowed; "bk": no push kernel,
 # RAILCC_GPU_AR_PUSH_BYTES=0).
 # w0 and w1 keep the defaults otherwise: from 16 MiB at 128 blocks that is the push kernel.
-# AB_COLL: the nccl-tests collective (default all_reduce). A
+# AB_LIBS: other builds of railcc's libnccl, "NAME=DIR ...", each run like w1 at every block
+# count (one machine, one call: a build against a build). AB_COLL: the nccl-tests collective
+# (default all_reduce). A
 # second table has the in-place busbw (PyTorch's all_reduce is in place).
 # Prepare with bench/compare/gpu-prepare.sh; carry .device.
 set -uo pipefail
@@ -46,6 +48,10 @@ for b in ${AB_BLOCKS:-${ch:-24} 0}; do
     esac
     run "railcc-b$b-$v" "$PWD/.device/lib" RAILCC_GPU_MAX_BLOCKS=$b $vars
     names+=("railcc-b$b-$v")
+  done
+  for nl in ${AB_LIBS:-}; do
+    run "${nl%%=*}-b$b" "${nl#*=}" RAILCC_GPU_MAX_BLOCKS=$b RAILCC_GPU_WIDE_LOADS=1
+    names+=("${nl%%=*}-b$b")
   done
 done
 # The table: size, then each run's out-of-place busbw and its ratio to NCCL's.

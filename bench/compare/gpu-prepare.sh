@@ -35,4 +35,16 @@ bash scripts/source-stamp.sh > .device/STAMP
 rm -rf .device/nccl-tests
 cp -r ../shared/third_party/nccl-tests .device/
 cp ../shared/baselines/gpu/nccl_baseline.sh .device/
+# PREPARE_OLD=<commit>: that commit's libnccl too, in .device/lib-<commit> (gpu-blocks-ab.sh's
+# AB_LIBS runs a build against a build on one machine).
+if [ -n "${PREPARE_OLD:-}" ]; then
+  wt=/tmp/railcc-old-$PREPARE_OLD
+  rm -rf "$wt"; git worktree prune
+  git worktree add -f "$wt" "$PREPARE_OLD" -q
+  ( cd "$wt" && CARGO_TARGET_DIR="$PWD/../railcc-old-target" cargo build --release -p railcc-nccl )
+  mkdir -p ".device/lib-$PREPARE_OLD"
+  cp "/tmp/railcc-old-target/release/libnccl.so" ".device/lib-$PREPARE_OLD/libnccl.so.2"
+  strip --strip-debug ".device/lib-$PREPARE_OLD/libnccl.so.2"
+  git worktree remove --force "$wt"
+fi
 echo "staged .device/ ($(du -sh .device | cut -f1)); on the device: bash scripts/test-gpu.sh (every GPU correctness test), bench/compare/gpu-bench.sh, gpu-bench-large.sh"

@@ -46,7 +46,11 @@
 #   r  (2026-11-27, third call) the push kernel back as measured on 2026-11-27 (the split and
 #      reduce-scatter variants removed): the kernel compile timed, push checks (--offset 8
 #      every dtype and op, 3 blocks), then all_reduce at NCCL's channels and one block per SM.
-# Usage: bash bench/compare/gpu-x4-next.sh a|...|r (parts e-l on NG GPUs, default 4)
+#   s  (first, next session) the kernels' first-run compile (13 modules, cubins), timed; the GPU
+#      unit tests; all_reduce of this build against the build of 353abf3 on one machine
+#      (prepare with PREPARE_OLD=353abf3 bash bench/compare/gpu-prepare.sh).
+#   t  test-gpu's bench, push and nccl parts (the default path on the cubin build).
+# Usage: bash bench/compare/gpu-x4-next.sh a|...|t (parts e-l on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -169,7 +173,28 @@ case ${1:-} in
       OUT=$L AB_VARIANTS="w1" AB_SIZES="-b 1M -e 1G -f 4" timeout $((560 - $(date +%s) + T0)) bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/push-ab.txt"
     fi
     ;;
-  *) echo "usage: $0 a|...|r"; exit 2 ;;
+  s)
+    # (first, next session) The kernels as 13 modules compiled to cubins on parallel threads
+    # (not yet run on a GPU): the first run's compile timed, and a second run's (the cache);
+    # the GPU unit tests (they load every kernel); then all_reduce of this build against the
+    # build measured on 2026-11-27 (353abf3, .device/lib-353abf3, the push kernel at
+    # 0.99-1.04x NCCL then, the same source read 0.94-0.97x in this session's call 4).
+    for run in 1 2; do
+      s0=$(date +%s%N)
+      RAILCC_LOG=railcc_cuda=info timeout 250 $R bench all_reduce --device cuda -b 8 -e 8 -n 1 -w 0 > "$L/warm$run.txt" 2>&1
+      echo "run $run (compile and load; cache $([ $run = 1 ] && echo empty || echo full)): exit $? after $((($(date +%s%N) - s0) / 1000000)) ms"
+      grep -a -E "NVRTC|kernel modules as" "$L/warm$run.txt" | sed 's/^/    /' | tail -16
+    done
+    OUT=$L TEST_GPU_PARTS=unit NG=${NG:-4} timeout 150 bash scripts/test-gpu.sh 2>&1 | tee "$L/unit.txt" | grep -E "^(PASS|FAIL|test-gpu)"
+    cp "$L/test-gpu.log" "$L/test-gpu-unit.log" 2>/dev/null
+    OUT=$L AB_VARIANTS="w1" AB_LIBS="old353=$PWD/.device/lib-353abf3" AB_SIZES="-b 4M -e 1G -f 4" timeout $((570 - $(date +%s) + T0)) bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/old-new-ab.txt"
+    ;;
+  t)
+    # The default path's correctness on the cubin build: test-gpu's bench, push and nccl parts.
+    OUT=$L TEST_GPU_CHECK_LIMIT=120 TEST_GPU_PARTS="bench push nccl" NG=${NG:-4} timeout 570 bash scripts/test-gpu.sh 2>&1 | tee "$L/default.txt" | grep -E "^(FAIL|test-gpu)"
+    cp "$L/test-gpu.log" "$L/test-gpu-default.log" 2>/dev/null
+    ;;
+  *) echo "usage: $0 a|...|t"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs

@@ -39,6 +39,55 @@ pub fn sm_for(major: i32, minor: i32) -> Option<&'static str> {
     })
 }
 
+/// NVRTC compiles this process has run (not cache or memo hits): `GpuCtx::new` tells a
+/// refused fresh image from a refused cached one.
+static FRESH: AtomicUsize = AtomicUsize::new(0);
+
+pub fn fresh_compiles() -> usize {
+    FRESH.load(Ordering::Relaxed)
+}
+
+/// The marker that the driver refused freshly compiled cubins for `cc` (a toolkit newer than
+/// the driver): later processes then go straight to PTX.
+fn refused_marker(dir: &Path, cc: (i32, i32)) -> PathBuf {
+    let dv = driver_version().unwrap_or(0);
+    dir.join(format!("cubin-refused-{}.{}-{dv}", cc.0, cc.1))
+}
+
+pub fn cubin_refused(dir: Option<&Path>, cc: (i32, i32)) -> bool {
+    dir.is_some_and(|d| refused_marker(d, cc).exists())
+}
+
+pub fn refuse_cubin(dir: Option<&Path>, cc: (i32, i32)) {
+    if let Some(d) = dir {
+        store(&refused_marker(d, cc), b"");
+    }
+}
+
+/// Whether `b` is a whole ELF64 image: its section and program header tables lie inside it
+/// (the driver is given no length, so a truncated cached cubin must not reach it).
+fn whole_elf(b: &[u8]) -> bool {
+    let u64_at = |o: usize| {
+        b.get(o..o + 8)
+            .and_then(|x| x.try_into().ok())
+            .map(u64::from_le_bytes)
+    };
+    let u16_at = |o: usize| {
+        b.get(o..o + 2)
+            .and_then(|x| x.try_into().ok())
+            .map(u16::from_le_bytes)
+    };
+    let inside = |off: Option<u64>, size: Option<u16>, n: Option<u16>| match (off, size, n) {
+        (Some(o), Some(s), Some(n)) => o
+            .checked_add(u64::from(s) * u64::from(n))
+            .is_some_and(|end| end <= b.len() as u64),
+        _ => false,
+    };
+    b.starts_with(b"\x7fELF\x02\x01")
+        && inside(u64_at(0x20), u16_at(0x36), u16_at(0x38))
+        && inside(u64_at(0x28), u16_at(0x3a), u16_at(0x3c))
+}
+
 /// What a module is compiled to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Form {
@@ -86,7 +135,8 @@ pub fn module_ptx(
     use_cache: bool,
 ) -> Result<CString> {
     let arch = arch_for(major);
-    let path = dir.map(|d| cache_path_of(d, tag, src, arch, driver_version().unwrap_or(0)));
+    let dv = driver_version()?;
+    let path = dir.map(|d| cache_path_of(d, tag, src, arch, dv));
     ptx_of(tag, src, arch, path.as_deref(), use_cache)
 }
 
@@ -217,7 +267,7 @@ fn image_uncached(
         if let Ok(bytes) = std::fs::read(path) {
             // A PTX file ends with its NUL; a cubin is an ELF image.
             let whole = if cubin {
-                bytes.starts_with(b"\x7fELF")
+                whole_elf(&bytes)
             } else {
                 bytes.last() == Some(&0) && !bytes[..bytes.len() - 1].contains(&0)
             };
@@ -228,6 +278,7 @@ fn image_uncached(
         }
     }
     let t0 = std::time::Instant::now();
+    FRESH.fetch_add(1, Ordering::Relaxed);
     let image = compile(src, arch, cubin)?;
     tracing::info!(
         "NVRTC compiled a kernel module for {arch} in {:?}",
@@ -288,8 +339,14 @@ fn store(path: &Path, bytes: &[u8]) {
         std::process::id(),
         std::thread::current().id()
     ));
+    // Synced before the rename: a crash leaves the old name or the whole file, never part.
     let r = std::fs::create_dir_all(dir)
-        .and_then(|_| std::fs::write(&tmp, bytes))
+        .and_then(|_| {
+            use std::io::Write;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(bytes)?;
+            f.sync_all()
+        })
         .and_then(|_| std::fs::rename(&tmp, path));
     if let Err(e) = r {
         let _ = std::fs::remove_file(&tmp);
@@ -317,6 +374,24 @@ mod tests {
             cache_path_of(d, "kernels", &source(), "compute_90", 1),
             cache_path_of(d, "kernels", &source(), "compute_90", 1)
         );
+    }
+
+    #[test]
+    fn a_cubin_whose_headers_lie_past_its_end_is_not_whole() {
+        // An ELF64 header (64 bytes) with one 64-byte section header at 64 and no program
+        // headers: whole at 128 bytes, not when cut.
+        let mut b = vec![0u8; 128];
+        b[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        b[0x28..0x30].copy_from_slice(&64u64.to_le_bytes());
+        b[0x3a..0x3c].copy_from_slice(&64u16.to_le_bytes());
+        b[0x3c..0x3e].copy_from_slice(&1u16.to_le_bytes());
+        assert!(whole_elf(&b));
+        assert!(!whole_elf(&b[..127]));
+        assert!(!whole_elf(&b[..40]));
+        b[0x3c..0x3e].copy_from_slice(&2u16.to_le_bytes());
+        assert!(!whole_elf(&b));
+        b[..4].copy_from_slice(b"\x7fELG");
+        assert!(!whole_elf(&b[..4]));
     }
 
     #[test]
@@ -358,7 +433,10 @@ mod nvrtc_tests {
             for (m, image) in ms.iter().zip(&images) {
                 match form {
                     Form::Ptx => assert_eq!(image.last(), Some(&0)),
-                    Form::Cubin => assert!(image.starts_with(b"\x7fELF"), "{}", m.tag),
+                    Form::Cubin => {
+                        assert!(whole_elf(image), "{}", m.tag);
+                        assert!(!whole_elf(&image[..image.len() / 2]), "{}", m.tag);
+                    }
                 }
                 let has = |name: &str| {
                     let want = match form {

@@ -153,16 +153,24 @@ impl GpuCtx {
             .iter()
             .map(|m| (m.tag.as_str(), m.src.as_str()))
             .collect();
-        // Cubins (no JIT), else PTX; a cached file the driver rejects (truncated, or from
-        // another toolkit) is rebuilt last.
+        // Cubins (no JIT), else PTX. A cached image the driver rejects (truncated, or from
+        // another toolkit) is compiled afresh; fresh cubins it rejects mark the cache so later
+        // processes go straight to PTX (`compile::refuse_cubin`).
+        let cc = (major, minor);
         let t0 = std::time::Instant::now();
         let mut last = None;
-        for (form, use_cache) in [
-            (compile::Form::Cubin, true),
-            (compile::Form::Ptx, true),
-            (compile::Form::Ptx, false),
-        ] {
-            let r = compile::module_images(&parts, (major, minor), cache, use_cache, form)
+        let mut attempts = Vec::new();
+        if !compile::cubin_refused(cache, cc) {
+            attempts.extend([(compile::Form::Cubin, true), (compile::Form::Cubin, false)]);
+        }
+        attempts.extend([(compile::Form::Ptx, true), (compile::Form::Ptx, false)]);
+        let mut skip_cubin = false;
+        for (form, use_cache) in attempts {
+            if form == compile::Form::Cubin && skip_cubin {
+                continue;
+            }
+            let fresh0 = compile::fresh_compiles();
+            let r = compile::module_images(&parts, cc, cache, use_cache, form)
                 .and_then(|images| g.load(&modules, &images));
             match r {
                 Ok(()) => {
@@ -174,7 +182,13 @@ impl GpuCtx {
                     return Ok(g);
                 }
                 Err(e) => {
-                    tracing::debug!("GPU {ordinal}: kernels as {form:?}: {e}");
+                    tracing::warn!("GPU {ordinal}: kernels as {form:?} (cache {use_cache}): {e}");
+                    // Every image compiled just now and still refused: no retry helps.
+                    let all_fresh = compile::fresh_compiles() - fresh0 >= modules.len();
+                    if form == compile::Form::Cubin && (all_fresh || !use_cache) {
+                        skip_cubin = true;
+                        compile::refuse_cubin(cache, cc);
+                    }
                     last = Some(e);
                 }
             }
@@ -182,60 +196,80 @@ impl GpuCtx {
         Err(last.unwrap_or_else(|| Error::new(ErrorKind::Io, "no kernel image loaded")))
     }
 
-    /// Loads `images` (of `modules`, in order) into this context and finds every kernel.
+    /// Loads `images` (of `modules`, in order) into this context and finds every kernel; on
+    /// failure unloads what it loaded.
     fn load(&mut self, modules: &[crate::kernels::Module], images: &[Vec<u8>]) -> Result<()> {
-        self.bind()?;
-        for (m, image) in modules.iter().zip(images) {
-            let mut module: sys::CUmodule = std::ptr::null_mut();
-            // SAFETY: `image` is a whole cubin or NUL-terminated PTX (compile.rs checks both
-            // when it reads them back); the context is bound.
-            check(
-                unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) },
-                "cuModuleLoadData",
-            )?;
-            let get = |name: String| -> Result<sys::CUfunction> {
-                let name = CString::new(name).map_err(|_| Error::invalid("kernel name"))?;
-                let mut f: sys::CUfunction = std::ptr::null_mut();
-                // SAFETY: module loaded above; `name` is NUL-terminated.
-                check(
-                    unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) },
-                    "cuModuleGetFunction",
-                )?;
-                Ok(f)
-            };
-            match m.dtype {
-                Some(dt) => {
-                    for op in ReduceOp::ALL {
-                        self.funcs.insert((dt, op), get(kernel_name(dt, op))?);
-                        self.ll_funcs
-                            .insert((dt, op), get(crate::ll::kernel_name(dt, op))?);
-                        self.push_funcs
-                            .insert((dt, op), get(crate::push::kernel_name(dt, op))?);
-                    }
-                    self.scale_funcs.insert(dt, get(scale_name(dt))?);
-                }
-                None => {
-                    for dt in DataType::ALL {
-                        self.check_funcs.insert(
-                            dt,
-                            (
-                                get(crate::check::kernel_name(dt))?,
-                                get(crate::check::fill_kernel_name(dt))?,
-                            ),
-                        );
-                    }
-                    self.p2p_funcs = crate::kernels::P2P_KERNELS
-                        .iter()
-                        .map(|n| get(n.to_string()))
-                        .collect::<Result<_>>()?;
-                }
-            }
-        }
         if images.len() != modules.len() {
             return Err(Error::new(
                 ErrorKind::Io,
                 "fewer kernel images than modules",
             ));
+        }
+        self.bind()?;
+        let mut loaded = Vec::with_capacity(modules.len());
+        let r = modules
+            .iter()
+            .zip(images)
+            .try_for_each(|(m, image)| self.load_one(m, image, &mut loaded));
+        if r.is_err() {
+            for m in loaded {
+                // SAFETY: a module this call loaded; no kernel of it was launched.
+                unsafe { sys::cuModuleUnload(m) };
+            }
+        }
+        r
+    }
+
+    fn load_one(
+        &mut self,
+        m: &crate::kernels::Module,
+        image: &[u8],
+        loaded: &mut Vec<sys::CUmodule>,
+    ) -> Result<()> {
+        let mut module: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: `image` is a cubin whose ELF headers lie inside it or NUL-terminated PTX
+        // (compile.rs checks both when it reads them back); the context is bound.
+        check(
+            unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) },
+            "cuModuleLoadData",
+        )?;
+        loaded.push(module);
+        let get = |name: String| -> Result<sys::CUfunction> {
+            let name = CString::new(name).map_err(|_| Error::invalid("kernel name"))?;
+            let mut f: sys::CUfunction = std::ptr::null_mut();
+            // SAFETY: module loaded above; `name` is NUL-terminated.
+            check(
+                unsafe { sys::cuModuleGetFunction(&mut f, module, name.as_ptr()) },
+                "cuModuleGetFunction",
+            )?;
+            Ok(f)
+        };
+        match m.dtype {
+            Some(dt) => {
+                for op in ReduceOp::ALL {
+                    self.funcs.insert((dt, op), get(kernel_name(dt, op))?);
+                    self.ll_funcs
+                        .insert((dt, op), get(crate::ll::kernel_name(dt, op))?);
+                    self.push_funcs
+                        .insert((dt, op), get(crate::push::kernel_name(dt, op))?);
+                }
+                self.scale_funcs.insert(dt, get(scale_name(dt))?);
+            }
+            None => {
+                for dt in DataType::ALL {
+                    self.check_funcs.insert(
+                        dt,
+                        (
+                            get(crate::check::kernel_name(dt))?,
+                            get(crate::check::fill_kernel_name(dt))?,
+                        ),
+                    );
+                }
+                self.p2p_funcs = crate::kernels::P2P_KERNELS
+                    .iter()
+                    .map(|n| get(n.to_string()))
+                    .collect::<Result<_>>()?;
+            }
         }
         Ok(())
     }
