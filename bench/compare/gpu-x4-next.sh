@@ -50,7 +50,8 @@
 #      unit tests; all_reduce of this build against the build of 353abf3 on one machine
 #      (prepare with PREPARE_OLD=353abf3 bash bench/compare/gpu-prepare.sh).
 #   t  test-gpu's bench, push and nccl parts (the default path on the cubin build).
-# Usage: bash bench/compare/gpu-x4-next.sh a|...|t (parts e-l on NG GPUs, default 4)
+#   u  issue 29's PyTorch allocator figure, each run the median of 100 calls, 3 runs.
+# Usage: bash bench/compare/gpu-x4-next.sh a|...|u (parts e-l on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -194,7 +195,13 @@ case ${1:-} in
     OUT=$L TEST_GPU_CHECK_LIMIT=120 TEST_GPU_PARTS="bench push nccl" NG=${NG:-4} timeout 570 bash scripts/test-gpu.sh 2>&1 | tee "$L/default.txt" | grep -E "^(FAIL|test-gpu)"
     cp "$L/test-gpu.log" "$L/test-gpu-default.log" 2>/dev/null
     ;;
-  *) echo "usage: $0 a|...|t"; exit 2 ;;
+  u)
+    # Issue 29's last figure with more samples: each run's figure the median of 100 timed
+    # calls (20 before), 3 runs of each library and allocator interleaved.
+    ALLOC_ITERS=100 OUT=$L ALLOC_WAYS="default expandable" ALLOC_REPEATS=3 timeout 560 \
+      bash nccl-compat/tests/torch/alloc.sh 2>&1 | tee "$L/alloc.txt" | grep -E "^(PASS  rail|FAIL)|failed|ratio|median"
+    ;;
+  *) echo "usage: $0 a|...|u"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs

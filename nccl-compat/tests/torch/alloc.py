@@ -4,7 +4,8 @@ allocator; TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1 registers every segme
 
 At 4 KB, 4 MB and 256 MB: all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast,
 all_to_all_single and a batch_isend_irecv ring, every element checked against values computed
-on the host. Then the time of all_reduce at each size (median of 20 after 5 warm-ups), as
+on the host. Then the time of all_reduce at each size (median of ALLOC_ITERS, default 20,
+after 5 warm-ups), as
 "alloc.py: all_reduce <bytes> B: <us> us, busbw <GB/s>".
 Last line on each rank: "alloc.py: rank R: N checks ok, M failed"; exit status 1 if any failed.
 """
@@ -73,7 +74,7 @@ def timing(nbytes, world, dev):
     for _ in range(5):
         dist.all_reduce(x)
     ts = []
-    for _ in range(20):
+    for _ in range(int(os.environ.get("ALLOC_ITERS", "20"))):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         dist.all_reduce(x)

@@ -8,7 +8,8 @@
 # A run passes when every rank checks every result. Then, from the same call's figures:
 # railcc's 256 MB all_reduce busbw under expandable segments >= NCCL's (same allocator), and
 # railcc under expandable segments no slower than 0.95x railcc's default-allocator figure at
-# every size; each figure the median of ALLOC_REPEATS (default 1) runs, the runs of all
+# every size; each figure the median of ALLOC_REPEATS (default 1) runs (each run's figure the
+# median of ALLOC_ITERS timed calls, default 20), the runs of all
 # settings and both libraries interleaved. Prepare with bench/compare/gpu-prepare.sh; carry
 # .device. ALLOC_WAYS and ALLOC_LIBS pick settings and libraries. ALLOC_LAYOUT=2x2 runs two
 # emulated hosts of half the GPUs each (two torchrun nodes, NCCL_HOSTID/RAILCC_HOSTID) instead
@@ -21,7 +22,7 @@ mkdir -p "$OUT"
 LIB=$PWD/.device/lib/libnccl.so.2
 PY=$PWD/nccl-compat/tests/torch/alloc.py
 NGPU=$(nvidia-smi -L | wc -l)
-export PYTHONUNBUFFERED=1 NCCL_DEBUG=INFO
+export PYTHONUNBUFFERED=1 NCCL_DEBUG=INFO ALLOC_ITERS=${ALLOC_ITERS:-20}
 fails=0
 port=29561
 
