@@ -263,18 +263,16 @@ fn image_uncached(
     use_cache: bool,
 ) -> Result<Vec<u8>> {
     let cubin = arch.starts_with("sm_");
+    // Held until the image is stored: the ranks of a fresh machine compile each module once
+    // between them instead of once each.
+    let mut _lock = None;
     if let (Some(path), true) = (cache, use_cache) {
-        if let Ok(bytes) = std::fs::read(path) {
-            // A PTX file ends with its NUL; a cubin is an ELF image.
-            let whole = if cubin {
-                whole_elf(&bytes)
-            } else {
-                bytes.last() == Some(&0) && !bytes[..bytes.len() - 1].contains(&0)
-            };
-            if whole {
-                tracing::debug!("kernels from the cache {}", path.display());
-                return Ok(bytes);
-            }
+        if let Some(bytes) = cached(path, cubin) {
+            return Ok(bytes);
+        }
+        _lock = lock_beside(path, LOCK_WAIT);
+        if let Some(bytes) = cached(path, cubin) {
+            return Ok(bytes);
         }
     }
     let t0 = std::time::Instant::now();
@@ -288,6 +286,47 @@ fn image_uncached(
         store(path, &image);
     }
     Ok(image)
+}
+
+/// The image at `path` if it is whole: a PTX file ends with its only NUL; a cubin's ELF
+/// headers lie inside it.
+fn cached(path: &Path, cubin: bool) -> Option<Vec<u8>> {
+    let bytes = std::fs::read(path).ok()?;
+    let whole = if cubin {
+        whole_elf(&bytes)
+    } else {
+        bytes.last() == Some(&0) && !bytes[..bytes.len() - 1].contains(&0)
+    };
+    tracing::debug!("kernels from the cache {} (whole: {whole})", path.display());
+    whole.then_some(bytes)
+}
+
+/// How long a process waits for another's compile of the same module before compiling it
+/// itself: a compile takes seconds to a minute.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// An exclusive lock on `<path>.lock` (released when the file closes, also when the process
+/// dies), or None after `wait` or where the folder takes no lock file: then no lock.
+fn lock_beside(path: &Path, wait: std::time::Duration) -> Option<std::fs::File> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let _ = std::fs::create_dir_all(path.parent()?);
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&name)
+        .ok()?;
+    let t0 = std::time::Instant::now();
+    loop {
+        match f.try_lock() {
+            Ok(()) => return Some(f),
+            Err(std::fs::TryLockError::WouldBlock) if t0.elapsed() < wait => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Err(_) => return None,
+        }
+    }
 }
 
 /// One NVRTC compile of `src` for `arch`: the cubin, or the PTX with its NUL.
@@ -392,6 +431,21 @@ mod tests {
         assert!(!whole_elf(&b));
         b[..4].copy_from_slice(b"\x7fELG");
         assert!(!whole_elf(&b[..4]));
+    }
+
+    #[test]
+    fn one_holder_of_a_modules_lock_at_a_time() {
+        let dir = std::env::temp_dir().join(format!("railcc-lock-{}", std::process::id()));
+        let p = dir.join("kernels-float-sm_90-0.cubin");
+        let short = std::time::Duration::from_millis(100);
+        let held = lock_beside(&p, short).expect("first lock");
+        // Another holder (another process's, here another open file) waits, then gives up.
+        let t0 = std::time::Instant::now();
+        assert!(lock_beside(&p, short).is_none());
+        assert!(t0.elapsed() >= short);
+        drop(held);
+        assert!(lock_beside(&p, short).is_some());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
