@@ -14,6 +14,8 @@ pub extern "C" fn ncclGroupStart() -> NcclResult {
 
 #[no_mangle]
 pub extern "C" fn ncclGroupEnd() -> NcclResult {
+    // The whole call's host time, for RAILCC_GPU_HOST_TRACE beside its inner phases.
+    let entry = std::time::Instant::now();
     let pending = match group::end() {
         Ok(Some(p)) => p,
         Ok(None) => return SUCCESS,
@@ -100,7 +102,13 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
     for (c, ops) in batches {
         // SAFETY: as above.
         let res = match unsafe { (*c).backend.get() } {
-            Some(Backend::Gpu(g)) => g.p2p(&ops),
+            Some(Backend::Gpu(g)) => {
+                let r = g.p2p(&ops);
+                if let Some(t) = g.comm.host_trace() {
+                    t.lap(&mut t.start().map(|_| entry), "libnccl group end (whole)");
+                }
+                r
+            }
             _ => Err(Error::new(
                 ErrorKind::Aborted,
                 "communicator not initialized",

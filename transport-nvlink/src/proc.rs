@@ -271,6 +271,12 @@ impl Hello {
 }
 
 impl ProcGpu {
+    /// This rank's host trace (`RAILCC_GPU_HOST_TRACE`), where callers above add their own
+    /// phases (libnccl: a whole call, to set against the phases measured here).
+    pub fn host_trace(&self) -> &crate::host_trace::HostTrace {
+        &self.trace
+    }
+
     /// Collective over `nranks` processes of one host, this one driving GPU `ordinal`.
     /// `exchange` is the bootstrap's all-gather (every rank's setup outcome travels in it:
     /// `railcc_core::agree`); every rank must call this together. `names`: how errors name

@@ -196,6 +196,15 @@ impl GpuComm {
         self.reach.get(peer).copied()
     }
 
+    /// The host trace of one process per GPU (`RAILCC_GPU_HOST_TRACE`; None on the other
+    /// paths), for the caller's own phases.
+    pub fn host_trace(&self) -> Option<&railcc_transport_nvlink::host_trace::HostTrace> {
+        match &self.path {
+            Path::Peer(pg) => Some(pg.host_trace()),
+            Path::InProcess(_) | Path::Net { .. } => None,
+        }
+    }
+
     /// The per-process kernels' GPU when every peer is reached by peer access (for copies
     /// between this rank's own streams).
     pub fn peer_gpu(&self) -> Option<&GpuCtx> {
