@@ -8,7 +8,9 @@
 # AB_SIZES (default "-b 2M -e 1G -f 4"), AB_ITERS (-n, default 20), NG (default every GPU),
 # AB_BLOCKS (default: NCCL's channel count and 0 = one per SM), AB_VARIANTS (default "w0 w1";
 # also "pu": every all-reduce above the low-latency kernel on the push kernel,
-# RAILCC_GPU_AR_PUSH_BYTES=1, where 128 blocks are allowed; "bk": no push kernel,
+# RAILCC_GPU_AR_PUSH_BYTES=1, at any block count, RAILCC_GPU_PUSH_MIN_BLOCKS=1; "pt": the same
+# with tiles of at most AB_PUSH_SLOT bytes, RAILCC_GPU_PUSH_SLOT_BYTES, default 86016 (what
+# the scratch holds on 4 GPUs at 24 blocks; 65536 is the default); "bk": no push kernel,
 # RAILCC_GPU_AR_PUSH_BYTES=0).
 # w0 and w1 keep the defaults otherwise: from 16 MiB at 128 blocks that is the push kernel.
 # AB_LIBS: other builds of railcc's libnccl, "NAME=DIR ...", each run like w1 at every block
@@ -42,7 +44,8 @@ for b in ${AB_BLOCKS:-${ch:-24} 0}; do
     case $v in
       w0) vars="RAILCC_GPU_WIDE_LOADS=0" ;;
       w1) vars="RAILCC_GPU_WIDE_LOADS=1" ;;
-      pu) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_PUSH_BYTES=1" ;;
+      pu) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_PUSH_BYTES=1 RAILCC_GPU_PUSH_MIN_BLOCKS=1" ;;
+      pt) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_PUSH_BYTES=1 RAILCC_GPU_PUSH_MIN_BLOCKS=1 RAILCC_GPU_PUSH_SLOT_BYTES=${AB_PUSH_SLOT:-86016}" ;;
       bk) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_PUSH_BYTES=0" ;;
       *) echo "FAIL  AB_VARIANTS: unknown $v"; exit 1 ;;
     esac

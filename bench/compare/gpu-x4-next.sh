@@ -51,7 +51,8 @@
 #      (prepare with PREPARE_OLD=353abf3 bash bench/compare/gpu-prepare.sh).
 #   t  test-gpu's bench, push and nccl parts (the default path on the cubin build).
 #   u  issue 29's PyTorch allocator figure, each run the median of 100 calls, 3 runs.
-# Usage: bash bench/compare/gpu-x4-next.sh a|...|u (parts e-l on NG GPUs, default 4)
+#   v  the push kernel at 24 blocks by tile size (32, 64, 84 KiB) against the bulk kernel.
+# Usage: bash bench/compare/gpu-x4-next.sh a|...|v (parts e-l on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -201,7 +202,17 @@ case ${1:-} in
     ALLOC_ITERS=100 OUT=$L ALLOC_WAYS="default expandable" ALLOC_REPEATS=3 timeout 560 \
       bash nccl-compat/tests/torch/alloc.sh 2>&1 | tee "$L/alloc.txt" | grep -E "^(PASS  rail|FAIL)|failed|ratio|median"
     ;;
-  *) echo "usage: $0 a|...|u"; exit 2 ;;
+  v)
+    # The push kernel at NCCL's 24 blocks by tile size (RAILCC_GPU_PUSH_SLOT_BYTES): 32 KiB,
+    # 64 KiB (the default tile) and 84 KiB (what the scratch holds there), against the bulk
+    # kernel (w1) and NCCL: if larger tiles gain, a larger scratch is the next step.
+    for slot in 32768 65536 86016; do
+      mkdir -p "$L/slot$slot"
+      OUT=$L/slot$slot AB_BLOCKS=24 AB_VARIANTS="$([ $slot = 32768 ] && echo "w1 pt" || echo pt)" AB_PUSH_SLOT=$slot \
+        AB_SIZES="-b 16M -e 1G -f 4" timeout 170 bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/slot$slot/ab.txt"
+    done
+    ;;
+  *) echo "usage: $0 a|...|v"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf logs.tgz logs && rm -rf logs

@@ -215,6 +215,14 @@ config! {
     /// block per SM, nccl-tests -g 4: 0.93x -> 1.01x NCCL's busbw at 256 MB, 0.96x -> 1.05x at
     /// 16 MB, equal at 4 MB (bench/results, 2026-11-27).
     gpu_ar_push_bytes: usize = 16 << 20, "RAILCC_GPU_AR_PUSH_BYTES";
+    /// The push kernel only where a communicator may use at least this many blocks per GPU
+    /// (at NCCL's 24 its 64 KiB tiles read 0.85-0.96x NCCL, the bulk kernel 0.89-1.05x). Every
+    /// rank takes the communicator's least. For measuring the push kernel at few blocks.
+    gpu_push_min_blocks: usize = 128, "RAILCC_GPU_PUSH_MIN_BLOCKS";
+    /// The push kernel's largest tile, bytes (a multiple of 4096; what the 16 MiB scratch
+    /// holds bounds it too: 84 KiB on 4 GPUs at 24 blocks). Every rank takes the
+    /// communicator's least. For measuring fewer, larger tiles at few blocks.
+    gpu_push_slot_bytes: usize = 64 << 10, "RAILCC_GPU_PUSH_SLOT_BYTES";
     /// 1: a group's GPU sends and receives go as batch kernels (every receive of a stream
     /// pulled from all peers at once by thread blocks; 4 x H100 all-to-all at 256 MB: 0.43x ->
     /// 0.9x NCCL); 2: the same, a batch of up to 16 receives in one launch instead of four

@@ -45,21 +45,29 @@ pub const SCRATCH_OFFSET: usize = crate::kernels::SCRATCH_OFFSET + crate::ll::SC
 pub const SCRATCH_BYTES: usize = 16 << 20;
 /// Slots per sender and block: one being reduced, one being filled.
 const DEPTH: usize = 2;
-/// Largest slot: bigger tiles gain nothing once a block's writes fill NVLink.
-const MAX_SLOT: usize = 64 * 1024;
+/// Largest slot by default (`RAILCC_GPU_PUSH_SLOT_BYTES`): measured at 128 blocks, where the
+/// scratch allows 32 KiB on 4 GPUs anyway; at NCCL's 24 blocks larger tiles are untried.
+pub const DEFAULT_SLOT: usize = 64 * 1024;
 
 pub fn kernel_name(dt: DataType, op: ReduceOp) -> String {
     format!("push_{}_{}", dt.name(), op.name())
 }
 
 /// Thread blocks and slot bytes of a push all-reduce of `count` elements on `n` GPUs with at
-/// most `max_blocks` blocks: slots as large as the scratch allows (at most 64 KiB, a multiple
-/// of 4 KiB), then no more blocks than the largest segment has tiles. Depends only on the
-/// call's shape, so every GPU computes the same.
-pub fn shape(n: usize, count: usize, dt: DataType, max_blocks: u32) -> (u32, usize) {
+/// most `max_blocks` blocks: slots as large as the scratch allows (at most `max_slot`, a
+/// multiple of 4 KiB), then no more blocks than the largest segment has tiles. Depends only on
+/// the call's shape and the communicator's agreed `max_slot`, so every GPU computes the same.
+pub fn shape(
+    n: usize,
+    count: usize,
+    dt: DataType,
+    max_blocks: u32,
+    max_slot: usize,
+) -> (u32, usize) {
     let b0 = max_blocks.clamp(1, MAX_BLOCKS) as usize;
     let n = n.max(1);
-    let slot = (SCRATCH_BYTES / (n * b0 * DEPTH) / 4096 * 4096).clamp(4096, MAX_SLOT);
+    let most = (max_slot / 4096 * 4096).max(4096);
+    let slot = (SCRATCH_BYTES / (n * b0 * DEPTH) / 4096 * 4096).clamp(4096, most);
     let per_bytes = segment_len(count, dt, n) * dt.size();
     let tiles = per_bytes.div_ceil(slot).max(1);
     (b0.min(tiles) as u32, slot)
@@ -281,9 +289,9 @@ mod tests {
     fn slots_fit_the_scratch_and_blocks_the_tiles() {
         for n in 2..=MAX_PEERS {
             for max_blocks in [1u32, 8, 24, 32, 132, 1024] {
-                let (b, slot) = shape(n, 1 << 28, DataType::F32, max_blocks);
+                let (b, slot) = shape(n, 1 << 28, DataType::F32, max_blocks, DEFAULT_SLOT);
                 assert!((1..=MAX_BLOCKS.min(max_blocks)).contains(&b));
-                assert!(slot % 4096 == 0 && slot <= MAX_SLOT);
+                assert!(slot % 4096 == 0 && slot <= DEFAULT_SLOT);
                 assert!(
                     n * b as usize * DEPTH * slot <= SCRATCH_BYTES,
                     "{n} {max_blocks}"
@@ -291,9 +299,28 @@ mod tests {
             }
         }
         // 8 B on 4 GPUs: one tile, one block.
-        assert_eq!(shape(4, 2, DataType::F32, 24).0, 1);
+        assert_eq!(shape(4, 2, DataType::F32, 24, DEFAULT_SLOT).0, 1);
         // 256 MB on 4 GPUs at NCCL's 24 channels: 64 KiB slots, every block busy.
-        assert_eq!(shape(4, 1 << 26, DataType::F32, 24), (24, 64 * 1024));
+        assert_eq!(
+            shape(4, 1 << 26, DataType::F32, 24, DEFAULT_SLOT),
+            (24, 64 * 1024)
+        );
+        // Larger tiles where asked, as far as the scratch holds them (84 KiB there), and
+        // never under 4 KiB or off 4 KiB.
+        assert_eq!(
+            shape(4, 1 << 26, DataType::F32, 24, 1 << 20),
+            (24, 84 * 1024)
+        );
+        assert_eq!(shape(4, 1 << 26, DataType::F32, 24, 50_000).1, 12 * 4096);
+        assert_eq!(shape(4, 1 << 26, DataType::F32, 24, 0).1, 4096);
+        for max_slot in [0, 4096, 100_000, 1 << 20, usize::MAX] {
+            for n in 2..=MAX_PEERS {
+                for mb in [1u32, 24, 128] {
+                    let (b, slot) = shape(n, 1 << 28, DataType::F32, mb, max_slot);
+                    assert!(n * b as usize * DEPTH * slot <= SCRATCH_BYTES);
+                }
+            }
+        }
         let s = crate::kernels::source();
         for dt in DataType::ALL {
             for op in ReduceOp::ALL {

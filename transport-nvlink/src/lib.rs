@@ -49,6 +49,10 @@ pub struct Settings {
     /// All-reduces of at least this many bytes per rank take the push kernel (`plan::choose`;
     /// 0: never).
     pub push_bytes: usize,
+    /// ... where a communicator may use at least this many blocks (`plan::Choice`).
+    pub push_min_blocks: u32,
+    /// The push kernel's largest tile, bytes (`railcc_cuda::push::shape`).
+    pub push_slot: usize,
     /// A group's sends and receives as batch kernels (`railcc_cuda::p2p_many`).
     pub p2p_batch: bool,
     /// ... in one launch per batch where it fits (`p2p_many::fused`).

@@ -75,6 +75,8 @@ impl MultiGpu {
                 ll_max_bytes: s.ll_max_bytes,
                 wide: s.wide_loads,
                 push_bytes: s.push_bytes,
+                push_min_blocks: s.push_min_blocks,
+                push_slot: s.push_slot,
                 min_blocks: s.min_blocks.min(u32::MAX as usize) as u32,
                 max_blocks,
             },

@@ -56,6 +56,10 @@ pub struct Choice {
     pub wide: bool,
     /// All-reduces of at least this many bytes per rank take the push kernel (0: never).
     pub push_bytes: usize,
+    /// ... where the communicator may use at least this many blocks ([`PUSH_MIN_BLOCKS`] by
+    /// default), in tiles of at most `push_slot` bytes.
+    pub push_min_blocks: u32,
+    pub push_slot: usize,
     /// Thread blocks per GPU: at least (NCCL's minCTAs), at most (fixed at init).
     pub min_blocks: u32,
     pub max_blocks: u32,
@@ -64,7 +68,7 @@ pub struct Choice {
 /// The kernel and block count for call `a`: the low-latency kernel for all-reduces up to
 /// `ll_max_bytes` per rank (`RAILCC_GPU_LL_MAX_BYTES`, at most what its scratch holds), else
 /// the push kernel for all-reduces of at least `push_bytes` per rank on at least
-/// [`PUSH_MIN_GPUS`] GPUs where the communicator has at least [`PUSH_MIN_BLOCKS`] (it takes at
+/// [`PUSH_MIN_GPUS`] GPUs where the communicator has at least `push_min_blocks` (it takes at
 /// most `railcc_cuda::push::MAX_BLOCKS`), else the bulk kernel; blocks by the work, at least
 /// `min_blocks` (NCCL's minCTAs) and at most `max_blocks` (the communicator's, fixed at init
 /// from `RAILCC_GPU_MAX_BLOCKS` or maxCTAs and what stays resident). It depends only on the
@@ -85,7 +89,7 @@ pub fn choose(a: &CollArgs, c: &Choice) -> Kernel {
         }
     } else if pushed(a, c) {
         let most = max_blocks.min(push::MAX_BLOCKS);
-        let (b, slot) = push::shape(a.nranks, a.count, a.dtype, most);
+        let (b, slot) = push::shape(a.nranks, a.count, a.dtype, most, c.push_slot);
         Kernel::Push {
             blocks: b.max(min_blocks.min(most)),
             slot,
@@ -104,10 +108,11 @@ fn pushed(a: &CollArgs, c: &Choice) -> bool {
         && a.nranks >= PUSH_MIN_GPUS
         && c.push_bytes > 0
         && a.count * a.dtype.size() >= c.push_bytes
-        && c.max_blocks >= PUSH_MIN_BLOCKS
+        && c.max_blocks >= c.push_min_blocks
 }
 
-/// The push kernel only where the communicator may use this many blocks per GPU: measured on
+/// The push kernel by default only where the communicator may use this many blocks per GPU
+/// (`RAILCC_GPU_PUSH_MIN_BLOCKS`): measured on
 /// 4 x H100 (bench/results, 2026-11-27), at 128 blocks it read 1.01-1.05x NCCL at 16-256 MB
 /// against the bulk kernel's 0.93-0.96x, at NCCL's 24 channels 0.88-0.96x against the bulk
 /// kernel's 0.92-1.05x. (A variant whose blocks split into a sending and a reducing half, to
@@ -373,6 +378,8 @@ mod tests {
             ll_max_bytes: ll,
             wide,
             push_bytes: 0,
+            push_min_blocks: PUSH_MIN_BLOCKS,
+            push_slot: push::DEFAULT_SLOT,
             min_blocks,
             max_blocks,
         }
@@ -441,6 +448,20 @@ mod tests {
             Kernel::Bulk {
                 blocks: 24,
                 wide: true
+            }
+        );
+        // RAILCC_GPU_PUSH_MIN_BLOCKS=24 and larger tiles: the push kernel at 24 blocks, in
+        // tiles as large as its scratch holds (84 KiB on 4 GPUs).
+        let c24p = Choice {
+            push_min_blocks: 24,
+            push_slot: 1 << 20,
+            ..c24
+        };
+        assert_eq!(
+            choose(&ar(1 << 28), &c24p),
+            Kernel::Push {
+                blocks: 24,
+                slot: 84 * 1024
             }
         );
     }

@@ -203,8 +203,11 @@ struct Hello {
     /// low-latency limit and least blocks; the communicator takes the least of each.
     ll_max: u32,
     min_blocks: u32,
-    /// All-reduces from this many bytes on the push kernel (0: never).
+    /// All-reduces from this many bytes on the push kernel (0: never), where at least
+    /// `push_min_blocks` are allowed, in tiles of at most `push_slot` bytes.
     push: u64,
+    push_min_blocks: u32,
+    push_slot: u32,
     proc: Proc,
     /// Proves this rank's descriptor messages (fdpass.rs) to its peers.
     token: u64,
@@ -221,6 +224,8 @@ impl Hello {
         v.extend_from_slice(&self.ll_max.to_le_bytes());
         v.extend_from_slice(&self.min_blocks.to_le_bytes());
         v.extend_from_slice(&self.push.to_le_bytes());
+        v.extend_from_slice(&self.push_min_blocks.to_le_bytes());
+        v.extend_from_slice(&self.push_slot.to_le_bytes());
         for s in [&self.host, &self.shm] {
             v.extend_from_slice(&(s.len() as u16).to_le_bytes());
             v.extend_from_slice(s.as_bytes());
@@ -248,7 +253,8 @@ impl Hello {
                 .try_into()
                 .ok()?,
         );
-        let mut at = HANDLE_BYTES + 32;
+        let (push_min_blocks, push_slot) = (word(HANDLE_BYTES + 32)?, word(HANDLE_BYTES + 36)?);
+        let mut at = HANDLE_BYTES + 40;
         let mut s = [String::new(), String::new()];
         for x in s.iter_mut() {
             let n = u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?) as usize;
@@ -264,6 +270,8 @@ impl Hello {
             ll_max,
             min_blocks,
             push,
+            push_min_blocks,
+            push_slot,
             proc: Proc { pid, start },
             token,
         })
@@ -328,6 +336,8 @@ impl ProcGpu {
                     ll_max: settings.ll_max_bytes.min(u32::MAX as usize) as u32,
                     min_blocks: settings.min_blocks.min(u32::MAX as usize) as u32,
                     push: settings.push_bytes as u64,
+                    push_min_blocks: settings.push_min_blocks,
+                    push_slot: settings.push_slot.min(u32::MAX as usize) as u32,
                     proc: Proc::me(),
                     token,
                 }
@@ -383,6 +393,8 @@ impl ProcGpu {
         let min_blocks = hellos.iter().map(|h| h.min_blocks).min().unwrap_or(0);
         // 0 (never) on any rank is the least: then no rank pushes.
         let push_bytes = hellos.iter().map(|h| h.push).min().unwrap_or(0) as usize;
+        let push_min_blocks = hellos.iter().map(|h| h.push_min_blocks).min().unwrap_or(0);
+        let push_slot = hellos.iter().map(|h| h.push_slot).min().unwrap_or(0) as usize;
         let broken = Arc::new(Mutex::new(None));
         // Peers whose process this one can see (another pid namespace hides them): watched.
         let peers: Vec<(usize, Proc)> = hellos
@@ -433,6 +445,8 @@ impl ProcGpu {
                 ll_max_bytes,
                 wide: settings.wide_loads,
                 push_bytes,
+                push_min_blocks,
+                push_slot,
                 min_blocks,
                 max_blocks,
             },
@@ -823,6 +837,8 @@ mod tests {
             ll_max: 65536,
             min_blocks: 8,
             push: 1 << 24,
+            push_min_blocks: 24,
+            push_slot: 172032,
             proc: Proc { pid: 42, start: 7 },
             token: 99,
         };
@@ -833,7 +849,16 @@ mod tests {
             (d.host, d.shm, d.blocks, d.sync, d.proc, d.token),
             (h.host, h.shm, 132, h.sync, h.proc, 99)
         );
-        assert_eq!((d.ll_max, d.min_blocks, d.push), (65536, 8, 1 << 24));
+        assert_eq!(
+            (
+                d.ll_max,
+                d.min_blocks,
+                d.push,
+                d.push_min_blocks,
+                d.push_slot
+            ),
+            (65536, 8, 1 << 24, 24, 172032)
+        );
     }
 
     #[test]

@@ -32,6 +32,8 @@ pub fn settings(cfg: &Config) -> Settings {
         ll_max_bytes: cfg.gpu_ll_max_bytes,
         wide_loads: cfg.gpu_wide_loads != 0,
         push_bytes: cfg.gpu_ar_push_bytes,
+        push_min_blocks: cfg.gpu_push_min_blocks.min(u32::MAX as usize) as u32,
+        push_slot: cfg.gpu_push_slot_bytes,
         p2p_batch: cfg.gpu_p2p_batch != 0,
         p2p_fused: cfg.gpu_p2p_batch == 2,
         p2p_stage_bytes: cfg.gpu_p2p_stage_bytes,
