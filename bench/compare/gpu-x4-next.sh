@@ -28,12 +28,6 @@
 #      (RAILCC_GPU_P2P_MIN_CHUNK): 1 MB all-to-all under mpirun is GPU-bound on 12 blocks.
 #   k  the FSDP2 and DDP steps on one host, 3 runs each, railcc at its default blocks and at
 #      NCCL's 24 (the kernels share the SMs with FSDP's overlapped compute).
-#   l  (first, next session: written without a GPU) the two-phase all-reduce
-#      (RAILCC_GPU_AR_TWO_PHASE_BYTES): test-gpu's twophase part (every dtype and op, both
-#      ways of running, in and out of place, graphs); if it passes, all_reduce -g 4 at NCCL's
-#      channels and at one block per SM, one kernel (w1) against two phases (tp) against NCCL;
-#      then PyTorch's 256 MB all_reduce under the default allocator and expandable segments
-#      with two phases from 16 MiB, 3 repeats, against NCCL (issue 29's last figure).
 #   m  the push all-reduce (RAILCC_GPU_AR_PUSH_BYTES): test-gpu's push part (its checks
 #      PUSH_CHECKS, default blocks3: the others passed one process on 2026-11-27); if it passes, all_reduce -g 4 at
 #      NCCL's channels and at one block per SM, the bulk kernel (w1) against push (pu) against
@@ -43,9 +37,6 @@
 #   p  issue 31's small 2 x 2 all_reduce on the flat engine (RAILCC_GPU_FLAT_BELOW_BYTES,
 #      bench/results/issue31/small-call-design.md D3): the x2 checks with it at 32 KiB, then
 #      gpu-net-kernel's flat part (8 B-64 KB, the hierarchy against it, NCCL) with NK_ROUNDS=3.
-#   r  (2026-11-27, third call) the push kernel back as measured on 2026-11-27 (the split and
-#      reduce-scatter variants removed): the kernel compile timed, push checks (--offset 8
-#      every dtype and op, 3 blocks), then all_reduce at NCCL's channels and one block per SM.
 #   s  (first, next session) the kernels' first-run compile (13 modules, cubins), timed; the GPU
 #      unit tests; all_reduce of this build against the build of 353abf3 on one machine
 #      (prepare with PREPARE_OLD=353abf3 bash bench/compare/gpu-prepare.sh).
@@ -135,14 +126,6 @@ case ${1:-} in
       RAILCC_GPU_MAX_BLOCKS=$b OUT=$L/blocks$b STEP_LAYOUTS=host STEP_MODES="fsdp ddp" STEP_RUNS=3 STEP_LIMIT=120 timeout 280 bash bench/torch/step.sh 2>&1 | tee "$L/blocks$b/step.txt" | grep -v "^  "
     done
     ;;
-  l)
-    OUT=$L TEST_GPU_PARTS=twophase NG=${NG:-4} timeout 200 bash scripts/test-gpu.sh 2>&1 | tee "$L/twophase.txt" | grep -E "^(PASS|FAIL|test-gpu)"
-    if grep -q "0 failed" "$L/twophase.txt"; then
-      OUT=$L AB_VARIANTS="w1 tp" AB_SIZES="-b 1M -e 1G -f 4" timeout 220 bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/two-phase-ab.txt"
-      RAILCC_GPU_AR_TWO_PHASE_BYTES=16777216 OUT=$L ALLOC_WAYS="default expandable" ALLOC_REPEATS=3 timeout 150 \
-        bash nccl-compat/tests/torch/alloc.sh 2>&1 | tee "$L/alloc-two-phase.txt" | grep -E "^(PASS  rail|FAIL)|failed"
-    fi
-    ;;
   m)
     OUT=$L TEST_GPU_PARTS=push TEST_GPU_PUSH_CHECKS="${PUSH_CHECKS:-blocks3}" NG=${NG:-4} timeout 200 bash scripts/test-gpu.sh 2>&1 | tee "$L/push.txt" | grep -E "^(PASS|FAIL|test-gpu)"
     cp "$L/test-gpu.log" "$L/test-gpu-push.log" 2>/dev/null
@@ -160,19 +143,6 @@ case ${1:-} in
     RAILCC_GPU_FLAT_BELOW_BYTES=32768 OUT=$L NK_PARTS=x2 timeout 200 bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/x2-flat.txt" | grep -E "^(PASS|FAIL)"
     if ! grep -q "^FAIL" "$L/x2-flat.txt"; then
       OUT=$L NK_PARTS=flat NK_ROUNDS=3 timeout 200 bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/flat.txt" | tail -25
-    fi
-    ;;
-  r)
-    source bench/compare/tables.sh
-    # A fresh machine compiles every kernel first (NVRTC, then the driver's JIT for each GPU);
-    # a run stopped before the end caches nothing. Once, timed, with NVRTC's own time.
-    s0=$(date +%s)
-    RUST_LOG=railcc_cuda=info timeout 250 $R bench all_reduce --device cuda -b 8 -e 8 -n 1 -w 0 > "$L/warm.txt" 2>&1
-    echo "warm-up (kernel compile, empty cache): exit $? after $(($(date +%s) - s0)) s"; grep -a -i "nvrtc" "$L/warm.txt" | head -3
-    OUT=$L TEST_GPU_WAYS=one TEST_GPU_CHECK_LIMIT=60 TEST_GPU_PARTS=push TEST_GPU_PUSH_CHECKS="${PUSH_CHECKS:-offset blocks3}" NG=${NG:-4} timeout 130 bash scripts/test-gpu.sh 2>&1 | tee "$L/push.txt" | grep -E "^(PASS|FAIL|test-gpu)"
-    cp "$L/test-gpu.log" "$L/test-gpu-push.log" 2>/dev/null
-    if grep -q "test-gpu: [0-9]* passed, 0 failed" "$L/push.txt"; then
-      OUT=$L AB_VARIANTS="w1" AB_SIZES="-b 1M -e 1G -f 4" timeout $((560 - $(date +%s) + T0)) bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/push-ab.txt"
     fi
     ;;
   s)
