@@ -81,6 +81,17 @@ pub(crate) fn ctype(dt: DataType) -> (&'static str, &'static str, &'static str, 
     }
 }
 
+/// The CUDA statement that ends an average (`avg_n` ranks): the sum rounded to `dt`, as the
+/// host does, then divided once in the wide type; empty for the other ops. Every reducing
+/// kernel (bulk, low-latency, push) ends an element with it.
+pub(crate) fn avg_step(dt: DataType, op: ReduceOp) -> String {
+    if op != ReduceOp::Avg {
+        return String::new();
+    }
+    let (t, acc, ld, st) = ctype(dt);
+    format!("{{ {t} w = {st}(acc); acc = {ld}(w) / ({acc})avg_n; }}")
+}
+
 pub(crate) fn op_expr(op: ReduceOp, dt: DataType) -> &'static str {
     let float = dt.is_float();
     match op {
@@ -105,11 +116,7 @@ pub(crate) fn vec_name(dt: DataType, op: ReduceOp) -> String {
 fn vec_source(dt: DataType, op: ReduceOp) -> String {
     let (t, acc, ld, st) = ctype(dt);
     let expr = op_expr(op, dt);
-    let avg = if op == ReduceOp::Avg {
-        format!("{{ {t} w = {st}(acc); acc = {ld}(w) / ({acc})avg_n; }}")
-    } else {
-        String::new()
-    };
+    let avg = avg_step(dt, op);
     let name = vec_name(dt, op);
     format!(
         r#"
@@ -361,11 +368,7 @@ fn dtype_source(dt: DataType) -> String {
     for op in ReduceOp::ALL {
         let name = kernel_name(dt, op);
         let expr = op_expr(op, dt);
-        let avg = if op == ReduceOp::Avg {
-            format!("{{ {t} w = {st}(acc); acc = {ld}(w) / ({acc})avg_n; }}")
-        } else {
-            String::new()
-        };
+        let avg = avg_step(dt, op);
         let vec = vec_name(dt, op);
         s.push_str(&vec_source(dt, op));
         // 16-byte vector loop over the aligned middle, scalar loop for the ends.

@@ -13,7 +13,7 @@
 //! (see kernels.rs), so CUDA graphs replay correctly.
 
 use crate::gpu::GpuCtx;
-use crate::kernels::{ctype, op_expr, MAX_PEERS, SCRATCH_OFFSET};
+use crate::kernels::{avg_step, ctype, op_expr, MAX_PEERS, SCRATCH_OFFSET};
 use crate::launch::{enqueue, ptrs, Ptrs};
 use cudarc::driver::sys;
 use railcc_core::{DataType, ReduceOp, Result};
@@ -36,11 +36,7 @@ pub fn kernel_name(dt: DataType, op: ReduceOp) -> String {
 pub fn kernel_source(dt: DataType, op: ReduceOp) -> String {
     let (t, acc, ld, st) = ctype(dt);
     let expr = op_expr(op, dt);
-    let avg = if op == ReduceOp::Avg {
-        format!("{{ {t} w = {st}(acc); acc = {ld}(w) / ({acc})avg_n; }}")
-    } else {
-        String::new()
-    };
+    let avg = avg_step(dt, op);
     let name = kernel_name(dt, op);
     format!(
         r#"

@@ -22,7 +22,7 @@
 //! from ending before every peer has written its outputs.
 
 use crate::gpu::GpuCtx;
-use crate::kernels::{ctype, op_expr, MAX_PEERS};
+use crate::kernels::{avg_step, ctype, op_expr, MAX_PEERS};
 use crate::launch::{enqueue, ptrs, Ptrs, THREADS};
 use cudarc::driver::sys;
 use railcc_core::{DataType, ReduceOp, Result};
@@ -106,11 +106,7 @@ __device__ __forceinline__ void push_copy(unsigned char* dst, const unsigned cha
 pub fn kernel_source(dt: DataType, op: ReduceOp) -> String {
     let (t, acc, ld, st) = ctype(dt);
     let expr = op_expr(op, dt);
-    let avg = if op == ReduceOp::Avg {
-        format!("{{ {t} w = {st}(acc); acc = {ld}(w) / ({acc})avg_n; }}")
-    } else {
-        String::new()
-    };
+    let avg = avg_step(dt, op);
     let name = kernel_name(dt, op);
     let (flags, fw, scratch, maxb) = (FLAGS_OFFSET, FLAG_WORDS, SCRATCH_OFFSET, MAX_BLOCKS);
     format!(
