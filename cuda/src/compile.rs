@@ -12,6 +12,7 @@ use railcc_core::{Error, ErrorKind, Result};
 use std::ffi::{CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// The virtual architecture for a compute capability major version.
 pub fn arch_for(major: i32) -> &'static str {
@@ -88,6 +89,10 @@ fn whole_elf(b: &[u8]) -> bool {
         && inside(u64_at(0x28), u16_at(0x3a), u16_at(0x3c))
 }
 
+/// A compiled module: a cubin, or PTX with its NUL; shared, not copied, between the GPUs of a
+/// process.
+pub type Image = Arc<Vec<u8>>;
+
 /// What a module is compiled to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Form {
@@ -149,7 +154,7 @@ pub fn module_images(
     dir: Option<&Path>,
     use_cache: bool,
     form: Form,
-) -> Result<Vec<Vec<u8>>> {
+) -> Result<Vec<Image>> {
     let arch = match form {
         Form::Cubin => sm_for(cc.0, cc.1).ok_or_else(|| {
             Error::new(
@@ -164,51 +169,42 @@ pub fn module_images(
     };
     // Only the cache's key needs the driver (NVRTC runs without one).
     let dv = if dir.is_some() { driver_version()? } else { 0 };
+    // Threads take the next module until none is left; each fills that module's slot.
     let next = AtomicUsize::new(0);
+    let slots: Vec<Mutex<Option<Result<Image>>>> =
+        modules.iter().map(|_| Mutex::new(None)).collect();
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .clamp(1, modules.len().max(1));
-    let mut out: Vec<Option<Result<Vec<u8>>>> = (0..modules.len()).map(|_| None).collect();
-    let done: Vec<Vec<(usize, Result<Vec<u8>>)>> = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
-                s.spawn(|| {
-                    let mut mine = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&(tag, src)) = modules.get(i) else {
-                            break;
-                        };
-                        let path = dir.map(|d| cache_path_of(d, tag, src, arch, dv));
-                        mine.push((i, image_of(tag, src, arch, path.as_deref(), use_cache)));
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let (Some(&(tag, src)), Some(slot)) = (modules.get(i), slots.get(i)) else {
+                        break;
+                    };
+                    let path = dir.map(|d| cache_path_of(d, tag, src, arch, dv));
+                    let image = image_of(tag, src, arch, path.as_deref(), use_cache);
+                    if let Ok(mut g) = slot.lock() {
+                        *g = Some(image);
                     }
-                    mine
                 })
             })
             .collect();
-        workers
-            .into_iter()
-            .map(|w| {
-                w.join().unwrap_or_else(|_| {
-                    vec![(
-                        usize::MAX,
-                        Err(Error::new(
-                            ErrorKind::Io,
-                            "an NVRTC compile thread panicked",
-                        )),
-                    )]
-                })
-            })
-            .collect()
-    });
-    for (i, r) in done.into_iter().flatten() {
-        match out.get_mut(i) {
-            Some(slot) => *slot = Some(r),
-            None => r.map(|_| ())?,
-        }
-    }
-    out.into_iter()
-        .map(|r| r.unwrap_or_else(|| Err(Error::new(ErrorKind::Io, "a module was not compiled"))))
+        workers.into_iter().try_for_each(|w| {
+            w.join()
+                .map_err(|_| Error::new(ErrorKind::Io, "an NVRTC compile thread panicked"))
+        })
+    })?;
+    slots
+        .into_iter()
+        .map(|m| {
+            m.into_inner()
+                .ok()
+                .flatten()
+                .unwrap_or_else(|| Err(Error::new(ErrorKind::Io, "a module was not compiled")))
+        })
         .collect()
 }
 
@@ -222,7 +218,7 @@ pub fn ptx_of(
     use_cache: bool,
 ) -> Result<CString> {
     let bytes = image_of(tag, src, arch, cache, use_cache)?;
-    CString::from_vec_with_nul(bytes)
+    CString::from_vec_with_nul(bytes.to_vec())
         .map_err(|_| Error::new(ErrorKind::Io, "PTX with a NUL byte inside").transport(crate::NAME))
 }
 
@@ -235,9 +231,9 @@ fn image_of(
     arch: &'static str,
     cache: Option<&Path>,
     use_cache: bool,
-) -> Result<Vec<u8>> {
-    type Memo = Vec<(String, &'static str, std::sync::Arc<Vec<u8>>)>;
-    static MEMO: std::sync::Mutex<Memo> = std::sync::Mutex::new(Vec::new());
+) -> Result<Image> {
+    type Memo = Vec<(String, &'static str, Image)>;
+    static MEMO: Mutex<Memo> = Mutex::new(Vec::new());
     if use_cache {
         let hit = MEMO.lock().ok().and_then(|m| {
             m.iter()
@@ -245,13 +241,13 @@ fn image_of(
                 .map(|(.., c)| c.clone())
         });
         if let Some(c) = hit {
-            return Ok(c.to_vec());
+            return Ok(c);
         }
     }
-    let c = image_uncached(src, arch, cache, use_cache)?;
+    let c = Arc::new(image_uncached(src, arch, cache, use_cache)?);
     if let Ok(mut m) = MEMO.lock() {
         m.retain(|(t, a, _)| !(t == tag && *a == arch));
-        m.push((tag.to_string(), arch, std::sync::Arc::new(c.clone())));
+        m.push((tag.to_string(), arch, c.clone()));
     }
     Ok(c)
 }

@@ -198,7 +198,11 @@ impl GpuCtx {
 
     /// Loads `images` (of `modules`, in order) into this context and finds every kernel; on
     /// failure unloads what it loaded.
-    fn load(&mut self, modules: &[crate::kernels::Module], images: &[Vec<u8>]) -> Result<()> {
+    fn load(
+        &mut self,
+        modules: &[crate::kernels::Module],
+        images: &[compile::Image],
+    ) -> Result<()> {
         if images.len() != modules.len() {
             return Err(Error::new(
                 ErrorKind::Io,
