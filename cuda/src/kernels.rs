@@ -185,9 +185,10 @@ pub fn modules() -> Vec<Module> {
     v
 }
 
-/// Every module's source, one after another: to look into, not one unit to compile (each
-/// repeats the helpers).
-pub fn source() -> String {
+/// Every module's source, one after another, for tests that look into it: not one unit to
+/// compile (each repeats the helpers).
+#[cfg(test)]
+pub(crate) fn source() -> String {
     modules().into_iter().map(|m| m.src).collect()
 }
 

@@ -323,7 +323,7 @@ pub(crate) fn submit(comm: *const Comm, call: Call) -> Result<Ticket, NcclResult
                 let r = unsafe { g.comm.collective(std::slice::from_ref(&call)) }.map(|_| ());
                 slow_call(c.rank, &call, t0.elapsed());
                 if let Some(t) = g.comm.host_trace() {
-                    t.lap(&mut t.start().map(|_| t0), "libnccl collective (whole)");
+                    t.since(t0, "libnccl collective (whole)");
                 }
                 Ok(Ticket::Done(r))
             }

@@ -105,7 +105,7 @@ pub extern "C" fn ncclGroupEnd() -> NcclResult {
             Some(Backend::Gpu(g)) => {
                 let r = g.p2p(&ops);
                 if let Some(t) = g.comm.host_trace() {
-                    t.lap(&mut t.start().map(|_| entry), "libnccl group end (whole)");
+                    t.since(entry, "libnccl group end (whole)");
                 }
                 r
             }

@@ -36,9 +36,17 @@ impl HostTrace {
     /// Records the time since `clock` as phase `what` and restarts the clock.
     pub fn lap(&self, clock: &mut Option<Instant>, what: &'static str) {
         let Some(t) = clock else { return };
+        *t = self.since(*t, what);
+    }
+
+    /// Records the time since `t0` as phase `what` (when on; a caller's own span, such as
+    /// libnccl's whole call); returns now.
+    pub fn since(&self, t0: Instant, what: &'static str) -> Instant {
         let now = Instant::now();
-        let us = (now - *t).as_micros().min(u32::MAX as u128) as u32;
-        *t = now;
+        if !self.on {
+            return now;
+        }
+        let us = (now - t0).as_micros().min(u32::MAX as u128) as u32;
         let mut p = self.phases.lock();
         let v = match p.iter().position(|(n, _)| *n == what) {
             Some(i) => &mut p[i].1,
@@ -51,6 +59,7 @@ impl HostTrace {
         if v.len() < KEEP {
             v.push(us);
         }
+        now
     }
 
     /// The report line (None when off or nothing was recorded).
