@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On nvidia-h200-x4 (after bench/compare/gpu-prepare.sh here; carry .device): what the session
 # of 2026-11-26 left to run, one part per 10-minute device call. Logs under $OUT (tarred to
-# $OUT/logs.tgz: only a few files come back from a call).
+# $OUT/logs-<part>.tgz: only a few files come back from a call).
 #   a  the unit tests (the fused p2p GPU test), nccl-tests' send/recv collectives with
 #      RAILCC_GPU_P2P_BATCH=2, and the default path's in-place alltoallv and hypercube
 #      under mpirun;
@@ -42,7 +42,7 @@
 #      (prepare with PREPARE_OLD=353abf3 bash bench/compare/gpu-prepare.sh).
 #   t  test-gpu's bench, push and nccl parts (the default path on the cubin build).
 #   u  issue 29's PyTorch allocator figure, each run the median of 100 calls, 3 runs.
-#   v  the push kernel at 24 blocks by tile size (32, 64, 84 KiB) against the bulk kernel.
+#   v  the push kernel at 24 blocks by tile size (32, 128, 256 KiB) against the bulk kernel.
 # Usage: bash bench/compare/gpu-x4-next.sh a|...|v (parts e-l on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
@@ -159,7 +159,7 @@ case ${1:-} in
     done
     OUT=$L TEST_GPU_PARTS=unit NG=${NG:-4} timeout 150 bash scripts/test-gpu.sh 2>&1 | tee "$L/unit.txt" | grep -E "^(PASS|FAIL|test-gpu)"
     cp "$L/test-gpu.log" "$L/test-gpu-unit.log" 2>/dev/null
-    OUT=$L AB_VARIANTS="w1" AB_LIBS="old353=$PWD/.device/lib-353abf3" AB_SIZES="-b 4M -e 1G -f 4" timeout $((570 - $(date +%s) + T0)) bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/old-new-ab.txt"
+    [ -n "${S_NO_AB:-}" ] || OUT=$L AB_VARIANTS="w1" AB_LIBS="old353=$PWD/.device/lib-353abf3" AB_SIZES="-b 4M -e 1G -f 4" timeout $((570 - $(date +%s) + T0)) bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/old-new-ab.txt"
     ;;
   t)
     # The default path's correctness on the cubin build: test-gpu's bench, push and nccl parts.
@@ -173,10 +173,10 @@ case ${1:-} in
       bash nccl-compat/tests/torch/alloc.sh 2>&1 | tee "$L/alloc.txt" | grep -E "^(PASS  rail|FAIL)|failed|ratio|median"
     ;;
   v)
-    # The push kernel at NCCL's 24 blocks by tile size (RAILCC_GPU_PUSH_SLOT_BYTES): 32 KiB,
-    # 64 KiB (the default tile) and 84 KiB (what the scratch holds there), against the bulk
-    # kernel (w1) and NCCL: if larger tiles gain, a larger scratch is the next step.
-    for slot in 32768 65536 86016; do
+    # The push kernel at NCCL's 24 blocks by tile size (RAILCC_GPU_PUSH_SLOT_BYTES; the scratch,
+    # 64 MiB since 2026-11-27, holds 340 KiB there): 32 KiB (the default tile), 128 and 256
+    # KiB, against the bulk kernel (w1) and NCCL. 64 KiB read 0.88-0.92x NCCL on 2026-11-27.
+    for slot in ${V_SLOTS:-32768 131072 262144}; do
       mkdir -p "$L/slot$slot"
       OUT=$L/slot$slot AB_BLOCKS=24 AB_VARIANTS="$([ $slot = 32768 ] && echo "w1 pt" || echo pt)" AB_PUSH_SLOT=$slot \
         AB_SIZES="-b 16M -e 1G -f 4" timeout 170 bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/slot$slot/ab.txt"
@@ -185,4 +185,4 @@ case ${1:-} in
   *) echo "usage: $0 a|...|v"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
-cd "$OUT" && tar czf logs.tgz logs && rm -rf logs
+cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs

@@ -222,7 +222,7 @@ config! {
     /// The push kernel's largest tile, bytes (a multiple of 4096; what the 16 MiB scratch
     /// holds bounds it too: 84 KiB on 4 GPUs at 24 blocks). Every rank takes the
     /// communicator's least. For measuring fewer, larger tiles at few blocks.
-    gpu_push_slot_bytes: usize = 64 << 10, "RAILCC_GPU_PUSH_SLOT_BYTES";
+    gpu_push_slot_bytes: usize = 32 << 10, "RAILCC_GPU_PUSH_SLOT_BYTES";
     /// 1: a group's GPU sends and receives go as batch kernels (every receive of a stream
     /// pulled from all peers at once by thread blocks; 4 x H100 all-to-all at 256 MB: 0.43x ->
     /// 0.9x NCCL); 2: the same, a batch of up to 16 receives in one launch instead of four

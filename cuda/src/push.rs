@@ -42,12 +42,14 @@ const _: () = assert!(
 /// The scratch slots, after the low-latency scratch in each GPU's area:
 /// `[sender][block][slot]`, each `slot_bytes` ([`shape`]).
 pub const SCRATCH_OFFSET: usize = crate::kernels::SCRATCH_OFFSET + crate::ll::SCRATCH_BYTES;
-pub const SCRATCH_BYTES: usize = 16 << 20;
+/// 64 MiB: room for tiles of a few hundred KiB at NCCL's 24 blocks (16 MiB held 84 KiB on 4
+/// GPUs there), where a block's fence and flag round trip per tile is what costs.
+pub const SCRATCH_BYTES: usize = 64 << 20;
 /// Slots per sender and block: one being reduced, one being filled.
 const DEPTH: usize = 2;
-/// Largest slot by default (`RAILCC_GPU_PUSH_SLOT_BYTES`): measured at 128 blocks, where the
-/// scratch allows 32 KiB on 4 GPUs anyway; at NCCL's 24 blocks larger tiles are untried.
-pub const DEFAULT_SLOT: usize = 64 * 1024;
+/// Largest slot by default (`RAILCC_GPU_PUSH_SLOT_BYTES`): the 32 KiB measured at 128 blocks on
+/// 4 GPUs (what a 16 MiB scratch allowed there); larger tiles are for fewer blocks.
+pub const DEFAULT_SLOT: usize = 32 * 1024;
 
 pub fn kernel_name(dt: DataType, op: ReduceOp) -> String {
     format!("push_{}_{}", dt.name(), op.name())
@@ -296,16 +298,21 @@ mod tests {
         }
         // 8 B on 4 GPUs: one tile, one block.
         assert_eq!(shape(4, 2, DataType::F32, 24, DEFAULT_SLOT).0, 1);
-        // 256 MB on 4 GPUs at NCCL's 24 channels: 64 KiB slots, every block busy.
+        // 256 MB on 4 GPUs at NCCL's 24 channels: 32 KiB slots, every block busy; at 128
+        // blocks the same 32 KiB as measured.
         assert_eq!(
             shape(4, 1 << 26, DataType::F32, 24, DEFAULT_SLOT),
-            (24, 64 * 1024)
+            (24, 32 * 1024)
         );
-        // Larger tiles where asked, as far as the scratch holds them (84 KiB there), and
+        assert_eq!(
+            shape(4, 1 << 26, DataType::F32, 128, DEFAULT_SLOT),
+            (128, 32 * 1024)
+        );
+        // Larger tiles where asked, as far as the scratch holds them (340 KiB there), and
         // never under 4 KiB or off 4 KiB.
         assert_eq!(
             shape(4, 1 << 26, DataType::F32, 24, 1 << 20),
-            (24, 84 * 1024)
+            (24, 340 * 1024)
         );
         assert_eq!(shape(4, 1 << 26, DataType::F32, 24, 50_000).1, 12 * 4096);
         assert_eq!(shape(4, 1 << 26, DataType::F32, 24, 0).1, 4096);

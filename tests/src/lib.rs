@@ -78,8 +78,12 @@ pub fn run_job_with_id(
 }
 
 /// As [`run_job_with_id`]; with `kill = Some((rank, after))`, that rank's process gets SIGKILL
-/// `after` the start. Returns the outcomes and when the kill happened (from the start): `None`
-/// if the victim had already exited by then, so nothing was killed.
+/// `after` every rank has joined the communicator (each writes a marker into
+/// `RAILCC_TEST_READY_DIR` once its init returns): a rank killed before it reaches the
+/// rendezvous leaves the others waiting for a rank that never came, which only the bootstrap
+/// deadline can end, and that is not what these tests measure. Returns the outcomes and when
+/// the kill happened (from the start): `None` if the victim had already exited by then, so
+/// nothing was killed.
 #[allow(clippy::too_many_arguments)]
 pub fn run_job_killing(
     exe: &str,
@@ -93,6 +97,15 @@ pub fn run_job_killing(
 ) -> (Vec<RankOutcome>, Option<Duration>) {
     let (mut killed_at, mut kill_tried) = (None, false);
     let start = Instant::now();
+    let ready_dir = kill.map(|_| {
+        static JOBS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let job = JOBS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let d = std::env::temp_dir().join(format!("railcc-ready-{}-{job}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("ready marker folder");
+        d
+    });
+    let mut all_ready: Option<Instant> = None;
     let mut kids: Vec<(usize, Child, JoinHandle<String>, JoinHandle<String>)> = ranks
         .iter()
         .map(|&r| {
@@ -106,6 +119,9 @@ pub fn run_job_killing(
             for (k, v) in env {
                 c.env(k, v);
             }
+            if let Some(d) = &ready_dir {
+                c.env("RAILCC_TEST_READY_DIR", d);
+            }
             let mut child = c.spawn().expect("spawn rank");
             let (o, e) = (drain(child.stdout.take()), drain(child.stderr.take()));
             (r, child, o, e)
@@ -113,8 +129,13 @@ pub fn run_job_killing(
         .collect();
     let mut status: Vec<Option<(bool, Duration, Option<i32>)>> = vec![None; kids.len()];
     while status.iter().any(Option::is_none) {
-        if let Some((victim, after)) = kill {
-            if !kill_tried && start.elapsed() >= after {
+        if let (Some(d), None) = (&ready_dir, all_ready) {
+            if ranks.iter().all(|r| d.join(r.to_string()).exists()) {
+                all_ready = Some(Instant::now());
+            }
+        }
+        if let (Some((victim, after)), Some(ready)) = (kill, all_ready) {
+            if !kill_tried && ready.elapsed() >= after {
                 kill_tried = true;
                 if let Some((_, k, _, _)) = kids.iter_mut().find(|k| k.0 == victim) {
                     // Only a victim still running counts as killed.
@@ -163,6 +184,9 @@ pub fn run_job_killing(
             }
         })
         .collect();
+    if let Some(d) = ready_dir {
+        let _ = std::fs::remove_dir_all(d);
+    }
     (outs, killed_at)
 }
 

@@ -39,6 +39,12 @@ fn comm() -> Result<Communicator, String> {
 
 fn run(scenario: &str) -> Result<String, String> {
     let c = comm()?;
+    // The harness's kill clock starts once every rank has joined (tests/src/lib.rs).
+    if let Some(d) = std::env::var_os("RAILCC_TEST_READY_DIR") {
+        let marker = std::path::Path::new(&d).join(c.rank().to_string());
+        std::fs::write(&marker, b"")
+            .map_err(|e| format!("ready marker {}: {e}", marker.display()))?;
+    }
     let (r, p) = (c.rank(), c.nranks());
     let e2s = |e: railcc_collectives::Error| e.to_string();
     match scenario {
