@@ -37,7 +37,7 @@
 #   p  issue 31's small 2 x 2 all_reduce on the flat engine (RAILCC_GPU_FLAT_BELOW_BYTES,
 #      bench/results/issue31/small-call-design.md D3): the x2 checks with it at 32 KiB, then
 #      gpu-net-kernel's flat part (8 B-64 KB, the hierarchy against it, NCCL) with NK_ROUNDS=3.
-#   s  (first, next session) the kernels' first-run compile (13 modules, cubins), timed; the GPU
+#   s  (first, next session) the kernels' first-run compile (37 modules, cubins), timed; the GPU
 #      unit tests; all_reduce of this build against the build of 353abf3 on one machine
 #      (prepare with PREPARE_OLD=353abf3 bash bench/compare/gpu-prepare.sh).
 #   t  test-gpu's bench, push and nccl parts (the default path on the cubin build).
@@ -146,7 +146,7 @@ case ${1:-} in
     fi
     ;;
   s)
-    # (first, next session) The kernels as 13 modules compiled to cubins on parallel threads
+    # (first, next session) The kernels as 37 modules compiled to cubins on parallel threads
     # (not yet run on a GPU): the first run's compile timed, and a second run's (the cache);
     # the GPU unit tests (they load every kernel); then all_reduce of this build against the
     # build measured on 2026-11-27 (353abf3, .device/lib-353abf3, the push kernel at

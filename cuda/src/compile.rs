@@ -1,6 +1,6 @@
 //! NVRTC compilation of the kernels, with a cache on disk.
 //!
-//! The collective kernels are 13 modules (kernels.rs `modules`), compiled on parallel threads
+//! The collective kernels are 37 modules (kernels.rs `modules`), compiled on parallel threads
 //! for the GPU's own architecture as cubins (SASS: the driver loads them with no JIT, on
 //! every GPU of the process) and cached on disk; PTX for the virtual architecture, which the
 //! driver JIT-compiles per context, is the fallback where NVRTC cannot make a cubin for the
@@ -244,7 +244,7 @@ fn image_of(
             return Ok(c);
         }
     }
-    let c = Arc::new(image_uncached(src, arch, cache, use_cache)?);
+    let c = Arc::new(image_uncached(tag, src, arch, cache, use_cache)?);
     if let Ok(mut m) = MEMO.lock() {
         m.retain(|(t, a, _)| !(t == tag && *a == arch));
         m.push((tag.to_string(), arch, c.clone()));
@@ -253,6 +253,7 @@ fn image_of(
 }
 
 fn image_uncached(
+    tag: &str,
     src: &str,
     arch: &'static str,
     cache: Option<&Path>,
@@ -275,7 +276,8 @@ fn image_uncached(
     FRESH.fetch_add(1, Ordering::Relaxed);
     let image = compile(src, arch, cubin)?;
     tracing::info!(
-        "NVRTC compiled a kernel module for {arch} in {:?}",
+        "NVRTC compiled kernel module {tag} ({} KB of CUDA) for {arch} in {:?}",
+        src.len() / 1024,
         t0.elapsed()
     );
     if let Some(path) = cache {
@@ -457,7 +459,7 @@ mod tests {
 #[cfg(test)]
 mod nvrtc_tests {
     use super::*;
-    use crate::kernels::{kernel_name, modules, scale_name, P2P_KERNELS};
+    use crate::kernels::{kernel_name, modules, scale_name, Family, P2P_KERNELS};
     use railcc_core::{DataType, ReduceOp};
 
     /// Compiles the real kernel modules, as PTX and as sm_90 cubins, when NVRTC is present
@@ -470,7 +472,7 @@ mod nvrtc_tests {
             return;
         }
         let ms = modules();
-        assert_eq!(ms.len(), 1 + DataType::ALL.len());
+        assert_eq!(ms.len(), 1 + Family::ALL.len() * DataType::ALL.len());
         let parts: Vec<(&str, &str)> = ms
             .iter()
             .map(|m| (m.tag.as_str(), m.src.as_str()))
@@ -496,16 +498,14 @@ mod nvrtc_tests {
                     image.windows(want.len()).any(|w| w == want.as_bytes())
                 };
                 let names: Vec<String> = match m.dtype {
-                    Some(dt) => ReduceOp::ALL
+                    Some((dt, fam)) => ReduceOp::ALL
                         .iter()
-                        .flat_map(|&op| {
-                            [
-                                kernel_name(dt, op),
-                                crate::ll::kernel_name(dt, op),
-                                crate::push::kernel_name(dt, op),
-                            ]
+                        .map(|&op| match fam {
+                            Family::Bulk => kernel_name(dt, op),
+                            Family::Ll => crate::ll::kernel_name(dt, op),
+                            Family::Push => crate::push::kernel_name(dt, op),
                         })
-                        .chain([scale_name(dt)])
+                        .chain((fam == Family::Bulk).then(|| scale_name(dt)))
                         .collect(),
                     None => DataType::ALL
                         .iter()
@@ -521,14 +521,19 @@ mod nvrtc_tests {
                 for n in names {
                     assert!(has(&n), "{form:?}: {n} not in {}", m.tag);
                 }
-                // Each dtype's module holds no other dtype's kernels.
-                if let Some(dt) = m.dtype {
+                // Each module holds no other dtype's or family's kernels.
+                if let Some((dt, fam)) = m.dtype {
                     let other = if dt == DataType::F32 {
                         DataType::F64
                     } else {
                         DataType::F32
                     };
                     assert!(!has(&kernel_name(other, ReduceOp::Sum)), "{}", m.tag);
+                    let not_mine = match fam {
+                        Family::Bulk => crate::ll::kernel_name(dt, ReduceOp::Sum),
+                        _ => kernel_name(dt, ReduceOp::Sum),
+                    };
+                    assert!(!has(&not_mine), "{}", m.tag);
                 }
             }
         }

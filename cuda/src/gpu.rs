@@ -4,7 +4,7 @@
 use crate::compile;
 use crate::driver::{available, check, device, nvrtc_available};
 use crate::hostsync::Flags;
-use crate::kernels::{kernel_name, scale_name, AREA_BYTES, SYNC_ABORT_OFFSET};
+use crate::kernels::{kernel_name, scale_name, Family, AREA_BYTES, SYNC_ABORT_OFFSET};
 use cudarc::driver::sys;
 use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
 use std::collections::HashMap;
@@ -249,15 +249,21 @@ impl GpuCtx {
             Ok(f)
         };
         match m.dtype {
-            Some(dt) => {
+            Some((dt, fam)) => {
                 for op in ReduceOp::ALL {
-                    self.funcs.insert((dt, op), get(kernel_name(dt, op))?);
-                    self.ll_funcs
-                        .insert((dt, op), get(crate::ll::kernel_name(dt, op))?);
-                    self.push_funcs
-                        .insert((dt, op), get(crate::push::kernel_name(dt, op))?);
+                    match fam {
+                        Family::Bulk => self.funcs.insert((dt, op), get(kernel_name(dt, op))?),
+                        Family::Ll => self
+                            .ll_funcs
+                            .insert((dt, op), get(crate::ll::kernel_name(dt, op))?),
+                        Family::Push => self
+                            .push_funcs
+                            .insert((dt, op), get(crate::push::kernel_name(dt, op))?),
+                    };
                 }
-                self.scale_funcs.insert(dt, get(scale_name(dt))?);
+                if fam == Family::Bulk {
+                    self.scale_funcs.insert(dt, get(scale_name(dt))?);
+                }
             }
             None => {
                 for dt in DataType::ALL {

@@ -2,7 +2,7 @@
 //!
 //! Why NVRTC rather than shipped PTX: the build then needs no CUDA toolkit (CI has none), and
 //! the code is compiled for the exact GPU it runs on (sm_90 on H200) instead of a lowest common
-//! denominator. The cost is paid on a machine's first run (13 modules on parallel threads,
+//! denominator. The cost is paid on a machine's first run (37 modules on parallel threads,
 //! [`modules`]), then compile.rs's cache on disk serves every process.
 //!
 //! One kernel per (dtype, op): `ar_<dtype>_<op>` reduces elements `[begin, end)` of `n` inputs
@@ -149,20 +149,43 @@ pub fn kernel_name(dt: DataType, op: ReduceOp) -> String {
     format!("ar_{}_{}", dt.name(), op.name())
 }
 
+/// The kernel families of one dtype, each its own module ([`modules`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// The bulk kernel for every op, and the scale kernel (premultiplied sums).
+    Bulk,
+    /// The low-latency kernel (ll.rs) for every op.
+    Ll,
+    /// The push kernel (push.rs) for every op.
+    Push,
+}
+
+impl Family {
+    pub const ALL: [Family; 3] = [Family::Bulk, Family::Ll, Family::Push];
+    fn name(self) -> &'static str {
+        match self {
+            Family::Bulk => "bulk",
+            Family::Ll => "ll",
+            Family::Push => "push",
+        }
+    }
+}
+
 /// One separately compiled module of the kernels ([`modules`]).
 pub struct Module {
-    /// The cache's name for it: "kernels-common" or "kernels-<dtype>".
+    /// The cache's name for it: "kernels-common" or "kernels-<dtype>-<family>".
     pub tag: String,
-    /// `Some(dt)`: dt's bulk, low-latency, push and scale kernels for every op; `None`: the
-    /// rest (send/recv, batch p2p, the bench's check and fill kernels).
-    pub dtype: Option<DataType>,
+    /// `Some((dt, family))`: that family's kernels of dt for every op; `None`: the rest
+    /// (send/recv, batch p2p, the bench's check and fill kernels).
+    pub dtype: Option<(DataType, Family)>,
     pub src: String,
 }
 
-/// The kernels as 13 modules, each with the shared helpers: one per dtype and one of the
-/// rest. Why not one: NVRTC compiles the modules on parallel threads, each cached on its own;
-/// one module of everything (790 KB of source) took 94 s to compile and load on a fresh
-/// 4 x H100 machine, 43 s of it NVRTC alone on our 2-core machine.
+/// The kernels as 37 modules, each with the shared helpers: one per dtype and kernel family,
+/// and one of the rest. Why not one: NVRTC compiles the modules on parallel threads, each
+/// cached on its own. One module of everything (790 KB of source) took 94 s to compile and
+/// load on a fresh 4 x H100 machine; one per dtype took 42 s there, 40 s of it one module
+/// (f8e4m3, whose conversions are long code), which per family is a third.
 pub fn modules() -> Vec<Module> {
     let helpers = helpers();
     let mut v = vec![Module {
@@ -176,11 +199,13 @@ pub fn modules() -> Vec<Module> {
         ),
     }];
     for dt in DataType::ALL {
-        v.push(Module {
-            tag: format!("kernels-{}", dt.name()),
-            dtype: Some(dt),
-            src: format!("{helpers}{}", dtype_source(dt)),
-        });
+        for fam in Family::ALL {
+            v.push(Module {
+                tag: format!("kernels-{}-{}", dt.name(), fam.name()),
+                dtype: Some((dt, fam)),
+                src: format!("{helpers}{}", dtype_source(dt, fam)),
+            });
+        }
     }
     v
 }
@@ -363,7 +388,22 @@ extern "C" __global__ void p2p_wait_copied(unsigned long long mine, unsigned lon
 }
 
 /// dt's bulk, low-latency and push kernels for every op, and its scale kernel.
-fn dtype_source(dt: DataType) -> String {
+fn dtype_source(dt: DataType, fam: Family) -> String {
+    match fam {
+        Family::Bulk => {}
+        Family::Ll => {
+            return ReduceOp::ALL
+                .iter()
+                .map(|&op| crate::ll::kernel_source(dt, op))
+                .collect()
+        }
+        Family::Push => {
+            return ReduceOp::ALL
+                .iter()
+                .map(|&op| crate::push::kernel_source(dt, op))
+                .collect()
+        }
+    }
     let mut s = String::new();
     let (t, acc, ld, st) = ctype(dt);
     for op in ReduceOp::ALL {
@@ -443,8 +483,6 @@ for (int r = 0; r < n_out; r++) ((T*)outs.p[r])[i] = v;
 }}
 "#
         ));
-        s.push_str(&crate::ll::kernel_source(dt, op));
-        s.push_str(&crate::push::kernel_source(dt, op));
     }
     s.push_str(&scale_source(dt));
     s
