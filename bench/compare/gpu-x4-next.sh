@@ -42,7 +42,7 @@
 #      (prepare with PREPARE_OLD=353abf3 bash bench/compare/gpu-prepare.sh).
 #   t  test-gpu's bench, push and nccl parts (the default path on the cubin build).
 #   u  issue 29's PyTorch allocator figure, each run the median of 100 calls, 3 runs.
-#   v  the push kernel at 24 blocks by tile size (32, 128, 256 KiB) against the bulk kernel.
+#   v  the push kernel at 24 blocks by tile size (32, 64, 84 KiB) against the bulk kernel.
 # Usage: bash bench/compare/gpu-x4-next.sh a|...|v (parts e-l on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
@@ -173,10 +173,11 @@ case ${1:-} in
       bash nccl-compat/tests/torch/alloc.sh 2>&1 | tee "$L/alloc.txt" | grep -E "^(PASS  rail|FAIL)|failed|ratio|median"
     ;;
   v)
-    # The push kernel at NCCL's 24 blocks by tile size (RAILCC_GPU_PUSH_SLOT_BYTES; the scratch,
-    # 64 MiB since 2026-11-27, holds 340 KiB there): 32 KiB (the default tile), 128 and 256
-    # KiB, against the bulk kernel (w1) and NCCL. 64 KiB read 0.88-0.92x NCCL on 2026-11-27.
-    for slot in ${V_SLOTS:-32768 131072 262144}; do
+    # The push kernel at NCCL's 24 blocks by tile size (RAILCC_GPU_PUSH_SLOT_BYTES; the 16 MiB
+    # scratch holds 84 KiB there): 32 KiB (the default tile), 64 and 84 KiB, against the bulk
+    # kernel (w1) and NCCL. Run on 2026-11-27 with a 64 MiB scratch: 32, 128 and 256 KiB all
+    # read below the bulk kernel (bench/results/README.md, ninth session).
+    for slot in ${V_SLOTS:-32768 65536 86016}; do
       mkdir -p "$L/slot$slot"
       OUT=$L/slot$slot AB_BLOCKS=24 AB_VARIANTS="$([ $slot = 32768 ] && echo "w1 pt" || echo pt)" AB_PUSH_SLOT=$slot \
         AB_SIZES="-b 16M -e 1G -f 4" timeout 170 bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/slot$slot/ab.txt"

@@ -451,7 +451,7 @@ mod tests {
             }
         );
         // RAILCC_GPU_PUSH_MIN_BLOCKS=24 and larger tiles: the push kernel at 24 blocks, in
-        // tiles as large as its scratch holds (340 KiB on 4 GPUs).
+        // tiles as large as its scratch holds (84 KiB on 4 GPUs).
         let c24p = Choice {
             push_min_blocks: 24,
             push_slot: 1 << 20,
@@ -461,7 +461,7 @@ mod tests {
             choose(&ar(1 << 28), &c24p),
             Kernel::Push {
                 blocks: 24,
-                slot: 340 * 1024
+                slot: 84 * 1024
             }
         );
     }
