@@ -173,8 +173,8 @@ case ${1:-} in
       bash nccl-compat/tests/torch/alloc.sh 2>&1 | tee "$L/alloc.txt" | grep -E "^(PASS  rail|FAIL)|failed|ratio|median"
     ;;
   v)
-    # The push kernel at NCCL's 24 blocks by tile size (RAILCC_GPU_PUSH_SLOT_BYTES; the 16 MiB
-    # scratch holds 84 KiB there): 32 KiB (the default tile), 64 and 84 KiB, against the bulk
+    # The push kernel at NCCL's 24 blocks by tile size (RAILCC_GPU_PUSH_SLOT_BYTES; the 32 MiB
+    # scratch holds 168 KiB there): 32 KiB (the default tile), 64 and 84 KiB, against the bulk
     # kernel (w1) and NCCL. Run on 2026-11-27 with a 64 MiB scratch: 32, 128 and 256 KiB all
     # read below the bulk kernel (bench/results/README.md, ninth session).
     for slot in ${V_SLOTS:-32768 65536 86016}; do

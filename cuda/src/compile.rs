@@ -1,6 +1,6 @@
 //! NVRTC compilation of the kernels, with a cache on disk.
 //!
-//! The collective kernels are 37 modules (kernels.rs `modules`), compiled on parallel threads
+//! The collective kernels are 49 modules (kernels.rs `modules`), compiled on parallel threads
 //! for the GPU's own architecture as cubins (SASS: the driver loads them with no JIT, on
 //! every GPU of the process) and cached on disk; PTX for the virtual architecture, which the
 //! driver JIT-compiles per context, is the fallback where NVRTC cannot make a cubin for the
@@ -504,6 +504,7 @@ mod nvrtc_tests {
                             Family::Bulk => kernel_name(dt, op),
                             Family::Ll => crate::ll::kernel_name(dt, op),
                             Family::Push => crate::push::kernel_name(dt, op),
+                            Family::Tma => crate::tma::kernel_name(dt, op),
                         })
                         .chain((fam == Family::Bulk).then(|| scale_name(dt)))
                         .collect(),

@@ -62,6 +62,10 @@ pub struct GpuCtx {
     funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     ll_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     push_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
+    /// The TMA bulk kernels (tma.rs), where the GPU can run them (compute capability 9.0 or
+    /// later and `tma::SMEM_BYTES` of shared memory a block); else empty.
+    tma_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
+    tma_ok: bool,
     scale_funcs: HashMap<DataType, sys::CUfunction>,
     /// The p2p kernels, in kernels::P2P_KERNELS' order.
     p2p_funcs: Vec<sys::CUfunction>,
@@ -107,6 +111,10 @@ impl GpuCtx {
         };
         let major = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let sms = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        // Room for the kernel's few static bytes (its barriers) beside the tiles.
+        let tma_ok = major >= 9
+            && attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+                >= crate::tma::SMEM_BYTES as i32 + 1024;
         let stream = new_stream_current()?;
         let abort = Flags::new_current(1)?;
         let mut g = GpuCtx {
@@ -121,6 +129,8 @@ impl GpuCtx {
             funcs: HashMap::new(),
             ll_funcs: HashMap::new(),
             push_funcs: HashMap::new(),
+            tma_funcs: HashMap::new(),
+            tma_ok,
             scale_funcs: HashMap::new(),
             p2p_funcs: Vec::new(),
             check_funcs: HashMap::new(),
@@ -259,6 +269,25 @@ impl GpuCtx {
                         Family::Push => self
                             .push_funcs
                             .insert((dt, op), get(crate::push::kernel_name(dt, op))?),
+                        Family::Tma => {
+                            let f = get(crate::tma::kernel_name(dt, op))?;
+                            self.tma_ok.then_some(f).and_then(|f| {
+                                use sys::CUfunction_attribute as F;
+                                // SAFETY: a function of the module loaded above.
+                                let r = unsafe {
+                                    sys::cuFuncSetAttribute(
+                                        f,
+                                        F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                        crate::tma::SMEM_BYTES as i32,
+                                    )
+                                };
+                                if r != sys::CUresult::CUDA_SUCCESS {
+                                    tracing::warn!("GPU {}: no TMA bulk kernel ({r:?} raising its shared memory)", self.ordinal);
+                                    return None;
+                                }
+                                self.tma_funcs.insert((dt, op), f)
+                            })
+                        }
                     };
                 }
                 if fam == Family::Bulk {
@@ -307,6 +336,20 @@ impl GpuCtx {
             .get(&(dt, op))
             .copied()
             .ok_or_else(|| Error::new(ErrorKind::Unsupported, "no low-latency kernel for dtype/op"))
+    }
+
+    /// Whether this GPU runs the TMA bulk kernel (tma.rs) for every dtype and op.
+    pub fn has_tma(&self) -> bool {
+        self.tma_ok && self.tma_funcs.len() == DataType::ALL.len() * ReduceOp::ALL.len()
+    }
+
+    pub fn tma_func(&self, dt: DataType, op: ReduceOp) -> Result<sys::CUfunction> {
+        self.tma_funcs.get(&(dt, op)).copied().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Unsupported,
+                "no TMA bulk kernel for dtype/op on this GPU",
+            )
+        })
     }
 
     pub fn push_func(&self, dt: DataType, op: ReduceOp) -> Result<sys::CUfunction> {

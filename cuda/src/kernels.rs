@@ -2,7 +2,7 @@
 //!
 //! Why NVRTC rather than shipped PTX: the build then needs no CUDA toolkit (CI has none), and
 //! the code is compiled for the exact GPU it runs on (sm_90 on H200) instead of a lowest common
-//! denominator. The cost is paid on a machine's first run (37 modules on parallel threads,
+//! denominator. The cost is paid on a machine's first run (49 modules on parallel threads,
 //! [`modules`]), then compile.rs's cache on disk serves every process.
 //!
 //! One kernel per (dtype, op): `ar_<dtype>_<op>` reduces elements `[begin, end)` of `n` inputs
@@ -158,15 +158,18 @@ pub enum Family {
     Ll,
     /// The push kernel (push.rs) for every op.
     Push,
+    /// The bulk kernel with TMA loads (tma.rs) for every op.
+    Tma,
 }
 
 impl Family {
-    pub const ALL: [Family; 3] = [Family::Bulk, Family::Ll, Family::Push];
+    pub const ALL: [Family; 4] = [Family::Bulk, Family::Ll, Family::Push, Family::Tma];
     fn name(self) -> &'static str {
         match self {
             Family::Bulk => "bulk",
             Family::Ll => "ll",
             Family::Push => "push",
+            Family::Tma => "tma",
         }
     }
 }
@@ -181,7 +184,7 @@ pub struct Module {
     pub src: String,
 }
 
-/// The kernels as 37 modules, each with the shared helpers: one per dtype and kernel family,
+/// The kernels as 49 modules, each with the shared helpers: one per dtype and kernel family,
 /// and one of the rest. Why not one: NVRTC compiles the modules on parallel threads, each
 /// cached on its own. One module of everything (790 KB of source) took 94 s to compile and
 /// load on a fresh 4 x H100 machine; one per dtype took 42 s there, 40 s of it one module
@@ -402,6 +405,14 @@ fn dtype_source(dt: DataType, fam: Family) -> String {
                 .iter()
                 .map(|&op| crate::push::kernel_source(dt, op))
                 .collect()
+        }
+        Family::Tma => {
+            let mut s = String::from(crate::tma::COMMON_SOURCE);
+            for op in ReduceOp::ALL {
+                s.push_str(&vec_source(dt, op));
+                s.push_str(&crate::tma::kernel_source(dt, op));
+            }
+            return s;
         }
     }
     let mut s = String::new();

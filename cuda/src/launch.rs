@@ -47,6 +47,9 @@ pub struct CallShape<'a> {
     /// The bulk kernel's wide loop: every input's data of two vectors loaded at once
     /// (`RAILCC_GPU_WIDE_LOADS`).
     pub wide: bool,
+    /// Reductions whose addresses allow it fetch their inputs by bulk async copies, on GPUs
+    /// that have them (`crate::tma`, `RAILCC_GPU_WIDE_LOADS=2`).
+    pub tma: bool,
 }
 
 /// Enqueues GPU `me`'s kernel on `stream`.
@@ -62,6 +65,10 @@ pub unsafe fn launch(
     shape: &CallShape<'_>,
 ) -> Result<()> {
     gpu.bind()?;
+    if shape.tma && gpu.has_tma() && crate::tma::usable(s, shape.dt) {
+        // SAFETY: forwarded from the caller; usable() and has_tma() hold.
+        return unsafe { crate::tma::launch(gpu, stream, me, s, shape) };
+    }
     // A single input is a copy: use the plain sum kernel so avg does not divide it.
     let kop = if s.ins.len() == 1 {
         ReduceOp::Sum
@@ -297,6 +304,7 @@ mod gpu_tests {
                     blocks: 4,
                     timeout_ns: 10_000_000_000,
                     wide: loads,
+                    tma: false,
                 };
                 gpu.upload(&out, 0, &vec![0u8; count * 2]).expect("clear");
                 // SAFETY: every pointer is a live allocation of `count` elements on this
@@ -431,6 +439,7 @@ mod gpu_tests {
                     blocks: 8,
                     timeout_ns: 10_000_000_000,
                     wide: op == ReduceOp::Max,
+                    tma: false,
                 };
                 // SAFETY: three live allocations of 65,536 bytes on this GPU, kept until the
                 // synchronize below.

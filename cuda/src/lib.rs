@@ -38,6 +38,7 @@ pub mod nvml;
 pub mod p2p_many;
 pub mod push;
 pub mod staging;
+pub mod tma;
 pub mod vmm;
 
 /// What errors raised by a CUDA call or by NVRTC name as their transport.

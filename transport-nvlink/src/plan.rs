@@ -28,8 +28,9 @@ pub enum Kernel {
     /// exchange, no barrier.
     Ll { blocks: u32 },
     /// The bulk kernel: "ready" barrier, each GPU's part over peer memory, "done" barrier;
-    /// `wide`: its loop that loads every input at once.
-    Bulk { blocks: u32, wide: bool },
+    /// `wide`: its loop that loads every input at once; `tma`: its inputs fetched by bulk
+    /// async copies where the GPU and the addresses allow (`railcc_cuda::tma`).
+    Bulk { blocks: u32, wide: bool, tma: bool },
     /// The push all-reduce (`railcc_cuda::push`): NVLink writes only, through `slot`-byte
     /// scratch slots.
     Push { blocks: u32, slot: usize },
@@ -54,6 +55,8 @@ pub struct Choice {
     pub ll_max_bytes: usize,
     /// The bulk kernel's wide loop.
     pub wide: bool,
+    /// ... and its TMA form (the same barriers and parts, so ranks need not agree on it).
+    pub tma: bool,
     /// All-reduces of at least this many bytes per rank take the push kernel (0: never).
     pub push_bytes: usize,
     /// ... where the communicator may use at least this many blocks ([`PUSH_MIN_BLOCKS`] by
@@ -77,6 +80,7 @@ pub fn choose(a: &CollArgs, c: &Choice) -> Kernel {
     let Choice {
         ll_max_bytes,
         wide,
+        tma,
         min_blocks,
         max_blocks,
         ..
@@ -98,6 +102,7 @@ pub fn choose(a: &CollArgs, c: &Choice) -> Kernel {
         Kernel::Bulk {
             blocks: floor(blocks(a.coll, a.nranks, a.count, a.dtype, max_blocks)),
             wide,
+            tma,
         }
     }
 }
@@ -183,7 +188,7 @@ pub unsafe fn enqueue(
                 threads_per_block: THREADS,
             })
         }
-        Kernel::Bulk { blocks, wide } => {
+        Kernel::Bulk { blocks, wide, tma } => {
             let shape = CallShape {
                 dt: a.dtype,
                 op: a.op,
@@ -192,6 +197,7 @@ pub unsafe fn enqueue(
                 blocks,
                 timeout_ns,
                 wide,
+                tma,
             };
             let s = spec(a.coll, g, p.ins, p.outs, a.count, a.dtype, a.root)?;
             // SAFETY: the caller's contract.
@@ -377,6 +383,7 @@ mod tests {
         Choice {
             ll_max_bytes: ll,
             wide,
+            tma: false,
             push_bytes: 0,
             push_min_blocks: PUSH_MIN_BLOCKS,
             push_slot: push::DEFAULT_SLOT,
@@ -387,7 +394,11 @@ mod tests {
 
     #[test]
     fn the_least_and_most_blocks_bound_every_kernel() {
-        let bulk = |blocks, wide| Kernel::Bulk { blocks, wide };
+        let bulk = |blocks, wide| Kernel::Bulk {
+            blocks,
+            wide,
+            tma: false,
+        };
         // 8 B: the low-latency kernel, one block by the work; minCTAs 4 makes it 4.
         assert_eq!(
             choose(&ar(2), &choice(65536, false, (0, 132))),
@@ -447,11 +458,12 @@ mod tests {
             choose(&ar(1 << 28), &c24),
             Kernel::Bulk {
                 blocks: 24,
-                wide: true
+                wide: true,
+                tma: false
             }
         );
         // RAILCC_GPU_PUSH_MIN_BLOCKS=24 and larger tiles: the push kernel at 24 blocks, in
-        // tiles as large as its scratch holds (84 KiB on 4 GPUs).
+        // tiles as large as its scratch holds (168 KiB on 4 GPUs).
         let c24p = Choice {
             push_min_blocks: 24,
             push_slot: 1 << 20,
@@ -461,7 +473,7 @@ mod tests {
             choose(&ar(1 << 28), &c24p),
             Kernel::Push {
                 blocks: 24,
-                slot: 84 * 1024
+                slot: 168 * 1024
             }
         );
     }

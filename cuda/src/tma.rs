@@ -1,0 +1,361 @@
+//! The bulk kernel with its inputs fetched by the Tensor Memory Accelerator (Hopper's bulk
+//! async copies into shared memory): `RAILCC_GPU_WIDE_LOADS=2`, off by default, unmeasured.
+//!
+//! Why: at NCCL's 24 blocks the bulk kernel's wide loop reads 0.89-0.92x NCCL's busbw at
+//! 256 MB-1 GB on 4 x H100 (one block per SM: 0.95-0.99x). Each thread there keeps at most 16
+//! vectors (256 B) of peer reads in flight, so 24 SMs cannot cover NVLink's read latency. One
+//! thread of a block here keeps three stages of every input's tile in flight (192 KiB of
+//! shared memory a block), and the copy engine of the SM, not its threads, waits for them.
+//! The threads then reduce out of shared memory and write every output as the bulk kernel
+//! does: the same part of the same call per GPU, the same ready and done barriers, the same
+//! sums in the same order, so GPUs may even mix the two kernels in one call.
+//!
+//! The host takes this kernel only on compute capability 9.0 or later, where every input and
+//! output is 16-byte aligned and the range starts on 16 bytes (`usable`); the bytes past the
+//! range's last 16-byte boundary go through threads.
+
+use crate::driver::check;
+use crate::gpu::GpuCtx;
+use crate::kernels::{avg_step, ctype, op_expr, vec_name};
+use crate::launch::{ptrs, CallShape, Ptrs, Spec, THREADS};
+use cudarc::driver::sys;
+use railcc_core::{DataType, ReduceOp, Result};
+use std::ffi::c_void;
+
+/// Input tiles in flight per block: one being reduced, two arriving.
+const STAGES: usize = 3;
+/// Dynamic shared memory per block: `STAGES` tiles of every input.
+pub const SMEM_BYTES: usize = 192 * 1024;
+
+pub fn kernel_name(dt: DataType, op: ReduceOp) -> String {
+    format!("art_{}_{}", dt.name(), op.name())
+}
+
+/// Bytes of one input's tile with `n` inputs: what the shared memory holds, on 1 KiB.
+pub fn tile_bytes(n: usize) -> u64 {
+    (SMEM_BYTES / (STAGES * n.max(1)) / 1024 * 1024) as u64
+}
+
+/// Whether GPU part `s` of a call of `dt` can take this kernel: a reduction (two inputs or
+/// more) whose every address and range start sit on 16 bytes.
+pub fn usable(s: &Spec, dt: DataType) -> bool {
+    s.ins.len() >= 2
+        && s.ins.iter().chain(&s.outs).all(|p| p.is_multiple_of(16))
+        && (s.range.0 * dt.size() as u64).is_multiple_of(16)
+}
+
+/// The device functions every TMA kernel uses (sm_90's PTX; empty below).
+pub const COMMON_SOURCE: &str = r#"
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned int tma_saddr(const void* p) { return (unsigned int)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void tma_bar_init(unsigned long long* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(tma_saddr(bar)) : "memory");
+}
+// Arrives on `bar` (its one arrival) and tells it how many bytes the copies will bring.
+__device__ __forceinline__ void tma_expect(unsigned long long* bar, unsigned int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(tma_saddr(bar)), "r"(bytes) : "memory");
+}
+// Copies `bytes` (a multiple of 16, both addresses on 16) from global `src` into shared `dst`;
+// `bar` counts them in.
+__device__ __forceinline__ void tma_load(void* dst, const void* src, unsigned int bytes, unsigned long long* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(tma_saddr(dst)), "l"(src), "r"(bytes), "r"(tma_saddr(bar)) : "memory");
+}
+__device__ __forceinline__ bool tma_done(unsigned long long* bar, unsigned int parity) {
+  unsigned int ok;
+  asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+               : "=r"(ok) : "r"(tma_saddr(bar)), "r"(parity) : "memory");
+  return ok != 0;
+}
+#endif
+"#;
+
+/// CUDA source of the TMA bulk kernel for one dtype and op (uses kernels.rs' helpers, the
+/// vector reduction [`vec_name`] and [`COMMON_SOURCE`]).
+pub fn kernel_source(dt: DataType, op: ReduceOp) -> String {
+    let (t, acc, ld, st) = ctype(dt);
+    let expr = op_expr(op, dt);
+    let avg = avg_step(dt, op);
+    let vec = vec_name(dt, op);
+    let name = kernel_name(dt, op);
+    format!(
+        r#"
+extern "C" __global__ void __launch_bounds__({THREADS}) {name}(Ptrs ins, int n, Ptrs outs, int n_out, unsigned long long begin, unsigned long long end, int avg_n, Ptrs syncs, int n_gpus, int me, unsigned long long timeout_ns, unsigned long long tile) {{
+  typedef {t} T;
+  const unsigned long long epoch = call_epoch(syncs.p[me]);
+  arrive_ready(syncs, n_gpus, me, epoch, timeout_ns);
+  unsigned long long tail = begin;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(128) unsigned char tma_buf[];
+  __shared__ __align__(8) unsigned long long bars[{STAGES}];
+  // Bytes [b0, bm) of every input in tiles; tile b + k * gridDim.x is this block's k-th, in
+  // stage k % STAGES. The host put b0 on 16 bytes; bm is the range's last 16-byte boundary.
+  const unsigned long long b0 = begin * sizeof(T), b1 = end * sizeof(T);
+  const unsigned long long bm = b1 / 16 * 16 > b0 ? b1 / 16 * 16 : b0;
+  tail = bm / sizeof(T);
+  const unsigned long long tiles = (bm - b0 + tile - 1) / tile;
+  const unsigned long long mine = tiles > blockIdx.x ? (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  if (threadIdx.x == 0) {{
+    for (int s = 0; s < {STAGES}; s++) tma_bar_init(&bars[s]);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    // What the ready barrier saw (the peers' inputs, written through the generic proxy) is
+    // what the copies (the async proxy) read.
+    asm volatile("fence.proxy.async.global;" ::: "memory");
+  }}
+  __syncthreads();
+  #define TMA_ISSUE(k) do {{ \
+    const unsigned long long off_ = b0 + (blockIdx.x + (unsigned long long)(k) * gridDim.x) * tile; \
+    const unsigned int len_ = (unsigned int)min(tile, bm - off_); \
+    unsigned long long* bar_ = &bars[(k) % {STAGES}]; \
+    tma_expect(bar_, len_ * (unsigned int)n); \
+    for (int r = 0; r < n; r++) \
+      tma_load(tma_buf + ((unsigned long long)((k) % {STAGES}) * n + r) * tile, (const unsigned char*)ins.p[r] + off_, len_, bar_); \
+  }} while (0)
+  if (threadIdx.x == 0)
+    for (unsigned long long k = 0; k < {STAGES} && k < mine; k++) TMA_ISSUE(k);
+  for (unsigned long long k = 0; k < mine; k++) {{
+    const int s = (int)(k % {STAGES});
+    while (!tma_done(&bars[s], (unsigned int)((k / {STAGES}) & 1ull))) {{}}
+    const unsigned long long off = b0 + (blockIdx.x + k * gridDim.x) * tile;
+    const unsigned long long nv = min(tile, bm - off) / 16;
+    const unsigned char* base = tma_buf + (unsigned long long)s * n * tile;
+    for (unsigned long long j = threadIdx.x; j < nv; j += blockDim.x) {{
+      uint4 y[8];
+#pragma unroll
+      for (int r = 0; r < 8; r++) if (r < n) y[r] = ((const uint4*)(base + (unsigned long long)r * tile))[j];
+      const uint4 x = {vec}(y, n, avg_n);
+      for (int q = 0; q < n_out; q++) ((uint4*)(outs.p[q] + off))[j] = x;
+    }}
+    // Every thread is done with stage s before the copy engine refills it.
+    __syncthreads();
+    if (threadIdx.x == 0 && k + {STAGES} < mine) {{
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      TMA_ISSUE(k + {STAGES});
+    }}
+  }}
+  #undef TMA_ISSUE
+#endif
+  // The elements past the last 16-byte boundary (all of them below sm_90, where the host
+  // never launches this kernel), by threads as the bulk kernel does.
+  const unsigned long long tid = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+  const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+  for (unsigned long long i = tail + tid; i < end; i += stride) {{
+    {acc} acc = {ld}(((const T*)ins.p[0])[i]);
+    for (int r = 1; r < n; r++) {{ {acc} a = acc, b = {ld}(((const T*)ins.p[r])[i]); acc = {expr}; }}
+    {avg}
+    T v = {st}(acc);
+    for (int r = 0; r < n_out; r++) ((T*)outs.p[r])[i] = v;
+  }}
+  arrive_done(syncs, n_gpus, me, epoch, timeout_ns);
+}}
+"#,
+        STAGES = STAGES,
+    )
+}
+
+/// Enqueues GPU `me`'s part `s` on `stream` with this kernel ([`usable`] must hold, and the
+/// GPU must have it: [`GpuCtx::tma_func`]).
+///
+/// # Safety
+/// As `launch::launch`.
+pub unsafe fn launch(
+    gpu: &GpuCtx,
+    stream: sys::CUstream,
+    me: usize,
+    s: &Spec,
+    shape: &CallShape<'_>,
+) -> Result<()> {
+    let f = gpu.tma_func(shape.dt, shape.op)?;
+    let (mut pin, mut pout, mut psync): (Ptrs, Ptrs, Ptrs) =
+        (ptrs(&s.ins), ptrs(&s.outs), ptrs(shape.syncs));
+    let (mut n_in, mut n_out) = (s.ins.len() as i32, s.outs.len() as i32);
+    let (mut b, mut e) = s.range;
+    let mut avg_n = shape.avg_n;
+    let mut n_gpus = shape.syncs.len() as i32;
+    let mut me_i = me as i32;
+    let mut timeout = shape.timeout_ns;
+    let mut tile = tile_bytes(s.ins.len());
+    let smem = (STAGES as u64 * s.ins.len() as u64 * tile) as u32;
+    let mut params: [*mut c_void; 12] = [
+        &mut pin as *mut Ptrs as *mut c_void,
+        &mut n_in as *mut i32 as *mut c_void,
+        &mut pout as *mut Ptrs as *mut c_void,
+        &mut n_out as *mut i32 as *mut c_void,
+        &mut b as *mut u64 as *mut c_void,
+        &mut e as *mut u64 as *mut c_void,
+        &mut avg_n as *mut i32 as *mut c_void,
+        &mut psync as *mut Ptrs as *mut c_void,
+        &mut n_gpus as *mut i32 as *mut c_void,
+        &mut me_i as *mut i32 as *mut c_void,
+        &mut timeout as *mut u64 as *mut c_void,
+        &mut tile as *mut u64 as *mut c_void,
+    ];
+    // SAFETY: the parameters match the kernel's signature and live across the call; the
+    // function's dynamic shared memory limit was raised to SMEM_BYTES at load (gpu.rs); the
+    // caller vouches for the pointers.
+    check(
+        unsafe {
+            sys::cuLaunchKernel(
+                f,
+                shape.blocks,
+                1,
+                1,
+                THREADS,
+                1,
+                1,
+                smem,
+                stream,
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        },
+        "cuLaunchKernel (TMA bulk kernel)",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_fit_the_shared_memory_and_only_aligned_reductions_take_it() {
+        for n in 1..=crate::kernels::MAX_PEERS {
+            let t = tile_bytes(n);
+            assert!(t >= 1024 && t.is_multiple_of(1024), "{n}");
+            assert!(STAGES as u64 * n as u64 * t <= SMEM_BYTES as u64, "{n}");
+        }
+        assert_eq!(tile_bytes(4), 16 * 1024);
+        let s = |ins: Vec<u64>, outs: Vec<u64>, b: u64| Spec {
+            ins,
+            outs,
+            range: (b, b + 100),
+        };
+        assert!(usable(
+            &s(vec![0x1000, 0x2000], vec![0x3000], 4),
+            DataType::F32
+        ));
+        // A copy (one input), an odd address, a range start off 16 bytes: the bulk kernel.
+        assert!(!usable(&s(vec![0x1000], vec![0x3000], 0), DataType::F32));
+        assert!(!usable(
+            &s(vec![0x1000, 0x2008], vec![0x3000], 0),
+            DataType::F32
+        ));
+        assert!(!usable(
+            &s(vec![0x1000, 0x2000], vec![0x3004], 0),
+            DataType::F32
+        ));
+        assert!(!usable(
+            &s(vec![0x1000, 0x2000], vec![0x3000], 2),
+            DataType::F32
+        ));
+        assert!(usable(
+            &s(vec![0x1000, 0x2000], vec![0x3000], 2),
+            DataType::F64
+        ));
+    }
+}
+
+#[cfg(test)]
+mod gpu_tests {
+    use super::*;
+    use crate::check::{fill, op_code, CheckArgs, COLL_ALL_REDUCE};
+    use crate::launch::launch as bulk_launch;
+
+    /// On a GPU of compute capability 9.0 or later: the TMA kernel's output is byte for byte
+    /// the bulk kernel's, for every dtype and op, 4 inputs, ranges from the start and from an
+    /// aligned offset, with and without a tail past 16 bytes, one tile and many. Without a
+    /// driver, or below 9.0: a skip line.
+    #[test]
+    fn tma_kernel_matches_the_bulk_kernel() {
+        let gpus = match crate::driver::devices() {
+            Ok(g) if !g.is_empty() => g,
+            Ok(_) | Err(_) => {
+                println!("SKIP TMA bulk kernel on the GPU: no CUDA driver or GPU");
+                return;
+            }
+        };
+        let gpu = GpuCtx::new(gpus[0].ordinal, None).expect("context");
+        if !gpu.has_tma() {
+            println!("SKIP TMA bulk kernel: GPU 0 has no TMA kernel (compute capability below 9.0 or too little shared memory)");
+            return;
+        }
+        let (mut cases, mut differ) = (0, Vec::new());
+        for dt in DataType::ALL {
+            for op in ReduceOp::ALL {
+                for count in [1usize, 37, 4099, 200_003] {
+                    let bytes = count * dt.size();
+                    let ins: Vec<_> = (0..4)
+                        .map(|r| {
+                            let b = gpu.alloc(bytes).expect("alloc");
+                            let args = CheckArgs {
+                                coll: COLL_ALL_REDUCE,
+                                op: op_code(op),
+                                nranks: 4,
+                                rank: r,
+                                signed: 1,
+                                fp8: i32::from(matches!(dt, DataType::F8E4M3 | DataType::F8E5M2)),
+                                count: count as u64,
+                                seed: 11,
+                                ..Default::default()
+                            };
+                            // SAFETY: `b` holds `count` elements of dt.
+                            unsafe { fill(&gpu, dt, b.ptr, count as u64, 0, &args) }.expect("fill");
+                            b
+                        })
+                        .collect();
+                    let outs: Vec<_> = (0..2).map(|_| gpu.alloc(bytes).expect("alloc")).collect();
+                    let v = (16 / dt.size()) as u64;
+                    for begin in [0u64, 5 * v] {
+                        if begin >= count as u64 {
+                            continue;
+                        }
+                        let mut got = Vec::new();
+                        for (k, out) in outs.iter().enumerate() {
+                            gpu.upload(out, 0, &vec![0u8; bytes]).expect("clear");
+                            let spec = Spec {
+                                ins: ins.iter().map(|b| b.ptr).collect(),
+                                outs: vec![out.ptr],
+                                range: (begin, count as u64),
+                            };
+                            assert!(usable(&spec, dt), "{dt} {begin}");
+                            let shape = CallShape {
+                                dt,
+                                op,
+                                syncs: &[gpu.sync.ptr],
+                                avg_n: 4,
+                                blocks: 24,
+                                timeout_ns: 10_000_000_000,
+                                wide: true,
+                                tma: false,
+                            };
+                            // SAFETY: every pointer is a live allocation of `count` elements
+                            // on this GPU, kept until the synchronize below.
+                            unsafe {
+                                if k == 0 {
+                                    bulk_launch(&gpu, gpu.stream, 0, &spec, &shape)
+                                } else {
+                                    launch(&gpu, gpu.stream, 0, &spec, &shape)
+                                }
+                            }
+                            .expect("launch");
+                            gpu.synchronize().expect("kernel ran");
+                            let mut host = vec![0u8; bytes];
+                            gpu.download(out, 0, &mut host).expect("download");
+                            got.push(host);
+                        }
+                        cases += 1;
+                        if got[0] != got[1] {
+                            let first = got[0].iter().zip(&got[1]).position(|(a, b)| a != b);
+                            differ.push(format!("{dt} {op:?} count {count} from {begin}: first differing byte {first:?}"));
+                        }
+                    }
+                }
+            }
+        }
+        println!(
+            "TMA bulk kernel: {cases} cases, {} differ from the bulk kernel",
+            differ.len()
+        );
+        assert!(differ.is_empty(), "{}", differ.join("\n"));
+    }
+}
