@@ -132,11 +132,11 @@ case " $PARTS " in *" unit "*)
   if [ $rc = 0 ] && grep -q "SKIP" /tmp/test-gpu-unit.log; then rc=99; echo "a GPU test skipped on a GPU machine" >> /tmp/test-gpu-unit.log; fi
   for line in "wide accumulation bfloat16" "fp8 f8e5m2 max: 0 of 65536" "scale kernel: f32 host" \
       "p2p batch kernels: 18 messages one way and 2 the other, 2 rounds, then 16 and 2 (staged) in one launch each with a copy to itself, 2 rounds, 0 bytes wrong" \
-      "disagree with the host"; do
+      "disagree with the host" " 0 differ from the bulk kernel"; do
     grep -q "$line" /tmp/test-gpu-unit.log || rc=98
   done
   verdict "unit: cuda and transport-nvlink tests with a driver (wide accumulation, NVRTC, dma-buf)" $rc /tmp/test-gpu-unit.log notable
-  grep -E "wide accumulation|fp8 f8|scale kernel|p2p batch|GPU check of results|test result" /tmp/test-gpu-unit.log | sed 's/^/      /'
+  grep -E "wide accumulation|fp8 f8|scale kernel|p2p batch|GPU check of results|TMA bulk kernel|test result" /tmp/test-gpu-unit.log | sed 's/^/      /'
   # libnccl from C with a driver: ncclCommInitAll over the GPUs must work (CI checks the
   # clean error without one).
   timeout 120 bash nccl-compat/tests/c_api.sh .device/lib driver "$NG" > /tmp/test-gpu-capi.log 2>&1
