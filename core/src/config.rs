@@ -207,7 +207,8 @@ config! {
     /// reducing (more reads in flight: on 4 x H100 at 24 blocks 0.79x -> 0.89x NCCL's busbw at
     /// 1 GB, no loss at 132); 0: one input at a time; 2: as 1, and on compute capability 9.0
     /// or later the inputs of aligned reductions fetched by bulk async copies into shared
-    /// memory (`railcc_cuda::tma`; unmeasured).
+    /// memory (`railcc_cuda::tma`; measured no faster); 3: as 2, and their outputs sent by
+    /// bulk async copies too (not yet run on a GPU).
     gpu_wide_loads: usize = 1, "RAILCC_GPU_WIDE_LOADS";
     /// GPU all-reduces of at least this many bytes per rank (above the low-latency kernel;
     /// 0: never) take the push kernel (`railcc_cuda::push`): every GPU writes its input's

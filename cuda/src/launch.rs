@@ -47,9 +47,9 @@ pub struct CallShape<'a> {
     /// The bulk kernel's wide loop: every input's data of two vectors loaded at once
     /// (`RAILCC_GPU_WIDE_LOADS`).
     pub wide: bool,
-    /// Reductions whose addresses allow it fetch their inputs by bulk async copies, on GPUs
-    /// that have them (`crate::tma`, `RAILCC_GPU_WIDE_LOADS=2`).
-    pub tma: bool,
+    /// Reductions whose addresses allow it move their inputs (1; 2: and their outputs) by bulk
+    /// async copies, on GPUs that have them (`crate::tma`, `RAILCC_GPU_WIDE_LOADS=2`, `=3`).
+    pub tma: u8,
 }
 
 /// Enqueues GPU `me`'s kernel on `stream`.
@@ -65,7 +65,7 @@ pub unsafe fn launch(
     shape: &CallShape<'_>,
 ) -> Result<()> {
     gpu.bind()?;
-    if shape.tma && gpu.has_tma() && crate::tma::usable(s, shape.dt) {
+    if shape.tma > 0 && gpu.has_tma() && crate::tma::usable(s, shape.dt) {
         // SAFETY: forwarded from the caller; usable() and has_tma() hold.
         return unsafe { crate::tma::launch(gpu, stream, me, s, shape) };
     }
@@ -304,7 +304,7 @@ mod gpu_tests {
                     blocks: 4,
                     timeout_ns: 10_000_000_000,
                     wide: loads,
-                    tma: false,
+                    tma: 0,
                 };
                 gpu.upload(&out, 0, &vec![0u8; count * 2]).expect("clear");
                 // SAFETY: every pointer is a live allocation of `count` elements on this
@@ -439,7 +439,7 @@ mod gpu_tests {
                     blocks: 8,
                     timeout_ns: 10_000_000_000,
                     wide: op == ReduceOp::Max,
-                    tma: false,
+                    tma: 0,
                 };
                 // SAFETY: three live allocations of 65,536 bytes on this GPU, kept until the
                 // synchronize below.

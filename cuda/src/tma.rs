@@ -1,14 +1,19 @@
 //! The bulk kernel with its inputs fetched by the Tensor Memory Accelerator (Hopper's bulk
-//! async copies into shared memory): `RAILCC_GPU_WIDE_LOADS=2`, off by default, unmeasured.
+//! async copies into shared memory), `RAILCC_GPU_WIDE_LOADS=2`, and with its outputs sent by
+//! it too, `=3`. Both off by default.
 //!
 //! Why: at NCCL's 24 blocks the bulk kernel's wide loop reads 0.89-0.92x NCCL's busbw at
 //! 256 MB-1 GB on 4 x H100 (one block per SM: 0.95-0.99x). Each thread there keeps at most 16
-//! vectors (256 B) of peer reads in flight, so 24 SMs cannot cover NVLink's read latency. One
-//! thread of a block here keeps three stages of every input's tile in flight (192 KiB of
-//! shared memory a block), and the copy engine of the SM, not its threads, waits for them.
-//! The threads then reduce out of shared memory and write every output as the bulk kernel
-//! does: the same part of the same call per GPU, the same ready and done barriers, the same
-//! sums in the same order, so GPUs may even mix the two kernels in one call.
+//! vectors (256 B) of peer reads in flight. One thread of a block here keeps three stages of
+//! every input's tile in flight (192 KiB of shared memory a block). Measured (2026-11-27):
+//! correct, and no faster (0.89x at 1 GB), so reads are not the bound; the same 24 blocks'
+//! all_gather, writes only, stops near the same 304-316 GB/s. Hence `=3`: each reduced tile
+//! goes into shared memory and leaves as one contiguous bulk copy per output (where the
+//! threads store every vector into every output in turn), not yet run on a GPU.
+//!
+//! The threads reduce out of shared memory as the bulk kernel does: the same part of the
+//! same call per GPU, the same ready and done barriers, the same sums in the same order, so
+//! GPUs may even mix the kernels in one call.
 //!
 //! The host takes this kernel only on compute capability 9.0 or later, where every input and
 //! output is 16-byte aligned and the range starts on 16 bytes (`usable`); the bytes past the
@@ -24,16 +29,19 @@ use std::ffi::c_void;
 
 /// Input tiles in flight per block: one being reduced, two arriving.
 const STAGES: usize = 3;
-/// Dynamic shared memory per block: `STAGES` tiles of every input.
+/// Dynamic shared memory per block: `STAGES` tiles of every input (and with bulk stores, of
+/// the result).
 pub const SMEM_BYTES: usize = 192 * 1024;
 
 pub fn kernel_name(dt: DataType, op: ReduceOp) -> String {
     format!("art_{}_{}", dt.name(), op.name())
 }
 
-/// Bytes of one input's tile with `n` inputs: what the shared memory holds, on 1 KiB.
-pub fn tile_bytes(n: usize) -> u64 {
-    (SMEM_BYTES / (STAGES * n.max(1)) / 1024 * 1024) as u64
+/// Bytes of one input's tile with `n` inputs (and with `stores`, a result tile per stage
+/// too): what the shared memory holds, on 1 KiB.
+pub fn tile_bytes(n: usize, stores: bool) -> u64 {
+    let tiles = STAGES * (n.max(1) + usize::from(stores));
+    (SMEM_BYTES / tiles / 1024 * 1024) as u64
 }
 
 /// Whether GPU part `s` of a call of `dt` can take this kernel: a reduction (two inputs or
@@ -57,9 +65,15 @@ __device__ __forceinline__ void tma_expect(unsigned long long* bar, unsigned int
 }
 // Copies `bytes` (a multiple of 16, both addresses on 16) from global `src` into shared `dst`;
 // `bar` counts them in.
+// (tma_store below: the other way, shared `src` into global `dst`, in the thread's current
+// bulk group.)
 __device__ __forceinline__ void tma_load(void* dst, const void* src, unsigned int bytes, unsigned long long* bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                :: "r"(tma_saddr(dst)), "l"(src), "r"(bytes), "r"(tma_saddr(bar)) : "memory");
+}
+__device__ __forceinline__ void tma_store(void* dst, const void* src, unsigned int bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+               :: "l"(dst), "r"(tma_saddr(src)), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ bool tma_done(unsigned long long* bar, unsigned int parity) {
   unsigned int ok;
@@ -80,7 +94,7 @@ pub fn kernel_source(dt: DataType, op: ReduceOp) -> String {
     let name = kernel_name(dt, op);
     format!(
         r#"
-extern "C" __global__ void __launch_bounds__({THREADS}) {name}(Ptrs ins, int n, Ptrs outs, int n_out, unsigned long long begin, unsigned long long end, int avg_n, Ptrs syncs, int n_gpus, int me, unsigned long long timeout_ns, unsigned long long tile) {{
+extern "C" __global__ void __launch_bounds__({THREADS}) {name}(Ptrs ins, int n, Ptrs outs, int n_out, unsigned long long begin, unsigned long long end, int avg_n, Ptrs syncs, int n_gpus, int me, unsigned long long timeout_ns, unsigned long long tile, int bulk_out) {{
   typedef {t} T;
   const unsigned long long epoch = call_epoch(syncs.p[me]);
   arrive_ready(syncs, n_gpus, me, epoch, timeout_ns);
@@ -119,19 +133,42 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(Ptrs ins, int n, 
     const unsigned long long off = b0 + (blockIdx.x + k * gridDim.x) * tile;
     const unsigned long long nv = min(tile, bm - off) / 16;
     const unsigned char* base = tma_buf + (unsigned long long)s * n * tile;
+    // With bulk stores stage s's result tile, after every stage's input tiles.
+    uint4* res = (uint4*)(tma_buf + ((unsigned long long){STAGES} * n + s) * tile);
+    if (bulk_out && threadIdx.x == 0 && k >= {STAGES}) {{
+      // The result tile's last bulk stores (STAGES tiles ago) have read it.
+      asm volatile("cp.async.bulk.wait_group.read %0;" :: "n"({STAGES} - 1) : "memory");
+    }}
+    if (bulk_out) __syncthreads();
     for (unsigned long long j = threadIdx.x; j < nv; j += blockDim.x) {{
       uint4 y[8];
 #pragma unroll
       for (int r = 0; r < 8; r++) if (r < n) y[r] = ((const uint4*)(base + (unsigned long long)r * tile))[j];
       const uint4 x = {vec}(y, n, avg_n);
-      for (int q = 0; q < n_out; q++) ((uint4*)(outs.p[q] + off))[j] = x;
+      if (bulk_out) res[j] = x;
+      else for (int q = 0; q < n_out; q++) ((uint4*)(outs.p[q] + off))[j] = x;
     }}
-    // Every thread is done with stage s before the copy engine refills it.
+    // Each thread's result writes (generic proxy) before the bulk stores read them (async).
+    if (bulk_out) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    // Every thread is done with stage s (and has written its result) before the copy engine
+    // refills it (and sends the result).
     __syncthreads();
-    if (threadIdx.x == 0 && k + {STAGES} < mine) {{
+    if (threadIdx.x == 0) {{
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      TMA_ISSUE(k + {STAGES});
+      if (bulk_out) {{
+        // Each output's tile as one transfer, starting after this GPU so the GPUs spread
+        // their writes over the links; one bulk group per tile.
+        for (int q = 0; q < n_out; q++) tma_store((unsigned char*)outs.p[(me + 1 + q) % n_out] + off, res, (unsigned int)(nv * 16));
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      }}
+      if (k + {STAGES} < mine) TMA_ISSUE(k + {STAGES});
     }}
+  }}
+  if (bulk_out && threadIdx.x == 0) {{
+    // Every bulk store complete (not just read out of shared memory), and ordered before the
+    // done barrier's flags, which the generic proxy writes.
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    asm volatile("fence.proxy.async.global;" ::: "memory");
   }}
   #undef TMA_ISSUE
 #endif
@@ -174,9 +211,11 @@ pub unsafe fn launch(
     let mut n_gpus = shape.syncs.len() as i32;
     let mut me_i = me as i32;
     let mut timeout = shape.timeout_ns;
-    let mut tile = tile_bytes(s.ins.len());
-    let smem = (STAGES as u64 * s.ins.len() as u64 * tile) as u32;
-    let mut params: [*mut c_void; 12] = [
+    let stores = shape.tma >= 2;
+    let mut tile = tile_bytes(s.ins.len(), stores);
+    let smem = (STAGES as u64 * (s.ins.len() as u64 + u64::from(stores)) * tile) as u32;
+    let mut bulk_out = i32::from(stores);
+    let mut params: [*mut c_void; 13] = [
         &mut pin as *mut Ptrs as *mut c_void,
         &mut n_in as *mut i32 as *mut c_void,
         &mut pout as *mut Ptrs as *mut c_void,
@@ -189,6 +228,7 @@ pub unsafe fn launch(
         &mut me_i as *mut i32 as *mut c_void,
         &mut timeout as *mut u64 as *mut c_void,
         &mut tile as *mut u64 as *mut c_void,
+        &mut bulk_out as *mut i32 as *mut c_void,
     ];
     // SAFETY: the parameters match the kernel's signature and live across the call; the
     // function's dynamic shared memory limit was raised to SMEM_BYTES at load (gpu.rs); the
@@ -220,11 +260,15 @@ mod tests {
     #[test]
     fn tiles_fit_the_shared_memory_and_only_aligned_reductions_take_it() {
         for n in 1..=crate::kernels::MAX_PEERS {
-            let t = tile_bytes(n);
-            assert!(t >= 1024 && t.is_multiple_of(1024), "{n}");
-            assert!(STAGES as u64 * n as u64 * t <= SMEM_BYTES as u64, "{n}");
+            for stores in [false, true] {
+                let t = tile_bytes(n, stores);
+                assert!(t >= 1024 && t.is_multiple_of(1024), "{n}");
+                let tiles = STAGES as u64 * (n as u64 + u64::from(stores));
+                assert!(tiles * t <= SMEM_BYTES as u64, "{n}");
+            }
         }
-        assert_eq!(tile_bytes(4), 16 * 1024);
+        assert_eq!(tile_bytes(4, false), 16 * 1024);
+        assert_eq!(tile_bytes(4, true), 12 * 1024);
         let s = |ins: Vec<u64>, outs: Vec<u64>, b: u64| Spec {
             ins,
             outs,
@@ -261,10 +305,11 @@ mod gpu_tests {
     use crate::check::{fill, op_code, CheckArgs, COLL_ALL_REDUCE};
     use crate::launch::launch as bulk_launch;
 
-    /// On a GPU of compute capability 9.0 or later: the TMA kernel's output is byte for byte
-    /// the bulk kernel's, for every dtype and op, 4 inputs, ranges from the start and from an
-    /// aligned offset, with and without a tail past 16 bytes, one tile and many. Without a
-    /// driver, or below 9.0: a skip line.
+    /// On a GPU of compute capability 9.0 or later: the TMA kernel's two outputs, with TMA
+    /// loads and with TMA loads and stores, are byte for byte the bulk kernel's, for every
+    /// dtype and op, 4 inputs, ranges from the start and from an aligned offset, with and
+    /// without a tail past 16 bytes, one tile and many. Without a driver, or below 9.0: a skip
+    /// line.
     #[test]
     fn tma_kernel_matches_the_bulk_kernel() {
         let gpus = match crate::driver::devices() {
@@ -303,18 +348,22 @@ mod gpu_tests {
                             b
                         })
                         .collect();
-                    let outs: Vec<_> = (0..2).map(|_| gpu.alloc(bytes).expect("alloc")).collect();
+                    // Per kernel (bulk, TMA loads, TMA loads and stores) two outputs: the
+                    // bulk stores send a tile to each.
+                    let outs: Vec<_> = (0..6).map(|_| gpu.alloc(bytes).expect("alloc")).collect();
                     let v = (16 / dt.size()) as u64;
                     for begin in [0u64, 5 * v] {
                         if begin >= count as u64 {
                             continue;
                         }
                         let mut got = Vec::new();
-                        for (k, out) in outs.iter().enumerate() {
-                            gpu.upload(out, 0, &vec![0u8; bytes]).expect("clear");
+                        for (k, pair) in outs.chunks(2).enumerate() {
+                            for out in pair {
+                                gpu.upload(out, 0, &vec![0u8; bytes]).expect("clear");
+                            }
                             let spec = Spec {
                                 ins: ins.iter().map(|b| b.ptr).collect(),
-                                outs: vec![out.ptr],
+                                outs: pair.iter().map(|b| b.ptr).collect(),
                                 range: (begin, count as u64),
                             };
                             assert!(usable(&spec, dt), "{dt} {begin}");
@@ -326,7 +375,7 @@ mod gpu_tests {
                                 blocks: 24,
                                 timeout_ns: 10_000_000_000,
                                 wide: true,
-                                tma: false,
+                                tma: k as u8,
                             };
                             // SAFETY: every pointer is a live allocation of `count` elements
                             // on this GPU, kept until the synchronize below.
@@ -339,14 +388,20 @@ mod gpu_tests {
                             }
                             .expect("launch");
                             gpu.synchronize().expect("kernel ran");
-                            let mut host = vec![0u8; bytes];
-                            gpu.download(out, 0, &mut host).expect("download");
-                            got.push(host);
+                            for out in pair {
+                                let mut host = vec![0u8; bytes];
+                                gpu.download(out, 0, &mut host).expect("download");
+                                got.push(host);
+                            }
                         }
                         cases += 1;
-                        if got[0] != got[1] {
-                            let first = got[0].iter().zip(&got[1]).position(|(a, b)| a != b);
-                            differ.push(format!("{dt} {op:?} count {count} from {begin}: first differing byte {first:?}"));
+                        // got: bulk's two outputs, then TMA loads', then TMA stores'.
+                        for (i, g) in got.iter().enumerate().skip(1) {
+                            if *g != got[0] {
+                                let first = got[0].iter().zip(g).position(|(a, b)| a != b);
+                                let way = ["bulk", "TMA loads", "TMA loads and stores"][i / 2];
+                                differ.push(format!("{dt} {op:?} count {count} from {begin}, {way}, output {}: first differing byte {first:?}", i % 2));
+                            }
                         }
                     }
                 }

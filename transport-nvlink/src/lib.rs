@@ -46,8 +46,9 @@ pub struct Settings {
     pub ll_max_bytes: usize,
     /// The bulk kernel's wide loop (every input's data loaded at once).
     pub wide_loads: bool,
-    /// ... its inputs fetched by bulk async copies where the GPU can (`railcc_cuda::tma`).
-    pub tma_loads: bool,
+    /// ... its inputs fetched by bulk async copies where the GPU can (`railcc_cuda::tma`): 0
+    /// no, 1 its inputs, 2 its inputs and its outputs.
+    pub tma: u8,
     /// All-reduces of at least this many bytes per rank take the push kernel (`plan::choose`;
     /// 0: never).
     pub push_bytes: usize,

@@ -74,7 +74,7 @@ impl MultiGpu {
             choice: Choice {
                 ll_max_bytes: s.ll_max_bytes,
                 wide: s.wide_loads,
-                tma: s.tma_loads,
+                tma: s.tma,
                 push_bytes: s.push_bytes,
                 push_min_blocks: s.push_min_blocks,
                 push_slot: s.push_slot,

@@ -28,9 +28,10 @@ pub enum Kernel {
     /// exchange, no barrier.
     Ll { blocks: u32 },
     /// The bulk kernel: "ready" barrier, each GPU's part over peer memory, "done" barrier;
-    /// `wide`: its loop that loads every input at once; `tma`: its inputs fetched by bulk
-    /// async copies where the GPU and the addresses allow (`railcc_cuda::tma`).
-    Bulk { blocks: u32, wide: bool, tma: bool },
+    /// `wide`: its loop that loads every input at once; `tma` (1, 2): its inputs (and 2: its
+    /// outputs) moved by bulk async copies where the GPU and the addresses allow
+    /// (`railcc_cuda::tma`).
+    Bulk { blocks: u32, wide: bool, tma: u8 },
     /// The push all-reduce (`railcc_cuda::push`): NVLink writes only, through `slot`-byte
     /// scratch slots.
     Push { blocks: u32, slot: usize },
@@ -55,8 +56,8 @@ pub struct Choice {
     pub ll_max_bytes: usize,
     /// The bulk kernel's wide loop.
     pub wide: bool,
-    /// ... and its TMA form (the same barriers and parts, so ranks need not agree on it).
-    pub tma: bool,
+    /// ... and its TMA form, 0-2 (the same barriers and parts, so ranks need not agree on it).
+    pub tma: u8,
     /// All-reduces of at least this many bytes per rank take the push kernel (0: never).
     pub push_bytes: usize,
     /// ... where the communicator may use at least this many blocks ([`PUSH_MIN_BLOCKS`] by
@@ -383,7 +384,7 @@ mod tests {
         Choice {
             ll_max_bytes: ll,
             wide,
-            tma: false,
+            tma: 0,
             push_bytes: 0,
             push_min_blocks: PUSH_MIN_BLOCKS,
             push_slot: push::DEFAULT_SLOT,
@@ -397,7 +398,7 @@ mod tests {
         let bulk = |blocks, wide| Kernel::Bulk {
             blocks,
             wide,
-            tma: false,
+            tma: 0,
         };
         // 8 B: the low-latency kernel, one block by the work; minCTAs 4 makes it 4.
         assert_eq!(
@@ -459,7 +460,7 @@ mod tests {
             Kernel::Bulk {
                 blocks: 24,
                 wide: true,
-                tma: false
+                tma: 0
             }
         );
         // RAILCC_GPU_PUSH_MIN_BLOCKS=24 and larger tiles: the push kernel at 24 blocks, in

@@ -444,7 +444,7 @@ impl ProcGpu {
             choice: Choice {
                 ll_max_bytes,
                 wide: settings.wide_loads,
-                tma: settings.tma_loads,
+                tma: settings.tma,
                 push_bytes,
                 push_min_blocks,
                 push_slot,

@@ -31,7 +31,11 @@ pub fn settings(cfg: &Config) -> Settings {
         min_blocks: cfg.gpu_min_blocks,
         ll_max_bytes: cfg.gpu_ll_max_bytes,
         wide_loads: cfg.gpu_wide_loads != 0,
-        tma_loads: cfg.gpu_wide_loads == 2,
+        tma: match cfg.gpu_wide_loads {
+            2 => 1,
+            3 => 2,
+            _ => 0,
+        },
         push_bytes: cfg.gpu_ar_push_bytes,
         push_min_blocks: cfg.gpu_push_min_blocks.min(u32::MAX as usize) as u32,
         push_slot: cfg.gpu_push_slot_bytes,
