@@ -308,8 +308,8 @@ mod gpu_tests {
     /// On a GPU of compute capability 9.0 or later: the TMA kernel's two outputs, with TMA
     /// loads and with TMA loads and stores, are byte for byte the bulk kernel's, for every
     /// dtype and op, 4 inputs, ranges from the start and from an aligned offset, with and
-    /// without a tail past 16 bytes, one tile and many. Without a driver, or below 9.0: a skip
-    /// line.
+    /// without a tail past 16 bytes, one tile and many, 24 blocks and 2 (each reusing its
+    /// stages many times). Without a driver, or below 9.0: a skip line.
     #[test]
     fn tma_kernel_matches_the_bulk_kernel() {
         let gpus = match crate::driver::devices() {
@@ -352,7 +352,8 @@ mod gpu_tests {
                     // bulk stores send a tile to each.
                     let outs: Vec<_> = (0..6).map(|_| gpu.alloc(bytes).expect("alloc")).collect();
                     let v = (16 / dt.size()) as u64;
-                    for begin in [0u64, 5 * v] {
+                    // 2 blocks: every block reuses its stages (and result tiles) many times.
+                    for (begin, blocks) in [(0u64, 24u32), (5 * v, 24), (0, 2)] {
                         if begin >= count as u64 {
                             continue;
                         }
@@ -372,7 +373,7 @@ mod gpu_tests {
                                 op,
                                 syncs: &[gpu.sync.ptr],
                                 avg_n: 4,
-                                blocks: 24,
+                                blocks,
                                 timeout_ns: 10_000_000_000,
                                 wide: true,
                                 tma: k as u8,
@@ -400,7 +401,7 @@ mod gpu_tests {
                             if *g != got[0] {
                                 let first = got[0].iter().zip(g).position(|(a, b)| a != b);
                                 let way = ["bulk", "TMA loads", "TMA loads and stores"][i / 2];
-                                differ.push(format!("{dt} {op:?} count {count} from {begin}, {way}, output {}: first differing byte {first:?}", i % 2));
+                                differ.push(format!("{dt} {op:?} count {count} from {begin}, {blocks} blocks, {way}, output {}: first differing byte {first:?}", i % 2));
                             }
                         }
                     }
