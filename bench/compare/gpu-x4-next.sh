@@ -43,7 +43,7 @@
 #   t  test-gpu's bench, push and nccl parts (the default path on the cubin build).
 #   u  issue 29's PyTorch allocator figure, each run the median of 100 calls, 3 runs.
 #   v  the push kernel at 24 blocks by tile size (32, 64, 84 KiB) against the bulk kernel.
-#   w  the TMA bulk kernel: the GPU unit tests, then all_reduce and reduce_scatter at 24 blocks,
+#   w  the TMA bulk kernel: the GPU unit tests, then all_reduce, reduce_scatter, all_gather at 24 blocks,
 #      TMA loads and TMA loads and stores against the wide loop.
 # Usage: bash bench/compare/gpu-x4-next.sh a|...|w (parts e-l on NG GPUs, default 4)
 set -u
@@ -189,16 +189,18 @@ case ${1:-} in
     # The TMA bulk kernel (RAILCC_GPU_WIDE_LOADS=2, =3): the GPU unit tests (its byte-for-byte
     # test against the bulk kernel among them, loads and loads+stores), then, if they pass,
     # all_reduce at NCCL's 24 blocks, the bulk kernel's wide loop (w1) against TMA loads (tm)
-    # and TMA loads and stores (ts), -c 1; then reduce_scatter (one output per GPU) the same
-    # way.
+    # and TMA loads and stores (ts), -c 1; then reduce_scatter (one output per GPU) and
+    # all_gather (copies: writes only, what 24 blocks stopped at on 2026-11-27) the same way.
     OUT=$L TEST_GPU_PARTS=unit NG=${NG:-4} timeout 100 bash scripts/test-gpu.sh 2>&1 | tee "$L/unit.txt" | grep -E "^(PASS|FAIL|test-gpu)|TMA"
     cp "$L/test-gpu.log" "$L/test-gpu-unit.log" 2>/dev/null
     if grep -q "test-gpu: [0-9]* passed, 0 failed" "$L/unit.txt"; then
       OUT=$L AB_BLOCKS=${W_BLOCKS:-24} AB_VARIANTS="${W_VARIANTS:-w1 tm ts}" AB_SIZES="${W_SIZES:--b 16M -e 1G -f 4}" timeout ${W_LIMIT:-150} \
         bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/tma-ab.txt"
-      mkdir -p "$L/rs"
-      OUT=$L/rs AB_COLL=reduce_scatter AB_BLOCKS=${W_BLOCKS:-24} AB_VARIANTS="w1 ts" AB_SIZES="${W_SIZES:--b 16M -e 1G -f 4}" timeout 100 \
-        bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/tma-rs-ab.txt"
+      for c in reduce_scatter all_gather; do
+        mkdir -p "$L/$c"
+        OUT=$L/$c AB_COLL=$c AB_BLOCKS=${W_BLOCKS:-24} AB_VARIANTS="w1 ts" AB_SIZES="${W_SIZES:--b 16M -e 1G -f 4}" timeout 100 \
+          bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/tma-$c-ab.txt"
+      done
     fi
     ;;
   *) echo "usage: $0 a|...|w"; exit 2 ;;

@@ -208,7 +208,7 @@ config! {
     /// 1 GB, no loss at 132); 0: one input at a time; 2: as 1, and on compute capability 9.0
     /// or later the inputs of aligned reductions fetched by bulk async copies into shared
     /// memory (`railcc_cuda::tma`; measured no faster); 3: as 2, and their outputs sent by
-    /// bulk async copies too (not yet run on a GPU).
+    /// bulk async copies too, copies (all_gather, broadcast) as well (not yet run on a GPU).
     gpu_wide_loads: usize = 1, "RAILCC_GPU_WIDE_LOADS";
     /// GPU all-reduces of at least this many bytes per rank (above the low-latency kernel;
     /// 0: never) take the push kernel (`railcc_cuda::push`): every GPU writes its input's

@@ -65,7 +65,7 @@ pub unsafe fn launch(
     shape: &CallShape<'_>,
 ) -> Result<()> {
     gpu.bind()?;
-    if shape.tma > 0 && gpu.has_tma() && crate::tma::usable(s, shape.dt) {
+    if shape.tma > 0 && gpu.has_tma() && crate::tma::usable(s, shape.dt, shape.tma >= 2) {
         // SAFETY: forwarded from the caller; usable() and has_tma() hold.
         return unsafe { crate::tma::launch(gpu, stream, me, s, shape) };
     }

@@ -44,10 +44,12 @@ pub fn tile_bytes(n: usize, stores: bool) -> u64 {
     (SMEM_BYTES / tiles / 1024 * 1024) as u64
 }
 
-/// Whether GPU part `s` of a call of `dt` can take this kernel: a reduction (two inputs or
-/// more) whose every address and range start sit on 16 bytes.
-pub fn usable(s: &Spec, dt: DataType) -> bool {
-    s.ins.len() >= 2
+/// Whether GPU part `s` of a call of `dt` can take this kernel, with bulk stores or not: a
+/// reduction (two inputs or more), or with bulk stores also a copy (one input: all_gather,
+/// broadcast, whose writes are what the stores are for), whose every address and range start
+/// sit on 16 bytes.
+pub fn usable(s: &Spec, dt: DataType, stores: bool) -> bool {
+    (s.ins.len() >= 2 || (stores && s.ins.len() == 1))
         && s.ins.iter().chain(&s.outs).all(|p| p.is_multiple_of(16))
         && (s.range.0 * dt.size() as u64).is_multiple_of(16)
 }
@@ -202,7 +204,13 @@ pub unsafe fn launch(
     s: &Spec,
     shape: &CallShape<'_>,
 ) -> Result<()> {
-    let f = gpu.tma_func(shape.dt, shape.op)?;
+    // A single input is a copy: the plain sum, so avg does not divide it (as the bulk kernel).
+    let op = if s.ins.len() == 1 {
+        ReduceOp::Sum
+    } else {
+        shape.op
+    };
+    let f = gpu.tma_func(shape.dt, op)?;
     let (mut pin, mut pout, mut psync): (Ptrs, Ptrs, Ptrs) =
         (ptrs(&s.ins), ptrs(&s.outs), ptrs(shape.syncs));
     let (mut n_in, mut n_out) = (s.ins.len() as i32, s.outs.len() as i32);
@@ -274,28 +282,38 @@ mod tests {
             outs,
             range: (b, b + 100),
         };
-        assert!(usable(
-            &s(vec![0x1000, 0x2000], vec![0x3000], 4),
-            DataType::F32
-        ));
-        // A copy (one input), an odd address, a range start off 16 bytes: the bulk kernel.
-        assert!(!usable(&s(vec![0x1000], vec![0x3000], 0), DataType::F32));
-        assert!(!usable(
-            &s(vec![0x1000, 0x2008], vec![0x3000], 0),
-            DataType::F32
-        ));
-        assert!(!usable(
-            &s(vec![0x1000, 0x2000], vec![0x3004], 0),
-            DataType::F32
-        ));
-        assert!(!usable(
-            &s(vec![0x1000, 0x2000], vec![0x3000], 2),
-            DataType::F32
-        ));
-        assert!(usable(
-            &s(vec![0x1000, 0x2000], vec![0x3000], 2),
-            DataType::F64
-        ));
+        let f32 = DataType::F32;
+        for stores in [false, true] {
+            assert!(usable(
+                &s(vec![0x1000, 0x2000], vec![0x3000], 4),
+                f32,
+                stores
+            ));
+            // An odd address, a range start off 16 bytes: the bulk kernel.
+            assert!(!usable(
+                &s(vec![0x1000, 0x2008], vec![0x3000], 0),
+                f32,
+                stores
+            ));
+            assert!(!usable(
+                &s(vec![0x1000, 0x2000], vec![0x3004], 0),
+                f32,
+                stores
+            ));
+            assert!(!usable(
+                &s(vec![0x1000, 0x2000], vec![0x3000], 2),
+                f32,
+                stores
+            ));
+            assert!(usable(
+                &s(vec![0x1000, 0x2000], vec![0x3000], 2),
+                DataType::F64,
+                stores
+            ));
+        }
+        // A copy (one input) only with bulk stores.
+        assert!(!usable(&s(vec![0x1000], vec![0x3000], 0), f32, false));
+        assert!(usable(&s(vec![0x1000], vec![0x3000, 0x5000], 0), f32, true));
     }
 }
 
@@ -367,7 +385,7 @@ mod gpu_tests {
                                 outs: pair.iter().map(|b| b.ptr).collect(),
                                 range: (begin, count as u64),
                             };
-                            assert!(usable(&spec, dt), "{dt} {begin}");
+                            assert!(usable(&spec, dt, false), "{dt} {begin}");
                             let shape = CallShape {
                                 dt,
                                 op,
@@ -404,6 +422,63 @@ mod gpu_tests {
                                 differ.push(format!("{dt} {op:?} count {count} from {begin}, {blocks} blocks, {way}, output {}: first differing byte {first:?}", i % 2));
                             }
                         }
+                    }
+                }
+            }
+        }
+        // Copies (one input, two outputs: all_gather's and broadcast's parts) with bulk stores.
+        for dt in [DataType::F32, DataType::Bf16, DataType::U8] {
+            let count = 200_003usize;
+            let bytes = count * dt.size();
+            let src = gpu.alloc(bytes).expect("alloc");
+            let host: Vec<u8> = (0..bytes).map(|i| (i * 7 + 3) as u8).collect();
+            gpu.upload(&src, 0, &host).expect("upload");
+            let outs: Vec<_> = (0..4).map(|_| gpu.alloc(bytes).expect("alloc")).collect();
+            for blocks in [2u32, 24] {
+                let mut got = Vec::new();
+                for (k, pair) in outs.chunks(2).enumerate() {
+                    for out in pair {
+                        gpu.upload(out, 0, &vec![0u8; bytes]).expect("clear");
+                    }
+                    let spec = Spec {
+                        ins: vec![src.ptr],
+                        outs: pair.iter().map(|b| b.ptr).collect(),
+                        range: (0, count as u64),
+                    };
+                    assert!(usable(&spec, dt, true), "{dt}");
+                    let shape = CallShape {
+                        dt,
+                        op: ReduceOp::Avg,
+                        syncs: &[gpu.sync.ptr],
+                        avg_n: 4,
+                        blocks,
+                        timeout_ns: 10_000_000_000,
+                        wide: true,
+                        tma: 2 * k as u8,
+                    };
+                    // SAFETY: live allocations of `count` elements, kept past the synchronize.
+                    unsafe {
+                        if k == 0 {
+                            bulk_launch(&gpu, gpu.stream, 0, &spec, &shape)
+                        } else {
+                            launch(&gpu, gpu.stream, 0, &spec, &shape)
+                        }
+                    }
+                    .expect("launch");
+                    gpu.synchronize().expect("kernel ran");
+                    for out in pair {
+                        let mut h = vec![0u8; bytes];
+                        gpu.download(out, 0, &mut h).expect("download");
+                        got.push(h);
+                    }
+                }
+                cases += 1;
+                // The copy is the input itself (avg does not divide a copy), in every output.
+                for (i, g) in got.iter().enumerate() {
+                    if *g != host {
+                        let first = host.iter().zip(g).position(|(a, b)| a != b);
+                        let way = ["bulk", "TMA loads and stores"][i / 2];
+                        differ.push(format!("copy {dt}, {blocks} blocks, {way}, output {}: first differing byte {first:?}", i % 2));
                     }
                 }
             }
