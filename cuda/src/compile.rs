@@ -1,6 +1,6 @@
 //! NVRTC compilation of the kernels, with a cache on disk.
 //!
-//! The collective kernels are 49 modules (kernels.rs `modules`), compiled on parallel threads
+//! The collective kernels are 73 modules (kernels.rs `modules`), compiled on parallel threads
 //! for the GPU's own architecture as cubins (SASS: the driver loads them with no JIT, on
 //! every GPU of the process) and cached on disk; PTX for the virtual architecture, which the
 //! driver JIT-compiles per context, is the fallback where NVRTC cannot make a cubin for the
@@ -472,7 +472,20 @@ mod nvrtc_tests {
             return;
         }
         let ms = modules();
-        assert_eq!(ms.len(), 1 + Family::ALL.len() * DataType::ALL.len());
+        // Every (dtype, family, op) in exactly one module.
+        let mut seen = std::collections::HashSet::new();
+        for m in &ms {
+            if let Some((dt, fam)) = m.dtype {
+                for &op in &m.ops {
+                    assert!(seen.insert((dt, fam as u8, op)), "{} twice", m.tag);
+                }
+            }
+        }
+        assert_eq!(
+            seen.len(),
+            Family::ALL.len() * DataType::ALL.len() * ReduceOp::ALL.len()
+        );
+        assert_eq!(ms.len(), 73);
         let parts: Vec<(&str, &str)> = ms
             .iter()
             .map(|m| (m.tag.as_str(), m.src.as_str()))
@@ -498,7 +511,8 @@ mod nvrtc_tests {
                     image.windows(want.len()).any(|w| w == want.as_bytes())
                 };
                 let names: Vec<String> = match m.dtype {
-                    Some((dt, fam)) => ReduceOp::ALL
+                    Some((dt, fam)) => m
+                        .ops
                         .iter()
                         .map(|&op| match fam {
                             Family::Bulk => kernel_name(dt, op),
@@ -506,7 +520,10 @@ mod nvrtc_tests {
                             Family::Push => crate::push::kernel_name(dt, op),
                             Family::Tma => crate::tma::kernel_name(dt, op),
                         })
-                        .chain((fam == Family::Bulk).then(|| scale_name(dt)))
+                        .chain(
+                            (fam == Family::Bulk && m.ops.contains(&ReduceOp::Sum))
+                                .then(|| scale_name(dt)),
+                        )
                         .collect(),
                     None => DataType::ALL
                         .iter()

@@ -260,7 +260,7 @@ impl GpuCtx {
         };
         match m.dtype {
             Some((dt, fam)) => {
-                for op in ReduceOp::ALL {
+                for &op in &m.ops {
                     match fam {
                         Family::Bulk => self.funcs.insert((dt, op), get(kernel_name(dt, op))?),
                         Family::Ll => self
@@ -290,7 +290,7 @@ impl GpuCtx {
                         }
                     };
                 }
-                if fam == Family::Bulk {
+                if fam == Family::Bulk && m.ops.contains(&ReduceOp::Sum) {
                     self.scale_funcs.insert(dt, get(scale_name(dt))?);
                 }
             }

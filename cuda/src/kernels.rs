@@ -2,7 +2,7 @@
 //!
 //! Why NVRTC rather than shipped PTX: the build then needs no CUDA toolkit (CI has none), and
 //! the code is compiled for the exact GPU it runs on (sm_90 on H200) instead of a lowest common
-//! denominator. The cost is paid on a machine's first run (49 modules on parallel threads,
+//! denominator. The cost is paid on a machine's first run (73 modules on parallel threads,
 //! [`modules`]), then compile.rs's cache on disk serves every process.
 //!
 //! One kernel per (dtype, op): `ar_<dtype>_<op>` reduces elements `[begin, end)` of `n` inputs
@@ -176,24 +176,35 @@ impl Family {
 
 /// One separately compiled module of the kernels ([`modules`]).
 pub struct Module {
-    /// The cache's name for it: "kernels-common" or "kernels-<dtype>-<family>".
+    /// The cache's name for it: "kernels-common", "kernels-<dtype>-<family>" or, one op
+    /// alone, "kernels-<dtype>-<family>-<op>".
     pub tag: String,
-    /// `Some((dt, family))`: that family's kernels of dt for every op; `None`: the rest
-    /// (send/recv, batch p2p, the bench's check and fill kernels).
+    /// `Some((dt, family))`: that family's kernels of dt for the ops in `ops` (the scale
+    /// kernel with the bulk kernel's sum); `None`: the rest (send/recv, batch p2p, the bench's
+    /// check and fill kernels).
     pub dtype: Option<(DataType, Family)>,
+    pub ops: Vec<ReduceOp>,
     pub src: String,
 }
 
-/// The kernels as 49 modules, each with the shared helpers: one per dtype and kernel family,
-/// and one of the rest. Why not one: NVRTC compiles the modules on parallel threads, each
-/// cached on its own. One module of everything (790 KB of source) took 94 s to compile and
-/// load on a fresh 4 x H100 machine; one per dtype took 42 s there, 40 s of it one module
-/// (f8e4m3, whose conversions are long code), which per family is a third.
+/// The dtypes whose conversions are long code (fp8, written out in `helpers`): their bulk,
+/// push and TMA families are one module per op. On a fresh 4 x H100 machine f8e4m3's bulk and
+/// push modules took 18-20 s of NVRTC each, f8e5m2's 8-10 s, every other module at most 10.5.
+fn one_module_per_op(dt: DataType, fam: Family) -> bool {
+    matches!(dt, DataType::F8E4M3 | DataType::F8E5M2) && fam != Family::Ll
+}
+
+/// The kernels as 73 modules, each with the shared helpers: one per dtype and kernel family
+/// (per op for fp8's, [`one_module_per_op`]), and one of the rest. Why not one: NVRTC
+/// compiles the modules on parallel threads, each cached on its own. One module of everything
+/// (790 KB of source) took 94 s to compile and load on a fresh 4 x H100 machine; one per dtype
+/// 42 s, 40 of it f8e4m3's; one per dtype and family 22 s, 20 of it f8e4m3's push.
 pub fn modules() -> Vec<Module> {
     let helpers = helpers();
     let mut v = vec![Module {
         tag: "kernels-common".into(),
         dtype: None,
+        ops: Vec::new(),
         src: format!(
             "{helpers}{}{}{}",
             p2p_source(),
@@ -203,11 +214,24 @@ pub fn modules() -> Vec<Module> {
     }];
     for dt in DataType::ALL {
         for fam in Family::ALL {
-            v.push(Module {
-                tag: format!("kernels-{}-{}", dt.name(), fam.name()),
-                dtype: Some((dt, fam)),
-                src: format!("{helpers}{}", dtype_source(dt, fam)),
-            });
+            let groups: Vec<Vec<ReduceOp>> = if one_module_per_op(dt, fam) {
+                ReduceOp::ALL.iter().map(|&op| vec![op]).collect()
+            } else {
+                vec![ReduceOp::ALL.to_vec()]
+            };
+            for ops in groups {
+                let tag = match ops.as_slice() {
+                    [op] => format!("kernels-{}-{}-{}", dt.name(), fam.name(), op.name()),
+                    _ => format!("kernels-{}-{}", dt.name(), fam.name()),
+                };
+                let src = format!("{helpers}{}", dtype_source(dt, fam, &ops));
+                v.push(Module {
+                    tag,
+                    dtype: Some((dt, fam)),
+                    ops,
+                    src,
+                });
+            }
         }
     }
     v
@@ -391,24 +415,24 @@ extern "C" __global__ void p2p_wait_copied(unsigned long long mine, unsigned lon
 }
 
 /// dt's bulk, low-latency and push kernels for every op, and its scale kernel.
-fn dtype_source(dt: DataType, fam: Family) -> String {
+fn dtype_source(dt: DataType, fam: Family, ops: &[ReduceOp]) -> String {
     match fam {
         Family::Bulk => {}
         Family::Ll => {
-            return ReduceOp::ALL
+            return ops
                 .iter()
                 .map(|&op| crate::ll::kernel_source(dt, op))
                 .collect()
         }
         Family::Push => {
-            return ReduceOp::ALL
+            return ops
                 .iter()
                 .map(|&op| crate::push::kernel_source(dt, op))
                 .collect()
         }
         Family::Tma => {
             let mut s = String::from(crate::tma::COMMON_SOURCE);
-            for op in ReduceOp::ALL {
+            for &op in ops {
                 s.push_str(&vec_source(dt, op));
                 s.push_str(&crate::tma::kernel_source(dt, op));
             }
@@ -417,7 +441,7 @@ fn dtype_source(dt: DataType, fam: Family) -> String {
     }
     let mut s = String::new();
     let (t, acc, ld, st) = ctype(dt);
-    for op in ReduceOp::ALL {
+    for &op in ops {
         let name = kernel_name(dt, op);
         let expr = op_expr(op, dt);
         let avg = avg_step(dt, op);
@@ -495,7 +519,9 @@ for (int r = 0; r < n_out; r++) ((T*)outs.p[r])[i] = v;
 "#
         ));
     }
-    s.push_str(&scale_source(dt));
+    if ops.contains(&ReduceOp::Sum) {
+        s.push_str(&scale_source(dt));
+    }
     s
 }
 
