@@ -65,17 +65,21 @@ pub unsafe fn launch(
     shape: &CallShape<'_>,
 ) -> Result<()> {
     gpu.bind()?;
-    if shape.tma > 0 && gpu.has_tma() && crate::tma::usable(s, shape.dt, shape.tma >= 2) {
-        // SAFETY: forwarded from the caller; usable() and has_tma() hold.
-        return unsafe { crate::tma::launch(gpu, stream, me, s, shape) };
-    }
+    // The TMA form (tma.rs) where it was asked for and the GPU and the addresses allow it: the
+    // same first eleven parameters, then its tile and whether it stores by bulk copies.
+    let stores = shape.tma >= 2;
+    let tma = shape.tma > 0 && gpu.has_tma() && crate::tma::usable(s, shape.dt, stores);
     // A single input is a copy: use the plain sum kernel so avg does not divide it.
     let kop = if s.ins.len() == 1 {
         ReduceOp::Sum
     } else {
         shape.op
     };
-    let f = gpu.func(shape.dt, kop)?;
+    let f = if tma {
+        gpu.tma_func(shape.dt, kop)?
+    } else {
+        gpu.func(shape.dt, kop)?
+    };
     let (mut pin, mut pout, mut psync) = (ptrs(&s.ins), ptrs(&s.outs), ptrs(shape.syncs));
     let (mut n_in, mut n_out) = (s.ins.len() as i32, s.outs.len() as i32);
     let (mut b, mut e) = s.range;
@@ -84,7 +88,9 @@ pub unsafe fn launch(
     let mut me_i = me as i32;
     let mut timeout = shape.timeout_ns;
     let mut wide = i32::from(shape.wide);
-    let mut params: [*mut c_void; 12] = [
+    let mut tile = crate::tma::tile_bytes(s.ins.len(), stores);
+    let mut bulk_out = i32::from(stores);
+    let mut params: Vec<*mut c_void> = vec![
         &mut pin as *mut Ptrs as *mut c_void,
         &mut n_in as *mut i32 as *mut c_void,
         &mut pout as *mut Ptrs as *mut c_void,
@@ -96,15 +102,24 @@ pub unsafe fn launch(
         &mut n_gpus as *mut i32 as *mut c_void,
         &mut me_i as *mut i32 as *mut c_void,
         &mut timeout as *mut u64 as *mut c_void,
-        &mut wide as *mut i32 as *mut c_void,
     ];
-    // SAFETY: the parameters match the kernel's signature (kernels.rs) and live across the
-    // call; the caller vouches for the pointers.
+    let smem = if tma {
+        params.push(&mut tile as *mut u64 as *mut c_void);
+        params.push(&mut bulk_out as *mut i32 as *mut c_void);
+        crate::tma::smem_bytes(s.ins.len(), stores)
+    } else {
+        params.push(&mut wide as *mut i32 as *mut c_void);
+        0
+    };
+    // SAFETY: the parameters match the kernel's signature (kernels.rs, tma.rs) and live
+    // across the call; a TMA kernel's dynamic shared memory limit was raised to
+    // tma::SMEM_BYTES at load (gpu.rs); the caller vouches for the pointers.
     unsafe {
-        enqueue(
+        enqueue_smem(
             f,
             shape.blocks,
             THREADS,
+            smem,
             stream,
             &mut params,
             "cuLaunchKernel",
@@ -227,6 +242,23 @@ pub(crate) unsafe fn enqueue(
     what: &str,
 ) -> Result<()> {
     // SAFETY: forwarded from the caller.
+    unsafe { enqueue_smem(f, blocks, threads, 0, stream, params, what) }
+}
+
+/// As [`enqueue`], with `smem` bytes of dynamic shared memory per block.
+///
+/// # Safety
+/// As [`enqueue`]; `f` must allow `smem` bytes of dynamic shared memory.
+pub(crate) unsafe fn enqueue_smem(
+    f: sys::CUfunction,
+    blocks: u32,
+    threads: u32,
+    smem: u32,
+    stream: sys::CUstream,
+    params: &mut [*mut c_void],
+    what: &str,
+) -> Result<()> {
+    // SAFETY: forwarded from the caller.
     check(
         unsafe {
             sys::cuLaunchKernel(
@@ -237,7 +269,7 @@ pub(crate) unsafe fn enqueue(
                 threads,
                 1,
                 1,
-                0,
+                smem,
                 stream,
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),

@@ -19,13 +19,9 @@
 //! output is 16-byte aligned and the range starts on 16 bytes (`usable`); the bytes past the
 //! range's last 16-byte boundary go through threads.
 
-use crate::driver::check;
-use crate::gpu::GpuCtx;
 use crate::kernels::{avg_step, ctype, op_expr, vec_name};
-use crate::launch::{ptrs, CallShape, Ptrs, Spec, THREADS};
-use cudarc::driver::sys;
-use railcc_core::{DataType, ReduceOp, Result};
-use std::ffi::c_void;
+use crate::launch::{Spec, THREADS};
+use railcc_core::{DataType, ReduceOp};
 
 /// Input tiles in flight per block: one being reduced, two arriving.
 const STAGES: usize = 3;
@@ -42,6 +38,12 @@ pub fn kernel_name(dt: DataType, op: ReduceOp) -> String {
 pub fn tile_bytes(n: usize, stores: bool) -> u64 {
     let tiles = STAGES * (n.max(1) + usize::from(stores));
     (SMEM_BYTES / tiles / 1024 * 1024) as u64
+}
+
+/// Dynamic shared memory of one block: `STAGES` tiles of every input (with `stores`, and of
+/// the result).
+pub fn smem_bytes(n: usize, stores: bool) -> u32 {
+    (STAGES as u64 * (n as u64 + u64::from(stores)) * tile_bytes(n, stores)) as u32
 }
 
 /// Whether GPU part `s` of a call of `dt` can take this kernel, with bulk stores or not: a
@@ -192,75 +194,6 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(Ptrs ins, int n, 
     )
 }
 
-/// Enqueues GPU `me`'s part `s` on `stream` with this kernel ([`usable`] must hold, and the
-/// GPU must have it: [`GpuCtx::tma_func`]).
-///
-/// # Safety
-/// As `launch::launch`.
-pub unsafe fn launch(
-    gpu: &GpuCtx,
-    stream: sys::CUstream,
-    me: usize,
-    s: &Spec,
-    shape: &CallShape<'_>,
-) -> Result<()> {
-    // A single input is a copy: the plain sum, so avg does not divide it (as the bulk kernel).
-    let op = if s.ins.len() == 1 {
-        ReduceOp::Sum
-    } else {
-        shape.op
-    };
-    let f = gpu.tma_func(shape.dt, op)?;
-    let (mut pin, mut pout, mut psync): (Ptrs, Ptrs, Ptrs) =
-        (ptrs(&s.ins), ptrs(&s.outs), ptrs(shape.syncs));
-    let (mut n_in, mut n_out) = (s.ins.len() as i32, s.outs.len() as i32);
-    let (mut b, mut e) = s.range;
-    let mut avg_n = shape.avg_n;
-    let mut n_gpus = shape.syncs.len() as i32;
-    let mut me_i = me as i32;
-    let mut timeout = shape.timeout_ns;
-    let stores = shape.tma >= 2;
-    let mut tile = tile_bytes(s.ins.len(), stores);
-    let smem = (STAGES as u64 * (s.ins.len() as u64 + u64::from(stores)) * tile) as u32;
-    let mut bulk_out = i32::from(stores);
-    let mut params: [*mut c_void; 13] = [
-        &mut pin as *mut Ptrs as *mut c_void,
-        &mut n_in as *mut i32 as *mut c_void,
-        &mut pout as *mut Ptrs as *mut c_void,
-        &mut n_out as *mut i32 as *mut c_void,
-        &mut b as *mut u64 as *mut c_void,
-        &mut e as *mut u64 as *mut c_void,
-        &mut avg_n as *mut i32 as *mut c_void,
-        &mut psync as *mut Ptrs as *mut c_void,
-        &mut n_gpus as *mut i32 as *mut c_void,
-        &mut me_i as *mut i32 as *mut c_void,
-        &mut timeout as *mut u64 as *mut c_void,
-        &mut tile as *mut u64 as *mut c_void,
-        &mut bulk_out as *mut i32 as *mut c_void,
-    ];
-    // SAFETY: the parameters match the kernel's signature and live across the call; the
-    // function's dynamic shared memory limit was raised to SMEM_BYTES at load (gpu.rs); the
-    // caller vouches for the pointers.
-    check(
-        unsafe {
-            sys::cuLaunchKernel(
-                f,
-                shape.blocks,
-                1,
-                1,
-                THREADS,
-                1,
-                1,
-                smem,
-                stream,
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        },
-        "cuLaunchKernel (TMA bulk kernel)",
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,13 +254,53 @@ mod tests {
 mod gpu_tests {
     use super::*;
     use crate::check::{fill, op_code, CheckArgs, COLL_ALL_REDUCE};
-    use crate::launch::launch as bulk_launch;
+    use crate::gpu::{DevBuf, GpuCtx};
+    use crate::launch::{launch, CallShape};
+
+    /// Runs `ins` into the two buffers of `outs` over `range` with `shape` (its `tma` picks
+    /// the kernel) and returns both outputs, cleared before.
+    fn run(
+        gpu: &GpuCtx,
+        ins: &[u64],
+        outs: &[DevBuf],
+        range: (u64, u64),
+        shape: &CallShape<'_>,
+    ) -> Vec<Vec<u8>> {
+        let bytes = outs[0].bytes;
+        for out in outs {
+            gpu.upload(out, 0, &vec![0u8; bytes]).expect("clear");
+        }
+        let spec = Spec {
+            ins: ins.to_vec(),
+            outs: outs.iter().map(|b| b.ptr).collect(),
+            range,
+        };
+        // The TMA form must be the one that runs where asked (launch falls back otherwise).
+        let stores = shape.tma >= 2;
+        assert!(
+            shape.tma == 0 || usable(&spec, shape.dt, stores),
+            "{} {range:?}",
+            shape.dt
+        );
+        // SAFETY: every pointer is a live allocation of the range's elements on this GPU, kept
+        // until the synchronize below.
+        unsafe { launch(gpu, gpu.stream, 0, &spec, shape) }.expect("launch");
+        gpu.synchronize().expect("kernel ran");
+        outs.iter()
+            .map(|out| {
+                let mut host = vec![0u8; bytes];
+                gpu.download(out, 0, &mut host).expect("download");
+                host
+            })
+            .collect()
+    }
 
     /// On a GPU of compute capability 9.0 or later: the TMA kernel's two outputs, with TMA
     /// loads and with TMA loads and stores, are byte for byte the bulk kernel's, for every
     /// dtype and op, 4 inputs, ranges from the start and from an aligned offset, with and
     /// without a tail past 16 bytes, one tile and many, 24 blocks and 2 (each reusing its
-    /// stages many times). Without a driver, or below 9.0: a skip line.
+    /// stages many times); copies (one input) with bulk stores are the input. Without a
+    /// driver, or below 9.0: a skip line.
     #[test]
     fn tma_kernel_matches_the_bulk_kernel() {
         let gpus = match crate::driver::devices() {
@@ -342,6 +315,16 @@ mod gpu_tests {
             println!("SKIP TMA bulk kernel: GPU 0 has no TMA kernel (compute capability below 9.0 or too little shared memory)");
             return;
         }
+        let shape = |dt, op, blocks, tma| CallShape {
+            dt,
+            op,
+            syncs: std::slice::from_ref(&gpu.sync.ptr),
+            avg_n: 4,
+            blocks,
+            timeout_ns: 10_000_000_000,
+            wide: true,
+            tma,
+        };
         let (mut cases, mut differ) = (0, Vec::new());
         for dt in DataType::ALL {
             for op in ReduceOp::ALL {
@@ -366,60 +349,29 @@ mod gpu_tests {
                             b
                         })
                         .collect();
-                    // Per kernel (bulk, TMA loads, TMA loads and stores) two outputs: the
-                    // bulk stores send a tile to each.
-                    let outs: Vec<_> = (0..6).map(|_| gpu.alloc(bytes).expect("alloc")).collect();
+                    let ptrs: Vec<u64> = ins.iter().map(|b| b.ptr).collect();
+                    // Two outputs: the bulk stores send a tile to each.
+                    let outs: Vec<_> = (0..2).map(|_| gpu.alloc(bytes).expect("alloc")).collect();
                     let v = (16 / dt.size()) as u64;
                     // 2 blocks: every block reuses its stages (and result tiles) many times.
                     for (begin, blocks) in [(0u64, 24u32), (5 * v, 24), (0, 2)] {
                         if begin >= count as u64 {
                             continue;
                         }
-                        let mut got = Vec::new();
-                        for (k, pair) in outs.chunks(2).enumerate() {
-                            for out in pair {
-                                gpu.upload(out, 0, &vec![0u8; bytes]).expect("clear");
-                            }
-                            let spec = Spec {
-                                ins: ins.iter().map(|b| b.ptr).collect(),
-                                outs: pair.iter().map(|b| b.ptr).collect(),
-                                range: (begin, count as u64),
-                            };
-                            assert!(usable(&spec, dt, false), "{dt} {begin}");
-                            let shape = CallShape {
-                                dt,
-                                op,
-                                syncs: &[gpu.sync.ptr],
-                                avg_n: 4,
-                                blocks,
-                                timeout_ns: 10_000_000_000,
-                                wide: true,
-                                tma: k as u8,
-                            };
-                            // SAFETY: every pointer is a live allocation of `count` elements
-                            // on this GPU, kept until the synchronize below.
-                            unsafe {
-                                if k == 0 {
-                                    bulk_launch(&gpu, gpu.stream, 0, &spec, &shape)
-                                } else {
-                                    launch(&gpu, gpu.stream, 0, &spec, &shape)
-                                }
-                            }
-                            .expect("launch");
-                            gpu.synchronize().expect("kernel ran");
-                            for out in pair {
-                                let mut host = vec![0u8; bytes];
-                                gpu.download(out, 0, &mut host).expect("download");
-                                got.push(host);
-                            }
-                        }
+                        let range = (begin, count as u64);
+                        // Bulk, TMA loads, TMA loads and stores.
+                        let got: Vec<_> = (0..3u8)
+                            .map(|k| run(&gpu, &ptrs, &outs, range, &shape(dt, op, blocks, k)))
+                            .collect();
                         cases += 1;
-                        // got: bulk's two outputs, then TMA loads', then TMA stores'.
-                        for (i, g) in got.iter().enumerate().skip(1) {
-                            if *g != got[0] {
-                                let first = got[0].iter().zip(g).position(|(a, b)| a != b);
-                                let way = ["bulk", "TMA loads", "TMA loads and stores"][i / 2];
-                                differ.push(format!("{dt} {op:?} count {count} from {begin}, {blocks} blocks, {way}, output {}: first differing byte {first:?}", i % 2));
+                        for (k, g) in got.iter().enumerate() {
+                            for (o, bytes) in g.iter().enumerate() {
+                                if *bytes != got[0][0] {
+                                    let first =
+                                        got[0][0].iter().zip(bytes).position(|(a, b)| a != b);
+                                    let way = ["bulk", "TMA loads", "TMA loads and stores"][k];
+                                    differ.push(format!("{dt} {op:?} count {count} from {begin}, {blocks} blocks, {way}, output {o}: first differing byte {first:?}"));
+                                }
                             }
                         }
                     }
@@ -433,52 +385,19 @@ mod gpu_tests {
             let src = gpu.alloc(bytes).expect("alloc");
             let host: Vec<u8> = (0..bytes).map(|i| (i * 7 + 3) as u8).collect();
             gpu.upload(&src, 0, &host).expect("upload");
-            let outs: Vec<_> = (0..4).map(|_| gpu.alloc(bytes).expect("alloc")).collect();
+            let outs: Vec<_> = (0..2).map(|_| gpu.alloc(bytes).expect("alloc")).collect();
             for blocks in [2u32, 24] {
-                let mut got = Vec::new();
-                for (k, pair) in outs.chunks(2).enumerate() {
-                    for out in pair {
-                        gpu.upload(out, 0, &vec![0u8; bytes]).expect("clear");
-                    }
-                    let spec = Spec {
-                        ins: vec![src.ptr],
-                        outs: pair.iter().map(|b| b.ptr).collect(),
-                        range: (0, count as u64),
-                    };
-                    assert!(usable(&spec, dt, true), "{dt}");
-                    let shape = CallShape {
-                        dt,
-                        op: ReduceOp::Avg,
-                        syncs: &[gpu.sync.ptr],
-                        avg_n: 4,
-                        blocks,
-                        timeout_ns: 10_000_000_000,
-                        wide: true,
-                        tma: 2 * k as u8,
-                    };
-                    // SAFETY: live allocations of `count` elements, kept past the synchronize.
-                    unsafe {
-                        if k == 0 {
-                            bulk_launch(&gpu, gpu.stream, 0, &spec, &shape)
-                        } else {
-                            launch(&gpu, gpu.stream, 0, &spec, &shape)
-                        }
-                    }
-                    .expect("launch");
-                    gpu.synchronize().expect("kernel ran");
-                    for out in pair {
-                        let mut h = vec![0u8; bytes];
-                        gpu.download(out, 0, &mut h).expect("download");
-                        got.push(h);
-                    }
-                }
                 cases += 1;
                 // The copy is the input itself (avg does not divide a copy), in every output.
-                for (i, g) in got.iter().enumerate() {
-                    if *g != host {
-                        let first = host.iter().zip(g).position(|(a, b)| a != b);
-                        let way = ["bulk", "TMA loads and stores"][i / 2];
-                        differ.push(format!("copy {dt}, {blocks} blocks, {way}, output {}: first differing byte {first:?}", i % 2));
+                for (k, tma) in [0u8, 2].into_iter().enumerate() {
+                    let sh = shape(dt, ReduceOp::Avg, blocks, tma);
+                    let got = run(&gpu, &[src.ptr], &outs, (0, count as u64), &sh);
+                    for (o, g) in got.iter().enumerate() {
+                        if *g != host {
+                            let first = host.iter().zip(g).position(|(a, b)| a != b);
+                            let way = ["bulk", "TMA loads and stores"][k];
+                            differ.push(format!("copy {dt}, {blocks} blocks, {way}, output {o}: first differing byte {first:?}"));
+                        }
                     }
                 }
             }
