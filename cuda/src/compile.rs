@@ -1,7 +1,7 @@
 //! NVRTC compilation of the kernels, with a cache on disk.
 //!
-//! The collective kernels are 73 modules (kernels.rs `modules`), compiled on parallel threads
-//! for the GPU's own architecture as cubins (SASS: the driver loads them with no JIT, on
+//! The collective kernels are 53 modules (kernels.rs `modules`; 20 more for the opt-in TMA
+//! form, `tma_modules`), compiled on parallel threads for the GPU's own architecture as cubins (SASS: the driver loads them with no JIT, on
 //! every GPU of the process) and cached on disk; PTX for the virtual architecture, which the
 //! driver JIT-compiles per context, is the fallback where NVRTC cannot make a cubin for the
 //! GPU or the driver refuses it. The key covers the source, the architecture and the driver
@@ -459,7 +459,7 @@ mod tests {
 #[cfg(test)]
 mod nvrtc_tests {
     use super::*;
-    use crate::kernels::{kernel_name, modules, scale_name, Family, P2P_KERNELS};
+    use crate::kernels::{kernel_name, modules, scale_name, tma_modules, Family, P2P_KERNELS};
     use railcc_core::{DataType, ReduceOp};
 
     /// Compiles the real kernel modules, as PTX and as sm_90 cubins, when NVRTC is present
@@ -471,7 +471,7 @@ mod nvrtc_tests {
             println!("SKIP NVRTC compile: {e}");
             return;
         }
-        let ms = modules();
+        let ms: Vec<_> = modules().into_iter().chain(tma_modules()).collect();
         // Every (dtype, family, op) in exactly one module.
         let mut seen = std::collections::HashSet::new();
         for m in &ms {

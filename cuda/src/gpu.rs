@@ -62,10 +62,13 @@ pub struct GpuCtx {
     funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     ll_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     push_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
-    /// The TMA bulk kernels (tma.rs), where the GPU can run them (compute capability 9.0 or
-    /// later and `tma::SMEM_BYTES` of shared memory a block); else empty.
+    /// The TMA bulk kernels (tma.rs), once [`GpuCtx::load_tma`] loaded them; else empty.
     tma_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
+    /// Whether the GPU can run them: compute capability 9.0 or later and `tma::SMEM_BYTES` of
+    /// shared memory a block.
     tma_ok: bool,
+    /// Compute capability: what the kernels are compiled for.
+    cc: (i32, i32),
     scale_funcs: HashMap<DataType, sys::CUfunction>,
     /// The p2p kernels, in kernels::P2P_KERNELS' order.
     p2p_funcs: Vec<sys::CUfunction>,
@@ -115,6 +118,7 @@ impl GpuCtx {
         let tma_ok = major >= 9
             && attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
                 >= crate::tma::SMEM_BYTES as i32 + 1024;
+        let minor = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         let stream = new_stream_current()?;
         let abort = Flags::new_current(1)?;
         let mut g = GpuCtx {
@@ -131,6 +135,7 @@ impl GpuCtx {
             push_funcs: HashMap::new(),
             tma_funcs: HashMap::new(),
             tma_ok,
+            cc: (major, minor),
             scale_funcs: HashMap::new(),
             p2p_funcs: Vec::new(),
             check_funcs: HashMap::new(),
@@ -157,8 +162,27 @@ impl GpuCtx {
             },
             "cuMemcpyHtoD(abort word address)",
         )?;
-        let minor = attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
-        let modules = crate::kernels::modules();
+        g.load_modules(&crate::kernels::modules(), cache)?;
+        Ok(g)
+    }
+
+    /// Compiles (or takes from `cache`) and loads the TMA bulk kernels (tma.rs), where a
+    /// communicator asks for them (`RAILCC_GPU_WIDE_LOADS` 2 or 3); nothing on a GPU that
+    /// cannot run them ([`GpuCtx::has_tma`] stays false there).
+    pub fn load_tma(&mut self, cache: Option<&Path>) -> Result<()> {
+        if self.tma_ok && !self.has_tma() {
+            self.load_modules(&crate::kernels::tma_modules(), cache)?;
+        }
+        Ok(())
+    }
+
+    /// Compiles (or takes from `cache`) `modules` and loads them into this context.
+    fn load_modules(
+        &mut self,
+        modules: &[crate::kernels::Module],
+        cache: Option<&Path>,
+    ) -> Result<()> {
+        let ordinal = self.ordinal;
         let parts: Vec<(&str, &str)> = modules
             .iter()
             .map(|m| (m.tag.as_str(), m.src.as_str()))
@@ -166,7 +190,7 @@ impl GpuCtx {
         // Cubins (no JIT), else PTX. A cached image the driver rejects (truncated, or from
         // another toolkit) is compiled afresh; fresh cubins it rejects mark the cache so later
         // processes go straight to PTX (`compile::refuse_cubin`).
-        let cc = (major, minor);
+        let cc = self.cc;
         let t0 = std::time::Instant::now();
         let mut last = None;
         let mut attempts = Vec::new();
@@ -181,7 +205,7 @@ impl GpuCtx {
             }
             let fresh0 = compile::fresh_compiles();
             let r = compile::module_images(&parts, cc, cache, use_cache, form)
-                .and_then(|images| g.load(&modules, &images));
+                .and_then(|images| self.load(modules, &images));
             match r {
                 Ok(()) => {
                     tracing::info!(
@@ -189,7 +213,7 @@ impl GpuCtx {
                         modules.len(),
                         t0.elapsed()
                     );
-                    return Ok(g);
+                    return Ok(());
                 }
                 Err(e) => {
                     tracing::warn!("GPU {ordinal}: kernels as {form:?} (cache {use_cache}): {e}");
@@ -271,22 +295,19 @@ impl GpuCtx {
                             .insert((dt, op), get(crate::push::kernel_name(dt, op))?),
                         Family::Tma => {
                             let f = get(crate::tma::kernel_name(dt, op))?;
-                            self.tma_ok.then_some(f).and_then(|f| {
-                                use sys::CUfunction_attribute as F;
-                                // SAFETY: a function of the module loaded above.
-                                let r = unsafe {
+                            use sys::CUfunction_attribute as F;
+                            // SAFETY: a function of the module loaded above.
+                            check(
+                                unsafe {
                                     sys::cuFuncSetAttribute(
                                         f,
                                         F::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                         crate::tma::SMEM_BYTES as i32,
                                     )
-                                };
-                                if r != sys::CUresult::CUDA_SUCCESS {
-                                    tracing::warn!("GPU {}: no TMA bulk kernel ({r:?} raising its shared memory)", self.ordinal);
-                                    return None;
-                                }
-                                self.tma_funcs.insert((dt, op), f)
-                            })
+                                },
+                                "cuFuncSetAttribute (TMA kernel's shared memory)",
+                            )?;
+                            self.tma_funcs.insert((dt, op), f)
                         }
                     };
                 }
@@ -340,7 +361,7 @@ impl GpuCtx {
 
     /// Whether this GPU runs the TMA bulk kernel (tma.rs) for every dtype and op.
     pub fn has_tma(&self) -> bool {
-        self.tma_ok && self.tma_funcs.len() == DataType::ALL.len() * ReduceOp::ALL.len()
+        self.tma_funcs.len() == DataType::ALL.len() * ReduceOp::ALL.len()
     }
 
     pub fn tma_func(&self, dt: DataType, op: ReduceOp) -> Result<sys::CUfunction> {

@@ -2,7 +2,7 @@
 //!
 //! Why NVRTC rather than shipped PTX: the build then needs no CUDA toolkit (CI has none), and
 //! the code is compiled for the exact GPU it runs on (sm_90 on H200) instead of a lowest common
-//! denominator. The cost is paid on a machine's first run (73 modules on parallel threads,
+//! denominator. The cost is paid on a machine's first run (53 modules on parallel threads,
 //! [`modules`]), then compile.rs's cache on disk serves every process.
 //!
 //! One kernel per (dtype, op): `ar_<dtype>_<op>` reduces elements `[begin, end)` of `n` inputs
@@ -105,6 +105,22 @@ pub(crate) fn op_expr(op: ReduceOp, dt: DataType) -> &'static str {
     }
 }
 
+/// The statements that reduce element `i` of the `n` inputs `ins` (of type `T`) in rank order
+/// and store it into the `n_out` outputs `outs`: the bulk kernels' scalar ends (kernels.rs,
+/// tma.rs).
+pub(crate) fn element_source(dt: DataType, op: ReduceOp) -> String {
+    let (_, acc, ld, st) = ctype(dt);
+    let expr = op_expr(op, dt);
+    let avg = avg_step(dt, op);
+    format!(
+        r#"{acc} acc = {ld}(((const T*)ins.p[0])[i]);
+for (int r = 1; r < n; r++) {{ {acc} a = acc, b = {ld}(((const T*)ins.p[r])[i]); acc = {expr}; }}
+{avg}
+T v = {st}(acc);
+for (int r = 0; r < n_out; r++) ((T*)outs.p[r])[i] = v;"#
+    )
+}
+
 /// The device function that reduces one 16-byte vector of each of up to 8 sources (kernels
 /// `vec_source`), shared by the bulk kernel's wide loop and the push kernel.
 pub(crate) fn vec_name(dt: DataType, op: ReduceOp) -> String {
@@ -194,11 +210,12 @@ fn one_module_per_op(dt: DataType, fam: Family) -> bool {
     matches!(dt, DataType::F8E4M3 | DataType::F8E5M2) && fam != Family::Ll
 }
 
-/// The kernels as 73 modules, each with the shared helpers: one per dtype and kernel family
-/// (per op for fp8's, [`one_module_per_op`]), and one of the rest. Why not one: NVRTC
-/// compiles the modules on parallel threads, each cached on its own. One module of everything
-/// (790 KB of source) took 94 s to compile and load on a fresh 4 x H100 machine; one per dtype
-/// 42 s, 40 of it f8e4m3's; one per dtype and family 22 s, 20 of it f8e4m3's push.
+/// The kernels every GPU loads as 53 modules, each with the shared helpers: one per dtype and
+/// kernel family but TMA (per op for fp8's, [`one_module_per_op`]), and one of the rest. Why
+/// not one: NVRTC compiles the modules on parallel threads, each cached on its own. One module
+/// of everything (790 KB of source) took 94 s to compile and load on a fresh 4 x H100 machine;
+/// one per dtype 42 s, 40 of it f8e4m3's; one per dtype and family 22 s, 20 of it f8e4m3's
+/// push.
 pub fn modules() -> Vec<Module> {
     let helpers = helpers();
     let mut v = vec![Module {
@@ -212,8 +229,24 @@ pub fn modules() -> Vec<Module> {
             crate::check::source()
         ),
     }];
+    v.extend(family_modules(
+        &helpers,
+        &[Family::Bulk, Family::Ll, Family::Push],
+    ));
+    v
+}
+
+/// The TMA family's 20 modules, loaded only where a communicator asks for it
+/// (`GpuCtx::load_tma`): the rest never pay for their compile.
+pub fn tma_modules() -> Vec<Module> {
+    family_modules(&helpers(), &[Family::Tma])
+}
+
+/// The modules of `families` for every dtype.
+fn family_modules(helpers: &str, families: &[Family]) -> Vec<Module> {
+    let mut v = Vec::new();
     for dt in DataType::ALL {
-        for fam in Family::ALL {
+        for &fam in families {
             let groups: Vec<Vec<ReduceOp>> = if one_module_per_op(dt, fam) {
                 ReduceOp::ALL.iter().map(|&op| vec![op]).collect()
             } else {
@@ -241,7 +274,11 @@ pub fn modules() -> Vec<Module> {
 /// compile (each repeats the helpers).
 #[cfg(test)]
 pub(crate) fn source() -> String {
-    modules().into_iter().map(|m| m.src).collect()
+    modules()
+        .into_iter()
+        .chain(tma_modules())
+        .map(|m| m.src)
+        .collect()
 }
 
 /// The device functions every module shares.
@@ -446,6 +483,7 @@ fn dtype_source(dt: DataType, fam: Family, ops: &[ReduceOp]) -> String {
         let expr = op_expr(op, dt);
         let avg = avg_step(dt, op);
         let vec = vec_name(dt, op);
+        let elem = element_source(dt, op);
         s.push_str(&vec_source(dt, op));
         // 16-byte vector loop over the aligned middle, scalar loop for the ends.
         s.push_str(&format!(
@@ -465,11 +503,7 @@ extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, int n, Ptrs o
   unsigned long long ve = aligned ? end / V * V : end;
   if (ve < vb) ve = vb;
   for (unsigned long long i = begin + tid; i < vb; i += stride) {{
-{acc} acc = {ld}(((const T*)ins.p[0])[i]);
-for (int r = 1; r < n; r++) {{ {acc} a = acc, b = {ld}(((const T*)ins.p[r])[i]); acc = {expr}; }}
-{avg}
-T v = {st}(acc);
-for (int r = 0; r < n_out; r++) ((T*)outs.p[r])[i] = v;
+{elem}
   }}
   // Wide: every input's 16 bytes of two vectors loaded at once before any arithmetic (up to
   // 16 loads in flight a thread, where the narrow loop below has one), so few blocks keep
@@ -508,11 +542,7 @@ for (int k = 0; k < V; k++) {{ {acc} acc = accs[k]; {avg} xv[k] = {st}(acc); }}
 for (int r = 0; r < n_out; r++) ((uint4*)outs.p[r])[j] = x;
   }}
   for (unsigned long long i = ve + tid; i < end; i += stride) {{
-{acc} acc = {ld}(((const T*)ins.p[0])[i]);
-for (int r = 1; r < n; r++) {{ {acc} a = acc, b = {ld}(((const T*)ins.p[r])[i]); acc = {expr}; }}
-{avg}
-T v = {st}(acc);
-for (int r = 0; r < n_out; r++) ((T*)outs.p[r])[i] = v;
+{elem}
   }}
   arrive_done(syncs, n_gpus, me, epoch, timeout_ns);
 }}

@@ -19,7 +19,7 @@
 //! output is 16-byte aligned and the range starts on 16 bytes (`usable`); the bytes past the
 //! range's last 16-byte boundary go through threads.
 
-use crate::kernels::{avg_step, ctype, op_expr, vec_name};
+use crate::kernels::{ctype, element_source, vec_name};
 use crate::launch::{Spec, THREADS};
 use railcc_core::{DataType, ReduceOp};
 
@@ -91,9 +91,8 @@ __device__ __forceinline__ bool tma_done(unsigned long long* bar, unsigned int p
 /// CUDA source of the TMA bulk kernel for one dtype and op (uses kernels.rs' helpers, the
 /// vector reduction [`vec_name`] and [`COMMON_SOURCE`]).
 pub fn kernel_source(dt: DataType, op: ReduceOp) -> String {
-    let (t, acc, ld, st) = ctype(dt);
-    let expr = op_expr(op, dt);
-    let avg = avg_step(dt, op);
+    let t = ctype(dt).0;
+    let elem = element_source(dt, op);
     let vec = vec_name(dt, op);
     let name = kernel_name(dt, op);
     format!(
@@ -181,11 +180,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(Ptrs ins, int n, 
   const unsigned long long tid = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
   const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
   for (unsigned long long i = tail + tid; i < end; i += stride) {{
-    {acc} acc = {ld}(((const T*)ins.p[0])[i]);
-    for (int r = 1; r < n; r++) {{ {acc} a = acc, b = {ld}(((const T*)ins.p[r])[i]); acc = {expr}; }}
-    {avg}
-    T v = {st}(acc);
-    for (int r = 0; r < n_out; r++) ((T*)outs.p[r])[i] = v;
+{elem}
   }}
   arrive_done(syncs, n_gpus, me, epoch, timeout_ns);
 }}
@@ -310,7 +305,8 @@ mod gpu_tests {
                 return;
             }
         };
-        let gpu = GpuCtx::new(gpus[0].ordinal, None).expect("context");
+        let mut gpu = GpuCtx::new(gpus[0].ordinal, None).expect("context");
+        gpu.load_tma(None).expect("TMA kernels");
         if !gpu.has_tma() {
             println!("SKIP TMA bulk kernel: GPU 0 has no TMA kernel (compute capability below 9.0 or too little shared memory)");
             return;

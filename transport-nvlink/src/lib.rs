@@ -69,6 +69,16 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// GPU `ordinal`'s context with the kernels these settings take (the TMA form's modules
+    /// only where asked for).
+    pub fn open_gpu(&self, ordinal: usize) -> railcc_core::Result<railcc_cuda::gpu::GpuCtx> {
+        let mut gpu = railcc_cuda::gpu::GpuCtx::new(ordinal, self.cache.as_deref())?;
+        if self.tma > 0 {
+            gpu.load_tma(self.cache.as_deref())?;
+        }
+        Ok(gpu)
+    }
+
     pub fn timeout_ns(&self) -> u64 {
         self.timeout.as_nanos().min(u64::MAX as u128) as u64
     }

@@ -48,7 +48,7 @@ impl MultiGpu {
         }
         let gpus = ordinals
             .iter()
-            .map(|&o| GpuCtx::new(o, s.cache.as_deref()))
+            .map(|&o| s.open_gpu(o))
             .collect::<Result<Vec<_>>>()?;
         for (i, &a) in ordinals.iter().enumerate() {
             for (j, &b) in ordinals.iter().enumerate() {

@@ -310,7 +310,7 @@ impl ProcGpu {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos())
         );
-        let setup = GpuCtx::new(ordinal, settings.cache.as_deref()).and_then(|gpu| {
+        let setup = settings.open_gpu(ordinal).and_then(|gpu| {
             gpu.bind()?;
             let sync = export(gpu.sync.ptr)?;
             let blocks = clamp_blocks(std::slice::from_ref(&gpu), settings.max_blocks)?;
