@@ -25,13 +25,26 @@ source bench/compare/gpu-env.sh
 source bench/compare/tables.sh
 mkdir -p "$OUT"
 NG=${NG:-$(nvidia-smi -L | wc -l)}
-nccl_tests_build $NT 0 || { tail -20 /tmp/nccl-build-0.log; echo "FAIL  nccl-tests build"; exit 1; }
-FLAGS="${AB_SIZES:--b 2M -e 1G -f 4} -g $NG -n ${AB_ITERS:-20} -w 5 -c 1"
+# AB_MPI=1: one process per GPU (mpirun -np NG, nccl-tests built with MPI) instead of -g NG.
+if [ -n "${AB_MPI:-}" ]; then
+  nccl_tests_build $NTM 1 || { tail -20 /tmp/nccl-build-1.log; echo "FAIL  nccl-tests build (MPI)"; exit 1; }
+  FLAGS="${AB_SIZES:--b 2M -e 1G -f 4} -g 1 -n ${AB_ITERS:-20} -w 5 -c 1"
+else
+  nccl_tests_build $NT 0 || { tail -20 /tmp/nccl-build-0.log; echo "FAIL  nccl-tests build"; exit 1; }
+  FLAGS="${AB_SIZES:--b 2M -e 1G -f 4} -g $NG -n ${AB_ITERS:-20} -w 5 -c 1"
+fi
 run() {  # NAME LIBDIR [VAR=VALUE...]: one all_reduce_perf run; its log is $OUT/blocks-ab-NAME.log
   local name=$1 lib=$2
   shift 2
-  env "$@" LD_LIBRARY_PATH="$lib:/usr/local/cuda/lib64" timeout 300 $NT/build/${AB_COLL:-all_reduce}_perf $FLAGS \
-    > "$OUT/blocks-ab-$name.log" 2>&1
+  if [ -n "${AB_MPI:-}" ]; then
+    local xs=() v
+    for v in "$@" LD_LIBRARY_PATH=x NCCL_NVLS_ENABLE=x RAILCC_CACHE_DIR=x; do xs+=(-x "${v%%=*}"); done
+    env "$@" LD_LIBRARY_PATH="$lib:/usr/local/cuda/lib64" timeout 300 mpirun -np "$NG" --allow-run-as-root --oversubscribe \
+      "${xs[@]}" $NTM/build/${AB_COLL:-all_reduce}_perf $FLAGS > "$OUT/blocks-ab-$name.log" 2>&1
+  else
+    env "$@" LD_LIBRARY_PATH="$lib:/usr/local/cuda/lib64" timeout 300 $NT/build/${AB_COLL:-all_reduce}_perf $FLAGS \
+      > "$OUT/blocks-ab-$name.log" 2>&1
+  fi
   local rc=$? why
   why=$(table_problem "$OUT/blocks-ab-$name.log")
   [ "$rc" = 0 ] && [ -z "$why" ] || echo "FAIL  $name: exit $rc ${why}"
@@ -50,6 +63,9 @@ for b in ${AB_BLOCKS:-${ch:-24} 0}; do
       bk) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_PUSH_BYTES=0" ;;
       tm) vars="RAILCC_GPU_WIDE_LOADS=2 RAILCC_GPU_AR_PUSH_BYTES=0" ;;
       ts) vars="RAILCC_GPU_WIDE_LOADS=3 RAILCC_GPU_AR_PUSH_BYTES=0" ;;
+      ce) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AG_COPY_BYTES=1" ;;
+      ak) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AG_COPY_BYTES=0" ;;
+      ac) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_COPY_BYTES=1" ;;
       *) echo "FAIL  AB_VARIANTS: unknown $v"; exit 1 ;;
     esac
     run "railcc-b$b-$v" "$PWD/.device/lib" RAILCC_GPU_MAX_BLOCKS=$b $vars

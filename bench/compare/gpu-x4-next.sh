@@ -203,7 +203,54 @@ case ${1:-} in
       done
     fi
     ;;
-  *) echo "usage: $0 a|...|w"; exit 2 ;;
+  x)
+    # (first, 2026-11-27 second day) s's timed first-run compile of the 53 default modules,
+    # then w (the unit tests load every module, the TMA family through load_tma, then the TMA
+    # A/B at 24 blocks), in one call.
+    S_NO_AB=1 bash "$0" s-nounit
+    W_LIMIT=${W_LIMIT:-140} bash "$0" w
+    exit 0
+    ;;
+  y)
+    # The all-gather on the copy engines (RAILCC_GPU_AG_COPY_BYTES; railcc_cuda::copies, not
+    # yet run): the bench's all_gather checks both ways of running with it at every size, then
+    # if they pass nccl-tests all_gather -c 1 at NCCL's channels and one block per SM, the
+    # kernel (w1) against the copy engines (ce), -g 4 and under mpirun.
+    RAILCC_GPU_AG_COPY_BYTES=1 OUT=$L TEST_GPU_PARTS=bench TEST_GPU_COLLS=all_gather NG=${NG:-4} timeout 200 bash scripts/test-gpu.sh 2>&1 | tee "$L/bench-ce.txt" | grep -E "^(PASS|FAIL|test-gpu)"
+    cp "$L/test-gpu.log" "$L/test-gpu-bench-ce.log" 2>/dev/null
+    if grep -q "test-gpu: [0-9]* passed, 0 failed" "$L/bench-ce.txt"; then
+      mkdir -p "$L/g" "$L/mpi"
+      OUT=$L/g AB_COLL=all_gather AB_BLOCKS="${Y_BLOCKS:-24 0}" AB_VARIANTS="${Y_VARIANTS:-w1 ce}" AB_SIZES="-b 1M -e 1G -f 4" timeout 150 \
+        bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/ag-ab-g.txt"
+      OUT=$L/mpi AB_MPI=1 AB_COLL=all_gather AB_BLOCKS="${Y_BLOCKS:-24 0}" AB_VARIANTS="${Y_VARIANTS:-w1 ce}" AB_SIZES="-b 1M -e 1G -f 4" timeout 200 \
+        bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/ag-ab-mpi.txt"
+    fi
+    ;;
+  z)
+    # The all-reduce as the bulk kernel into each GPU's own output, then the copy engines
+    # (RAILCC_GPU_AR_COPY_BYTES, not yet run): the bench's all_reduce checks both ways with it
+    # at every size (no low-latency kernel), then all_reduce -c 1 at NCCL's channels and one
+    # block per SM, the default (w1) against it (ac), -g 4 and under mpirun.
+    RAILCC_GPU_AR_COPY_BYTES=1 RAILCC_GPU_LL_MAX_BYTES=0 OUT=$L TEST_GPU_PARTS=bench TEST_GPU_COLLS=all_reduce NG=${NG:-4} timeout 200 \
+      bash scripts/test-gpu.sh 2>&1 | tee "$L/bench-ac.txt" | grep -E "^(PASS|FAIL|test-gpu)"
+    cp "$L/test-gpu.log" "$L/test-gpu-bench-ac.log" 2>/dev/null
+    if grep -q "test-gpu: [0-9]* passed, 0 failed" "$L/bench-ac.txt"; then
+      mkdir -p "$L/g" "$L/mpi"
+      OUT=$L/g AB_BLOCKS="${Z_BLOCKS:-24 0}" AB_VARIANTS="w1 ac" AB_SIZES="-b 4M -e 1G -f 4" timeout 150 \
+        bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/ar-ab-g.txt"
+      OUT=$L/mpi AB_MPI=1 AB_BLOCKS="${Z_BLOCKS:-24 0}" AB_VARIANTS="w1 ac" AB_SIZES="-b 4M -e 1G -f 4" timeout 180 \
+        bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/ar-ab-mpi.txt"
+    fi
+    ;;
+  s-nounit)
+    for run in 1 2; do
+      s0=$(date +%s%N)
+      RAILCC_LOG=railcc_cuda=info timeout 250 $R bench all_reduce --device cuda -b 8 -e 8 -n 1 -w 0 > "$L/warm$run.txt" 2>&1
+      echo "run $run (compile and load; cache $([ $run = 1 ] && echo empty || echo full)): exit $? after $((($(date +%s%N) - s0) / 1000000)) ms"
+      grep -a -E "NVRTC|kernel modules as" "$L/warm$run.txt" | sed 's/^/    /' | tail -16
+    done
+    ;;
+  *) echo "usage: $0 a|...|x"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs

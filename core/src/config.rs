@@ -226,6 +226,21 @@ config! {
     /// holds bounds it too: 84 KiB on 4 GPUs at 24 blocks). Every rank takes the
     /// communicator's least. For measuring fewer, larger tiles at few blocks.
     gpu_push_slot_bytes: usize = 32 << 10, "RAILCC_GPU_PUSH_SLOT_BYTES";
+    /// All-gathers of at least this many bytes per rank on one host move on the copy engines
+    /// (`railcc_cuda::copies`: one copy per peer, one thread block for the barriers; 0:
+    /// never). 4 x H100, nccl-tests all_gather against NCCL at 24 channels (2026-11-27): at
+    /// 256 MB-1 GB 1.10x out of place and 1.17-1.19x in place, where the kernel read 0.94-1.10x;
+    /// at 64 MB (16 MiB a rank) 1.06-1.15x, the kernel 1.06-1.14x; below, slower than the
+    /// kernel. Every rank takes the communicator's least.
+    gpu_ag_copy_bytes: usize = 16 << 20, "RAILCC_GPU_AG_COPY_BYTES";
+    /// All-reduces of at least this many bytes per rank on one host of 4 GPUs or more, where
+    /// the push kernel may not run (fewer than `RAILCC_GPU_PUSH_MIN_BLOCKS` blocks, e.g.
+    /// maxCTAs 24): each GPU's segment reduced by the bulk kernel into its own output only,
+    /// then spread to the peers' on the copy engines (`railcc_cuda::copies::spread`; 0:
+    /// never). 4 x H100 at NCCL's 24 channels (2026-11-27): 0.99-1.01x NCCL at 256 MB-1 GB
+    /// where the bulk kernel alone read 0.88-0.93x, 0.97-0.99x at 64 MB (0.97x); below,
+    /// slower. Every rank takes the communicator's least.
+    gpu_ar_copy_bytes: usize = 16 << 20, "RAILCC_GPU_AR_COPY_BYTES";
     /// 1: a group's GPU sends and receives go as batch kernels (every receive of a stream
     /// pulled from all peers at once by thread blocks; 4 x H100 all-to-all at 256 MB: 0.43x ->
     /// 0.9x NCCL); 2: the same, a batch of up to 16 receives in one launch instead of four

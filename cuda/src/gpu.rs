@@ -72,6 +72,11 @@ pub struct GpuCtx {
     scale_funcs: HashMap<DataType, sys::CUfunction>,
     /// The p2p kernels, in kernels::P2P_KERNELS' order.
     p2p_funcs: Vec<sys::CUfunction>,
+    /// The barrier kernels, in copies::BARRIER_KERNELS' order.
+    barrier_funcs: Vec<sys::CUfunction>,
+    /// A second stream for work beside a call's on the caller's stream (copies.rs), made on
+    /// first use (as a `usize`: the handle is not `Send`).
+    side: std::sync::Mutex<Option<usize>>,
     /// The bench's result check per dtype (check.rs).
     /// Per dtype: the bench's check kernel and its fill kernel (`check.rs`).
     check_funcs: HashMap<DataType, (sys::CUfunction, sys::CUfunction)>,
@@ -138,6 +143,8 @@ impl GpuCtx {
             cc: (major, minor),
             scale_funcs: HashMap::new(),
             p2p_funcs: Vec::new(),
+            barrier_funcs: Vec::new(),
+            side: std::sync::Mutex::new(None),
             check_funcs: HashMap::new(),
             sms,
             abort,
@@ -329,6 +336,10 @@ impl GpuCtx {
                     .iter()
                     .map(|n| get(n.to_string()))
                     .collect::<Result<_>>()?;
+                self.barrier_funcs = crate::copies::BARRIER_KERNELS
+                    .iter()
+                    .map(|n| get(n.to_string()))
+                    .collect::<Result<_>>()?;
             }
         }
         Ok(())
@@ -388,6 +399,28 @@ impl GpuCtx {
             .get(i)
             .copied()
             .ok_or_else(|| Error::new(ErrorKind::Unsupported, "no p2p kernel"))
+    }
+
+    /// This context's side stream (made on first use, kept for the context's life): work
+    /// forked from a call's stream and joined back (`stream_waits_for` both ways).
+    pub fn side_stream(&self) -> Result<Stream> {
+        // A panic elsewhere with the lock held leaves the handle as valid as before.
+        let mut side = self.side.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = *side {
+            return Ok(s as Stream);
+        }
+        self.bind()?;
+        let s = new_stream_current()?;
+        *side = Some(s as usize);
+        Ok(s)
+    }
+
+    /// Barrier kernel `i` of copies::BARRIER_KERNELS.
+    pub fn barrier_func(&self, i: usize) -> Result<sys::CUfunction> {
+        self.barrier_funcs
+            .get(i)
+            .copied()
+            .ok_or_else(|| Error::new(ErrorKind::Unsupported, "no barrier kernel"))
     }
 
     pub fn check_func(&self, dt: DataType) -> Result<sys::CUfunction> {

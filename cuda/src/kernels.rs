@@ -223,10 +223,11 @@ pub fn modules() -> Vec<Module> {
         dtype: None,
         ops: Vec::new(),
         src: format!(
-            "{helpers}{}{}{}",
+            "{helpers}{}{}{}{}",
             p2p_source(),
             crate::p2p_many::SOURCE,
-            crate::check::source()
+            crate::check::source(),
+            crate::copies::SOURCE
         ),
     }];
     v.extend(family_modules(

@@ -56,6 +56,12 @@ pub struct Settings {
     pub push_min_blocks: u32,
     /// The push kernel's largest tile, bytes (`railcc_cuda::push::shape`).
     pub push_slot: usize,
+    /// All-gathers of at least this many bytes per rank on the copy engines (`plan::choose`;
+    /// 0: never).
+    pub ag_copy_bytes: usize,
+    /// All-reduces of at least this many bytes per rank reduced by the bulk kernel into the
+    /// own output, spread on the copy engines (`plan::choose`; 0: never).
+    pub ar_copy_bytes: usize,
     /// A group's sends and receives as batch kernels (`railcc_cuda::p2p_many`).
     pub p2p_batch: bool,
     /// ... in one launch per batch where it fits (`p2p_many::fused`).

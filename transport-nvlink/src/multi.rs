@@ -78,6 +78,8 @@ impl MultiGpu {
                 push_bytes: s.push_bytes,
                 push_min_blocks: s.push_min_blocks,
                 push_slot: s.push_slot,
+                ag_copy_bytes: s.ag_copy_bytes,
+                ar_copy_bytes: s.ar_copy_bytes,
                 min_blocks: s.min_blocks.min(u32::MAX as usize) as u32,
                 max_blocks,
             },

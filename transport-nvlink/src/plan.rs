@@ -35,14 +35,22 @@ pub enum Kernel {
     /// The push all-reduce (`railcc_cuda::push`): NVLink writes only, through `slot`-byte
     /// scratch slots.
     Push { blocks: u32, slot: usize },
+    /// The all-gather on the copy engines (`railcc_cuda::copies`): one block for the
+    /// barriers around the copies.
+    CopyGather,
+    /// The all-reduce as the bulk kernel into each GPU's own output (its segment), then that
+    /// segment spread to the peers' outputs on the copy engines.
+    CopyAllReduce { blocks: u32, wide: bool, tma: u8 },
 }
 
 impl Kernel {
     pub fn blocks(self) -> u32 {
         match self {
-            Kernel::Ll { blocks } | Kernel::Bulk { blocks, .. } | Kernel::Push { blocks, .. } => {
-                blocks
-            }
+            Kernel::Ll { blocks }
+            | Kernel::Bulk { blocks, .. }
+            | Kernel::Push { blocks, .. }
+            | Kernel::CopyAllReduce { blocks, .. } => blocks,
+            Kernel::CopyGather => 1,
         }
     }
 }
@@ -64,6 +72,10 @@ pub struct Choice {
     /// default), in tiles of at most `push_slot` bytes.
     pub push_min_blocks: u32,
     pub push_slot: usize,
+    /// All-gathers of at least this many bytes per rank on the copy engines (0: never).
+    pub ag_copy_bytes: usize,
+    /// All-reduces of at least this many bytes per rank spread on the copy engines (0: never).
+    pub ar_copy_bytes: usize,
     /// Thread blocks per GPU: at least (NCCL's minCTAs), at most (fixed at init).
     pub min_blocks: u32,
     pub max_blocks: u32,
@@ -71,9 +83,12 @@ pub struct Choice {
 
 /// The kernel and block count for call `a`: the low-latency kernel for all-reduces up to
 /// `ll_max_bytes` per rank (`RAILCC_GPU_LL_MAX_BYTES`, at most what its scratch holds), else
+/// the copy engines for all-gathers of at least `ag_copy_bytes` per rank, else
 /// the push kernel for all-reduces of at least `push_bytes` per rank on at least
 /// [`PUSH_MIN_GPUS`] GPUs where the communicator has at least `push_min_blocks` (it takes at
-/// most `railcc_cuda::push::MAX_BLOCKS`), else the bulk kernel; blocks by the work, at least
+/// most `railcc_cuda::push::MAX_BLOCKS`), else (fewer blocks) the bulk kernel into each GPU's
+/// own output and the copy engines for all-reduces of at least `ar_copy_bytes` on as many
+/// GPUs, else the bulk kernel; blocks by the work, at least
 /// `min_blocks` (NCCL's minCTAs) and at most `max_blocks` (the communicator's, fixed at init
 /// from `RAILCC_GPU_MAX_BLOCKS` or maxCTAs and what stays resident). It depends only on the
 /// call's shape, so every rank chooses the same.
@@ -92,12 +107,28 @@ pub fn choose(a: &CollArgs, c: &Choice) -> Kernel {
         Kernel::Ll {
             blocks: floor(ll::blocks(nbytes, max_blocks)),
         }
+    } else if a.coll == CollKind::AllGather
+        && a.nranks > 1
+        && c.ag_copy_bytes > 0
+        && nbytes >= c.ag_copy_bytes
+    {
+        Kernel::CopyGather
     } else if pushed(a, c) {
         let most = max_blocks.min(push::MAX_BLOCKS);
         let (b, slot) = push::shape(a.nranks, a.count, a.dtype, most, c.push_slot);
         Kernel::Push {
             blocks: b.max(min_blocks.min(most)),
             slot,
+        }
+    } else if a.coll == CollKind::AllReduce
+        && a.nranks >= PUSH_MIN_GPUS
+        && c.ar_copy_bytes > 0
+        && nbytes >= c.ar_copy_bytes
+    {
+        Kernel::CopyAllReduce {
+            blocks: floor(blocks(a.coll, a.nranks, a.count, a.dtype, max_blocks)),
+            wide,
+            tma,
         }
     } else {
         Kernel::Bulk {
@@ -183,6 +214,58 @@ pub unsafe fn enqueue(
                     (blocks, slot),
                     timeout_ns,
                 )
+            }?;
+            Ok(Launch {
+                blocks_per_gpu: blocks,
+                threads_per_block: THREADS,
+            })
+        }
+        Kernel::CopyGather => {
+            // SAFETY: the caller's contract.
+            let blocks = unsafe {
+                railcc_cuda::copies::all_gather(
+                    gpu,
+                    stream,
+                    g,
+                    p.ins[g],
+                    p.outs,
+                    a.count * a.dtype.size(),
+                    p.syncs,
+                    timeout_ns,
+                )
+            }?;
+            Ok(Launch {
+                blocks_per_gpu: blocks,
+                threads_per_block: 32,
+            })
+        }
+        Kernel::CopyAllReduce { blocks, wide, tma } => {
+            let shape = CallShape {
+                dt: a.dtype,
+                op: a.op,
+                syncs: p.syncs,
+                avg_n: p.ins.len() as i32,
+                blocks,
+                timeout_ns,
+                wide,
+                tma,
+            };
+            let mut s = spec(a.coll, g, p.ins, p.outs, a.count, a.dtype, a.root)?;
+            s.outs = vec![p.outs[g]];
+            let es = a.dtype.size() as u64;
+            let (b, e) = s.range;
+            // SAFETY: the caller's contract; the kernel writes only this GPU's output.
+            unsafe { launch(gpu, stream, g, &s, &shape) }?;
+            let seg = railcc_cuda::copies::Spread {
+                src: p.outs[g] + b * es,
+                outs: p.outs,
+                offset: b * es,
+                bytes: ((e - b) * es) as usize,
+            };
+            // SAFETY: the caller's contract; the kernel before it passed this call's ready
+            // barrier.
+            unsafe {
+                railcc_cuda::copies::spread(gpu, stream, g, &seg, p.syncs, timeout_ns, false)
             }?;
             Ok(Launch {
                 blocks_per_gpu: blocks,
@@ -388,6 +471,8 @@ mod tests {
             push_bytes: 0,
             push_min_blocks: PUSH_MIN_BLOCKS,
             push_slot: push::DEFAULT_SLOT,
+            ag_copy_bytes: 0,
+            ar_copy_bytes: 0,
             min_blocks,
             max_blocks,
         }
@@ -477,6 +562,53 @@ mod tests {
                 slot: 168 * 1024
             }
         );
+    }
+
+    #[test]
+    fn all_gathers_from_the_threshold_on_the_copy_engines() {
+        let c = Choice {
+            ag_copy_bytes: 16 << 20,
+            ..choice(65536, true, (0, 132))
+        };
+        let ag = |count, nranks| CollArgs {
+            coll: CollKind::AllGather,
+            nranks,
+            ..ar(count)
+        };
+        assert_eq!(choose(&ag(4 << 20, 4), &c), Kernel::CopyGather);
+        assert_eq!(choose(&ag(4 << 20, 4), &c).blocks(), 1);
+        assert!(matches!(
+            choose(&ag((4 << 20) - 1, 4), &c),
+            Kernel::Bulk { .. }
+        ));
+        // One GPU, other collectives, and 0 (never): not on the copy engines.
+        assert!(matches!(choose(&ag(4 << 20, 1), &c), Kernel::Bulk { .. }));
+        assert!(matches!(choose(&ar(4 << 20), &c), Kernel::Bulk { .. }));
+        let never = Choice {
+            ag_copy_bytes: 0,
+            ..c
+        };
+        assert!(matches!(
+            choose(&ag(1 << 28, 4), &never),
+            Kernel::Bulk { .. }
+        ));
+        // All-reduces from theirs: the bulk kernel's blocks, then the copies.
+        let r = Choice {
+            ar_copy_bytes: 16 << 20,
+            ..c
+        };
+        assert_eq!(
+            choose(&ar(4 << 20), &r),
+            Kernel::CopyAllReduce {
+                blocks: 132,
+                wide: true,
+                tma: 0
+            }
+        );
+        assert!(matches!(
+            choose(&ar((4 << 20) - 1), &r),
+            Kernel::Bulk { .. }
+        ));
     }
 
     #[test]

@@ -208,6 +208,10 @@ struct Hello {
     push: u64,
     push_min_blocks: u32,
     push_slot: u32,
+    /// All-gathers from this many bytes on the copy engines (0: never).
+    ag_copy: u64,
+    /// All-reduces from this many bytes spread on the copy engines (0: never).
+    ar_copy: u64,
     proc: Proc,
     /// Proves this rank's descriptor messages (fdpass.rs) to its peers.
     token: u64,
@@ -226,6 +230,8 @@ impl Hello {
         v.extend_from_slice(&self.push.to_le_bytes());
         v.extend_from_slice(&self.push_min_blocks.to_le_bytes());
         v.extend_from_slice(&self.push_slot.to_le_bytes());
+        v.extend_from_slice(&self.ag_copy.to_le_bytes());
+        v.extend_from_slice(&self.ar_copy.to_le_bytes());
         for s in [&self.host, &self.shm] {
             v.extend_from_slice(&(s.len() as u16).to_le_bytes());
             v.extend_from_slice(s.as_bytes());
@@ -254,7 +260,17 @@ impl Hello {
                 .ok()?,
         );
         let (push_min_blocks, push_slot) = (word(HANDLE_BYTES + 32)?, word(HANDLE_BYTES + 36)?);
-        let mut at = HANDLE_BYTES + 40;
+        let ag_copy = u64::from_le_bytes(
+            b.get(HANDLE_BYTES + 40..HANDLE_BYTES + 48)?
+                .try_into()
+                .ok()?,
+        );
+        let ar_copy = u64::from_le_bytes(
+            b.get(HANDLE_BYTES + 48..HANDLE_BYTES + 56)?
+                .try_into()
+                .ok()?,
+        );
+        let mut at = HANDLE_BYTES + 56;
         let mut s = [String::new(), String::new()];
         for x in s.iter_mut() {
             let n = u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?) as usize;
@@ -272,6 +288,8 @@ impl Hello {
             push,
             push_min_blocks,
             push_slot,
+            ag_copy,
+            ar_copy,
             proc: Proc { pid, start },
             token,
         })
@@ -338,6 +356,8 @@ impl ProcGpu {
                     push: settings.push_bytes as u64,
                     push_min_blocks: settings.push_min_blocks,
                     push_slot: settings.push_slot.min(u32::MAX as usize) as u32,
+                    ag_copy: settings.ag_copy_bytes as u64,
+                    ar_copy: settings.ar_copy_bytes as u64,
                     proc: Proc::me(),
                     token,
                 }
@@ -395,6 +415,8 @@ impl ProcGpu {
         let push_bytes = hellos.iter().map(|h| h.push).min().unwrap_or(0) as usize;
         let push_min_blocks = hellos.iter().map(|h| h.push_min_blocks).min().unwrap_or(0);
         let push_slot = hellos.iter().map(|h| h.push_slot).min().unwrap_or(0) as usize;
+        let ag_copy_bytes = hellos.iter().map(|h| h.ag_copy).min().unwrap_or(0) as usize;
+        let ar_copy_bytes = hellos.iter().map(|h| h.ar_copy).min().unwrap_or(0) as usize;
         let broken = Arc::new(Mutex::new(None));
         // Peers whose process this one can see (another pid namespace hides them): watched.
         let peers: Vec<(usize, Proc)> = hellos
@@ -448,6 +470,8 @@ impl ProcGpu {
                 push_bytes,
                 push_min_blocks,
                 push_slot,
+                ag_copy_bytes,
+                ar_copy_bytes,
                 min_blocks,
                 max_blocks,
             },
@@ -840,6 +864,8 @@ mod tests {
             push: 1 << 24,
             push_min_blocks: 24,
             push_slot: 172032,
+            ag_copy: 1 << 26,
+            ar_copy: 1 << 27,
             proc: Proc { pid: 42, start: 7 },
             token: 99,
         };
@@ -856,9 +882,11 @@ mod tests {
                 d.min_blocks,
                 d.push,
                 d.push_min_blocks,
-                d.push_slot
+                d.push_slot,
+                d.ag_copy,
+                d.ar_copy
             ),
-            (65536, 8, 1 << 24, 24, 172032)
+            (65536, 8, 1 << 24, 24, 172032, 1 << 26, 1 << 27)
         );
     }
 

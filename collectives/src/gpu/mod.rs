@@ -39,6 +39,8 @@ pub fn settings(cfg: &Config) -> Settings {
         push_bytes: cfg.gpu_ar_push_bytes,
         push_min_blocks: cfg.gpu_push_min_blocks.min(u32::MAX as usize) as u32,
         push_slot: cfg.gpu_push_slot_bytes,
+        ag_copy_bytes: cfg.gpu_ag_copy_bytes,
+        ar_copy_bytes: cfg.gpu_ar_copy_bytes,
         p2p_batch: cfg.gpu_p2p_batch != 0,
         p2p_fused: cfg.gpu_p2p_batch == 2,
         p2p_stage_bytes: cfg.gpu_p2p_stage_bytes,
