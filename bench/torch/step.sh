@@ -8,7 +8,8 @@
 # across hosts also nccl-4x4 (NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4, NCCL's better
 # socket setting), and railcc-bN (railcc at most N thread blocks a kernel); STEP_LIBS picks some. STEP_RUNS repeats each (default 2). Prints one line per run
 # ("step: ...") and a table of medians with railcc's ratio to the better NCCL; writes
-# $OUT/step.json (every measurement) and $OUT/step-*.log.
+# $OUT/step.json (every measurement) and $OUT/step-*.log. STEP_ARGS: more arguments for
+# step.py on the host layout (e.g. "--width 2048": FSDP shards of 25 MB a rank).
 # Prepare with bench/compare/gpu-prepare.sh; carry .device.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -35,7 +36,7 @@ one() {
   if [ "$layout" = host ]; then
     env "$@" timeout -k 10 "$LIMIT" python3 -m torch.distributed.run --nproc_per_node 4 \
       --master_addr 127.0.0.1 --master_port $port "$PY" --mode "$mode" --out "$OUT/step" \
-      --label "$label-$layout" > "$log" 2>&1 || rc=$?
+      --label "$label-$layout" ${STEP_ARGS:-} > "$log" 2>&1 || rc=$?
   else
     local per=2 gpus
     [ "$layout" = 2x1 ] && per=1
