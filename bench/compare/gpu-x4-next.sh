@@ -242,6 +242,24 @@ case ${1:-} in
         bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/ar-ab-mpi.txt"
     fi
     ;;
+  fin)
+    # After the review's fixes (the own block forked before the ready barrier, not under
+    # capture; the all-reduce copy path only below the push kernel's blocks): the bench's
+    # all_gather checks on the copy engines at every size and all_reduce's at 24 blocks, both
+    # ways; all_gather -g 4 256 MB-1 GB against NCCL; PyTorch's collectives through railcc
+    # with cudaMallocAsync (the bounce path) and on 2 emulated hosts x 2 GPUs (the
+    # hierarchy's host part), each checked.
+    RAILCC_GPU_AG_COPY_BYTES=1 OUT=$L TEST_GPU_PARTS=bench TEST_GPU_COLLS=all_gather NG=${NG:-4} timeout 120 bash scripts/test-gpu.sh 2>&1 | tee "$L/bench-ce.txt" | grep -E "^(FAIL|test-gpu)"
+    for mode in "" --per-process; do
+      RAILCC_GPU_MAX_BLOCKS=24 RAILCC_GPU_AR_COPY_BYTES=1 RAILCC_GPU_LL_MAX_BYTES=0 timeout 60 $R bench all_reduce --device cuda $mode \
+        -b 8 -e 2M -f 8 -d all -o all -n 1 -w 0 -r 1 --offset 8 > "$L/bench-ac$mode.txt" 2>&1
+      echo "bench all_reduce ac ${mode:-one process}: exit $?"; grep -E "^ +[0-9]" "$L/bench-ac$mode.txt" | tail -n 2; tail -n 2 "$L/bench-ac$mode.txt"
+    done
+    mkdir -p "$L/g"
+    OUT=$L/g AB_COLL=all_gather AB_BLOCKS=24 AB_VARIANTS="w1" AB_SIZES="-b 256M -e 1G -f 4" timeout 60 bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/ag-ab.txt"
+    OUT=$L ALLOC_ITERS=20 ALLOC_WAYS=async ALLOC_LIBS=railcc timeout 60 bash nccl-compat/tests/torch/alloc.sh 2>&1 | grep -E "^(PASS|FAIL)" | grep -v "median"
+    OUT=$L ALLOC_ITERS=20 ALLOC_LAYOUT=2x2 ALLOC_WAYS=default ALLOC_LIBS=railcc timeout 70 bash nccl-compat/tests/torch/alloc.sh 2>&1 | grep -E "^(PASS|FAIL)" | grep -v "median"
+    ;;
   s-nounit)
     for run in 1 2; do
       s0=$(date +%s%N)

@@ -229,9 +229,9 @@ config! {
     /// All-gathers of at least this many bytes per rank on one host move on the copy engines
     /// (`railcc_cuda::copies`: one copy per peer, one thread block for the barriers; 0:
     /// never). 4 x H100, nccl-tests all_gather against NCCL at 24 channels (2026-11-27): at
-    /// 256 MB-1 GB 1.10x out of place and 1.17-1.19x in place, where the kernel read 0.94-1.10x;
-    /// at 64 MB (16 MiB a rank) 1.06-1.15x, the kernel 1.06-1.14x; below, slower than the
-    /// kernel. Every rank takes the communicator's least.
+    /// 256 MB-1 GB 1.14-1.20x, where the kernel read 0.93-1.00x at 24 blocks and 1.05-1.10x at
+    /// one per SM; at 64 MB (16 MiB a rank) 1.08-1.17x, the kernel 1.04-1.14x; below, slower
+    /// than the kernel. 2 GPUs: 1.29-1.44x at 256 MB-1 GB. Every rank takes the least.
     gpu_ag_copy_bytes: usize = 16 << 20, "RAILCC_GPU_AG_COPY_BYTES";
     /// All-reduces of at least this many bytes per rank on one host of 4 GPUs or more, where
     /// the push kernel may not run (fewer than `RAILCC_GPU_PUSH_MIN_BLOCKS` blocks, e.g.

@@ -14,7 +14,7 @@
 //! counter in the sync area, so these calls interleave with kernel calls and replay in CUDA
 //! graphs; a copy's writes are complete before the next kernel on its stream starts.
 
-use crate::gpu::{copy_async, stream_waits_for, GpuCtx};
+use crate::gpu::{copy_async, is_capturing, stream_waits_for, GpuCtx};
 use crate::launch::{enqueue, ptrs, Ptrs};
 use cudarc::driver::sys;
 use railcc_core::{Error, Result};
@@ -25,7 +25,9 @@ pub const BARRIER_KERNELS: [&str; 2] = ["barrier_ready", "barrier_done"];
 const READY: usize = 0;
 const DONE: usize = 1;
 /// Threads of a barrier kernel's one block: one per peer at most (kernels.rs `MAX_PEERS`).
-const BARRIER_THREADS: u32 = 32;
+pub const BARRIER_THREADS: u32 = 32;
+/// Blocks of a barrier kernel: the only thread blocks a copy-engine all-gather takes.
+pub const BARRIER_BLOCKS: u32 = 1;
 
 /// CUDA source of the barrier kernels (in the common module, after kernels.rs' helpers).
 pub const SOURCE: &str = r#"
@@ -76,14 +78,14 @@ pub unsafe fn all_gather(
     };
     // SAFETY: the caller's contract.
     unsafe { spread(gpu, stream, me, &s, syncs, timeout_ns, true) }?;
-    Ok(1)
+    Ok(BARRIER_BLOCKS)
 }
 
 /// Enqueues GPU `me`'s block `s` into every output on the copy engines, the peers' in turn
 /// (each GPU starting after itself, so the GPUs spread over the links), its own (if not
 /// `src`) on the side stream at the same time, then the done barrier; with `ready`, the
-/// ready barrier first (without: the caller's kernel before it on the stream passed one in
-/// this call, so every peer's output may be written).
+/// ready barrier before the peers' copies (without: the caller's kernel before it on the
+/// stream passed one in this call, so every peer's output may be written).
 ///
 /// # Safety
 /// As [`all_gather`]: `s.src` and every `s.outs[h] + s.offset` hold `s.bytes` that `gpu`
@@ -105,16 +107,15 @@ pub unsafe fn spread(
         )));
     }
     gpu.bind()?;
-    const WHAT: &str = "cuMemcpyAsync (copy-engine collective)";
-    if ready {
-        // SAFETY: the caller's contract (syncs are the call's areas).
-        unsafe { barrier(gpu, stream, READY, me, syncs, timeout_ns) }?;
-    }
-    // Out of place, this GPU's own block goes on the side stream, beside the peers' copies
-    // (after them it added 5% to a 1 GB all-gather on 4 GPUs), and joins before the done
-    // barrier.
+    // Out of place, this GPU's own block goes on the side stream, beside the barrier and the
+    // peers' copies (after them it added 5% to a 1 GB all-gather on 4 GPUs), and joins
+    // before the done barrier. It needs only this stream's order: no peer writes this block.
+    // Under capture it stays on the stream: the side stream would join the capture and could
+    // not serve this communicator's eager calls on other streams until the capture ends.
     let own = s.outs[me] + s.offset;
-    let side = if own != s.src && s.bytes > 0 {
+    // SAFETY: `stream` is a live stream of this context.
+    let fork = own != s.src && s.bytes > 0 && !unsafe { is_capturing(gpu, stream) }?;
+    let side = if fork {
         let side = gpu.side_stream()?;
         // SAFETY: both streams are live streams of this context; the copy's ranges are the
         // caller's.
@@ -126,17 +127,55 @@ pub unsafe fn spread(
     } else {
         None
     };
+    // SAFETY: the caller's contract.
+    let r = unsafe { peers_part(gpu, stream, me, s, syncs, timeout_ns, ready, fork) };
+    if let Some(side) = side {
+        // Joined on failure too: a capture left forked would fail with a less useful error.
+        // SAFETY: as above.
+        let joined = unsafe { stream_waits_for(gpu, stream, gpu, side) };
+        r?;
+        joined?;
+    } else {
+        r?;
+    }
+    // SAFETY: as above.
+    unsafe { barrier(gpu, stream, DONE, me, syncs, timeout_ns) }
+}
+
+const WHAT: &str = "cuMemcpyAsync (copy-engine collective)";
+
+/// [`spread`]'s part on the caller's stream before the join: the ready barrier (with
+/// `ready`), the peers' copies, and the own block unless `forked` put it on the side stream.
+///
+/// # Safety
+/// As [`spread`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn peers_part(
+    gpu: &GpuCtx,
+    stream: sys::CUstream,
+    me: usize,
+    s: &Spread<'_>,
+    syncs: &[u64],
+    timeout_ns: u64,
+    ready: bool,
+    forked: bool,
+) -> Result<()> {
+    let n = s.outs.len();
+    if ready {
+        // SAFETY: the caller's contract (syncs are the call's areas).
+        unsafe { barrier(gpu, stream, READY, me, syncs, timeout_ns) }?;
+    }
     for q in 1..n {
         let dst = s.outs[(me + q) % n] + s.offset;
         // SAFETY: the caller's contract: both ranges hold `bytes` this context addresses.
         unsafe { copy_async(dst, s.src, s.bytes, stream, WHAT) }?;
     }
-    if let Some(side) = side {
+    let own = s.outs[me] + s.offset;
+    if !forked && own != s.src {
         // SAFETY: as above.
-        unsafe { stream_waits_for(gpu, stream, gpu, side) }?;
+        unsafe { copy_async(own, s.src, s.bytes, stream, WHAT) }?;
     }
-    // SAFETY: as above.
-    unsafe { barrier(gpu, stream, DONE, me, syncs, timeout_ns) }
+    Ok(())
 }
 
 /// Enqueues barrier kernel `which` ([`BARRIER_KERNELS`]) of GPU `me` over `syncs`.

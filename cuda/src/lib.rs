@@ -20,8 +20,8 @@
 //!   how a buffer can be shared, its pieces' file descriptors, peers' pieces mapped as views;
 //! - [`dmabuf`]: device memory exported as dma-buf (GPUDirect RDMA);
 //! - [`nvml`]: NVLink counts between GPUs (`railcc topo`);
-//! - [`copies`]: collectives whose data moves on the copy engines (all-gather), between
-//!   one-block barrier kernels;
+//! - [`copies`]: collectives whose data moves on the copy engines between one-block barrier
+//!   kernels (the all-gather; an all-reduce's reduced segments, after the bulk kernel);
 //! - [`netcopy`]: the network engine's staging kernel (SM copies between device buffers and
 //!   the pinned ring, flags handed to the progress thread), a module of its own.
 

@@ -208,9 +208,10 @@ impl MultiGpu {
                 Ok(l) => launched = Some(l),
                 Err(e) => {
                     // Kernels of this call on earlier GPUs' streams wait for peers that will
-                    // never come: stop them, so no stream waits forever. Nothing launched:
-                    // nothing to stop.
-                    if g > 0 {
+                    // never come: stop them, so no stream waits forever. A kernel of one
+                    // launch that failed on GPU 0 launched nothing; the copy paths launch
+                    // several steps, so their first GPU may have a barrier waiting.
+                    if g > 0 || k.steps() > 1 {
                         self.abort();
                     }
                     return Err(e);

@@ -1,10 +1,11 @@
 //! From a collective to kernel launches, the same for one process driving every GPU and for
 //! one process per GPU (they differ only in where the peers' addresses come from):
-//! - [`choose`]: the one place that picks the kernel (low-latency, push or bulk) and its thread
-//!   blocks per GPU for a call;
+//! - [`choose`]: the one place that picks the kernel (low-latency, push, bulk, or the copy
+//!   engines between barrier kernels) and its thread blocks per GPU for a call;
 //! - [`spec`]: which inputs, outputs and element range GPU g's bulk kernel gets;
 //! - [`enqueue`]: GPU g's launch on the caller's stream. The kernels themselves are the CUDA
-//!   layer's (`railcc_cuda::launch`, `railcc_cuda::ll`, `railcc_cuda::push`).
+//!   layer's (`railcc_cuda::launch`, `railcc_cuda::ll`, `railcc_cuda::push`,
+//!   `railcc_cuda::copies`).
 
 use railcc_core::call::{CollArgs, CollKind};
 use railcc_core::{DataType, Error, ErrorKind, Result};
@@ -50,7 +51,16 @@ impl Kernel {
             | Kernel::Bulk { blocks, .. }
             | Kernel::Push { blocks, .. }
             | Kernel::CopyAllReduce { blocks, .. } => blocks,
-            Kernel::CopyGather => 1,
+            Kernel::CopyGather => railcc_cuda::copies::BARRIER_BLOCKS,
+        }
+    }
+
+    /// How many separate launches and copies a GPU's part enqueues: a failure after the
+    /// first leaves work on the stream that waits for peers.
+    pub fn steps(self) -> u32 {
+        match self {
+            Kernel::Ll { .. } | Kernel::Bulk { .. } | Kernel::Push { .. } => 1,
+            Kernel::CopyGather | Kernel::CopyAllReduce { .. } => 2,
         }
     }
 }
@@ -88,7 +98,8 @@ pub struct Choice {
 /// [`PUSH_MIN_GPUS`] GPUs where the communicator has at least `push_min_blocks` (it takes at
 /// most `railcc_cuda::push::MAX_BLOCKS`), else (fewer blocks) the bulk kernel into each GPU's
 /// own output and the copy engines for all-reduces of at least `ar_copy_bytes` on as many
-/// GPUs, else the bulk kernel; blocks by the work, at least
+/// GPUs, else the bulk kernel; blocks by the work (the all-gather on the copy engines: one, for
+/// its barriers), at least
 /// `min_blocks` (NCCL's minCTAs) and at most `max_blocks` (the communicator's, fixed at init
 /// from `RAILCC_GPU_MAX_BLOCKS` or maxCTAs and what stays resident). It depends only on the
 /// call's shape, so every rank chooses the same.
@@ -122,6 +133,7 @@ pub fn choose(a: &CollArgs, c: &Choice) -> Kernel {
         }
     } else if a.coll == CollKind::AllReduce
         && a.nranks >= PUSH_MIN_GPUS
+        && max_blocks < c.push_min_blocks
         && c.ar_copy_bytes > 0
         && nbytes >= c.ar_copy_bytes
     {
@@ -236,20 +248,11 @@ pub unsafe fn enqueue(
             }?;
             Ok(Launch {
                 blocks_per_gpu: blocks,
-                threads_per_block: 32,
+                threads_per_block: railcc_cuda::copies::BARRIER_THREADS,
             })
         }
         Kernel::CopyAllReduce { blocks, wide, tma } => {
-            let shape = CallShape {
-                dt: a.dtype,
-                op: a.op,
-                syncs: p.syncs,
-                avg_n: p.ins.len() as i32,
-                blocks,
-                timeout_ns,
-                wide,
-                tma,
-            };
+            let shape = bulk_shape(a, p, (blocks, wide, tma), timeout_ns);
             let mut s = spec(a.coll, g, p.ins, p.outs, a.count, a.dtype, a.root)?;
             s.outs = vec![p.outs[g]];
             let es = a.dtype.size() as u64;
@@ -273,16 +276,7 @@ pub unsafe fn enqueue(
             })
         }
         Kernel::Bulk { blocks, wide, tma } => {
-            let shape = CallShape {
-                dt: a.dtype,
-                op: a.op,
-                syncs: p.syncs,
-                avg_n: p.ins.len() as i32,
-                blocks,
-                timeout_ns,
-                wide,
-                tma,
-            };
+            let shape = bulk_shape(a, p, (blocks, wide, tma), timeout_ns);
             let s = spec(a.coll, g, p.ins, p.outs, a.count, a.dtype, a.root)?;
             // SAFETY: the caller's contract.
             unsafe { launch(gpu, stream, g, &s, &shape) }?;
@@ -291,6 +285,25 @@ pub unsafe fn enqueue(
                 threads_per_block: THREADS,
             })
         }
+    }
+}
+
+/// What every GPU's bulk kernel of call `a` shares: `blocks` and its loop (`wide`, `tma`).
+fn bulk_shape<'a>(
+    a: &CollArgs,
+    p: &Peers<'a>,
+    (blocks, wide, tma): (u32, bool, u8),
+    timeout_ns: u64,
+) -> CallShape<'a> {
+    CallShape {
+        dt: a.dtype,
+        op: a.op,
+        syncs: p.syncs,
+        avg_n: p.ins.len() as i32,
+        blocks,
+        timeout_ns,
+        wide,
+        tma,
     }
 }
 
@@ -592,23 +605,42 @@ mod tests {
             choose(&ag(1 << 28, 4), &never),
             Kernel::Bulk { .. }
         ));
-        // All-reduces from theirs: the bulk kernel's blocks, then the copies.
+        // All-reduces from theirs on 4 GPUs or more where the push kernel may not run (fewer
+        // than its 128 blocks, as NCCL's 24): the bulk kernel's blocks, then the copies.
         let r = Choice {
             ar_copy_bytes: 16 << 20,
+            max_blocks: 24,
             ..c
         };
         assert_eq!(
             choose(&ar(4 << 20), &r),
             Kernel::CopyAllReduce {
-                blocks: 132,
+                blocks: 24,
                 wide: true,
                 tma: 0
             }
         );
+        assert_eq!(choose(&ar(4 << 20), &r).steps(), 2);
         assert!(matches!(
             choose(&ar((4 << 20) - 1), &r),
             Kernel::Bulk { .. }
         ));
+        let two = CollArgs {
+            nranks: 2,
+            ..ar(4 << 20)
+        };
+        assert!(matches!(choose(&two, &r), Kernel::Bulk { .. }));
+        // 128 blocks allowed: the push kernel from its threshold, the bulk kernel without it.
+        let wide = Choice {
+            max_blocks: 132,
+            ..r
+        };
+        assert!(matches!(choose(&ar(4 << 20), &wide), Kernel::Bulk { .. }));
+        let push = Choice {
+            push_bytes: 16 << 20,
+            ..wide
+        };
+        assert!(matches!(choose(&ar(4 << 20), &push), Kernel::Push { .. }));
     }
 
     #[test]

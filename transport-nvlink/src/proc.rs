@@ -871,6 +871,8 @@ mod tests {
         };
         let bytes = h.encode();
         assert!(Hello::decode(&bytes[..70]).is_none());
+        // Cut inside the last settings word (ar_copy, ending 56 bytes past the handle).
+        assert!(Hello::decode(&bytes[..8 + HANDLE_BYTES + 55]).is_none());
         let d = Hello::decode(&bytes).unwrap();
         assert_eq!(
             (d.host, d.shm, d.blocks, d.sync, d.proc, d.token),
