@@ -86,6 +86,23 @@ pub struct GpuCtx {
     abort: Flags,
 }
 
+impl Drop for GpuCtx {
+    /// Destroys the side stream if one was made (the driver frees it once its work is done).
+    /// The main stream stays: callers hand it out as a communicator's default stream.
+    fn drop(&mut self) {
+        let side = self
+            .side
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(s) = side {
+            // SAFETY: made by side_stream on this context, destroyed once; nothing of ours is
+            // enqueued on it after the context's owner let it go.
+            let _ = unsafe { destroy_stream(self, s as Stream) };
+        }
+    }
+}
+
 // SAFETY: the raw handles are only used after binding the context; the driver API is
 // thread-safe.
 unsafe impl Send for GpuCtx {}
