@@ -45,7 +45,13 @@
 #   v  the push kernel at 24 blocks by tile size (32, 64, 84 KiB) against the bulk kernel.
 #   w  the TMA bulk kernel: the GPU unit tests, then all_reduce, reduce_scatter, all_gather at 24 blocks,
 #      TMA loads and TMA loads and stores against the wide loop.
-# Usage: bash bench/compare/gpu-x4-next.sh a|...|w (parts e-l on NG GPUs, default 4)
+#   x  s's first-run compile (no A/B), then w, in one call.
+#   y  the all-gather on the copy engines: its bench checks, then all_gather against NCCL
+#      (Y_VARIANTS, default "w1 ce"; "ak" the kernel), -g 4 and mpirun.
+#   z  the all-reduce copy path (RAILCC_GPU_AR_COPY_BYTES): its bench checks, then the A/B.
+#   fin  after the review of the copy paths: their checks, all_gather at 24 blocks, PyTorch
+#      with cudaMallocAsync and on 2 x 2 emulated hosts.
+# Usage: bash bench/compare/gpu-x4-next.sh a|...|z|fin (parts e-l on NG GPUs, default 4)
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -268,7 +274,7 @@ case ${1:-} in
       grep -a -E "NVRTC|kernel modules as" "$L/warm$run.txt" | sed 's/^/    /' | tail -16
     done
     ;;
-  *) echo "usage: $0 a|...|x"; exit 2 ;;
+  *) echo "usage: $0 a|...|z|fin"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
