@@ -127,56 +127,41 @@ pub unsafe fn spread(
     } else {
         None
     };
-    // SAFETY: the caller's contract.
-    let r = unsafe { peers_part(gpu, stream, me, s, syncs, timeout_ns, ready, fork) };
-    if let Some(side) = side {
-        // Joined on failure too: a capture left forked would fail with a less useful error.
-        // SAFETY: as above.
-        let joined = unsafe { stream_waits_for(gpu, stream, gpu, side) };
-        r?;
-        joined?;
-    } else {
-        r?;
-    }
+    // The rest before the join: the ready barrier (with `ready`), the peers' copies, and the
+    // own block unless it went on the side stream.
+    let r = (|| {
+        // SAFETY: the caller's contract, as above.
+        unsafe {
+            if ready {
+                barrier(gpu, stream, READY, me, syncs, timeout_ns)?;
+            }
+            for q in 1..n {
+                copy_async(
+                    s.outs[(me + q) % n] + s.offset,
+                    s.src,
+                    s.bytes,
+                    stream,
+                    WHAT,
+                )?;
+            }
+            if !fork && own != s.src {
+                copy_async(own, s.src, s.bytes, stream, WHAT)?;
+            }
+        }
+        Ok(())
+    })();
+    // Joined on failure too: a stream left forked would hide the first error.
+    // SAFETY: as above.
+    let joined = side.map_or(Ok(()), |side| unsafe {
+        stream_waits_for(gpu, stream, gpu, side)
+    });
+    r?;
+    joined?;
     // SAFETY: as above.
     unsafe { barrier(gpu, stream, DONE, me, syncs, timeout_ns) }
 }
 
 const WHAT: &str = "cuMemcpyAsync (copy-engine collective)";
-
-/// [`spread`]'s part on the caller's stream before the join: the ready barrier (with
-/// `ready`), the peers' copies, and the own block unless `forked` put it on the side stream.
-///
-/// # Safety
-/// As [`spread`].
-#[allow(clippy::too_many_arguments)]
-unsafe fn peers_part(
-    gpu: &GpuCtx,
-    stream: sys::CUstream,
-    me: usize,
-    s: &Spread<'_>,
-    syncs: &[u64],
-    timeout_ns: u64,
-    ready: bool,
-    forked: bool,
-) -> Result<()> {
-    let n = s.outs.len();
-    if ready {
-        // SAFETY: the caller's contract (syncs are the call's areas).
-        unsafe { barrier(gpu, stream, READY, me, syncs, timeout_ns) }?;
-    }
-    for q in 1..n {
-        let dst = s.outs[(me + q) % n] + s.offset;
-        // SAFETY: the caller's contract: both ranges hold `bytes` this context addresses.
-        unsafe { copy_async(dst, s.src, s.bytes, stream, WHAT) }?;
-    }
-    let own = s.outs[me] + s.offset;
-    if !forked && own != s.src {
-        // SAFETY: as above.
-        unsafe { copy_async(own, s.src, s.bytes, stream, WHAT) }?;
-    }
-    Ok(())
-}
 
 /// Enqueues barrier kernel `which` ([`BARRIER_KERNELS`]) of GPU `me` over `syncs`.
 ///
