@@ -85,12 +85,8 @@ mod tests {
     /// Without a driver: a skip line.
     #[test]
     fn the_gpu_counts_what_the_host_counts() {
-        let gpus = match railcc_cuda::driver::devices() {
-            Ok(g) if !g.is_empty() => g,
-            Ok(_) | Err(_) => {
-                println!("SKIP the GPU check of results: no CUDA driver or GPU");
-                return;
-            }
+        let Some(gpus) = railcc_cuda::driver::gpus_or_skip("the GPU check of results") else {
+            return;
         };
         let gpu = GpuCtx::new(gpus[0].ordinal, None).expect("context");
         let seed = 99;

@@ -62,12 +62,8 @@ mod tests {
     /// descriptor), at an offset inside the page-aligned range. Without a driver: a skip line.
     #[test]
     fn device_memory_exports_as_a_dma_buf() {
-        let gpus = match crate::driver::devices() {
-            Ok(g) if !g.is_empty() => g,
-            Ok(_) | Err(_) => {
-                println!("SKIP dma-buf export: no CUDA driver or GPU");
-                return;
-            }
+        let Some(gpus) = crate::driver::gpus_or_skip("dma-buf export") else {
+            return;
         };
         let gpu = crate::gpu::GpuCtx::new(gpus[0].ordinal, None).expect("context");
         let buf = gpu.alloc(1 << 20).expect("alloc");

@@ -72,6 +72,19 @@ pub fn device(ordinal: usize) -> Result<sys::CUdevice> {
     Ok(d)
 }
 
+/// For tests that need a GPU: every GPU the driver sees, or `None` after printing the skip
+/// line "SKIP {what}: no CUDA driver or GPU" (test-gpu.sh counts a skip on a GPU machine as a
+/// failure).
+pub fn gpus_or_skip(what: &str) -> Option<Vec<GpuInfo>> {
+    match devices() {
+        Ok(g) if !g.is_empty() => Some(g),
+        Ok(_) | Err(_) => {
+            println!("SKIP {what}: no CUDA driver or GPU");
+            None
+        }
+    }
+}
+
 /// Every GPU the driver sees.
 pub fn devices() -> Result<Vec<GpuInfo>> {
     available()?;

@@ -290,12 +290,8 @@ mod gpu_tests {
     /// once (264) when accumulated wider. Without a driver: a skip line.
     #[test]
     fn wide_accumulation() {
-        let gpus = match crate::driver::devices() {
-            Ok(g) if !g.is_empty() => g,
-            Ok(_) | Err(_) => {
-                println!("SKIP wide accumulation on the GPU: no CUDA driver or GPU");
-                return;
-            }
+        let Some(gpus) = crate::driver::gpus_or_skip("wide accumulation on the GPU") else {
+            return;
         };
         let gpu = GpuCtx::new(gpus[0].ordinal, None).expect("context");
         let count = 4099usize;
@@ -364,12 +360,8 @@ mod gpu_tests {
     /// and in place, for f32, i32 (wrapping) and fp8 (rounded). Without a driver: a skip line.
     #[test]
     fn scale_by_host_and_device_scalars() {
-        let gpus = match crate::driver::devices() {
-            Ok(g) if !g.is_empty() => g,
-            Ok(_) | Err(_) => {
-                println!("SKIP scale kernel on the GPU: no CUDA driver or GPU");
-                return;
-            }
+        let Some(gpus) = crate::driver::gpus_or_skip("scale kernel on the GPU") else {
+            return;
         };
         let gpu = GpuCtx::new(gpus[0].ordinal, None).expect("context");
         let n = 1000usize;
@@ -431,12 +423,8 @@ mod gpu_tests {
     #[test]
     fn fp8_matches_the_host_rounding() {
         use float8::{F8E4M3, F8E5M2};
-        let gpus = match crate::driver::devices() {
-            Ok(g) if !g.is_empty() => g,
-            Ok(_) | Err(_) => {
-                println!("SKIP fp8 rounding on the GPU: no CUDA driver or GPU");
-                return;
-            }
+        let Some(gpus) = crate::driver::gpus_or_skip("fp8 rounding on the GPU") else {
+            return;
         };
         let gpu = GpuCtx::new(gpus[0].ordinal, None).expect("context");
         let a: Vec<u8> = (0..65536u32).map(|i| (i >> 8) as u8).collect();

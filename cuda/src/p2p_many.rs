@@ -705,12 +705,8 @@ mod tests {
     /// Without a driver: a skip line.
     #[test]
     fn batches_swap_messages_both_ways_and_count_on() {
-        let gpus = match crate::driver::devices() {
-            Ok(g) if !g.is_empty() => g,
-            Ok(_) | Err(_) => {
-                println!("SKIP p2p batch kernels on the GPU: no CUDA driver or GPU");
-                return;
-            }
+        let Some(gpus) = crate::driver::gpus_or_skip("p2p batch kernels on the GPU") else {
+            return;
         };
         let gpu = GpuCtx::new(gpus[0].ordinal, None).expect("context");
         let other = gpu.alloc(crate::kernels::AREA_BYTES).expect("area");

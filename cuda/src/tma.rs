@@ -298,12 +298,8 @@ mod gpu_tests {
     /// driver, or below 9.0: a skip line.
     #[test]
     fn tma_kernel_matches_the_bulk_kernel() {
-        let gpus = match crate::driver::devices() {
-            Ok(g) if !g.is_empty() => g,
-            Ok(_) | Err(_) => {
-                println!("SKIP TMA bulk kernel on the GPU: no CUDA driver or GPU");
-                return;
-            }
+        let Some(gpus) = crate::driver::gpus_or_skip("TMA bulk kernel on the GPU") else {
+            return;
         };
         let mut gpu = GpuCtx::new(gpus[0].ordinal, None).expect("context");
         gpu.load_tma(None).expect("TMA kernels");
