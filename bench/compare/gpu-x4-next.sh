@@ -58,6 +58,17 @@ source bench/compare/gpu-env.sh
 L=$OUT/logs
 mkdir -p "$L"
 T0=$(date +%s)
+# first_runs: the kernels' first-run compile and load with an empty cache, timed, then a
+# second run from the cache (parts s and x).
+first_runs() {
+  local run s0
+  for run in 1 2; do
+    s0=$(date +%s%N)
+    RAILCC_LOG=railcc_cuda=info timeout 250 $R bench all_reduce --device cuda -b 8 -e 8 -n 1 -w 0 > "$L/warm$run.txt" 2>&1
+    echo "run $run (compile and load; cache $([ $run = 1 ] && echo empty || echo full)): exit $? after $((($(date +%s%N) - s0) / 1000000)) ms"
+    grep -a -E "NVRTC|kernel modules as" "$L/warm$run.txt" | sed 's/^/    /' | tail -16
+  done
+}
 case ${1:-} in
   a)
     OUT=$L TEST_GPU_PARTS=unit NG=4 timeout 200 bash scripts/test-gpu.sh 2>&1 | tee "$L/unit.txt" | grep -E "^(PASS|FAIL|test-gpu)|p2p batch"
@@ -159,12 +170,7 @@ case ${1:-} in
     # the GPU unit tests (they load every kernel); then all_reduce of this build against the
     # build measured on 2026-11-27 (353abf3, .device/lib-353abf3, the push kernel at
     # 0.99-1.04x NCCL then, the same source read 0.94-0.97x in this session's call 4).
-    for run in 1 2; do
-      s0=$(date +%s%N)
-      RAILCC_LOG=railcc_cuda=info timeout 250 $R bench all_reduce --device cuda -b 8 -e 8 -n 1 -w 0 > "$L/warm$run.txt" 2>&1
-      echo "run $run (compile and load; cache $([ $run = 1 ] && echo empty || echo full)): exit $? after $((($(date +%s%N) - s0) / 1000000)) ms"
-      grep -a -E "NVRTC|kernel modules as" "$L/warm$run.txt" | sed 's/^/    /' | tail -16
-    done
+    first_runs
     OUT=$L TEST_GPU_PARTS=unit NG=${NG:-4} timeout 150 bash scripts/test-gpu.sh 2>&1 | tee "$L/unit.txt" | grep -E "^(PASS|FAIL|test-gpu)"
     cp "$L/test-gpu.log" "$L/test-gpu-unit.log" 2>/dev/null
     [ -n "${S_NO_AB:-}" ] || OUT=$L AB_VARIANTS="w1" AB_LIBS="old353=$PWD/.device/lib-353abf3" AB_SIZES="-b 4M -e 1G -f 4" timeout $((570 - $(date +%s) + T0)) bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/old-new-ab.txt"
@@ -213,7 +219,7 @@ case ${1:-} in
     # (first, 2026-11-27 second day) s's timed first-run compile of the 53 default modules,
     # then w (the unit tests load every module, the TMA family through load_tma, then the TMA
     # A/B at 24 blocks), in one call.
-    S_NO_AB=1 bash "$0" s-nounit
+    first_runs
     W_LIMIT=${W_LIMIT:-140} bash "$0" w
     exit 0
     ;;
@@ -265,14 +271,6 @@ case ${1:-} in
     OUT=$L/g AB_COLL=all_gather AB_BLOCKS=24 AB_VARIANTS="w1" AB_SIZES="-b 256M -e 1G -f 4" timeout 60 bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/ag-ab.txt"
     OUT=$L ALLOC_ITERS=20 ALLOC_WAYS=async ALLOC_LIBS=railcc timeout 60 bash nccl-compat/tests/torch/alloc.sh 2>&1 | grep -E "^(PASS|FAIL)" | grep -v "median"
     OUT=$L ALLOC_ITERS=20 ALLOC_LAYOUT=2x2 ALLOC_WAYS=default ALLOC_LIBS=railcc timeout 70 bash nccl-compat/tests/torch/alloc.sh 2>&1 | grep -E "^(PASS|FAIL)" | grep -v "median"
-    ;;
-  s-nounit)
-    for run in 1 2; do
-      s0=$(date +%s%N)
-      RAILCC_LOG=railcc_cuda=info timeout 250 $R bench all_reduce --device cuda -b 8 -e 8 -n 1 -w 0 > "$L/warm$run.txt" 2>&1
-      echo "run $run (compile and load; cache $([ $run = 1 ] && echo empty || echo full)): exit $? after $((($(date +%s%N) - s0) / 1000000)) ms"
-      grep -a -E "NVRTC|kernel modules as" "$L/warm$run.txt" | sed 's/^/    /' | tail -16
-    done
     ;;
   *) echo "usage: $0 a|...|z|fin"; exit 2 ;;
 esac
