@@ -2,7 +2,7 @@
 run by alloc.sh with torchrun, 2 or more ranks, one GPU each (PYTORCH_CUDA_ALLOC_CONF picks the
 allocator; TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1 registers every segment).
 
-At 4 KB, 4 MB and 256 MB: all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast,
+At 4 KB, 4 MB and 256 MB (ALLOC_SIZES picks others): all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast,
 all_to_all_single and a batch_isend_irecv ring, every element checked against values computed
 on the host. Then the time of all_reduce at each size (median of ALLOC_ITERS, default 20,
 after 5 warm-ups; each timed call alone between two events, so the host's work for the call
@@ -112,7 +112,8 @@ def main():
         conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "default")
         hook = os.environ.get("TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK", "0")
         say(f"alloc.py: torch {torch.__version__}, allocator {conf}, register hook {hook}")
-    sizes = [4 << 10, 4 << 20, 256 << 20]
+    # ALLOC_SIZES (bytes, space-separated) narrows a run to some sizes, e.g. to trace one.
+    sizes = [int(s) for s in os.environ.get("ALLOC_SIZES", f"{4 << 10} {4 << 20} {256 << 20}").split()]
     for nbytes in sizes:
         collectives(nbytes, rank, world, dev)
     for nbytes in sizes:

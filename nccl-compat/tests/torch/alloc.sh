@@ -8,8 +8,9 @@
 # A run passes when every rank checks every result. Then, from the same call's figures:
 # railcc's 256 MB all_reduce busbw under expandable segments >= NCCL's (same allocator), and
 # railcc under expandable segments no slower than 0.95x railcc's default-allocator figure at
-# every size; each figure the median of ALLOC_REPEATS (default 1) runs (each run's figure the
-# median of ALLOC_ITERS timed calls, default 20), the runs of all
+# every size; each figure back to back (nccl-tests' busbw; alloc.py) and the median of
+# ALLOC_REPEATS (default 1) runs; each call alone (ALLOC_ITERS timed calls, default 20) is
+# printed beside them, not judged. The runs of all
 # settings and both libraries interleaved. Prepare with bench/compare/gpu-prepare.sh; carry
 # .device. ALLOC_WAYS and ALLOC_LIBS pick settings and libraries. ALLOC_LAYOUT=2x2 runs two
 # emulated hosts of half the GPUs each (two torchrun nodes, NCCL_HOSTID/RAILCC_HOSTID) instead
@@ -80,45 +81,51 @@ for r in $(seq "${ALLOC_REPEATS:-1}"); do
   done
 done
 
-# Value printing apart from the judging: "<us> <busbw>" of LIB WAY at SIZE, medians over the
-# repeats (nothing when no run printed it).
+# Value printing apart from the judging: "<us> <busbw> <runs> <least us> <most us>" of LIB WAY
+# at SIZE, medians over the repeats (nothing when no run printed it). HOW: b2b = back to back
+# (20 calls between two events, the median of 5 such: nccl-tests' busbw), call = each call
+# alone between two events (torch's and the library's host work for the call in it).
 figure() {
   cat "$OUT/$TAG-$1-$2"-*.log 2>/dev/null | python3 -c '
 import re, statistics, sys
-rows = [m.groups() for m in re.finditer(r"^alloc.py: all_reduce " + sys.argv[1] + r" B: ([0-9.]+) us, busbw ([0-9.]+) GB/s", sys.stdin.read(), re.M)]
+size, how = sys.argv[1], sys.argv[2]
+pat = (r" B back to back: ([0-9.]+) us a call, busbw ([0-9.]+) GB/s" if how == "b2b"
+       else r" B: ([0-9.]+) us, busbw ([0-9.]+) GB/s")
+rows = [(float(u), float(b)) for u, b in re.findall(r"^alloc.py: all_reduce " + size + pat, sys.stdin.read(), re.M)]
 if rows:
-    print(statistics.median(float(u) for u, _ in rows), statistics.median(float(b) for _, b in rows), len(rows))' "$3"
+    us = [u for u, _ in rows]
+    print(f"{statistics.median(us):.1f}", f"{statistics.median(b for _, b in rows):.1f}", len(rows), min(us), max(us))' "$3" "$4"
 }
 judge() {
   if python3 -c "import sys; sys.exit(0 if $2 else 1)" 2>/dev/null; then echo "PASS  $1"; else echo "FAIL  $1"; fails=$((fails + 1)); fi
 }
+# Judged: busbw as nccl-tests measures it (back to back). The per-call figure is printed
+# beside it: between runs of one library and allocator it has spread by 25% at 4 KB
+# (61.6-82.1 us, 2026-11-27) and by 10% at 256 MB (rank skew on the host), more than the 5%
+# judged.
 big=$((256 << 20))
-read -r _ rb k <<< "$(figure railcc expandable $big)"
-read -r _ nb _ <<< "$(figure nccl expandable $big)"
+read -r _ rb k _ <<< "$(figure railcc expandable $big b2b)"
+read -r _ nb _ _ <<< "$(figure nccl expandable $big b2b)"
 if [ -n "${rb:-}" ] && [ -n "${nb:-}" ]; then
-  judge "expandable segments, 256 MB all_reduce busbw (median of $k): railcc $rb against NCCL $nb GB/s (ratio $(python3 -c "print(f'{$rb/$nb:.3f}')"), want >= 1.0)" "$rb >= $nb"
+  judge "expandable segments, 256 MB all_reduce busbw back to back (median of $k): railcc $rb against NCCL $nb GB/s (ratio $(python3 -c "print(f'{$rb/$nb:.3f}')"), want >= 1.0)" "$rb >= $nb"
 fi
 for size in $((4 << 10)) $((4 << 20)) $big; do
-  read -r te _ k <<< "$(figure railcc expandable $size)"
-  read -r td _ _ <<< "$(figure railcc default $size)"
+  read -r te _ k _ <<< "$(figure railcc expandable $size b2b)"
+  read -r td _ _ _ <<< "$(figure railcc default $size b2b)"
   [ -n "${te:-}" ] && [ -n "${td:-}" ] || continue
-  judge "railcc at $size B (median of $k): expandable segments $te us against the default allocator's $td us (want <= 1/0.95 of it)" "$te <= $td / 0.95"
+  judge "railcc at $size B back to back (median of $k): expandable segments $te us a call against the default allocator's $td (want <= 1/0.95 of it)" "$te <= $td / 0.95"
 done
-# For reading beside the judged figures (not judged): the same medians back to back (20 calls
-# between two events, as nccl-tests times), where torch's own host work per call is hidden
-# unless it is the longer part, and NCCL's own expandable/default ratio.
+# For reading beside the judged figures (not judged): each call alone, median (least-most)
+# over the repeats, both libraries.
 for size in $((4 << 10)) $((4 << 20)) $big; do
   row=""
   for lib in railcc nccl; do
     for way in default expandable; do
-      v=$(cat "$OUT/$TAG-$lib-$way"-*.log 2>/dev/null | python3 -c '
-import re, statistics, sys
-rows = [float(m.group(1)) for m in re.finditer(r"^alloc.py: all_reduce " + sys.argv[1] + r" B back to back: ([0-9.]+) us a call", sys.stdin.read(), re.M)]
-print(f"{statistics.median(rows):.1f}" if rows else "-")' "$size")
-      row="$row $lib/$way $v"
+      read -r u _ _ lo hi <<< "$(figure $lib $way $size call)"
+      row="$row $lib/$way ${u:--} (${lo:--}-${hi:--})"
     done
   done
-  echo "info  back to back at $size B, us a call (medians):$row"
+  echo "info  each call alone at $size B, us (median, least-most of the runs):$row"
 done
 echo "torch alloc.sh: $fails failed"
 [ "$fails" = 0 ]

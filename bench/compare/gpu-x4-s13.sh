@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On nvidia-h200-x4 (after bench/compare/gpu-prepare.sh here; carry .device): the eleventh
+# session's device calls, one part per call. Logs under $OUT/logs, tarred to $OUT/logs-<part>.tgz.
+#   a  the copy paths' code as refactored last session (not yet run): the GPU unit tests, the
+#      bench's all_gather checks on the copy engines; then issue 29's expandable-segment cost:
+#      the driver queries railcc makes per VMM piece (bench/experiments/vmm_attr_cost.cu), and
+#      PyTorch's 256 MB all_reduce through railcc, default allocator and expandable segments,
+#      with the host trace (RAILCC_GPU_HOST_TRACE=1: where each rank's host time goes).
+# Usage: bash bench/compare/gpu-x4-s13.sh a
+set -u
+cd "$(dirname "$0")/../.."
+source bench/compare/gpu-env.sh
+L=$OUT/logs
+mkdir -p "$L"
+T0=$(date +%s)
+case ${1:-} in
+  a)
+    OUT=$L TEST_GPU_PARTS=unit NG=4 timeout 150 bash scripts/test-gpu.sh 2>&1 | tee "$L/unit.txt" | grep -E "^(FAIL|test-gpu)"
+    cp "$L/test-gpu.log" "$L/test-gpu-unit.log" 2>/dev/null
+    RAILCC_GPU_AG_COPY_BYTES=1 OUT=$L TEST_GPU_PARTS=bench TEST_GPU_COLLS=all_gather NG=4 timeout 120 bash scripts/test-gpu.sh 2>&1 | tee "$L/bench-ce.txt" | grep -E "^(FAIL|test-gpu)"
+    nvcc -O2 -o /tmp/vmm bench/experiments/vmm_attr_cost.cu -lcuda && timeout 60 /tmp/vmm 2>&1 | tee "$L/vmm.txt"
+    OUT=$L ALLOC_ITERS=100 ALLOC_SIZES=268435456 ALLOC_WAYS="default expandable" ALLOC_LIBS=railcc RAILCC_GPU_HOST_TRACE=1 \
+      timeout 150 bash nccl-compat/tests/torch/alloc.sh > "$L/alloc-trace.txt" 2>&1
+    grep -E "^(PASS|FAIL)" "$L/alloc-trace.txt"
+    for f in "$L"/torch-alloc-railcc-*.log; do
+      echo "== $(basename "$f")"; grep -aE "alloc.py: all_reduce|host trace|coll " "$f" | head -n 24
+    done
+    ;;
+  *) echo "usage: $0 a"; exit 2 ;;
+esac
+echo "== part ${1} ended after $(($(date +%s) - T0)) s"
+cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
