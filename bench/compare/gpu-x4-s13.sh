@@ -6,7 +6,10 @@
 #      the driver queries railcc makes per VMM piece (bench/experiments/vmm_attr_cost.cu), and
 #      PyTorch's 256 MB all_reduce through railcc, default allocator and expandable segments,
 #      with the host trace (RAILCC_GPU_HOST_TRACE=1: where each rank's host time goes).
-# Usage: bash bench/compare/gpu-x4-s13.sh a
+#   b  issue 29 on this build: PyTorch's allocators (alloc.sh), default and expandable
+#      segments 3 runs each and cudaMallocAsync and the register hook once, railcc and NCCL
+#      (the judged figure back to back); sendrecv and alltoall -g 4 -G 10 (item 4).
+# Usage: bash bench/compare/gpu-x4-s13.sh a|b
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -26,7 +29,23 @@ case ${1:-} in
       echo "== $(basename "$f")"; grep -aE "alloc.py: all_reduce|host trace|coll " "$f" | head -n 24
     done
     ;;
-  *) echo "usage: $0 a"; exit 2 ;;
+  b)
+    nccl_tests_build $NT 0 > "$L/nt-build.txt" 2>&1 &
+    ALLOC_ITERS=50 OUT=$L ALLOC_WAYS="default expandable" ALLOC_REPEATS=3 timeout 330 \
+      bash nccl-compat/tests/torch/alloc.sh > "$L/alloc.txt" 2>&1
+    grep -E "^(PASS|FAIL|info)|failed" "$L/alloc.txt"
+    mkdir -p "$L/ways"
+    ALLOC_ITERS=20 OUT=$L/ways ALLOC_WAYS="async reghook" timeout 130 \
+      bash nccl-compat/tests/torch/alloc.sh > "$L/alloc-ways.txt" 2>&1
+    grep -E "^(PASS|FAIL)" "$L/alloc-ways.txt" | grep -v "busbw\|B back"
+    wait
+    for b in sendrecv alltoall; do
+      LD_LIBRARY_PATH="$PWD/.device/lib:/usr/local/cuda/lib64" timeout 40 $NT/build/${b}_perf \
+        -b 8 -e 16M -f 8 -n 2 -w 1 -c 1 -g 4 -G 10 -d all > "$L/g10-$b.log" 2>&1
+      echo "$b -g 4 -G 10 -d all: exit $?, $(grep -cE "^ +[0-9]" "$L/g10-$b.log") rows, $(grep -E "^ +[0-9]" "$L/g10-$b.log" | awk '$9 != 0 || $13 != 0' | wc -l) with #wrong, $(grep -c "Out of bounds values : 0 OK" "$L/g10-$b.log") OK"
+    done
+    ;;
+  *) echo "usage: $0 a|b"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
