@@ -13,7 +13,10 @@
 #      background), nccl-tests -R 1 and -R 2 (register part), a killed rank then shrink or
 #      re-init, and ncclCommAbort from another thread (recover part); if time is left,
 #      PyTorch's four allocators on 2 emulated hosts x 2 GPUs through railcc.
-# Usage: bash bench/compare/gpu-x4-s13.sh a|b|c
+#   d  issue 29's PyTorch suite (DDP and FSDP2 losses against NCCL's): the default allocator
+#      (railcc and NCCL, one host of 4 and 2 emulated hosts x 2), then railcc under expandable
+#      segments, cudaMallocAsync and the register hook while time is left.
+# Usage: bash bench/compare/gpu-x4-s13.sh a|b|c|d
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -65,7 +68,18 @@ case ${1:-} in
       OUT=$L ALLOC_LAYOUT=2x2 ALLOC_LIBS=railcc ALLOC_ITERS=10 timeout $left bash nccl-compat/tests/torch/alloc.sh 2>&1 | grep -E "^(PASS|FAIL)" | grep -v "busbw\|B back"
     fi
     ;;
-  *) echo "usage: $0 a|b|c"; exit 2 ;;
+  d)
+    OUT=$L SUITE_LIMIT=150 timeout 330 bash nccl-compat/tests/torch/suite.sh > "$L/suite-default.txt" 2>&1
+    echo "suite default: exit $?"; grep -E "^(PASS|FAIL)|loss|differ" "$L/suite-default.txt" | head -n 20
+    for a in expandable async reghook; do
+      left=$((560 - ($(date +%s) - T0)))
+      [ $left -gt 150 ] || { echo "not run: suite $a ($left s left)"; continue; }
+      OUT=$L SUITE_ALLOC=$a SUITE_LIMIT=120 SUITE_RUNS="railcc-host railcc-2x2" timeout $left \
+        bash nccl-compat/tests/torch/suite.sh > "$L/suite-$a.txt" 2>&1
+      echo "suite $a: exit $?"; grep -E "^(PASS|FAIL)|loss|differ" "$L/suite-$a.txt" | head -n 12
+    done
+    ;;
+  *) echo "usage: $0 a|b|c|d"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
