@@ -22,7 +22,7 @@ source bench/compare/gpu-env.sh
 mkdir -p "$OUT"
 LIB=$PWD/.device/lib/libnccl.so.2
 PY=$PWD/nccl-compat/tests/torch/alloc.py
-NGPU=$(nvidia-smi -L | wc -l)
+NGPU=${ALLOC_NGPU:-$(nvidia-smi -L | wc -l)}   # ALLOC_NGPU=2 with CUDA_VISIBLE_DEVICES=0,1: two GPUs
 export PYTHONUNBUFFERED=1 NCCL_DEBUG=INFO ALLOC_ITERS=${ALLOC_ITERS:-20}
 fails=0
 port=29561
