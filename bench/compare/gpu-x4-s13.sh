@@ -16,7 +16,10 @@
 #   d  issue 29's PyTorch suite (DDP and FSDP2 losses against NCCL's): the default allocator
 #      (railcc and NCCL, one host of 4 and 2 emulated hosts x 2), then railcc under expandable
 #      segments, cudaMallocAsync and the register hook while time is left.
-# Usage: bash bench/compare/gpu-x4-s13.sh a|b|c|d
+#   e  issue 30's write-only reduce-scatter experiment (bench/experiments/ce_reducescatter.sh,
+#      NCCL's reduce_scatter beside it); issue 29 on 2 GPUs (GPUs 0 and 1): PyTorch's four
+#      allocators through railcc and NCCL.
+# Usage: bash bench/compare/gpu-x4-s13.sh a|b|c|d|e
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -79,7 +82,14 @@ case ${1:-} in
       echo "suite $a: exit $?"; grep -E "^(PASS|FAIL)|loss|differ" "$L/suite-$a.txt" | head -n 12
     done
     ;;
-  *) echo "usage: $0 a|b|c|d"; exit 2 ;;
+  e)
+    OUT=$L timeout 330 bash bench/experiments/ce_reducescatter.sh 2>&1 | tee "$L/ce_rs.txt" | grep -vE "^size .* rs .*blocks  8"
+    left=$((570 - ($(date +%s) - T0)))
+    CUDA_VISIBLE_DEVICES=0,1 ALLOC_NGPU=2 OUT=$L ALLOC_ITERS=20 timeout $left \
+      bash nccl-compat/tests/torch/alloc.sh > "$L/alloc-2gpu.txt" 2>&1
+    grep -E "^(PASS|FAIL)|failed" "$L/alloc-2gpu.txt"
+    ;;
+  *) echo "usage: $0 a|b|c|d|e"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
