@@ -1,20 +1,25 @@
 // Experiment (issue 30): a reduce-scatter that only writes over NVLink. Reads of peers' memory
 // stop at about 325 GB/s on these machines (copy-engine-ceiling.md) while copy-engine writes
-// reach 384-387, so each GPU copies block p of its input to GPU p by the copy engines, chunk
-// by chunk into K slots of scratch per sender, and a kernel on GPU p reduces each chunk from
-// local memory (its own block and the n-1 received chunks) as soon as all have landed.
-// Flags, no host in the loop:
-//   sent[g]       in g's memory: the copy stream of g writes G+1 (cuStreamWriteValue32, after
-//                 its n-1 copies of global chunk G); the receivers' kernels poll it over NVLink;
-//   freed[g][p]   in g's memory: p's kernel writes G+1 once every block has read chunk G (the
-//                 last block to finish it, counted per slot); g's copy stream waits for it
-//                 (cuStreamWaitValue32) before it reuses the slot, K chunks later.
-// Values grow across iterations (a graph would bake them in: the real path needs a device-side
-// counter there, as railcc's call counter). One host thread per GPU enqueues its GPU's work.
-// Modes per size: "copy" (the copies alone, no flags, no kernel: the ceiling) and "rs" by
-// chunk size per peer, slots K and reduce blocks B. Every rs run is checked on the GPU: each
-// output element must equal the sum of the n inputs, which differ by position (index mod 1021)
-// so a chunk or slot mixed up shows.
+// reach 384-387 when every GPU sends to one peer at a time, all GPUs to distinct peers (a
+// permutation, as railcc's all-gather on the copy engines). So the reduce-scatter runs in n-1
+// phases: in phase q GPU g copies block g+q of its input to GPU g+q by the copy engines, chunk
+// by chunk into K slots of scratch there, and a kernel on the receiver adds each chunk into its
+// output as soon as it lands (phase 1: own block + chunk; later phases: output + chunk).
+// A first try (call 5 of 2026-11-27's eleventh session, issue30/x4-s13/call5-*) sent each
+// chunk to all n-1 peers in turn: the GPUs drift apart, receivers get two senders at once, and
+// even the copies alone moved only 217-224 GB/s.
+// Flags, no host in the loop (in g's memory, per receiver r):
+//   sent[r]    g's copy stream writes G+1 (cuStreamWriteValue32) after copying the pair's
+//              chunk G to r; r's kernel polls it over NVLink;
+//   freed[r]   r's kernel writes G+1 once every block has read chunk G (the last block to
+//              finish it, counted per sender and slot); g's copy stream waits for it
+//              (cuStreamWaitValue32) before reusing the slot, K chunks later.
+// Chunk numbers G grow across calls (a graph would bake them in: the real path needs a
+// device-side counter there, as railcc's call counter). One host thread per GPU enqueues.
+// Modes per size: "copy" (the same copies with no flags or kernel: the ceiling) and "rs" by
+// chunk size, slots K and reduce blocks B. Every rs run is checked on the GPU: each output
+// element must equal the sum of the n inputs, which differ by position (index mod 1021) so a
+// chunk or slot mixed up shows.
 // Build: nvcc -O3 -arch=sm_90 -o ce_rs ce_reducescatter.cu -lcuda
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -36,38 +41,43 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   return v;
 }
 
-// GPU p's reduction of one call: chunks k = 0..nchunks-1 of its block, global chunk base + k.
-__global__ void __launch_bounds__(512) rs_reduce(const float4* mine, P8 slots, float4* out, int nsrc,
+// GPU p's reduction of one call: phases q = 1..n-1 (sender p-q), chunks k of its block; the
+// pair's chunk number is base + k. Every phase gives a thread the same elements, so a thread
+// reads in phase q + 1 only what it wrote itself in phase q.
+__global__ void __launch_bounds__(512) rs_reduce(const float4* mine, P8 slots, float4* out, int n,
     size_t chunk_v, int nchunks, int K, unsigned base, F8 sent, F8 freed, unsigned* done) {
-  for (int k = 0; k < nchunks; k++) {
-    unsigned g = base + k;
-    int slot = g % K;
-    if (threadIdx.x == 0) {
-      for (int s = 0; s < nsrc; s++)
-        while (load_acquire(sent.p[s]) < g + 1) {}
-    }
-    __syncthreads();
-    const float4* a = mine + (size_t)k * chunk_v;
-    float4* o = out + (size_t)k * chunk_v;
-    size_t off = (size_t)slot * chunk_v;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < chunk_v; i += (size_t)gridDim.x * blockDim.x) {
-      float4 acc = a[i];
-#pragma unroll
-      for (int s = 0; s < 7; s++) if (s < nsrc) {
-        float4 x = slots.p[s][off + i];
-        acc.x += x.x; acc.y += x.y; acc.z += x.z; acc.w += x.w;
+  for (int q = 1; q < n; q++) {
+    for (int k = 0; k < nchunks; k++) {
+      unsigned g = base + k;
+      int slot = g % K;
+      if (threadIdx.x == 0)
+        while (load_acquire(sent.p[q - 1]) < g + 1) {}
+      __syncthreads();
+      const float4* a = (q == 1 ? mine : out) + (size_t)k * chunk_v;
+      const float4* x = slots.p[q - 1] + (size_t)slot * chunk_v;
+      float4* o = out + (size_t)k * chunk_v;
+      size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
+      for (; i + st < chunk_v; i += 2 * st) {
+        float4 a0 = a[i], a1 = a[i + st], x0 = x[i], x1 = x[i + st];
+        a0.x += x0.x; a0.y += x0.y; a0.z += x0.z; a0.w += x0.w;
+        a1.x += x1.x; a1.y += x1.y; a1.z += x1.z; a1.w += x1.w;
+        o[i] = a0; o[i + st] = a1;
       }
-      o[i] = acc;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      __threadfence();
-      // Per slot: a block at chunk g + K (same slot) cannot count before every block counted g,
-      // since that chunk lands only after g is freed.
-      unsigned old = atomicAdd(&done[slot], 1u);
-      if (old == (g / K + 1) * gridDim.x - 1) {
-        __threadfence_system();
-        for (int s = 0; s < nsrc; s++) *(volatile unsigned*)freed.p[s] = g + 1;
+      for (; i < chunk_v; i += st) {
+        float4 a0 = a[i], x0 = x[i];
+        a0.x += x0.x; a0.y += x0.y; a0.z += x0.z; a0.w += x0.w;
+        o[i] = a0;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        __threadfence();
+        // Per sender and slot: a block at chunk g + K (same slot) cannot count before every
+        // block counted g, since that chunk lands only after g is freed.
+        unsigned old = atomicAdd(&done[(q - 1) * K + slot], 1u);
+        if (old == (g / K + 1) * gridDim.x - 1) {
+          __threadfence_system();
+          *(volatile unsigned*)freed.p[q - 1] = g + 1;
+        }
       }
     }
   }
@@ -89,7 +99,7 @@ __global__ void count_wrong(const float* p, size_t n, size_t first, int ranks, u
 int n;
 std::vector<float*> in, out;
 std::vector<char*> scratch;            // per GPU: (n-1) senders x K slots x chunk
-std::vector<unsigned*> flags;          // per GPU: sent at [0], freed[p] at [1 + p], done[slot] at [16 + slot]
+std::vector<unsigned*> flags;          // per GPU: sent[r] at [r], freed[r] at [8 + r], done[q - 1][slot] at [16 + (q - 1) * K + slot]
 std::vector<cudaStream_t> ks, cs;
 
 void sync_all() { for (int g = 0; g < n; g++) { CK(cudaSetDevice(g)); CK(cudaDeviceSynchronize()); } }
@@ -102,29 +112,27 @@ void enqueue(int g, bool rs, size_t S, size_t C, int K, int B, int it0, int iter
     unsigned base = (unsigned)(it * nchunks);
     if (rs) {
       P8 slots{}; F8 sent{}, freed{};
-      for (int s = 0; s < n - 1; s++) {
-        int from = (g + 1 + s) % n;  // sender s of g
-        slots.p[s] = (const float4*)(scratch[g] + (size_t)s * K * C);
-        sent.p[s] = flags[from];
-        freed.p[s] = flags[from] + 1 + g;
+      for (int q = 1; q < n; q++) {
+        int from = (g - q + n) % n;  // phase q's sender
+        slots.p[q - 1] = (const float4*)(scratch[g] + (size_t)(q - 1) * K * C);
+        sent.p[q - 1] = flags[from] + g;
+        freed.p[q - 1] = flags[from] + 8 + g;
       }
-      rs_reduce<<<B, 512, 0, ks[g]>>>((const float4*)((char*)in[g] + g * block), slots, (float4*)out[g], n - 1,
+      rs_reduce<<<B, 512, 0, ks[g]>>>((const float4*)((char*)in[g] + g * block), slots, (float4*)out[g], n,
                                       C / 16, (int)nchunks, K, base, sent, freed, flags[g] + 16);
       CK(cudaGetLastError());
     }
-    for (size_t k = 0; k < nchunks; k++) {
-      unsigned gc = base + (unsigned)k;
-      int slot = gc % K;
-      if (rs && gc >= (unsigned)K)
-        for (int q = 1; q < n; q++)
-          CKD(cuStreamWaitValue32((CUstream)cs[g], (CUdeviceptr)(flags[g] + 1 + (g + q) % n), gc - K + 1, CU_STREAM_WAIT_VALUE_GEQ));
-      for (int q = 1; q < n; q++) {
-        int p = (g + q) % n;
-        int s = (g - p - 1 + 2 * n) % n;  // g's index among p's senders
-        char* dst = scratch[p] + ((size_t)s * K + slot) * C;
-        CK(cudaMemcpyAsync(dst, (char*)in[g] + p * block + k * C, C, cudaMemcpyDeviceToDevice, cs[g]));
+    for (int q = 1; q < n; q++) {
+      int r = (g + q) % n;
+      for (size_t k = 0; k < nchunks; k++) {
+        unsigned gc = base + (unsigned)k;
+        int slot = gc % K;
+        if (rs && gc >= (unsigned)K)
+          CKD(cuStreamWaitValue32((CUstream)cs[g], (CUdeviceptr)(flags[g] + 8 + r), gc - K + 1, CU_STREAM_WAIT_VALUE_GEQ));
+        char* dst = scratch[r] + ((size_t)(q - 1) * K + slot) * C;
+        CK(cudaMemcpyAsync(dst, (char*)in[g] + r * block + k * C, C, cudaMemcpyDeviceToDevice, cs[g]));
+        if (rs) CKD(cuStreamWriteValue32((CUstream)cs[g], (CUdeviceptr)(flags[g] + r), gc + 1, CU_STREAM_WRITE_VALUE_DEFAULT));
       }
-      if (rs) CKD(cuStreamWriteValue32((CUstream)cs[g], (CUdeviceptr)flags[g], gc + 1, CU_STREAM_WRITE_VALUE_DEFAULT));
     }
   }
 }
@@ -176,18 +184,17 @@ int main(int argc, char** argv) {
   CK(cudaMallocManaged(&bad, sizeof(*bad)));
   int fails = 0;
   size_t sizes[] = {64ull << 20, 256ull << 20, 1ull << 30};
-  size_t chunks[] = {2ull << 20, 4ull << 20, 8ull << 20, 16ull << 20};
-  int blocks[] = {8, 16, 24};
+  size_t chunks[] = {4ull << 20, 8ull << 20, 16ull << 20};
+  int blocks[] = {16, 24, 32};
   printf("ce_rs: %d GPUs; busbw = size / time x (n-1)/n, as nccl-tests' reduce_scatter (size = one GPU's input)\n", n);
   for (size_t S : sizes) {
     int iters = S >= (1u << 30) ? 10 : 20;
-    // The ceiling: the same copies with no flags or kernel, chunk of 16 MiB (or the block).
-    size_t Cc = std::min(maxC, S / n);
-    double us = run(false, S, Cc, 1, 0, iters);
-    printf("size %5zu MB copy  chunk %2zu MiB                  %8.1f us  busbw %6.1f GB/s\n", S >> 20, Cc >> 20, us,
-           S / us / 1e3 * (n - 1) / n);
     for (size_t C : chunks) {
       if (C > S / n || (S / n) % C) continue;
+      // The ceiling: the same copies with no flags or kernel.
+      double us = run(false, S, C, 1, 0, iters);
+      printf("size %5zu MB copy  chunk %2zu MiB                  %8.1f us  busbw %6.1f GB/s\n", S >> 20, C >> 20, us,
+             S / us / 1e3 * (n - 1) / n);
       for (int K : {2, 3}) for (int B : blocks) {
         double t = run(true, S, C, K, B, iters);
         unsigned long long wrong = 0;
