@@ -245,7 +245,9 @@ config! {
     /// pulled from all peers at once by thread blocks; 4 x H100 all-to-all at 256 MB: 0.43x ->
     /// 0.9x NCCL); 2: the same, a batch of up to 16 receives in one launch instead of four
     /// (4 x H100, 24 blocks, `-g 4`: 1 MB all-to-all 0.56x -> 1.32x NCCL, sendrecv 0.47x ->
-    /// 1.64x; never slower than 1); 0: a copy-engine copy per message.
+    /// 1.64x; never slower than 1); 3: as 2, and one process per GPU marks each peer's staged
+    /// sends as soon as they are in, pulling meanwhile, where no receive overlaps a staged
+    /// source (to try); 0: a copy-engine copy per message.
     gpu_p2p_batch: usize = 2, "RAILCC_GPU_P2P_BATCH";
     /// One process per GPU: a send up to this many bytes (at most 2 MiB, the slots' size) is
     /// first copied into a staging slot, so it completes before its receiver copies it (as

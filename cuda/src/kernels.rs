@@ -34,10 +34,11 @@ const _: () = assert!(SYNC_BYTES <= SCRATCH_OFFSET);
 /// data is ready), COPIED[p] (8 + p, written by p: our messages to p it has copied), SENT[p]
 /// and RECVD[p] (16 + p, 24 + p: our own counts of messages to and from p). The p2p kernels
 /// count on the GPU, so a captured CUDA graph replays correctly. Word 32: `p2p_fused`'s count
-/// of finished blocks; words 33 and 34: its counts of staging units done and claimed.
+/// of finished blocks; words 33 and 34: its counts of staging units done and claimed; words
+/// 40 + p: its count of staging units to peer p done (the `early` marks).
 pub const P2P_OFFSET: usize = 96 * 1024;
 const _: () =
-    assert!(SYNC_BYTES <= P2P_OFFSET && P2P_OFFSET + 32 * MAX_PEERS + 24 <= SCRATCH_OFFSET);
+    assert!(SYNC_BYTES <= P2P_OFFSET && P2P_OFFSET + (40 + MAX_PEERS) * 8 <= SCRATCH_OFFSET);
 
 /// The p2p kernels: the four one-thread steps, in the order a message uses them, then the
 /// batch kernels of a group's messages (p2p_many.rs): every send of the batch ready, every

@@ -102,21 +102,41 @@ __device__ __forceinline__ void p2p_copy_block(const unsigned char* s, unsigned 
 // has been copied by the receiver, is copied into the slot, and is counted done (word 33);
 // the block that finishes the last unit (block 0 if there is none) marks the batch's sends
 // ready (`ready`). Every block then waits until all units are done before it pulls: a
-// receive may overwrite a staged send's source (in place). Returns 0 when a wait ended on
-// the deadline or an abort.
-__device__ __forceinline__ int p2p_stage_all(const P2pStage& st, int n_stage, unsigned long long mine, const Ptrs& theirs, int me, const P2pCounts& ready, unsigned long long timeout_ns, unsigned long long chunk, unsigned long long lag) {
+// receive may overwrite a staged send's source (in place). With `early` (the host found no
+// receive overlapping a staged source) each peer is marked as soon as its own units are done
+// (counted per peer, words 40 + p; peers with no unit by block 0 at once) and a block goes on
+// to pull once no unit is left to claim: one peer's data moves while another's is staged.
+// Returns 0 when a wait ended on the deadline or an abort.
+__device__ __forceinline__ void p2p_mark_one(unsigned long long mine, const Ptrs& theirs, int me, int p, unsigned int n) {
+  volatile unsigned long long* w = p2p_words(mine);
+  unsigned long long e = w[16 + p] + n;
+  w[16 + p] = e;
+  __threadfence_system();
+  p2p_words(theirs.p[p])[me] = e;
+}
+__device__ __forceinline__ int p2p_stage_all(const P2pStage& st, int n_stage, unsigned long long mine, const Ptrs& theirs, int me, const P2pCounts& ready, unsigned long long timeout_ns, unsigned long long chunk, unsigned long long lag, int early) {
   volatile unsigned long long* w = p2p_words(mine);
   __shared__ unsigned long long start[P2P_MAX_MSGS + 1];
+  __shared__ unsigned long long punits[8];
   __shared__ unsigned long long unit;
   __shared__ int stop, marker;
   if (threadIdx.x == 0) {
+    for (int p = 0; p < 8; p++) punits[p] = 0;
     unsigned long long u = 0;
-    for (int k = 0; k < n_stage; k++) { start[k] = u; u += (st.bytes[k] + chunk - 1) / chunk; }
+    for (int k = 0; k < n_stage; k++) {
+      const unsigned long long nu = (st.bytes[k] + chunk - 1) / chunk;
+      start[k] = u;
+      u += nu;
+      punits[st.peer[k]] += nu;
+    }
     start[n_stage] = u;
     stop = 0;
     marker = 0;
   }
   __syncthreads();
+  // Early: a peer with marks but no unit to wait for is marked at once.
+  if (early && blockIdx.x == 0 && threadIdx.x < 8 && ready.n[threadIdx.x] != 0 && punits[threadIdx.x] == 0)
+    p2p_mark_one(mine, theirs, me, threadIdx.x, ready.n[threadIdx.x]);
   const unsigned long long units = start[n_stage];
   for (;;) {
     if (threadIdx.x == 0) unit = atomicAdd((unsigned long long*)(w + 34), 1ull);
@@ -148,9 +168,16 @@ __device__ __forceinline__ int p2p_stage_all(const P2pStage& st, int n_stage, un
     if (threadIdx.x == 0) {
       __threadfence(); // this unit's bytes before its count
       marker = atomicAdd((unsigned long long*)(w + 33), 1ull) == units - 1ull;
+      // Early: the last unit of its peer marks that peer (every unit of it past its wait).
+      const int p = st.peer[k];
+      if (early && atomicAdd((unsigned long long*)(w + 40 + p), 1ull) == punits[p] - 1ull && ready.n[p] != 0) {
+        __threadfence();
+        p2p_mark_one(mine, theirs, me, p, ready.n[p]);
+      }
     }
     __syncthreads();
   }
+  if (early) return 1;
   if (threadIdx.x == 0) {
     const unsigned long long t0 = now_ns();
     unsigned int spins = 0;
@@ -219,14 +246,14 @@ extern "C" __global__ void __launch_bounds__(512) p2p_recv_many(P2pMsgs m, int n
 // staging goes first (p2p_stage_all) and the block that ends it marks. The counts of P2P
 // words 32-34 are this area's alone: a communicator's kernels on a GPU run one at a time
 // (KernelOrder) and never under capture, and the last block puts them back to 0 (every
-// block is done with them by then).
-extern "C" __global__ void __launch_bounds__(512) p2p_fused(P2pMsgs m, int n_msgs, unsigned long long mine, Ptrs theirs, int me, unsigned long long timeout_ns, unsigned long long chunk, P2pCounts ready, P2pCounts recvd, P2pCounts copied, P2pStage st, int n_stage, unsigned long long lag) {
+// block is done with them by then), as the per-peer unit counts (words 40-47) of `early`.
+extern "C" __global__ void __launch_bounds__(512) p2p_fused(P2pMsgs m, int n_msgs, unsigned long long mine, Ptrs theirs, int me, unsigned long long timeout_ns, unsigned long long chunk, P2pCounts ready, P2pCounts recvd, P2pCounts copied, P2pStage st, int n_stage, unsigned long long lag, int early) {
   volatile unsigned long long* w = p2p_words(mine);
   int ok = 1;
   if (n_stage > 0) {
     // A deadline or abort breaks the communicator; a block that stopped pulls nothing (the
     // staging may not be over, and a pull could overwrite a source in place).
-    ok = p2p_stage_all(st, n_stage, mine, theirs, me, ready, timeout_ns, chunk, lag);
+    ok = p2p_stage_all(st, n_stage, mine, theirs, me, ready, timeout_ns, chunk, lag, early);
   } else if (blockIdx.x == 0) {
     p2p_count_and_tell(mine, theirs, me, ready, 16, 0);
   }
@@ -237,7 +264,7 @@ extern "C" __global__ void __launch_bounds__(512) p2p_fused(P2pMsgs m, int n_msg
     __threadfence(); // this block's reads and marks before its count
     unsigned long long done = atomicAdd((unsigned long long*)(w + 32), 1ull);
     last = done == (unsigned long long)gridDim.x - 1ull;
-    if (last) { w[32] = 0; w[33] = 0; w[34] = 0; }
+    if (last) { for (int i = 32; i < 48; i++) w[i] = 0; }
   }
   __syncthreads();
   if (!last) return;
@@ -278,7 +305,9 @@ pub struct StageMsg {
 
 /// A whole batch on `stream` in one launch (`p2p_fused`): the sends of `stage` copied into
 /// their slots (each once its slot is free: `lag`, see [`StageMsg`]), then the sends counted
-/// in `ready` marked ready, every message of `msgs` copied into this GPU (each once its sender
+/// in `ready` marked ready (with `early`, which the caller may set only where no receive of
+/// `msgs` overlaps a source of `stage`: each peer once its own staged sends are in, and pulls
+/// start without waiting for the rest), every message of `msgs` copied into this GPU (each once its sender
 /// marked it), its senders told, then a wait until every peer p with `copied[p] != 0` has
 /// copied all of this rank's messages. At most `MAX_MSGS` messages and as many staged sends;
 /// up to `max_blocks` blocks, at most the SMs.
@@ -296,7 +325,7 @@ pub unsafe fn fused(
     me: usize,
     msgs: &[RecvMsg],
     (ready, copied): (&[u32], &[u32]),
-    (stage, lag): (&[StageMsg], u64),
+    (stage, lag, early): (&[StageMsg], u64, bool),
     (max_blocks, min_chunk): (u32, u64),
     timeout_ns: u64,
 ) -> Result<u32> {
@@ -325,9 +354,19 @@ pub unsafe fn fused(
             me,
             &order,
             (bound, min_chunk, timeout_ns),
-            Some((counts3, stage_list(stage), lag)),
+            Some((counts3, stage_list(stage), lag, i32::from(early))),
         )
     }
+}
+
+/// Whether [`fused`] may mark early (its `early`): no receive of `msgs` writes a byte that a
+/// send of `stage` reads (in place, a receive must wait until every send is staged).
+pub fn early_marks_safe(msgs: &[RecvMsg], stage: &[StageMsg]) -> bool {
+    !msgs.iter().any(|m| {
+        stage.iter().any(|s| {
+            m.bytes > 0 && s.bytes > 0 && m.dst < s.src + s.bytes && s.src < m.dst + m.bytes
+        })
+    })
 }
 
 /// Launches one batch of receives (`batch`: at most MAX_MSGS, in the blocks' order) with up to
@@ -344,14 +383,14 @@ unsafe fn launch_receives(
     me: usize,
     batch: &[RecvMsg],
     (bound, min_chunk, timeout_ns): (u32, u64, u64),
-    fused: Option<([Counts; 3], Stage, u64)>,
+    fused: Option<([Counts; 3], Stage, u64, i32)>,
 ) -> Result<u32> {
     let (f, what) = match fused {
         Some(_) => (gpu.p2p_func(FUSED)?, "cuLaunchKernel(p2p_fused)"),
         None => (gpu.p2p_func(RECV_MANY)?, "cuLaunchKernel(p2p_recv_many)"),
     };
     let mut list = msg_list(batch);
-    let (mut c3, mut st, mut lag) = fused.unwrap_or_default();
+    let (mut c3, mut st, mut lag, mut early) = fused.unwrap_or_default();
     // The staged sends' bytes share the blocks with the receives'.
     let staged = &st.list.bytes[..st.n.clamp(0, MAX_MSGS as i32) as usize];
     let mut chunk =
@@ -367,7 +406,7 @@ unsafe fn launch_receives(
     );
     let [c0, c1, c2] = &mut c3;
     let mut n_stage = st.n;
-    let mut params: [*mut c_void; 13] = [
+    let mut params: [*mut c_void; 14] = [
         &mut list as *mut Msgs as *mut c_void,
         &mut n as *mut i32 as *mut c_void,
         &mut a as *mut u64 as *mut c_void,
@@ -381,11 +420,12 @@ unsafe fn launch_receives(
         &mut st.list as *mut StageList as *mut c_void,
         &mut n_stage as *mut i32 as *mut c_void,
         &mut lag as *mut u64 as *mut c_void,
+        &mut early as *mut i32 as *mut c_void,
     ];
-    let used = if fused.is_some() { 13 } else { 7 };
+    let used = if fused.is_some() { 14 } else { 7 };
     gpu.bind()?;
     // SAFETY: the first `used` parameters match the kernel's signature (p2p_recv_many takes
-    // the first seven, p2p_fused all); the caller vouches for the buffers, areas and stream.
+    // the first seven, p2p_fused all fourteen); the caller vouches for the buffers, areas and stream.
     unsafe { enqueue(f, blocks, THREADS, stream, &mut params[..used], what) }?;
     Ok(blocks)
 }
@@ -700,8 +740,8 @@ mod tests {
     /// each) swap batches both ways, twice (the counters carry over): sizes from 1 byte to 1
     /// MB + 5, 16-byte aligned and not, more than MAX_MSGS messages one way; then twice more
     /// with `fused`, both launches waiting on each other at once, rank 1's two sends staged
-    /// into two slots by the launch (as one process per GPU stages its sends). Every byte is
-    /// checked.
+    /// into two slots by the launch (as one process per GPU stages its sends), then twice
+    /// with `fused`'s early marks. Every byte is checked.
     /// Without a driver: a skip line.
     #[test]
     fn batches_swap_messages_both_ways_and_count_on() {
@@ -736,9 +776,10 @@ mod tests {
         let own_dst = gpu.alloc(OWN + 3).expect("alloc");
         gpu.upload(&own_dst, 0, &vec![0u8; OWN + 3]).expect("clear");
         let mut bad = 0usize;
-        // Rounds 0 and 1 in the four kernels; rounds 2 and 3 in one launch each (p2p_fused,
-        // which takes MAX_MSGS receives: rank 0 sends its first 16; round 3 finds the
-        // finished-block count the last block of round 2 put back).
+        // Rounds 0 and 1 in the four kernels; rounds 2 to 5 in one launch each (p2p_fused,
+        // which takes MAX_MSGS receives: rank 0 sends its first 16; each round finds the
+        // counts the last block of the round before put back), 4 and 5 with early marks (no
+        // receive overlaps a staged source here).
         let n_of = |r: usize, round: u8| {
             if round >= 2 && r == 0 {
                 MAX_MSGS
@@ -746,7 +787,7 @@ mod tests {
                 sizes[r].len()
             }
         };
-        for round in 0..4u8 {
+        for round in 0..6u8 {
             let mut sends = Vec::new();
             let mut recvs = Vec::new();
             for (r, list) in sizes.iter().enumerate() {
@@ -833,7 +874,7 @@ mod tests {
                             r,
                             &msgs_to(r),
                             (&c, &copied),
-                            (&stage, 1),
+                            (&stage, 1, round >= 4),
                             (8, 16 * 1024),
                             10_000_000_000,
                         )
@@ -897,11 +938,40 @@ mod tests {
             }
         }
         println!(
-            "p2p batch kernels: 18 messages one way and 2 the other, 2 rounds, then 16 and 2 (staged) in one launch each with a copy to itself, 2 rounds, {bad} bytes wrong"
+            "p2p batch kernels: 18 messages one way and 2 the other, 2 rounds, then 16 and 2 (staged) in one launch each with a copy to itself, 2 rounds, then 2 more with early marks, {bad} bytes wrong"
         );
         // SAFETY: made above; every kernel on it is done.
         unsafe { crate::gpu::destroy_stream(&gpu, streams[1]) }.expect("destroy stream");
         assert_eq!(bad, 0);
+    }
+
+    #[test]
+    fn early_marks_only_where_no_receive_writes_a_staged_source() {
+        let r = |dst: u64, bytes: u64| RecvMsg {
+            src: 1 << 40,
+            dst,
+            bytes,
+            peer: 1,
+        };
+        let s = |src: u64, bytes: u64| StageMsg {
+            src,
+            dst: 1 << 41,
+            bytes,
+            peer: 1,
+            before: 0,
+        };
+        // Out of place: apart.
+        assert!(early_marks_safe(&[r(0, 100), r(100, 100)], &[s(1000, 200)]));
+        // Touching ends share no byte.
+        assert!(early_marks_safe(&[r(0, 100)], &[s(100, 100)]));
+        assert!(early_marks_safe(&[r(100, 100)], &[s(0, 100)]));
+        // In place (all-to-all on one buffer): the receive from a peer lands where the send
+        // to it is read.
+        assert!(!early_marks_safe(&[r(0, 100), r(100, 100)], &[s(100, 100)]));
+        assert!(!early_marks_safe(&[r(50, 100)], &[s(0, 51)]));
+        // Empty ranges overlap nothing.
+        assert!(early_marks_safe(&[r(0, 0)], &[s(0, 100)]));
+        assert!(early_marks_safe(&[], &[s(0, 100)]));
     }
 
     #[test]
@@ -913,7 +983,7 @@ mod tests {
         // recv_many's seven parameters, the chunk size last; p2p_fused's three counts after.
         assert!(SOURCE.contains("int me, unsigned long long timeout_ns, unsigned long long chunk)"));
         assert!(SOURCE.contains(
-            "unsigned long long chunk, P2pCounts ready, P2pCounts recvd, P2pCounts copied, P2pStage st, int n_stage, unsigned long long lag)"
+            "unsigned long long chunk, P2pCounts ready, P2pCounts recvd, P2pCounts copied, P2pStage st, int n_stage, unsigned long long lag, int early)"
         ));
         // P2pStage: 3 x 16 u64 then 2 x 16 int.
         assert_eq!(std::mem::size_of::<StageList>(), 3 * 16 * 8 + 2 * 16 * 4);

@@ -66,6 +66,9 @@ pub struct Settings {
     pub p2p_batch: bool,
     /// ... in one launch per batch where it fits (`p2p_many::fused`).
     pub p2p_fused: bool,
+    /// ... with each peer's staged sends marked once they are in, where no receive overlaps
+    /// a staged source (`p2p_many::fused`'s `early`).
+    pub p2p_early: bool,
     /// One process per GPU: sends up to this many bytes go through a staging slot.
     pub p2p_stage_bytes: usize,
     /// The smallest piece a block of a p2p batch copies (`p2p_many::chunk_for`).

@@ -344,7 +344,7 @@ impl MultiGpu {
                     g,
                     msgs,
                     (ready, copied),
-                    (&[], 0), // nothing staged: a peer reads the sender's buffer
+                    (&[], 0, false), // nothing staged: a peer reads the sender's buffer
                     (self.choice.max_blocks, self.p2p_min_chunk),
                     self.timeout_ns,
                 )

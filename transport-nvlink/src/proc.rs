@@ -65,6 +65,7 @@ pub struct ProcGpu {
     /// A group's sends and receives as batch kernels (`RAILCC_GPU_P2P_BATCH`).
     p2p_batch: bool,
     p2p_fused: bool,
+    p2p_early: bool,
     /// Sends up to this many bytes (at most STAGE_SLOT_BYTES) are staged.
     stage_bytes: usize,
     p2p_min_chunk: u64,
@@ -477,6 +478,7 @@ impl ProcGpu {
             },
             p2p_batch: settings.p2p_batch,
             p2p_fused: settings.p2p_fused,
+            p2p_early: settings.p2p_early,
             stage_bytes: settings.p2p_stage_bytes.min(STAGE_SLOT_BYTES),
             p2p_min_chunk: settings.p2p_min_chunk,
             trace: crate::host_trace::HostTrace::new(settings.host_trace, rank),

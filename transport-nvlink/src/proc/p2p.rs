@@ -355,6 +355,8 @@ impl ProcGpu {
             // Every op is on one stream (`batch`): `ready` and `copied` hold one entry at most.
             let of = |v: &[(Stream, [u32; MAX_PEERS])]| v.first().map_or([0; MAX_PEERS], |x| x.1);
             let (marks, copied) = (of(&ready), of(&copied));
+            // Early marks only where no receive overwrites a staged source (in place).
+            let early = self.p2p_early && p2p_many::early_marks_safe(&msgs, &stage);
             // In the communicator's kernel order: the kernel counts its finished blocks in the
             // area. `fused` implies `batch`: the stream is not being captured.
             // SAFETY: the peers' buffers are mapped, ours the caller's, on its stream.
@@ -369,7 +371,7 @@ impl ProcGpu {
                             me,
                             &msgs,
                             (&marks, &copied),
-                            (&stage, STAGE_SLOTS - 1),
+                            (&stage, STAGE_SLOTS - 1, early),
                             (self.choice.max_blocks, self.p2p_min_chunk),
                             timeout_ns,
                         )
