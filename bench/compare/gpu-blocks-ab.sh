@@ -12,7 +12,8 @@
 # with tiles of at most AB_PUSH_SLOT bytes, RAILCC_GPU_PUSH_SLOT_BYTES, default 86016 (what
 # the scratch holds on 4 GPUs at 24 blocks; 65536 is the default); "bk": no push kernel,
 # RAILCC_GPU_AR_PUSH_BYTES=0; "tm": the bulk kernel with TMA loads, RAILCC_GPU_WIDE_LOADS=2, no
-# push kernel; "ts": TMA loads and stores, =3).
+# push kernel; "ts": TMA loads and stores, =3; "p3": send/recv with early marks,
+# RAILCC_GPU_P2P_BATCH=3).
 # w0 and w1 keep the defaults otherwise: from 16 MiB at 128 blocks that is the push kernel.
 # AB_LIBS: other builds of railcc's libnccl, "NAME=DIR ...", each run like w1 at every block
 # count (one machine, one call: a build against a build). AB_COLL: the nccl-tests collective
@@ -66,6 +67,7 @@ for b in ${AB_BLOCKS:-${ch:-24} 0}; do
       ce) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AG_COPY_BYTES=1" ;;
       ak) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AG_COPY_BYTES=0" ;;
       ac) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_COPY_BYTES=1" ;;
+      p3) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_P2P_BATCH=3" ;;
       *) echo "FAIL  AB_VARIANTS: unknown $v"; exit 1 ;;
     esac
     run "railcc-b$b-$v" "$PWD/.device/lib" RAILCC_GPU_MAX_BLOCKS=$b $vars

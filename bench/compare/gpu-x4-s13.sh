@@ -19,7 +19,12 @@
 #   e  issue 30's write-only reduce-scatter experiment (bench/experiments/ce_reducescatter.sh,
 #      NCCL's reduce_scatter beside it); issue 29 on 2 GPUs (GPUs 0 and 1): PyTorch's four
 #      allocators through railcc and NCCL.
-# Usage: bash bench/compare/gpu-x4-s13.sh a|b|c|d|e
+#   f  early marks in the one-launch send/recv (RAILCC_GPU_P2P_BATCH=3, not yet run): the GPU
+#      unit tests (two rounds with them), the six send/recv collectives of nccl-tests with them
+#      under mpirun (every dtype, -c 1), then alltoall and sendrecv under mpirun at 1, 16 and
+#      256 MB, the default (w1) against them (p3) against NCCL; then issue 29's PyTorch suite
+#      with 4 ranks on 2 GPUs (GPUs 0 and 1 shared) through railcc, NCCL's losses from 4 GPUs.
+# Usage: bash bench/compare/gpu-x4-s13.sh a|b|c|d|e|f
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -89,7 +94,30 @@ case ${1:-} in
       bash nccl-compat/tests/torch/alloc.sh > "$L/alloc-2gpu.txt" 2>&1
     grep -E "^(PASS|FAIL)|failed" "$L/alloc-2gpu.txt"
     ;;
-  *) echo "usage: $0 a|b|c|d|e"; exit 2 ;;
+  f)
+    OUT=$L TEST_GPU_PARTS=unit NG=4 timeout 100 bash scripts/test-gpu.sh 2>&1 | tee "$L/unit.txt" | grep -E "^(FAIL|test-gpu)|early marks"
+    cp "$L/test-gpu.log" "$L/test-gpu-unit.log" 2>/dev/null
+    nccl_tests_build_both
+    source bench/compare/tables.sh
+    for b in sendrecv alltoall alltoallv scatter gather hypercube; do
+      env RAILCC_GPU_P2P_BATCH=3 LD_LIBRARY_PATH="$PWD/.device/lib:/usr/local/cuda/lib64" timeout 60 mpirun -np 4 --allow-run-as-root \
+        --oversubscribe -x LD_LIBRARY_PATH -x RAILCC_GPU_P2P_BATCH -x NCCL_NVLS_ENABLE $NTM/build/${b}_perf \
+        -b 8 -e 64M -f 32 -n 2 -w 1 -c 1 -d all -g 1 > "$L/p3-$b.log" 2>&1
+      rc=$?; why=$(table_problem "$L/p3-$b.log")
+      if [ $rc = 0 ] && [ -z "$why" ]; then echo "PASS  p3 $b mpirun -np 4 -d all 8 B-64 MB"; else echo "FAIL  p3 $b: exit $rc $why"; fi
+    done
+    for c in alltoall sendrecv; do
+      mkdir -p "$L/ab-$c"
+      OUT=$L/ab-$c AB_MPI=1 AB_COLL=$c AB_BLOCKS=0 AB_VARIANTS="w1 p3" AB_SIZES="-b 1M -e 256M -f 16" timeout 100 \
+        bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/ab-$c.txt"
+    done
+    mkdir -p "$L/suite2"
+    OUT=$L/suite2 SUITE_LIMIT=120 SUITE_RUNS=nccl-host timeout 140 bash nccl-compat/tests/torch/suite.sh > "$L/suite2-nccl.txt" 2>&1
+    CUDA_VISIBLE_DEVICES=0,1 OUT=$L/suite2 SUITE_LIMIT=120 SUITE_RUNS=railcc-host timeout 140 \
+      bash nccl-compat/tests/torch/suite.sh > "$L/suite2-railcc.txt" 2>&1
+    echo "suite, 4 ranks on GPUs 0 and 1: exit $?"; grep -E "^(PASS|FAIL)" "$L/suite2-nccl.txt" "$L/suite2-railcc.txt"
+    ;;
+  *) echo "usage: $0 a|b|c|d|e|f"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
