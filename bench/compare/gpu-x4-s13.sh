@@ -24,7 +24,10 @@
 #      under mpirun (every dtype, -c 1), then alltoall and sendrecv under mpirun at 1, 16 and
 #      256 MB, the default (w1) against them (p3) against NCCL; then issue 29's PyTorch suite
 #      with 4 ranks on 2 GPUs (GPUs 0 and 1 shared) through railcc, NCCL's losses from 4 GPUs.
-# Usage: bash bench/compare/gpu-x4-s13.sh a|b|c|d|e|f
+#   g  (issue 29's last check, not yet run) the PyTorch suite with 4 ranks on 2 GPUs (GPUs 0
+#      and 1 shared) through railcc under expandable segments, cudaMallocAsync and the register
+#      hook, NCCL's losses from 4 GPUs (part f ran the default allocator).
+# Usage: bash bench/compare/gpu-x4-s13.sh a|b|c|d|e|f|g
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -117,7 +120,17 @@ case ${1:-} in
       bash nccl-compat/tests/torch/suite.sh > "$L/suite2-railcc.txt" 2>&1
     echo "suite, 4 ranks on GPUs 0 and 1: exit $?"; grep -E "^(PASS|FAIL)" "$L/suite2-nccl.txt" "$L/suite2-railcc.txt"
     ;;
-  *) echo "usage: $0 a|b|c|d|e|f"; exit 2 ;;
+  g)
+    mkdir -p "$L/suite2"
+    OUT=$L/suite2 SUITE_LIMIT=120 SUITE_RUNS=nccl-host timeout 140 bash nccl-compat/tests/torch/suite.sh > "$L/suite2-nccl.txt" 2>&1
+    grep -E "^(PASS|FAIL)" "$L/suite2-nccl.txt"
+    for a in expandable async reghook; do
+      CUDA_VISIBLE_DEVICES=0,1 OUT=$L/suite2 SUITE_ALLOC=$a SUITE_LIMIT=120 SUITE_RUNS=railcc-host timeout 140 \
+        bash nccl-compat/tests/torch/suite.sh > "$L/suite2-railcc-$a.txt" 2>&1
+      echo "suite $a, 4 ranks on GPUs 0 and 1: exit $?"; grep -E "^(PASS|FAIL)" "$L/suite2-railcc-$a.txt"
+    done
+    ;;
+  *) echo "usage: $0 a|b|c|d|e|f|g"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
