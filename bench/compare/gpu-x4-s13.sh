@@ -27,7 +27,9 @@
 #   g  (issue 29's last check, not yet run) the PyTorch suite with 4 ranks on 2 GPUs (GPUs 0
 #      and 1 shared) through railcc under expandable segments, cudaMallocAsync and the register
 #      hook, NCCL's losses from 4 GPUs (part f ran the default allocator).
-# Usage: bash bench/compare/gpu-x4-s13.sh a|b|c|d|e|f|g
+#   h  (the next session's first call) g, then issue 30's LL all-to-all experiment
+#      (bench/experiments/ll_alltoall.sh: NCCL's and railcc's alltoall -g beside it).
+# Usage: bash bench/compare/gpu-x4-s13.sh a|b|c|d|e|f|g|h
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -130,7 +132,12 @@ case ${1:-} in
       echo "suite $a, 4 ranks on GPUs 0 and 1: exit $?"; grep -E "^(PASS|FAIL)" "$L/suite2-railcc-$a.txt"
     done
     ;;
-  *) echo "usage: $0 a|b|c|d|e|f|g"; exit 2 ;;
+  h)
+    OUT=$OUT bash "$0" g
+    mkdir -p "$L/ll"
+    OUT=$L/ll timeout 300 bash bench/experiments/ll_alltoall.sh 2>&1 | tee "$L/ll.txt"
+    ;;
+  *) echo "usage: $0 a|b|c|d|e|f|g|h"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
