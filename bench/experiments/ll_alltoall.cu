@@ -11,14 +11,15 @@
 // its lines, stores the data, and after its warps' barrier writes the step into the sender's
 // CREDIT word, which frees the slot (2 per part) two steps later. Step counts live in device
 // memory per (peer, part, direction), so calls follow one another with no host in the loop.
-// Prints, per size, the time a call and busbw as nccl-tests' alltoall ((n-1)/n x size / time);
+// Prints, per size, the time a call (host clock, one thread launching to every GPU, as
+// nccl-tests -g) and busbw as nccl-tests' alltoall ((n-1)/n x size / time);
 // before timing, three calls with new data each are checked on the host.
 // Build: nvcc -O3 -arch=sm_90 -o ll_a2a ll_alltoall.cu
 #include <cuda_runtime.h>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <thread>
 #include <vector>
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { printf("FAIL  CUDA %s at line %d\n", cudaGetErrorString(e_), __LINE__); exit(1); } } while (0)
 
@@ -120,34 +121,39 @@ Peers peers;
 
 int parts(size_t per_peer) { return (int)std::max<size_t>(1, std::min<size_t>(MAXP, (per_peer + 32767) / 32768)); }
 
-void launch(int g, size_t per_peer, int iters, bool is_empty, cudaEvent_t a, cudaEvent_t z) {
+void launch(int g, size_t per_peer, bool is_empty) {
   CK(cudaSetDevice(g));
   int P = parts(per_peer);
-  if (a) CK(cudaEventRecord(a, st[g]));
-  for (int i = 0; i < iters; i++) {
-    if (is_empty) empty<<<1, 32, 0, st[g]>>>();
-    else ll_a2a<<<(n - 1) * P + P, 512, 0, st[g]>>>(sendb[g], recvb[g], g, n, per_peer, P, peers, steps[g]);
-  }
-  if (z) CK(cudaEventRecord(z, st[g]));
-  CK(cudaGetLastError());
+  if (is_empty) empty<<<1, 32, 0, st[g]>>>();
+  else ll_a2a<<<(n - 1) * P + P, 512, 0, st[g]>>>(sendb[g], recvb[g], g, n, per_peer, P, peers, steps[g]);
 }
 
-double timed(size_t per_peer, int iters, bool is_empty) {
+// As nccl-tests -g (common.cu's timer around the loop): one host thread issues each call's
+// launches to every GPU in turn, and the time is the host's until the last GPU is done, so the
+// serial launch cost of n GPUs counts as it does there. Per-GPU threads would hide it. The
+// busiest GPU's span between its own events comes back in *gpu_us (GPU side only).
+double timed(size_t per_peer, int iters, bool is_empty, double* gpu_us = nullptr) {
   std::vector<cudaEvent_t> a(n), z(n);
-  for (int g = 0; g < n; g++) { CK(cudaSetDevice(g)); CK(cudaEventCreate(&a[g])); CK(cudaEventCreate(&z[g])); }
-  std::vector<std::thread> t;
-  for (int g = 0; g < n; g++) t.emplace_back(launch, g, per_peer, iters, is_empty, a[g], z[g]);
-  for (auto& x : t) x.join();
+  for (int g = 0; g < n; g++) {
+    CK(cudaSetDevice(g)); CK(cudaEventCreate(&a[g])); CK(cudaEventCreate(&z[g]));
+    CK(cudaEventRecord(a[g], st[g]));
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; i++)
+    for (int g = 0; g < n; g++) launch(g, per_peer, is_empty);
+  for (int g = 0; g < n; g++) { CK(cudaSetDevice(g)); CK(cudaEventRecord(z[g], st[g])); CK(cudaGetLastError()); }
+  for (int g = 0; g < n; g++) { CK(cudaSetDevice(g)); CK(cudaEventSynchronize(z[g])); }
+  double host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   float most = 0;
   for (int g = 0; g < n; g++) {
     CK(cudaSetDevice(g));
-    CK(cudaEventSynchronize(z[g]));
     float ms;
     CK(cudaEventElapsedTime(&ms, a[g], z[g]));
     most = std::max(most, ms);
     CK(cudaEventDestroy(a[g])); CK(cudaEventDestroy(z[g]));
   }
-  return most * 1e3 / iters;
+  if (gpu_us) *gpu_us = most * 1e3 / iters;
+  return host_us / iters;
 }
 
 int main() {
@@ -173,7 +179,9 @@ int main() {
   }
   for (int g = 0; g < n; g++) { CK(cudaSetDevice(g)); CK(cudaDeviceSynchronize()); }
   printf("ll_a2a: %d GPUs; size = one GPU's whole send buffer (nccl-tests' alltoall), busbw = (n-1)/n x size / time\n", n);
-  printf("ll_a2a: empty kernel back to back: %.2f us a launch\n", timed(0, 200, true));
+  double gpu;
+  double empty_us = timed(0, 200, true, &gpu);
+  printf("ll_a2a: empty kernel on every GPU back to back: %.2f us a call (host), %.2f us (GPU)\n", empty_us, gpu);
   int fails = 0;
   for (size_t size = 64; size <= max_per_peer * n; size *= 4) {
     size_t per_peer = size / n / 8 * 8;
@@ -203,10 +211,10 @@ int main() {
       }
     }
     double us = timed(per_peer, 20, false);  // warm
-    us = timed(per_peer, 200, false);
+    us = timed(per_peer, 200, false, &gpu);
     fails += wrong != 0;
-    printf("size %9zu B  parts %d  blocks %3d  %8.2f us  busbw %7.2f GB/s  wrong %llu\n", per_peer * n, parts(per_peer),
-           (n - 1) * parts(per_peer) + parts(per_peer), us, per_peer * n / us / 1e3 * (n - 1) / n, wrong);
+    printf("size %9zu B  parts %d  blocks %3d  %8.2f us  busbw %7.2f GB/s  (GPU %8.2f us)  wrong %llu\n", per_peer * n,
+           parts(per_peer), (n - 1) * parts(per_peer) + parts(per_peer), us, per_peer * n / us / 1e3 * (n - 1) / n, gpu, wrong);
     fflush(stdout);
   }
   printf("ll_a2a: %s\n", fails ? "FAIL (wrong results above)" : "every size checked three times, 0 wrong");
