@@ -90,7 +90,9 @@ pub unsafe fn launch(
     let mut wide = i32::from(shape.wide);
     let mut tile = crate::tma::tile_bytes(s.ins.len(), stores);
     let mut bulk_out = i32::from(stores);
-    let mut params: Vec<*mut c_void> = vec![
+    // Twelve parameters, thirteen for the TMA form; a fixed array (this runs for every bulk
+    // launch: no allocation).
+    let mut params: [*mut c_void; 13] = [
         &mut pin as *mut Ptrs as *mut c_void,
         &mut n_in as *mut i32 as *mut c_void,
         &mut pout as *mut Ptrs as *mut c_void,
@@ -102,14 +104,15 @@ pub unsafe fn launch(
         &mut n_gpus as *mut i32 as *mut c_void,
         &mut me_i as *mut i32 as *mut c_void,
         &mut timeout as *mut u64 as *mut c_void,
+        &mut wide as *mut i32 as *mut c_void,
+        std::ptr::null_mut(),
     ];
-    let smem = if tma {
-        params.push(&mut tile as *mut u64 as *mut c_void);
-        params.push(&mut bulk_out as *mut i32 as *mut c_void);
-        crate::tma::smem_bytes(s.ins.len(), stores)
+    let (used, smem) = if tma {
+        params[11] = &mut tile as *mut u64 as *mut c_void;
+        params[12] = &mut bulk_out as *mut i32 as *mut c_void;
+        (13, crate::tma::smem_bytes(s.ins.len(), stores))
     } else {
-        params.push(&mut wide as *mut i32 as *mut c_void);
-        0
+        (12, 0)
     };
     // SAFETY: the parameters match the kernel's signature (kernels.rs, tma.rs) and live
     // across the call; a TMA kernel's dynamic shared memory limit was raised to
@@ -121,7 +124,7 @@ pub unsafe fn launch(
             THREADS,
             smem,
             stream,
-            &mut params,
+            &mut params[..used],
             "cuLaunchKernel",
         )
     }
