@@ -244,33 +244,18 @@ impl Hello {
         let token = u64::from_le_bytes(b.get(..8)?.try_into().ok()?);
         let b = b.get(8..)?;
         let sync: [u8; HANDLE_BYTES] = b.get(..HANDLE_BYTES)?.try_into().ok()?;
-        let blocks = u32::from_le_bytes(b.get(HANDLE_BYTES..HANDLE_BYTES + 4)?.try_into().ok()?);
-        let pid = u32::from_le_bytes(b.get(HANDLE_BYTES + 4..HANDLE_BYTES + 8)?.try_into().ok()?);
-        let start = u64::from_le_bytes(
-            b.get(HANDLE_BYTES + 8..HANDLE_BYTES + 16)?
-                .try_into()
-                .ok()?,
-        );
         let word = |at: usize| -> Option<u32> {
             Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
         };
+        let word64 = |at: usize| -> Option<u64> {
+            Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
+        };
+        let (blocks, pid) = (word(HANDLE_BYTES)?, word(HANDLE_BYTES + 4)?);
+        let start = word64(HANDLE_BYTES + 8)?;
         let (ll_max, min_blocks) = (word(HANDLE_BYTES + 16)?, word(HANDLE_BYTES + 20)?);
-        let push = u64::from_le_bytes(
-            b.get(HANDLE_BYTES + 24..HANDLE_BYTES + 32)?
-                .try_into()
-                .ok()?,
-        );
+        let push = word64(HANDLE_BYTES + 24)?;
         let (push_min_blocks, push_slot) = (word(HANDLE_BYTES + 32)?, word(HANDLE_BYTES + 36)?);
-        let ag_copy = u64::from_le_bytes(
-            b.get(HANDLE_BYTES + 40..HANDLE_BYTES + 48)?
-                .try_into()
-                .ok()?,
-        );
-        let ar_copy = u64::from_le_bytes(
-            b.get(HANDLE_BYTES + 48..HANDLE_BYTES + 56)?
-                .try_into()
-                .ok()?,
-        );
+        let (ag_copy, ar_copy) = (word64(HANDLE_BYTES + 40)?, word64(HANDLE_BYTES + 48)?);
         let mut at = HANDLE_BYTES + 56;
         let mut s = [String::new(), String::new()];
         for x in s.iter_mut() {
