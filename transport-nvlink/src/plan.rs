@@ -131,24 +131,24 @@ pub fn choose(a: &CollArgs, c: &Choice) -> Kernel {
             blocks: b.max(min_blocks.min(most)),
             slot,
         }
-    } else if a.coll == CollKind::AllReduce
-        && a.nranks >= PUSH_MIN_GPUS
-        && max_blocks < c.push_min_blocks
-        && c.ar_copy_bytes > 0
-        && nbytes >= c.ar_copy_bytes
-    {
-        Kernel::CopyAllReduce {
-            blocks: floor(blocks(a.coll, a.nranks, a.count, a.dtype, max_blocks)),
-            wide,
-            tma,
-        }
     } else {
-        Kernel::Bulk {
-            blocks: floor(blocks(a.coll, a.nranks, a.count, a.dtype, max_blocks)),
-            wide,
-            tma,
+        let blocks = floor(blocks(a.coll, a.nranks, a.count, a.dtype, max_blocks));
+        if spread_on_copies(a, c) {
+            Kernel::CopyAllReduce { blocks, wide, tma }
+        } else {
+            Kernel::Bulk { blocks, wide, tma }
         }
     }
+}
+
+/// Whether all-reduce `a` (not pushed) takes the bulk kernel into each GPU's own output and
+/// the copy engines: where the push kernel may not run for want of blocks.
+fn spread_on_copies(a: &CollArgs, c: &Choice) -> bool {
+    a.coll == CollKind::AllReduce
+        && a.nranks >= PUSH_MIN_GPUS
+        && c.max_blocks < c.push_min_blocks
+        && c.ar_copy_bytes > 0
+        && a.count * a.dtype.size() >= c.ar_copy_bytes
 }
 
 /// Whether call `a` (above the low-latency kernel) takes the push all-reduce.
