@@ -193,6 +193,13 @@ pub struct P2pOp {
     pub stream: usize,
 }
 
+/// Whether byte ranges `[a, a + alen)` and `[b, b + blen)` share a byte (an empty range shares
+/// none): the one test of a group's buffers against each other (rounds, a rank's copies to
+/// itself, the one-launch send/recv's early marks).
+pub fn overlaps(a: u64, alen: u64, b: u64, blen: u64) -> bool {
+    alen > 0 && blen > 0 && a < b.saturating_add(blen) && b < a.saturating_add(alen)
+}
+
 /// The round of each of one rank's sends and receives in a group (`ops` in group order:
 /// (send, buffer address, bytes)): a send that reads bytes a receive before it in its round
 /// writes starts a new round. Batched sends and receives of one round run at once, so a
@@ -203,14 +210,14 @@ pub fn p2p_rounds(ops: impl IntoIterator<Item = (bool, u64, usize)>) -> Vec<usiz
     let mut written: Vec<(u64, u64)> = Vec::new();
     ops.into_iter()
         .map(|(send, ptr, bytes)| {
-            let range = (ptr, ptr.saturating_add(bytes as u64));
+            let bytes = bytes as u64;
             if send {
-                if bytes > 0 && written.iter().any(|w| w.0 < range.1 && range.0 < w.1) {
+                if written.iter().any(|&(w, n)| overlaps(w, n, ptr, bytes)) {
                     round += 1;
                     written.clear();
                 }
             } else if bytes > 0 {
-                written.push(range);
+                written.push((ptr, bytes));
             }
             round
         })

@@ -363,9 +363,9 @@ pub unsafe fn fused(
 /// send of `stage` reads (in place, a receive must wait until every send is staged).
 pub fn early_marks_safe(msgs: &[RecvMsg], stage: &[StageMsg]) -> bool {
     !msgs.iter().any(|m| {
-        stage.iter().any(|s| {
-            m.bytes > 0 && s.bytes > 0 && m.dst < s.src + s.bytes && s.src < m.dst + m.bytes
-        })
+        stage
+            .iter()
+            .any(|s| railcc_core::call::overlaps(m.dst, m.bytes, s.src, s.bytes))
     })
 }
 

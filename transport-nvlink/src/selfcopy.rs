@@ -54,7 +54,7 @@ pub fn split(ops: &[P2p], me: usize) -> Result<(Vec<P2p>, Vec<Pair>)> {
 }
 
 fn overlap(a: u64, alen: usize, b: u64, blen: usize) -> bool {
-    alen > 0 && blen > 0 && a < b + blen as u64 && b < a + alen as u64
+    railcc_core::call::overlaps(a, alen as u64, b, blen as u64)
 }
 
 /// Whether the launch may copy `pairs` before the group's marks and receives (on `stream`,
