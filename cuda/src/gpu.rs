@@ -374,6 +374,15 @@ impl GpuCtx {
         self.abort.load(0) == crate::kernels::ABORT_TIMED_OUT
     }
 
+    /// Where a low-latency receive (p2p_ll.rs) found another byte count than its own: the
+    /// sender (this context's rank numbering) and its count, up to 2^24 - 1. Every wait of the
+    /// context has stopped since.
+    pub fn kernels_size_mismatch(&self) -> Option<(usize, u64)> {
+        let v = self.abort.load(0);
+        (v & 15 == crate::p2p_ll::ABORT_P2P_SIZE)
+            .then_some((((v >> 4) & 15) as usize, u64::from(v >> 8)))
+    }
+
     /// Whether this context's kernels were told to stop waiting ([`GpuCtx::abort_kernels`])
     /// or stopped on their own at a deadline.
     pub fn kernels_stopped(&self) -> bool {

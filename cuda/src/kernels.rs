@@ -35,7 +35,8 @@ const _: () = assert!(SYNC_BYTES <= SCRATCH_OFFSET);
 /// and RECVD[p] (16 + p, 24 + p: our own counts of messages to and from p). The p2p kernels
 /// count on the GPU, so a captured CUDA graph replays correctly. Word 32: `p2p_fused`'s count
 /// of finished blocks; words 33 and 34: its counts of staging units done and claimed; words
-/// 40 + p: its count of staging units to peer p done (the `early` marks).
+/// 40 + p: its count of staging units to peer p done (the `early` marks). From byte 8192 on:
+/// the low-latency send/recv's step counts (p2p_ll.rs `WORDS_OFFSET`).
 pub const P2P_OFFSET: usize = 96 * 1024;
 const _: () =
     assert!(SYNC_BYTES <= P2P_OFFSET && P2P_OFFSET + (40 + MAX_PEERS) * 8 <= SCRATCH_OFFSET);
@@ -44,7 +45,7 @@ const _: () =
 /// batch kernels of a group's messages (p2p_many.rs): every send of the batch ready, every
 /// receive copied by thread blocks pulling from all peers at once, every send copied; and all
 /// of a batch in one launch.
-pub const P2P_KERNELS: [&str; 9] = [
+pub const P2P_KERNELS: [&str; 10] = [
     "p2p_ready",
     "p2p_wait_ready",
     "p2p_copied",
@@ -54,10 +55,11 @@ pub const P2P_KERNELS: [&str; 9] = [
     "p2p_recv_many",
     "p2p_recv_done",
     "p2p_fused",
+    "p2p_ll",
 ];
-/// The whole per-GPU area that peers reach: sync words, the low-latency scratch, then the
-/// push all-reduce's scratch (push.rs).
-pub const AREA_BYTES: usize = crate::push::SCRATCH_OFFSET + crate::push::SCRATCH_BYTES;
+/// The whole per-GPU area that peers reach: sync words, the low-latency scratch, the push
+/// all-reduce's scratch (push.rs), then the low-latency send/recv inbox (p2p_ll.rs).
+pub const AREA_BYTES: usize = crate::p2p_ll::INBOX_OFFSET + crate::p2p_ll::INBOX_BYTES;
 
 /// (CUDA storage type, accumulator type, load, store) for each dtype.
 pub(crate) fn ctype(dt: DataType) -> (&'static str, &'static str, &'static str, &'static str) {
@@ -224,9 +226,10 @@ pub fn modules() -> Vec<Module> {
         dtype: None,
         ops: Vec::new(),
         src: format!(
-            "{helpers}{}{}{}{}",
+            "{helpers}{}{}{}{}{}",
             p2p_source(),
             crate::p2p_many::SOURCE,
+            crate::p2p_ll::source(),
             crate::check::source(),
             crate::copies::SOURCE
         ),

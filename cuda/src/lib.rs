@@ -38,6 +38,7 @@ pub mod launch;
 pub mod ll;
 pub mod netcopy;
 pub mod nvml;
+pub mod p2p_ll;
 pub mod p2p_many;
 pub mod push;
 pub mod staging;

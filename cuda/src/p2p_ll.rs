@@ -1,0 +1,671 @@
+//! Small sends and receives between GPUs in one launch, NCCL's low-latency way: the sender
+//! stores its data straight into an inbox in the receiver's area, each 16-byte line carrying
+//! 8 data bytes and the step's flag twice, and the receiver polls its inbox until every line
+//! shows the flag (`RAILCC_GPU_P2P_LL_BYTES`, opt-in).
+//!
+//! Why: a small send/recv through `p2p_many` costs a post, a take and a map on the host and a
+//! staging copy, a grid-wide wait and a separate mark on the GPU: an all-to-all of 128 bytes
+//! took 16.4 us under `mpirun -np 4` on 4 x H100, and 1 MB 0.70x NCCL's busbw
+//! (bench/results/issue30/p2p-small-design.md). Here a call is one launch, no host exchange,
+//! one NVLink one-way latency and its data: the inboxes are in the areas every peer maps at
+//! init, and every count lives on the GPU (so a captured graph replays).
+//!
+//! A message of `bytes` is cut in `parts(bytes)` parts (32 KiB each, at most PARTS); part j
+//! moves in steps of at most STEP_LINES lines through two slots of the receiver's inbox for
+//! (sender, j), so a message of up to MAX_BYTES takes at most two steps a part and a send never
+//! waits for this launch's receiver, only for the one before (its credit): launches on two GPUs
+//! cannot wait on each other. Each (peer, part, direction) counts its steps in the area
+//! (`WORDS_OFFSET`); the flag of step s is s | 1 (never the zero of a fresh inbox, and not the
+//! flag of step s - 2, which used the slot before). The receiver writes its step into the
+//! sender's CREDIT word once it has read a slot. The first step of part 0 carries a header
+//! line with the sender's byte count: a receiver expecting another count stops every wait of
+//! its context and records the peer and the count in the abort word (`ABORT_P2P_SIZE`), which
+//! the host reports. At most one message per peer and direction a launch (the k-th between two
+//! ranks is the k-th on both ends); more go in further launches.
+
+use crate::gpu::GpuCtx;
+use crate::kernels::{MAX_PEERS, P2P_OFFSET, SCRATCH_OFFSET};
+use crate::launch::{enqueue, ptrs, Ptrs};
+use cudarc::driver::sys;
+use railcc_core::{Error, Result};
+use std::ffi::c_void;
+
+/// The largest message this path takes: every part fits two steps.
+pub const MAX_BYTES: usize = 1 << 20;
+/// Most parts a message is cut in (a thread block each, per direction).
+pub const PARTS: usize = 16;
+/// Data lines of one step (8 bytes each: 32 KiB).
+const STEP_LINES: usize = 4096;
+/// Bytes from one slot to the next: STEP_LINES lines and the header line, on 256 bytes.
+const SLOT_BYTES: usize = ((STEP_LINES + 1) * 16).next_multiple_of(256);
+/// Where each GPU's inbox starts in its area: after the push kernel's scratch.
+pub const INBOX_OFFSET: usize = crate::push::SCRATCH_OFFSET + crate::push::SCRATCH_BYTES;
+/// The inbox: [source][part][slot].
+pub const INBOX_BYTES: usize = MAX_PEERS * PARTS * 2 * SLOT_BYTES;
+/// The step counts, u32 words from here: SSTEP[peer][part] (sent), RSTEP (received) and
+/// CREDIT[peer][part] (written by the peer: the last step of ours it has read).
+pub const WORDS_OFFSET: usize = P2P_OFFSET + 8192;
+const _: () = assert!(WORDS_OFFSET + 3 * MAX_PEERS * PARTS * 4 <= SCRATCH_OFFSET);
+/// Messages one launch takes per direction (one per peer).
+pub const MAX_MSGS: usize = MAX_PEERS;
+/// Threads per block: 8 warps send, 8 receive.
+const THREADS: u32 = 512;
+/// The abort word's low four bits when a receiver found another byte count than its own
+/// (then bits 4-7: the sender, bits 8-31: the sender's count).
+pub const ABORT_P2P_SIZE: u32 = 3;
+/// Index in `kernels::P2P_KERNELS`.
+const KERNEL: usize = 9;
+
+/// Parts of a message of `bytes` (both ends compute the same).
+pub fn parts(bytes: u64) -> u64 {
+    bytes.div_ceil(32 * 1024).clamp(1, PARTS as u64)
+}
+
+/// The CUDA C source, appended after `p2p_many::SOURCE` (it uses `p2p_copy_block`, `Ptrs` and
+/// the sync helpers).
+pub fn source() -> String {
+    format!(
+        r#"
+#define LL_PARTS {PARTS}
+#define LL_STEP_LINES {STEP_LINES}
+#define LL_SLOT_U32 ({SLOT_BYTES} / 4)
+#define LL_INBOX {INBOX_OFFSET}ull
+#define LL_WORDS {WORDS_OFFSET}ull
+#define ABORT_P2P_SIZE {ABORT_P2P_SIZE}u
+#define LL_UNROLL 8
+struct LlList {{ unsigned long long ptr[8]; unsigned long long bytes[8]; int peer[8]; int n; }};
+struct LlCopies {{ unsigned long long src[8]; unsigned long long dst[8]; unsigned long long bytes[8]; int n; }};
+__device__ __forceinline__ int ll_parts(unsigned long long bytes) {{
+  unsigned long long p = (bytes + 32767ull) / 32768ull;
+  return p < 1ull ? 1 : (p > (unsigned long long)LL_PARTS ? LL_PARTS : (int)p);
+}}
+__device__ __forceinline__ volatile unsigned* ll_words(unsigned long long area) {{ return (volatile unsigned*)(area + LL_WORDS); }}
+__device__ __forceinline__ unsigned* ll_slot(unsigned long long area, int src, int j, unsigned s) {{
+  return (unsigned*)(area + LL_INBOX) + (unsigned long long)((src * LL_PARTS + j) * 2 + (int)(s & 1u)) * LL_SLOT_U32;
+}}
+__device__ __forceinline__ void ll_st(unsigned* p, unsigned a, unsigned b, unsigned c, unsigned d) {{
+  asm volatile("st.volatile.global.v4.u32 [%0], {{%1, %2, %3, %4}};" :: "l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}}
+__device__ __forceinline__ uint4 ll_ld(const unsigned* p) {{
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {{%0, %1, %2, %3}}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  return v;
+}}
+// The n (1-8) bytes at p as a line's two data words; whole aligned lines in one load.
+__device__ __forceinline__ uint2 ll_get(const unsigned char* p, unsigned n) {{
+  if (n == 8u && ((unsigned long long)p & 7ull) == 0) return *(const uint2*)p;
+  unsigned w[2] = {{0u, 0u}};
+  for (unsigned i = 0; i < n; i++) w[i >> 2] |= (unsigned)p[i] << (8u * (i & 3u));
+  return make_uint2(w[0], w[1]);
+}}
+__device__ __forceinline__ void ll_put(unsigned char* p, unsigned n, uint2 v) {{
+  if (n == 8u && ((unsigned long long)p & 7ull) == 0) {{ *(uint2*)p = v; return; }}
+  unsigned w[2] = {{v.x, v.y}};
+  for (unsigned i = 0; i < n; i++) p[i] = (unsigned char)(w[i >> 2] >> (8u * (i & 3u)));
+}}
+// Block b's part among the messages of `l` (each cut in ll_parts): false when b is past them.
+__device__ __forceinline__ bool ll_find(const LlList& l, int b, int* m, int* j, int* parts) {{
+  for (int k = 0; k < l.n; k++) {{
+    int p = ll_parts(l.bytes[k]);
+    if (b < p) {{ *m = k; *j = b; *parts = p; return true; }}
+    b -= p;
+  }}
+  return false;
+}}
+// Lines [*l0, *l1) of part j of a message of `bytes` cut in `parts`.
+__device__ __forceinline__ void ll_range(unsigned long long bytes, int parts, int j, unsigned long long* l0, unsigned long long* l1) {{
+  unsigned long long lines = (bytes + 7ull) / 8ull, per = (lines + parts - 1) / parts;
+  *l0 = per * j < lines ? per * j : lines;
+  *l1 = per * (j + 1) < lines ? per * (j + 1) : lines;
+}}
+// Waits until the line at p carries flag f twice; false when the context's waits stopped.
+__device__ __forceinline__ bool ll_poll(const unsigned* p, unsigned f, uint4* v, unsigned long long mine, unsigned long long t0, unsigned long long timeout_ns) {{
+  unsigned spins = 0;
+  while (v->y != f || v->w != f) {{
+    if ((++spins & 1023u) == 0) {{
+      if (aborted(mine)) return false;
+      if (now_ns() - t0 > timeout_ns) {{ timed_out(mine); return false; }}
+    }}
+    *v = ll_ld(p);
+  }}
+  return true;
+}}
+__device__ __forceinline__ void ll_send(unsigned long long mine, const Ptrs& theirs, int me, const LlList& l, int m, int j, int parts, unsigned long long timeout_ns) {{
+  const int tid = threadIdx.x;  // 0-255
+  const int peer = l.peer[m];
+  volatile unsigned* w = ll_words(mine);
+  const unsigned s0 = w[peer * LL_PARTS + j];
+  volatile unsigned* credit = w + 2 * 8 * LL_PARTS + peer * LL_PARTS + j;
+  unsigned long long l0, l1;
+  ll_range(l.bytes[m], parts, j, &l0, &l1);
+  const unsigned long long n = l1 - l0;
+  int steps = (int)((n + LL_STEP_LINES - 1) / LL_STEP_LINES);
+  if (j == 0 && steps == 0) steps = 1;  // the header goes even with no data
+  const unsigned char* src = (const unsigned char*)l.ptr[m];
+  const unsigned long long bytes = l.bytes[m];
+  const unsigned long long t0 = now_ns();
+  for (int k = 0; k < steps; k++) {{
+    const unsigned s = s0 + 1u + (unsigned)k, f = s | 1u;
+    if (tid == 0) {{
+      // The slot is free once the receiver has read step s - 2 (a launch before this one).
+      unsigned spins = 0;
+      while ((int)(*credit - (s - 2u)) < 0) {{
+        if ((++spins & 1023u) == 0) {{
+          if (aborted(mine)) break;
+          if (now_ns() - t0 > timeout_ns) {{ timed_out(mine); break; }}
+        }}
+      }}
+    }}
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+    unsigned* slot = ll_slot(theirs.p[peer], me, j, s);
+    if (j == 0 && k == 0 && tid == 0)
+      ll_st(slot + 4 * LL_STEP_LINES, (unsigned)bytes, f, (unsigned)(bytes >> 32), f);
+    const unsigned long long a = l0 + (unsigned long long)k * LL_STEP_LINES;
+    const unsigned long long e = a + LL_STEP_LINES < l1 ? a + LL_STEP_LINES : l1;
+    for (unsigned long long base = a + tid; base < e; base += 256ull * LL_UNROLL) {{
+      uint2 d[LL_UNROLL];
+#pragma unroll
+      for (int u = 0; u < LL_UNROLL; u++) {{
+        unsigned long long x = base + 256ull * u;
+        if (x < e) {{
+          unsigned long long at = 8ull * x;
+          d[u] = ll_get(src + at, bytes - at < 8ull ? (unsigned)(bytes - at) : 8u);
+        }}
+      }}
+#pragma unroll
+      for (int u = 0; u < LL_UNROLL; u++) {{
+        unsigned long long x = base + 256ull * u;
+        if (x < e) ll_st(slot + 4 * (x - a), d[u].x, f, d[u].y, f);
+      }}
+    }}
+  }}
+  asm volatile("bar.sync 1, 256;" ::: "memory");
+  if (tid == 0) w[peer * LL_PARTS + j] = s0 + (unsigned)steps;
+}}
+__device__ __forceinline__ void ll_recv(unsigned long long mine, const Ptrs& theirs, int me, const LlList& l, int m, int j, int parts, unsigned long long timeout_ns) {{
+  const int tid = threadIdx.x - 256;
+  const int peer = l.peer[m];
+  volatile unsigned* w = ll_words(mine) + 8 * LL_PARTS;
+  const unsigned s0 = w[peer * LL_PARTS + j];
+  volatile unsigned* credit = ll_words(theirs.p[peer]) + 2 * 8 * LL_PARTS + me * LL_PARTS + j;
+  unsigned long long l0, l1;
+  ll_range(l.bytes[m], parts, j, &l0, &l1);
+  const unsigned long long n = l1 - l0;
+  int steps = (int)((n + LL_STEP_LINES - 1) / LL_STEP_LINES);
+  if (j == 0 && steps == 0) steps = 1;
+  unsigned char* dst = (unsigned char*)l.ptr[m];
+  const unsigned long long bytes = l.bytes[m];
+  const unsigned long long t0 = now_ns();
+  bool ok = true;
+  for (int k = 0; k < steps && ok; k++) {{
+    const unsigned s = s0 + 1u + (unsigned)k, f = s | 1u;
+    const unsigned* slot = ll_slot(mine, peer, j, s);
+    if (j == 0 && k == 0 && tid == 0) {{
+      const unsigned* h = slot + 4 * LL_STEP_LINES;
+      uint4 v = ll_ld(h);
+      if (ll_poll(h, f, &v, mine, t0, timeout_ns)) {{
+        unsigned long long sent = (unsigned long long)v.x | ((unsigned long long)v.z << 32);
+        if (sent != bytes) {{
+          // Another size than ours: every wait of the context stops; the host names the peer.
+          unsigned long long a = ((volatile unsigned long long*)mine)[SYNC_ABORT];
+          unsigned code = ABORT_P2P_SIZE | ((unsigned)peer << 4) | ((unsigned)(sent < 0xffffffull ? sent : 0xffffffull) << 8);
+          if (a != 0 && *(volatile unsigned*)a == 0) *(volatile unsigned*)a = code;
+        }}
+      }}
+    }}
+    const unsigned long long a = l0 + (unsigned long long)k * LL_STEP_LINES;
+    const unsigned long long e = a + LL_STEP_LINES < l1 ? a + LL_STEP_LINES : l1;
+    for (unsigned long long base = a + tid; base < e && ok; base += 256ull * LL_UNROLL) {{
+      uint4 v[LL_UNROLL];
+#pragma unroll
+      for (int u = 0; u < LL_UNROLL; u++) {{
+        unsigned long long x = base + 256ull * u;
+        if (x < e) v[u] = ll_ld(slot + 4 * (x - a));
+      }}
+#pragma unroll
+      for (int u = 0; u < LL_UNROLL; u++) {{
+        unsigned long long x = base + 256ull * u;
+        if (x < e && ok) {{
+          ok = ll_poll(slot + 4 * (x - a), f, &v[u], mine, t0, timeout_ns);
+          unsigned long long at = 8ull * x;
+          if (ok) ll_put(dst + at, bytes - at < 8ull ? (unsigned)(bytes - at) : 8u, make_uint2(v[u].x, v[u].z));
+        }}
+      }}
+    }}
+    // Every line of the slot read: the sender may refill it (step s + 2).
+    asm volatile("bar.sync 2, 256;" ::: "memory");
+    if (tid == 0) *credit = s;
+  }}
+  if (tid == 0) w[peer * LL_PARTS + j] = s0 + (unsigned)steps;
+}}
+// One launch: block b sends part b of `sends` (their parts in order) with its first 8 warps
+// and receives part b of `recvs` with its last 8; blocks past both copy parts of `copies`
+// (messages of this rank to itself).
+extern "C" __global__ void __launch_bounds__(512) p2p_ll(unsigned long long mine, Ptrs theirs, int me, LlList sends, LlList recvs, LlCopies copies, int duo, unsigned long long timeout_ns) {{
+  int m, j, parts;
+  const int b = blockIdx.x;
+  if (b >= duo) {{
+    int c = b - duo;
+    for (int k = 0; k < copies.n; k++) {{
+      int p = ll_parts(copies.bytes[k]);
+      if (c < p) {{
+        unsigned long long per = ((copies.bytes[k] + p - 1) / p + 15ull) / 16ull * 16ull;
+        unsigned long long x = per * c < copies.bytes[k] ? per * c : copies.bytes[k];
+        unsigned long long y = per * (c + 1) < copies.bytes[k] ? per * (c + 1) : copies.bytes[k];
+        p2p_copy_block((const unsigned char*)copies.src[k] + x, (unsigned char*)copies.dst[k] + x, y - x);
+        return;
+      }}
+      c -= p;
+    }}
+    return;
+  }}
+  if (threadIdx.x < 256) {{
+    if (ll_find(sends, b, &m, &j, &parts)) ll_send(mine, theirs, me, sends, m, j, parts, timeout_ns);
+  }} else {{
+    if (ll_find(recvs, b, &m, &j, &parts)) ll_recv(mine, theirs, me, recvs, m, j, parts, timeout_ns);
+  }}
+}}
+"#
+    )
+}
+
+/// One message of a launch: to or from `peer`, at `ptr` (this GPU's memory), `bytes` long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LlMsg {
+    pub peer: usize,
+    pub ptr: u64,
+    pub bytes: u64,
+}
+
+/// A message of this rank to itself, copied by the launch's last blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SelfCopy {
+    pub src: u64,
+    pub dst: u64,
+    pub bytes: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct List {
+    ptr: [u64; MAX_MSGS],
+    bytes: [u64; MAX_MSGS],
+    peer: [i32; MAX_MSGS],
+    n: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Copies {
+    src: [u64; MAX_MSGS],
+    dst: [u64; MAX_MSGS],
+    bytes: [u64; MAX_MSGS],
+    n: i32,
+}
+
+/// Thread blocks of a launch: the larger direction's parts, then the copies' parts.
+pub fn blocks(sends: &[LlMsg], recvs: &[LlMsg], copies: &[SelfCopy]) -> (u32, u32) {
+    let sum = |v: &mut dyn Iterator<Item = u64>| v.map(parts).sum::<u64>();
+    let duo = sum(&mut sends.iter().map(|m| m.bytes)).max(sum(&mut recvs.iter().map(|m| m.bytes)));
+    let own = sum(&mut copies.iter().map(|c| c.bytes));
+    (duo as u32, (duo + own) as u32)
+}
+
+/// Why a launch's messages cannot go in one launch, if they cannot.
+fn check(me: usize, npeers: usize, msgs: &[LlMsg], what: &str) -> Result<List> {
+    let mut l = List::default();
+    if msgs.len() > MAX_MSGS {
+        return Err(Error::invalid(format!(
+            "p2p_ll: {} {what} in one launch (at most {MAX_MSGS})",
+            msgs.len()
+        )));
+    }
+    for (k, m) in msgs.iter().enumerate() {
+        if m.peer >= npeers.min(MAX_PEERS) || m.peer == me {
+            return Err(Error::invalid(format!(
+                "p2p_ll: {what} with peer {} (rank {me} of {npeers})",
+                m.peer
+            )));
+        }
+        if msgs[..k].iter().any(|o| o.peer == m.peer) {
+            return Err(Error::invalid(format!(
+                "p2p_ll: two {what} with peer {} in one launch",
+                m.peer
+            )));
+        }
+        if m.bytes > MAX_BYTES as u64 {
+            return Err(Error::invalid(format!(
+                "p2p_ll: a message of {} bytes (at most {MAX_BYTES})",
+                m.bytes
+            )));
+        }
+        l.ptr[k] = m.ptr;
+        l.bytes[k] = m.bytes;
+        l.peer[k] = m.peer as i32;
+    }
+    l.n = msgs.len() as i32;
+    Ok(l)
+}
+
+/// Launches `sends`, `recvs` (at most one per peer each) and `copies` in one kernel on
+/// `stream`. `mine` is this GPU's area, `theirs[p]` peer p's as this GPU addresses it.
+/// Returns the blocks (0: nothing to launch).
+///
+/// # Safety
+/// The areas live for the communicator's life; each message's buffer is this GPU's memory
+/// holding `bytes`, live until the stream passes the launch; `stream` a live stream of `gpu`;
+/// no other launch of these areas' LL words runs at the same time.
+pub unsafe fn launch(
+    gpu: &GpuCtx,
+    stream: sys::CUstream,
+    (mine, theirs): (u64, &[u64]),
+    me: usize,
+    (sends, recvs, copies): (&[LlMsg], &[LlMsg], &[SelfCopy]),
+    timeout_ns: u64,
+) -> Result<u32> {
+    let mut s = check(me, theirs.len(), sends, "sends")?;
+    let mut r = check(me, theirs.len(), recvs, "receives")?;
+    if copies.len() > MAX_MSGS {
+        return Err(Error::invalid(format!(
+            "p2p_ll: {} copies in one launch (at most {MAX_MSGS})",
+            copies.len()
+        )));
+    }
+    let mut c = Copies::default();
+    for (k, x) in copies.iter().enumerate() {
+        c.src[k] = x.src;
+        c.dst[k] = x.dst;
+        c.bytes[k] = x.bytes;
+    }
+    c.n = copies.len() as i32;
+    let (duo, total) = blocks(sends, recvs, copies);
+    if total == 0 {
+        return Ok(0);
+    }
+    let f = gpu.p2p_func(KERNEL)?;
+    let (mut a, mut t, mut m, mut d, mut to) =
+        (mine, ptrs(theirs), me as i32, duo as i32, timeout_ns);
+    let mut params: [*mut c_void; 8] = [
+        &mut a as *mut u64 as *mut c_void,
+        &mut t as *mut Ptrs as *mut c_void,
+        &mut m as *mut i32 as *mut c_void,
+        &mut s as *mut List as *mut c_void,
+        &mut r as *mut List as *mut c_void,
+        &mut c as *mut Copies as *mut c_void,
+        &mut d as *mut i32 as *mut c_void,
+        &mut to as *mut u64 as *mut c_void,
+    ];
+    gpu.bind()?;
+    // SAFETY: the parameters match p2p_ll's signature; the caller vouches for the buffers,
+    // areas and stream.
+    unsafe {
+        enqueue(
+            f,
+            total,
+            THREADS,
+            stream,
+            &mut params,
+            "cuLaunchKernel(p2p_ll)",
+        )
+    }?;
+    Ok(total)
+}
+
+/// The waves of one round's messages: wave w holds the w-th message per peer and direction
+/// (group order), so the k-th message between two ranks is in the same wave on both ends.
+/// Each entry: (sends, receives), as indices into `msgs` ((send, peer) each).
+pub fn waves(msgs: &[(bool, usize)]) -> Vec<(Vec<usize>, Vec<usize>)> {
+    let mut out: Vec<(Vec<usize>, Vec<usize>)> = Vec::new();
+    let mut seen = std::collections::HashMap::<(bool, usize), usize>::new();
+    for (i, &(send, peer)) in msgs.iter().enumerate() {
+        let w = seen.entry((send, peer)).or_insert(0);
+        if out.len() <= *w {
+            out.push((Vec::new(), Vec::new()));
+        }
+        if send {
+            out[*w].0.push(i);
+        } else {
+            out[*w].1.push(i);
+        }
+        *w += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_and_blocks() {
+        assert_eq!(parts(0), 1);
+        assert_eq!(parts(1), 1);
+        assert_eq!(parts(32 * 1024), 1);
+        assert_eq!(parts(32 * 1024 + 1), 2);
+        assert_eq!(parts(256 * 1024), 8);
+        assert_eq!(parts(MAX_BYTES as u64), 16);
+        // Every part of the largest message fits two steps.
+        let lines = (MAX_BYTES as u64).div_ceil(8);
+        assert!(lines.div_ceil(parts(MAX_BYTES as u64)) <= 2 * STEP_LINES as u64);
+        let m = |peer, bytes| LlMsg {
+            peer,
+            ptr: 0,
+            bytes,
+        };
+        // An all-to-all of 1 MB on 4 ranks: 256 KiB to each of 3 peers, and the own block.
+        let s = [m(1, 1 << 18), m(2, 1 << 18), m(3, 1 << 18)];
+        let own = [SelfCopy {
+            src: 0,
+            dst: 0,
+            bytes: 1 << 18,
+        }];
+        assert_eq!(blocks(&s, &s, &own), (24, 32));
+        assert_eq!(blocks(&s[..1], &[], &[]), (8, 8));
+        assert_eq!(blocks(&[], &[], &[]), (0, 0));
+    }
+
+    #[test]
+    fn waves_keep_each_pairs_order() {
+        // Two sends to 1, one receive from 1, a send to 2.
+        let w = waves(&[(true, 1), (true, 1), (false, 1), (true, 2)]);
+        assert_eq!(w, vec![(vec![0, 3], vec![2]), (vec![1], vec![])]);
+        assert!(waves(&[]).is_empty());
+    }
+
+    #[test]
+    fn the_kernels_argument_layouts_match_the_source() {
+        assert_eq!(crate::kernels::P2P_KERNELS[KERNEL], "p2p_ll");
+        // LlList: 2 x 8 u64, 8 int, int n (padded to 8); LlCopies: 3 x 8 u64, int n.
+        assert_eq!(std::mem::size_of::<List>(), 2 * 64 + 32 + 8);
+        assert_eq!(std::mem::size_of::<Copies>(), 3 * 64 + 8);
+        let src = source();
+        assert!(src.contains("struct LlList { unsigned long long ptr[8]; unsigned long long bytes[8]; int peer[8]; int n; };"));
+        assert!(src.contains("p2p_ll(unsigned long long mine, Ptrs theirs, int me, LlList sends, LlList recvs, LlCopies copies, int duo, unsigned long long timeout_ns)"));
+        assert!(crate::kernels::AREA_BYTES >= INBOX_OFFSET + INBOX_BYTES);
+    }
+
+    /// On a GPU: two ranks on one GPU (the context's area and a second one, a stream each)
+    /// swap messages both ways at once, round after round (the step counts carry on): sizes
+    /// from 0 bytes to MAX_BYTES, 8-byte aligned and not, with rank 0 copying a message to
+    /// itself in the same launch and, in one round, two messages one way (two launches). Every
+    /// byte is checked. Then rank 1 receives 200 bytes where rank 0 sends 100: the launch
+    /// ends and the abort word names rank 0 and its 100 bytes. Without a driver: a skip line.
+    #[test]
+    fn two_ranks_swap_small_messages_and_a_wrong_size_is_named() {
+        let Some(gpus) = crate::driver::gpus_or_skip("p2p_ll on the GPU") else {
+            return;
+        };
+        let gpu = GpuCtx::new(gpus[0].ordinal, None).expect("context");
+        let other = gpu.alloc(crate::kernels::AREA_BYTES).expect("area");
+        gpu.upload(&other, 0, &vec![0u8; crate::kernels::AREA_BYTES])
+            .expect("zero area");
+        // Rank 1 shares the context's abort word (a peer's mismatch shows there too).
+        let mut addr = [0u8; 8];
+        gpu.download(&gpu.sync, crate::kernels::SYNC_ABORT_OFFSET, &mut addr)
+            .expect("abort word");
+        gpu.upload(&other, crate::kernels::SYNC_ABORT_OFFSET, &addr)
+            .expect("abort word");
+        let areas = [gpu.sync.ptr, other.ptr];
+        let streams = [gpu.stream, crate::gpu::create_stream(&gpu).expect("stream")];
+        let sizes: [(usize, usize); 9] = [
+            (0, 8),
+            (1, 7),
+            (100, 4096),
+            (65_536 + 3, 5),
+            (262_144, 262_144),
+            (MAX_BYTES, 1000),
+            (MAX_BYTES - 1, MAX_BYTES),
+            (300_000, 0),
+            (8, 33_000),
+        ];
+        let mut bad = 0usize;
+        let mut msgs = 0usize;
+        let fill = |n: usize, salt: usize| -> Vec<u8> {
+            (0..n)
+                .map(|j| (j.wrapping_mul(131) ^ salt.wrapping_mul(7)) as u8)
+                .collect()
+        };
+        for (round, &(a, b)) in sizes.iter().enumerate() {
+            // Message k of the round from rank r: k == 1 only in round 3 (two one way).
+            let extra = round == 3;
+            let off = |r: usize| (round + r) % 3 * 5; // not 8-byte aligned in some rounds
+            let mut bufs = Vec::new(); // (from, k, bytes, src buf, data, dst buf)
+            for (r, n) in [(0usize, a), (1, b)] {
+                for k in 0..if extra && r == 0 { 2 } else { 1 } {
+                    let data = fill(n, round * 10 + r * 3 + k);
+                    let src = gpu.alloc(n + 16).expect("alloc");
+                    if n > 0 {
+                        gpu.upload(&src, off(r), &data).expect("upload");
+                    }
+                    let dst = gpu.alloc(n + 16).expect("alloc");
+                    gpu.upload(&dst, 0, &vec![0u8; n + 16]).expect("clear");
+                    bufs.push((r, k, n, src, data, dst));
+                }
+            }
+            let own = fill(5000 + round, 99);
+            let own_src = gpu.alloc(own.len()).expect("alloc");
+            gpu.upload(&own_src, 0, &own).expect("upload");
+            let own_dst = gpu.alloc(own.len()).expect("alloc");
+            for k in 0..if extra { 2 } else { 1 } {
+                for r in 0..2 {
+                    let at = |x: &crate::gpu::DevBuf, rr: usize| x.ptr + off(rr) as u64;
+                    let sends: Vec<LlMsg> = bufs
+                        .iter()
+                        .filter(|x| x.0 == r && x.1 == k)
+                        .map(|x| LlMsg {
+                            peer: 1 - r,
+                            ptr: at(&x.3, r),
+                            bytes: x.2 as u64,
+                        })
+                        .collect();
+                    let recvs: Vec<LlMsg> = bufs
+                        .iter()
+                        .filter(|x| x.0 == 1 - r && x.1 == k)
+                        .map(|x| LlMsg {
+                            peer: 1 - r,
+                            ptr: at(&x.5, 1 - r),
+                            bytes: x.2 as u64,
+                        })
+                        .collect();
+                    let copies = if r == 0 && k == 0 {
+                        vec![SelfCopy {
+                            src: own_src.ptr,
+                            dst: own_dst.ptr,
+                            bytes: own.len() as u64,
+                        }]
+                    } else {
+                        Vec::new()
+                    };
+                    // SAFETY: every buffer, area and stream is this GPU's, live until the
+                    // synchronize below; the two ranks' launches run at once.
+                    unsafe {
+                        launch(
+                            &gpu,
+                            streams[r],
+                            (areas[r], &areas),
+                            r,
+                            (&sends, &recvs, &copies),
+                            10_000_000_000,
+                        )
+                    }
+                    .expect("launch");
+                }
+            }
+            // SAFETY: the bound context is live.
+            check_sync(unsafe { sys::cuCtxSynchronize() });
+            assert!(!gpu.kernels_stopped(), "a p2p_ll wait stopped");
+            for (r, _, n, _, data, dst) in &bufs {
+                let mut got = vec![0u8; n + 16];
+                gpu.download(dst, 0, &mut got).expect("download");
+                let o = off(1 - r);
+                bad += (0..*n).filter(|&j| got[o + j] != data[j]).count();
+                // Nothing written past the message.
+                bad += got[o + n..].iter().filter(|&&x| x != 0).count();
+                bad += got[..o].iter().filter(|&&x| x != 0).count();
+                msgs += 1;
+            }
+            let mut got = vec![0u8; own.len()];
+            gpu.download(&own_dst, 0, &mut got).expect("download");
+            bad += (0..own.len()).filter(|&j| got[j] != own[j]).count();
+        }
+        println!("p2p_ll: {msgs} messages of 0 B to 1 MiB both ways at once, and a copy to itself each round: {bad} bytes wrong");
+        assert_eq!(bad, 0);
+        // A wrong size: rank 0 sends 100 bytes, rank 1 receives 200.
+        let src = gpu.alloc(256).expect("alloc");
+        let dst = gpu.alloc(256).expect("alloc");
+        for r in 0..2 {
+            let m = |bytes, ptr| LlMsg {
+                peer: 1 - r,
+                ptr,
+                bytes,
+            };
+            let (s, v): (Vec<LlMsg>, Vec<LlMsg>) = if r == 0 {
+                (vec![m(100, src.ptr)], Vec::new())
+            } else {
+                (Vec::new(), vec![m(200, dst.ptr)])
+            };
+            // SAFETY: as above.
+            unsafe {
+                launch(
+                    &gpu,
+                    streams[r],
+                    (areas[r], &areas),
+                    r,
+                    (&s, &v, &[]),
+                    10_000_000_000,
+                )
+            }
+            .expect("launch");
+        }
+        // SAFETY: the bound context is live.
+        check_sync(unsafe { sys::cuCtxSynchronize() });
+        println!(
+            "p2p_ll: 100 bytes sent, 200 expected: {:?}",
+            gpu.kernels_size_mismatch()
+        );
+        assert_eq!(gpu.kernels_size_mismatch(), Some((0, 100)));
+        // SAFETY: made above; every kernel on it is done.
+        unsafe { crate::gpu::destroy_stream(&gpu, streams[1]) }.expect("destroy stream");
+    }
+
+    fn check_sync(r: sys::CUresult) {
+        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuCtxSynchronize");
+    }
+
+    #[test]
+    fn bad_launch_lists_are_errors() {
+        let m = |peer, bytes| LlMsg {
+            peer,
+            ptr: 0,
+            bytes,
+        };
+        assert!(check(0, 4, &[m(1, 8), m(1, 8)], "sends").is_err());
+        assert!(check(0, 4, &[m(0, 8)], "sends").is_err());
+        assert!(check(0, 4, &[m(4, 8)], "sends").is_err());
+        assert!(check(0, 4, &[m(1, MAX_BYTES as u64 + 1)], "sends").is_err());
+        assert_eq!(
+            check(0, 4, &[m(1, 8), m(3, 0)], "sends").map(|l| l.n).ok(),
+            Some(2)
+        );
+    }
+}
