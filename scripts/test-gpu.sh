@@ -27,6 +27,9 @@
 #  p2pbatch the send/recv collectives of nccl-tests with RAILCC_GPU_P2P_BATCH=1 (batch kernels;
 #         TEST_GPU_P2P_BATCH=2: in one launch),
 #         -g N, -t N, mpirun -np N, eager and -G 10;
+#  p2pll  the send/recv collectives of nccl-tests with RAILCC_GPU_P2P_LL_BYTES=1048576
+#         (TEST_GPU_P2P_LL_BYTES; small messages by railcc_cuda::p2p_ll), mpirun -np N, eager
+#         and -G 10, and 4 ranks sharing GPU 0;
 #  register nccl-tests with buffer registration (-R 1: ncclCommRegister) and symmetric windows
 #         (-R 2: ncclMemAlloc + ncclCommWindowRegister), -d all, -g N and mpirun -np N;
 #  recover after a killed rank the survivors fail within 1 s naming it, then shrink or re-init
@@ -40,7 +43,7 @@
 # A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
 # exit status 1 if any failed. Without a CUDA driver: a SKIP line, exit 0.
-# TEST_GPU_PARTS="unit bench nccl p2pbatch register shared shrink split config alloc recover" picks parts (one 10-minute device call may not hold them all),
+# TEST_GPU_PARTS="unit bench nccl p2pbatch p2pll register shared shrink split config alloc recover" picks parts (one 10-minute device call may not hold them all),
 # TEST_GPU_COLLS the bench's collectives, TEST_GPU_P2PBATCH_BINS and TEST_GPU_SHARED_BINS those
 # parts' nccl-tests, RAILCC_BIN another railcc binary;
 # logs under $OUT (default /tmp/out): test-gpu.log (every line of every check).
@@ -65,7 +68,7 @@ source bench/compare/tables.sh
 R=${RAILCC_BIN:-$R}   # another railcc binary (to see a broken build fail these checks)
 export RAILCC_TIMEOUT_MS=30000
 NG=${NG:-$(nvidia-smi -L | wc -l)}
-PARTS=${TEST_GPU_PARTS:-unit bench push nccl p2pbatch register shared shrink split config alloc recover}
+PARTS=${TEST_GPU_PARTS:-unit bench push nccl p2pbatch p2pll register shared shrink split config alloc recover}
 # TEST_GPU_WAYS: the bench and push parts run one process driving every GPU (one) and one
 # process per GPU (per-process); default both.
 MODES=$(echo "${TEST_GPU_WAYS:-one per-process}" | sed 's/per-process/--per-process/')
@@ -132,11 +135,13 @@ case " $PARTS " in *" unit "*)
   if [ $rc = 0 ] && grep -q "SKIP" /tmp/test-gpu-unit.log; then rc=99; echo "a GPU test skipped on a GPU machine" >> /tmp/test-gpu-unit.log; fi
   for line in "wide accumulation bfloat16" "fp8 f8e5m2 max: 0 of 65536" "scale kernel: f32 host" \
       "p2p batch kernels: 18 messages one way and 2 the other, 2 rounds, then 16 and 2 (staged) in one launch each with a copy to itself, 2 rounds, then 2 more with early marks, 0 bytes wrong" \
+      "p2p_ll: 19 messages of 0 B to 1 MiB both ways at once, and a copy to itself each round: 0 bytes wrong" \
+      "p2p_ll: 100 bytes sent, 200 expected: Some((0, 100))" \
       "disagree with the host" " 0 differ from the bulk kernel"; do
     grep -q "$line" /tmp/test-gpu-unit.log || rc=98
   done
   verdict "unit: cuda and transport-nvlink tests with a driver (wide accumulation, NVRTC, dma-buf)" $rc /tmp/test-gpu-unit.log notable
-  grep -E "wide accumulation|fp8 f8|scale kernel|p2p batch|GPU check of results|TMA bulk kernel|test result" /tmp/test-gpu-unit.log | sed 's/^/      /'
+  grep -E "wide accumulation|fp8 f8|scale kernel|p2p batch|p2p_ll|GPU check of results|TMA bulk kernel|test result" /tmp/test-gpu-unit.log | sed 's/^/      /'
   # libnccl from C with a driver: ncclCommInitAll over the GPUs must work (CI checks the
   # clean error without one).
   timeout 120 bash nccl-compat/tests/c_api.sh .device/lib driver "$NG" > /tmp/test-gpu-capi.log 2>&1
@@ -234,6 +239,26 @@ case " $PARTS " in *" p2pbatch "*)
     check "libnccl batch $b mpirun -np $NG -G 10 $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $MPIRUN $NTM/build/${b}_perf $F -g 1 -G 10
   done
   unset RAILCC_GPU_P2P_BATCH
+;; esac
+
+case " $PARTS " in *" p2pll "*)
+  # Small sends and receives the low-latency way (RAILCC_GPU_P2P_LL_BYTES=1048576: every
+  # message up to 1 MiB, the larger ones posted beside them in the same groups): one process
+  # per GPU (mpirun), eager and -G 10, every dtype; and 4 ranks sharing GPU 0.
+  build_nccl_tests
+  OURS="$PWD/.device/lib"
+  export RAILCC_GPU_P2P_LL_BYTES=${TEST_GPU_P2P_LL_BYTES:-1048576}
+  MPIRUN="mpirun -np $NG --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x RAILCC_GPU_P2P_LL_BYTES"
+  for b in ${TEST_GPU_P2PLL_BINS:-sendrecv alltoall alltoallv scatter gather hypercube}; do
+    F="-b 8 -e 64M -f 32 -n 2 -w 1 -c 1 -d all"
+    check "libnccl p2p_ll $b mpirun -np $NG $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $MPIRUN $NTM/build/${b}_perf $F -g 1
+    check "libnccl p2p_ll $b mpirun -np $NG -G 10 $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $MPIRUN $NTM/build/${b}_perf $F -g 1 -G 10
+  done
+  for b in sendrecv alltoall; do
+    F="-b 8 -e 4M -f 8 -n 2 -w 1 -c 1 -d all"
+    check "libnccl p2p_ll $b mpirun -np 4 on GPU 0 $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $MPIRUN -x NCCL_TESTS_DEVICE=0 $NTM/build/${b}_perf $F -g 1
+  done
+  unset RAILCC_GPU_P2P_LL_BYTES
 ;; esac
 
 case " $PARTS " in *" register "*)

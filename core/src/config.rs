@@ -257,6 +257,11 @@ config! {
     /// two from 4096 to 262144; pieces grow to about four a block). Smaller pieces put more
     /// blocks on a small batch.
     gpu_p2p_min_chunk: usize = 65536, "RAILCC_GPU_P2P_MIN_CHUNK";
+    /// One process per GPU: sends and receives of up to this many bytes (at most 1 MiB) go
+    /// the low-latency way (`railcc_cuda::p2p_ll`: the data pushed into the receiver's inbox
+    /// with its flags, one launch, no host exchange); 0: never (opt-in while it is measured).
+    /// Every rank takes the communicator's least.
+    gpu_p2p_ll_bytes: usize = 0, "RAILCC_GPU_P2P_LL_BYTES";
     /// Network transport: auto (RDMA when every rank has an active RDMA port, else TCP), tcp,
     /// or rdma (an error when a rank has none).
     transport: String = "auto".to_string(), "RAILCC_TRANSPORT";

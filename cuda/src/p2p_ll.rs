@@ -481,7 +481,7 @@ mod tests {
         let src = source();
         assert!(src.contains("struct LlList { unsigned long long ptr[8]; unsigned long long bytes[8]; int peer[8]; int n; };"));
         assert!(src.contains("p2p_ll(unsigned long long mine, Ptrs theirs, int me, LlList sends, LlList recvs, LlCopies copies, int duo, unsigned long long timeout_ns)"));
-        assert!(crate::kernels::AREA_BYTES >= INBOX_OFFSET + INBOX_BYTES);
+        const { assert!(crate::kernels::AREA_BYTES >= INBOX_OFFSET + INBOX_BYTES) };
     }
 
     /// On a GPU: two ranks on one GPU (the context's area and a second one, a stream each)

@@ -73,6 +73,9 @@ pub struct Settings {
     pub p2p_stage_bytes: usize,
     /// The smallest piece a block of a p2p batch copies (`p2p_many::chunk_for`).
     pub p2p_min_chunk: u64,
+    /// One process per GPU: messages of up to this many bytes go by `railcc_cuda::p2p_ll`
+    /// (0: none; at most its MAX_BYTES). The communicator takes every rank's least.
+    pub p2p_ll_bytes: usize,
     /// One process per GPU: where each call's host time goes, printed at close.
     pub host_trace: bool,
 }

@@ -38,6 +38,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 mod p2p;
+mod p2p_small;
 pub use p2p::P2p;
 use p2p::STAGE_SLOT_BYTES;
 
@@ -59,6 +60,8 @@ pub struct ProcGpu {
     kernel_order: Mutex<KernelOrder>,
     /// This rank as the communicator numbers it (the hierarchy's name), for errors.
     own_name: usize,
+    /// The communicator's name of each rank here (as `own_name`).
+    names: Vec<usize>,
     timeout: Duration,
     /// How calls pick their kernel, agreed at init (every rank the same).
     choice: Choice,
@@ -69,6 +72,11 @@ pub struct ProcGpu {
     /// Sends up to this many bytes (at most STAGE_SLOT_BYTES) are staged.
     stage_bytes: usize,
     p2p_min_chunk: u64,
+    /// Messages up to this many bytes go by `p2p_ll` (0: none), agreed at init.
+    p2p_ll_bytes: usize,
+    /// Where `p2p_ll` is on: the count of the other messages per (peer, send), which number
+    /// them in the table instead of the caller's `seq` (that counts every message).
+    p2p_ll_seqs: Mutex<std::collections::HashMap<(usize, bool), u64>>,
     trace: crate::host_trace::HostTrace,
     broken: Arc<Mutex<Option<Error>>>,
     watcher: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
@@ -114,6 +122,21 @@ fn kernel_timeout(rank: usize) -> Error {
         "a GPU kernel waited longer than the timeout (RAILCC_TIMEOUT_MS) for a peer",
     )
     .rank(rank)
+    .transport(crate::NAME)
+}
+
+/// The error of a low-latency receive (`p2p_ll`) that found another byte count than its
+/// own: rank `rank` receives from `peer`, which sends `bytes` (as the communicator numbers
+/// both).
+fn size_mismatch(rank: usize, peer: usize, bytes: u64) -> Error {
+    Error::new(
+        ErrorKind::Mismatch,
+        format!(
+            "send/recv: rank {peer} sends {bytes} bytes where rank {rank} receives another count"
+        ),
+    )
+    .rank(rank)
+    .peer(peer)
     .transport(crate::NAME)
 }
 
@@ -180,6 +203,10 @@ impl Watch {
             if self.gpu.kernels_timed_out() {
                 return self.break_with(kernel_timeout(self.name(self.me)), true);
             }
+            if let Some((peer, bytes)) = self.gpu.kernels_size_mismatch() {
+                let e = size_mismatch(self.name(self.me), self.name(peer), bytes);
+                return self.break_with(e, true);
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -213,6 +240,9 @@ struct Hello {
     ag_copy: u64,
     /// All-reduces from this many bytes spread on the copy engines (0: never).
     ar_copy: u64,
+    /// Sends and receives up to this many bytes by `p2p_ll` (0: none): both ends of a
+    /// message must classify it alike.
+    p2p_ll: u32,
     proc: Proc,
     /// Proves this rank's descriptor messages (fdpass.rs) to its peers.
     token: u64,
@@ -233,6 +263,7 @@ impl Hello {
         v.extend_from_slice(&self.push_slot.to_le_bytes());
         v.extend_from_slice(&self.ag_copy.to_le_bytes());
         v.extend_from_slice(&self.ar_copy.to_le_bytes());
+        v.extend_from_slice(&self.p2p_ll.to_le_bytes());
         for s in [&self.host, &self.shm] {
             v.extend_from_slice(&(s.len() as u16).to_le_bytes());
             v.extend_from_slice(s.as_bytes());
@@ -256,7 +287,8 @@ impl Hello {
         let push = word64(HANDLE_BYTES + 24)?;
         let (push_min_blocks, push_slot) = (word(HANDLE_BYTES + 32)?, word(HANDLE_BYTES + 36)?);
         let (ag_copy, ar_copy) = (word64(HANDLE_BYTES + 40)?, word64(HANDLE_BYTES + 48)?);
-        let mut at = HANDLE_BYTES + 56;
+        let p2p_ll = word(HANDLE_BYTES + 56)?;
+        let mut at = HANDLE_BYTES + 60;
         let mut s = [String::new(), String::new()];
         for x in s.iter_mut() {
             let n = u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?) as usize;
@@ -276,6 +308,7 @@ impl Hello {
             push_slot,
             ag_copy,
             ar_copy,
+            p2p_ll,
             proc: Proc { pid, start },
             token,
         })
@@ -344,6 +377,7 @@ impl ProcGpu {
                     push_slot: settings.push_slot.min(u32::MAX as usize) as u32,
                     ag_copy: settings.ag_copy_bytes as u64,
                     ar_copy: settings.ar_copy_bytes as u64,
+                    p2p_ll: settings.p2p_ll_bytes.min(railcc_cuda::p2p_ll::MAX_BYTES) as u32,
                     proc: Proc::me(),
                     token,
                 }
@@ -403,6 +437,7 @@ impl ProcGpu {
         let push_slot = hellos.iter().map(|h| h.push_slot).min().unwrap_or(0) as usize;
         let ag_copy_bytes = hellos.iter().map(|h| h.ag_copy).min().unwrap_or(0) as usize;
         let ar_copy_bytes = hellos.iter().map(|h| h.ar_copy).min().unwrap_or(0) as usize;
+        let p2p_ll_bytes = hellos.iter().map(|h| h.p2p_ll).min().unwrap_or(0) as usize;
         let broken = Arc::new(Mutex::new(None));
         // Peers whose process this one can see (another pid namespace hides them): watched.
         let peers: Vec<(usize, Proc)> = hellos
@@ -421,11 +456,12 @@ impl ProcGpu {
         let stop = Arc::new(AtomicBool::new(false));
         let table = Arc::new(table);
         let own_name = name(rank);
+        let all_names: Vec<usize> = (0..nranks).map(name).collect();
         let watcher = {
             let w = Watch {
                 me: rank,
                 peers,
-                names: names.map_or_else(|| (0..nranks).collect(), <[usize]>::to_vec),
+                names: all_names.clone(),
                 gpu: gpu.clone(),
                 broken: broken.clone(),
                 table: table.clone(),
@@ -448,6 +484,7 @@ impl ProcGpu {
             calls: AtomicU64::new(0),
             kernel_order: Mutex::new(KernelOrder::default()),
             own_name,
+            names: all_names,
             timeout: settings.timeout,
             choice: Choice {
                 ll_max_bytes,
@@ -466,6 +503,8 @@ impl ProcGpu {
             p2p_early: settings.p2p_early,
             stage_bytes: settings.p2p_stage_bytes.min(STAGE_SLOT_BYTES),
             p2p_min_chunk: settings.p2p_min_chunk,
+            p2p_ll_bytes,
+            p2p_ll_seqs: Mutex::new(std::collections::HashMap::new()),
             trace: crate::host_trace::HostTrace::new(settings.host_trace, rank),
             broken,
             watcher: Some((stop, watcher)),
@@ -479,6 +518,12 @@ impl ProcGpu {
         if b.is_none() && self.gpu.kernels_timed_out() {
             let e = kernel_timeout(self.own_name);
             // The host's other ranks stop too (the watcher would, within 20 ms).
+            self.table.report_broken(self.rank, &e.to_string());
+            *b = Some(e);
+        }
+        if let (true, Some((peer, bytes))) = (b.is_none(), self.gpu.kernels_size_mismatch()) {
+            let peer = self.names.get(peer).copied().unwrap_or(peer);
+            let e = size_mismatch(self.own_name, peer, bytes);
             self.table.report_broken(self.rank, &e.to_string());
             *b = Some(e);
         }
@@ -853,13 +898,14 @@ mod tests {
             push_slot: 172032,
             ag_copy: 1 << 26,
             ar_copy: 1 << 27,
+            p2p_ll: 1 << 20,
             proc: Proc { pid: 42, start: 7 },
             token: 99,
         };
         let bytes = h.encode();
         assert!(Hello::decode(&bytes[..70]).is_none());
-        // Cut inside the last settings word (ar_copy, ending 56 bytes past the handle).
-        assert!(Hello::decode(&bytes[..8 + HANDLE_BYTES + 55]).is_none());
+        // Cut inside the last settings word (p2p_ll, ending 60 bytes past the handle).
+        assert!(Hello::decode(&bytes[..8 + HANDLE_BYTES + 59]).is_none());
         let d = Hello::decode(&bytes).unwrap();
         assert_eq!(
             (d.host, d.shm, d.blocks, d.sync, d.proc, d.token),
@@ -873,9 +919,10 @@ mod tests {
                 d.push_min_blocks,
                 d.push_slot,
                 d.ag_copy,
-                d.ar_copy
+                d.ar_copy,
+                d.p2p_ll
             ),
-            (65536, 8, 1 << 24, 24, 172032, 1 << 26, 1 << 27)
+            (65536, 8, 1 << 24, 24, 172032, 1 << 26, 1 << 27, 1 << 20)
         );
     }
 

@@ -45,22 +45,42 @@ impl ProcGpu {
     /// launch (`RAILCC_GPU_P2P_BATCH=2`) the kernel itself copies the staged sends into their
     /// slots before it marks them.
     ///
+    /// Messages of up to the communicator's `p2p_ll` limit (`RAILCC_GPU_P2P_LL_BYTES`) go
+    /// instead by `railcc_cuda::p2p_ll` (`p2p_small.rs`).
+    ///
     /// # Safety
     /// Each op's buffer must be device memory of this GPU from cudaMalloc/cuMemAlloc with
     /// `bytes`, and its stream a stream of this GPU, valid until the stream passes the op.
     pub unsafe fn p2p(&self, all: &[P2p]) -> Result<()> {
-        use railcc_cuda::launch::{p2p_step, P2pStep};
-        let mut clock = self.trace.start();
         self.check_alive()?;
         self.gpu.bind()?;
-        let me = self.rank;
         if let Some(o) = all.iter().find(|o| o.peer >= self.nranks) {
             return Err(Error::invalid(format!(
                 "send/recv: peer {} of {} ranks",
                 o.peer, self.nranks
             ))
-            .rank(me));
+            .rank(self.rank));
         }
+        // SAFETY: the caller's contract.
+        unsafe {
+            if self.p2p_ll_bytes > 0 {
+                self.p2p_split(all)
+            } else {
+                self.p2p_posted(all)
+            }
+        }
+    }
+
+    /// [`ProcGpu::p2p`] by posting each message in the table (every message where `p2p_ll`
+    /// is off; the larger ones where it is on, numbered among themselves).
+    ///
+    /// # Safety
+    /// As for [`ProcGpu::p2p`].
+    pub(super) unsafe fn p2p_posted(&self, all: &[P2p]) -> Result<()> {
+        use railcc_cuda::launch::{p2p_step, P2pStep};
+        let mut clock = self.trace.start();
+        self.check_alive()?;
+        let me = self.rank;
         // Messages to this rank itself are copies (`selfcopy`).
         let (others, pairs) = selfcopy::split(all, me)?;
         let ops = &others[..];

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# On nvidia-h100-x4 / nvidia-h200-x4 (after bench/compare/gpu-prepare.sh here; carry .device):
+# the twelfth session's device calls, one part per call. Logs under $OUT/logs, tarred to
+# $OUT/logs-<part>.tgz.
+#   a  issue 30's small send/recv the low-latency way (railcc_cuda::p2p_ll, not yet run): the
+#      GPU unit tests (its two-rank test among them), then alltoall and sendrecv under mpirun
+#      -np 4 from 64 B to 16 MB, the default (w1) against RAILCC_GPU_P2P_LL_BYTES=1048576 (ll)
+#      against NCCL, every row checked (-c 1).
+#   b  the same path's correctness: test-gpu.sh's p2pll part (six send/recv collectives of
+#      nccl-tests, mpirun, eager and -G 10, every dtype; 4 ranks sharing GPU 0).
+# Usage: bash bench/compare/gpu-x4-s14.sh a|b
+set -u
+cd "$(dirname "$0")/../.."
+source bench/compare/gpu-env.sh
+L=$OUT/logs
+mkdir -p "$L"
+T0=$(date +%s)
+case ${1:-} in
+  a)
+    OUT=$L TEST_GPU_PARTS=unit timeout 200 bash scripts/test-gpu.sh 2>&1 | tee "$L/unit.txt" | grep -E "^(FAIL|PASS|test-gpu)|p2p_ll"
+    cp "$L/test-gpu.log" "$L/test-gpu-unit.log" 2>/dev/null
+    grep -E "p2p_ll|panicked|FAILED" /tmp/test-gpu-unit.log | head -20
+    cp /tmp/test-gpu-unit.log "$L/unit-tests.log" 2>/dev/null
+    for c in alltoall sendrecv; do
+      mkdir -p "$L/ab-$c"
+      OUT=$L/ab-$c AB_MPI=1 AB_COLL=$c AB_BLOCKS=0 AB_VARIANTS="w1 ll" AB_ITERS=50 AB_SIZES="-b 64 -e 16M -f 4" timeout 150 \
+        bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/ab-$c.txt"
+    done
+    ;;
+  b)
+    OUT=$L TEST_GPU_PARTS=p2pll timeout 500 bash scripts/test-gpu.sh 2>&1 | tee "$L/p2pll.txt" | grep -E "^(FAIL|PASS|test-gpu)"
+    ;;
+  *) echo "usage: $0 a|b"; exit 2 ;;
+esac
+echo "== part ${1} ended after $(($(date +%s) - T0)) s"
+cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
