@@ -135,7 +135,7 @@ case " $PARTS " in *" unit "*)
   if [ $rc = 0 ] && grep -q "SKIP" /tmp/test-gpu-unit.log; then rc=99; echo "a GPU test skipped on a GPU machine" >> /tmp/test-gpu-unit.log; fi
   for line in "wide accumulation bfloat16" "fp8 f8e5m2 max: 0 of 65536" "scale kernel: f32 host" \
       "p2p batch kernels: 18 messages one way and 2 the other, 2 rounds, then 16 and 2 (staged) in one launch each with a copy to itself, 2 rounds, then 2 more with early marks, 0 bytes wrong" \
-      "p2p_ll: 19 messages of 0 B to 1 MiB both ways at once, and a copy to itself each round: 0 bytes wrong" \
+      "p2p_ll: 19 messages of 0 B to 1 MiB both ways at once, and a copy to itself each round, then one in place each way: 0 bytes wrong" \
       "p2p_ll: 100 bytes sent, 200 expected: Some((0, 100))" \
       "disagree with the host" " 0 differ from the bulk kernel"; do
     grep -q "$line" /tmp/test-gpu-unit.log || rc=98

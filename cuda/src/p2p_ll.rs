@@ -240,8 +240,9 @@ __device__ __forceinline__ void ll_recv(unsigned long long mine, const Ptrs& the
 }}
 // One launch: block b sends part b of `sends` (their parts in order) with its first 8 warps
 // and receives part b of `recvs` with its last 8; blocks past both copy parts of `copies`
-// (messages of this rank to itself).
-extern "C" __global__ void __launch_bounds__(512) p2p_ll(unsigned long long mine, Ptrs theirs, int me, LlList sends, LlList recvs, LlCopies copies, int duo, unsigned long long timeout_ns) {{
+// (messages of this rank to itself). In blocks below `paired` the send and the receive cover
+// the same bytes (in place): the receive writes once the send has read them.
+extern "C" __global__ void __launch_bounds__(512) p2p_ll(unsigned long long mine, Ptrs theirs, int me, LlList sends, LlList recvs, LlCopies copies, int duo, int paired, unsigned long long timeout_ns) {{
   int m, j, parts;
   const int b = blockIdx.x;
   if (b >= duo) {{
@@ -261,7 +262,9 @@ extern "C" __global__ void __launch_bounds__(512) p2p_ll(unsigned long long mine
   }}
   if (threadIdx.x < 256) {{
     if (ll_find(sends, b, &m, &j, &parts)) ll_send(mine, theirs, me, sends, m, j, parts, timeout_ns);
+    if (b < paired) asm volatile("bar.arrive 3, 512;" ::: "memory");
   }} else {{
+    if (b < paired) asm volatile("bar.sync 3, 512;" ::: "memory");
     if (ll_find(recvs, b, &m, &j, &parts)) ll_recv(mine, theirs, me, recvs, m, j, parts, timeout_ns);
   }}
 }}
@@ -348,8 +351,9 @@ fn check(me: usize, npeers: usize, msgs: &[LlMsg], what: &str) -> Result<List> {
 }
 
 /// Launches `sends`, `recvs` (at most one per peer each) and `copies` in one kernel on
-/// `stream`. `mine` is this GPU's area, `theirs[p]` peer p's as this GPU addresses it.
-/// Returns the blocks (0: nothing to launch).
+/// `stream`. `mine` is this GPU's area, `theirs[p]` peer p's as this GPU addresses it. The
+/// first `paired` sends and receives are pairs of the same bytes ([`pair_in_place`]): each
+/// receive writes once its send has read them. Returns the blocks (0: nothing to launch).
 ///
 /// # Safety
 /// The areas live for the communicator's life; each message's buffer is this GPU's memory
@@ -361,8 +365,16 @@ pub unsafe fn launch(
     (mine, theirs): (u64, &[u64]),
     me: usize,
     (sends, recvs, copies): (&[LlMsg], &[LlMsg], &[SelfCopy]),
+    paired: usize,
     timeout_ns: u64,
 ) -> Result<u32> {
+    let same = |k: usize| matches!((sends.get(k), recvs.get(k)), (Some(s), Some(r)) if s.ptr == r.ptr && s.bytes == r.bytes);
+    if !(0..paired).all(same) {
+        return Err(Error::invalid(format!(
+            "p2p_ll: the first {paired} sends and receives are not pairs of the same bytes"
+        )));
+    }
+    let paired_blocks = sends[..paired].iter().map(|m| parts(m.bytes)).sum::<u64>() as i32;
     let mut s = check(me, theirs.len(), sends, "sends")?;
     let mut r = check(me, theirs.len(), recvs, "receives")?;
     if copies.len() > MAX_MSGS {
@@ -383,9 +395,15 @@ pub unsafe fn launch(
         return Ok(0);
     }
     let f = gpu.p2p_func(KERNEL)?;
-    let (mut a, mut t, mut m, mut d, mut to) =
-        (mine, ptrs(theirs), me as i32, duo as i32, timeout_ns);
-    let mut params: [*mut c_void; 8] = [
+    let (mut a, mut t, mut m, mut d, mut pb, mut to) = (
+        mine,
+        ptrs(theirs),
+        me as i32,
+        duo as i32,
+        paired_blocks,
+        timeout_ns,
+    );
+    let mut params: [*mut c_void; 9] = [
         &mut a as *mut u64 as *mut c_void,
         &mut t as *mut Ptrs as *mut c_void,
         &mut m as *mut i32 as *mut c_void,
@@ -393,6 +411,7 @@ pub unsafe fn launch(
         &mut r as *mut List as *mut c_void,
         &mut c as *mut Copies as *mut c_void,
         &mut d as *mut i32 as *mut c_void,
+        &mut pb as *mut i32 as *mut c_void,
         &mut to as *mut u64 as *mut c_void,
     ];
     gpu.bind()?;
@@ -409,6 +428,34 @@ pub unsafe fn launch(
         )
     }?;
     Ok(total)
+}
+
+/// Orders one wave's `sends` and `recvs` for one launch where some receive writes bytes a send
+/// reads (in place): each such receive paired with a send of exactly its bytes (an all-to-all
+/// or a send/recv in place), the pairs first. Returns the lists and the pair count, or None
+/// where an overlap is not such a pair (then the sends go in a launch before the receives).
+#[allow(clippy::type_complexity)]
+pub fn pair_in_place(sends: &[LlMsg], recvs: &[LlMsg]) -> Option<(Vec<LlMsg>, Vec<LlMsg>, usize)> {
+    let over = |a: &LlMsg, b: &LlMsg| railcc_core::call::overlaps(a.ptr, a.bytes, b.ptr, b.bytes);
+    let mut used = vec![false; sends.len()];
+    let (mut ps, mut pr) = (Vec::new(), Vec::new());
+    let mut rest_r = Vec::new();
+    for r in recvs {
+        let hits: Vec<usize> = (0..sends.len()).filter(|&k| over(r, &sends[k])).collect();
+        match hits[..] {
+            [] => rest_r.push(*r),
+            [k] if !used[k] && sends[k].ptr == r.ptr && sends[k].bytes == r.bytes => {
+                used[k] = true;
+                ps.push(sends[k]);
+                pr.push(*r);
+            }
+            _ => return None,
+        }
+    }
+    let n = ps.len();
+    ps.extend((0..sends.len()).filter(|&k| !used[k]).map(|k| sends[k]));
+    pr.extend(rest_r);
+    Some((ps, pr, n))
 }
 
 /// The waves of one round's messages: wave w holds the w-th message per peer and direction
@@ -480,7 +527,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<Copies>(), 3 * 64 + 8);
         let src = source();
         assert!(src.contains("struct LlList { unsigned long long ptr[8]; unsigned long long bytes[8]; int peer[8]; int n; };"));
-        assert!(src.contains("p2p_ll(unsigned long long mine, Ptrs theirs, int me, LlList sends, LlList recvs, LlCopies copies, int duo, unsigned long long timeout_ns)"));
+        assert!(src.contains("p2p_ll(unsigned long long mine, Ptrs theirs, int me, LlList sends, LlList recvs, LlCopies copies, int duo, int paired, unsigned long long timeout_ns)"));
         const { assert!(crate::kernels::AREA_BYTES >= INBOX_OFFSET + INBOX_BYTES) };
     }
 
@@ -585,6 +632,7 @@ mod tests {
                             (areas[r], &areas),
                             r,
                             (&sends, &recvs, &copies),
+                            0,
                             10_000_000_000,
                         )
                     }
@@ -597,7 +645,7 @@ mod tests {
             for (r, _, n, _, data, dst) in &bufs {
                 let mut got = vec![0u8; n + 16];
                 gpu.download(dst, 0, &mut got).expect("download");
-                let o = off(1 - r);
+                let o = off(*r); // the receive lands as far in as the send was read
                 bad += (0..*n).filter(|&j| got[o + j] != data[j]).count();
                 // Nothing written past the message.
                 bad += got[o + n..].iter().filter(|&&x| x != 0).count();
@@ -608,7 +656,46 @@ mod tests {
             gpu.download(&own_dst, 0, &mut got).expect("download");
             bad += (0..own.len()).filter(|&j| got[j] != own[j]).count();
         }
-        println!("p2p_ll: {msgs} messages of 0 B to 1 MiB both ways at once, and a copy to itself each round: {bad} bytes wrong");
+        // In place, both ways at once: each rank sends its buffer and receives into it.
+        const IN_PLACE: usize = 70_001;
+        let mut mine = Vec::new();
+        for r in 0..2 {
+            let data = fill(IN_PLACE, 500 + r);
+            let b = gpu.alloc(IN_PLACE).expect("alloc");
+            gpu.upload(&b, 0, &data).expect("upload");
+            mine.push((b, data));
+        }
+        for r in 0..2 {
+            let m = LlMsg {
+                peer: 1 - r,
+                ptr: mine[r].0.ptr,
+                bytes: IN_PLACE as u64,
+            };
+            let (s, v, n) = pair_in_place(&[m], &[m]).expect("a pair");
+            // SAFETY: as above.
+            unsafe {
+                launch(
+                    &gpu,
+                    streams[r],
+                    (areas[r], &areas),
+                    r,
+                    (&s, &v, &[]),
+                    n,
+                    10_000_000_000,
+                )
+            }
+            .expect("launch");
+        }
+        // SAFETY: the bound context is live.
+        check_sync(unsafe { sys::cuCtxSynchronize() });
+        for r in 0..2 {
+            let mut got = vec![0u8; IN_PLACE];
+            gpu.download(&mine[r].0, 0, &mut got).expect("download");
+            bad += (0..IN_PLACE)
+                .filter(|&j| got[j] != mine[1 - r].1[j])
+                .count();
+        }
+        println!("p2p_ll: {msgs} messages of 0 B to 1 MiB both ways at once, and a copy to itself each round, then one in place each way: {bad} bytes wrong");
         assert_eq!(bad, 0);
         // A wrong size: rank 0 sends 100 bytes, rank 1 receives 200.
         let src = gpu.alloc(256).expect("alloc");
@@ -632,6 +719,7 @@ mod tests {
                     (areas[r], &areas),
                     r,
                     (&s, &v, &[]),
+                    0,
                     10_000_000_000,
                 )
             }
@@ -650,6 +738,35 @@ mod tests {
 
     fn check_sync(r: sys::CUresult) {
         assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuCtxSynchronize");
+    }
+
+    #[test]
+    fn in_place_receives_pair_with_the_send_of_their_bytes() {
+        let m = |peer, ptr, bytes| LlMsg { peer, ptr, bytes };
+        // All-to-all in place on 3 ranks (rank 0): block p goes to p and comes from p.
+        let s = [m(1, 100, 100), m(2, 200, 100)];
+        let r = [m(2, 200, 100), m(1, 100, 100)];
+        let (ps, pr, n) = pair_in_place(&s, &r).expect("pairs");
+        assert_eq!(n, 2);
+        assert_eq!(
+            (ps[0].peer, pr[0].peer, ps[1].peer, pr[1].peer),
+            (2, 2, 1, 1)
+        );
+        // Send/recv in place: to 1, from 3, one buffer.
+        let (ps, pr, n) = pair_in_place(&[m(1, 0, 64)], &[m(3, 0, 64)]).expect("pair");
+        assert_eq!((n, ps[0].peer, pr[0].peer), (1, 1, 3));
+        // Unrelated messages follow the pairs.
+        let (ps, pr, n) =
+            pair_in_place(&[m(1, 1000, 8), m(2, 0, 64)], &[m(3, 5000, 8), m(2, 0, 64)])
+                .expect("pairs");
+        assert_eq!(
+            (n, ps[0].peer, ps[1].peer, pr[0].peer, pr[1].peer),
+            (1, 2, 1, 2, 3)
+        );
+        // A receive over part of a send, or over two sends: no pairing.
+        assert!(pair_in_place(&[m(1, 0, 64)], &[m(3, 8, 64)]).is_none());
+        assert!(pair_in_place(&[m(1, 0, 64), m(2, 64, 64)], &[m(3, 0, 128)]).is_none());
+        assert!(pair_in_place(&[m(1, 0, 64)], &[m(3, 0, 64), m(2, 0, 64)]).is_none());
     }
 
     #[test]

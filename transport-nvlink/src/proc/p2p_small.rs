@@ -77,7 +77,9 @@ impl ProcGpu {
     /// One round's small messages `ops` (and the own copies `own`) in waves: wave w holds the
     /// w-th message per peer and direction, one launch each on the first op's stream (the
     /// others' streams joined before and after). Where a receive of a wave writes bytes a send
-    /// of it reads (all-to-all in place), its sends go in a launch before its receives.
+    /// of it reads, each such receive is paired with the send of its bytes (all-to-all or
+    /// send/recv in place: the kernel writes a pair's bytes once they are read), or, where that
+    /// does not fit, the wave's sends go in a launch before its receives.
     ///
     /// # Safety
     /// As for [`ProcGpu::p2p`].
@@ -118,7 +120,8 @@ impl ProcGpu {
             bytes: o.bytes as u64,
         };
         let waves = p2p_ll::waves(&ops.iter().map(|o| (o.send, o.peer)).collect::<Vec<_>>());
-        let mut launches: Vec<(Vec<LlMsg>, Vec<LlMsg>)> = Vec::new();
+        // (sends, receives, leading pairs of the same bytes)
+        let mut launches: Vec<(Vec<LlMsg>, Vec<LlMsg>, usize)> = Vec::new();
         for (s, r) in &waves {
             let sends: Vec<LlMsg> = s.iter().map(|&i| msg(&ops[i])).collect();
             let recvs: Vec<LlMsg> = r.iter().map(|&i| msg(&ops[i])).collect();
@@ -127,19 +130,21 @@ impl ProcGpu {
                     .iter()
                     .any(|y| railcc_core::call::overlaps(x.ptr, x.bytes, y.ptr, y.bytes))
             });
-            if in_place {
-                launches.push((sends, Vec::new()));
-                launches.push((Vec::new(), recvs));
+            if !in_place {
+                launches.push((sends, recvs, 0));
+            } else if let Some(paired) = p2p_ll::pair_in_place(&sends, &recvs) {
+                launches.push(paired);
             } else {
-                launches.push((sends, recvs));
+                launches.push((sends, Vec::new(), 0));
+                launches.push((Vec::new(), recvs, 0));
             }
         }
         if launches.is_empty() {
-            launches.push((Vec::new(), Vec::new()));
+            launches.push((Vec::new(), Vec::new(), 0));
         }
         let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
         let n = launches.len();
-        for (i, (sends, recvs)) in launches.iter().enumerate() {
+        for (i, (sends, recvs, paired)) in launches.iter().enumerate() {
             // The own copies with the last launch: after every receive of the round.
             let c: &[SelfCopy] = if i + 1 == n { &copies } else { &[] };
             // In the communicator's kernel order: the step counts live in the area.
@@ -155,6 +160,7 @@ impl ProcGpu {
                             (self.gpu.sync.ptr, &self.syncs),
                             self.rank,
                             (sends, recvs, c),
+                            *paired,
                             timeout_ns,
                         )
                     })
