@@ -29,7 +29,7 @@
 #         -g N, -t N, mpirun -np N, eager and -G 10;
 #  p2pll  the send/recv collectives of nccl-tests with RAILCC_GPU_P2P_LL_BYTES=1048576
 #         (TEST_GPU_P2P_LL_BYTES; small messages by railcc_cuda::p2p_ll), mpirun -np N, eager
-#         and -G 10, and 4 ranks sharing GPU 0;
+#         and -G 10, and 4 ranks sharing GPU 0; sizes that disagree (nccl-compat/tests/mpi/p2p_size.sh);
 #  register nccl-tests with buffer registration (-R 1: ncclCommRegister) and symmetric windows
 #         (-R 2: ncclMemAlloc + ncclCommWindowRegister), -d all, -g N and mpirun -np N;
 #  recover after a killed rank the survivors fail within 1 s naming it, then shrink or re-init
@@ -258,6 +258,10 @@ case " $PARTS " in *" p2pll "*)
     F="-b 8 -e 4M -f 8 -n 2 -w 1 -c 1 -d all"
     check "libnccl p2p_ll $b mpirun -np 4 on GPU 0 $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $MPIRUN -x NCCL_TESTS_DEVICE=0 $NTM/build/${b}_perf $F -g 1
   done
+  # Sizes that disagree: both ranks fail within 5 s naming the sender and its count.
+  timeout 100 bash nccl-compat/tests/mpi/p2p_size.sh > /tmp/test-gpu-p2p-size.log 2>&1
+  verdict "p2p_ll: send/recv sizes that disagree, 2 MPI ranks (nccl-compat/tests/mpi/p2p_size.sh)" $? /tmp/test-gpu-p2p-size.log notable
+  grep -E "^(PASS|FAIL)|after" /tmp/test-gpu-p2p-size.log | sed 's/^/      /'
   unset RAILCC_GPU_P2P_LL_BYTES
 ;; esac
 

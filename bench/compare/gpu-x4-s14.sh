@@ -8,7 +8,8 @@
 #      against NCCL, every row checked (-c 1).
 #   b  the same path's correctness: test-gpu.sh's p2pll part (six send/recv collectives of
 #      nccl-tests, mpirun, eager and -G 10, every dtype; 4 ranks sharing GPU 0).
-# Usage: bash bench/compare/gpu-x4-s14.sh a|b
+#   c  a's unit tests, b, and a's all-to-all A/B again (after the in-place pairing).
+# Usage: bash bench/compare/gpu-x4-s14.sh a|b|c
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -28,9 +29,19 @@ case ${1:-} in
     done
     ;;
   b)
-    OUT=$L TEST_GPU_PARTS=p2pll timeout 500 bash scripts/test-gpu.sh 2>&1 | tee "$L/p2pll.txt" | grep -E "^(FAIL|PASS|test-gpu)"
+    OUT=$L TEST_GPU_PARTS=p2pll timeout 500 bash scripts/test-gpu.sh 2>&1 | tee "$L/p2pll.txt" | grep -E "^(FAIL|PASS|test-gpu)|after"
     ;;
-  *) echo "usage: $0 a|b"; exit 2 ;;
+  c)
+    # a's unit tests (the in-place pairing now), b, then a's all-to-all A/B again.
+    OUT=$L TEST_GPU_PARTS=unit timeout 120 bash scripts/test-gpu.sh 2>&1 | tee "$L/unit.txt" | grep -E "^(FAIL|test-gpu)|p2p_ll"
+    cp /tmp/test-gpu-unit.log "$L/unit-tests.log" 2>/dev/null
+    OUT=$L TEST_GPU_PARTS=p2pll TEST_GPU_CHECK_LIMIT=60 timeout 330 bash scripts/test-gpu.sh 2>&1 | tee "$L/p2pll.txt" | grep -E "^(FAIL|PASS|test-gpu)|after"
+    cp "$L/test-gpu.log" "$L/test-gpu-p2pll.log" 2>/dev/null
+    mkdir -p "$L/ab-alltoall"
+    OUT=$L/ab-alltoall AB_MPI=1 AB_COLL=alltoall AB_BLOCKS=0 AB_VARIANTS="w1 ll" AB_ITERS=50 AB_SIZES="-b 64 -e 16M -f 4" timeout 100 \
+      bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/ab-alltoall.txt"
+    ;;
+  *) echo "usage: $0 a|b|c"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
