@@ -17,7 +17,7 @@
 # AB_LL_BYTES, default 1048576).
 # w0 and w1 keep the defaults otherwise: from 16 MiB at 128 blocks that is the push kernel.
 # AB_LIBS: other builds of railcc's libnccl, "NAME=DIR ...", each run like w1 at every block
-# count (one machine, one call: a build against a build). AB_COLL: the nccl-tests collective
+# count (one machine, one call: a build against a build), with AB_LIB_VARS (VAR=VALUE ...) too. AB_COLL: the nccl-tests collective
 # (default all_reduce). A
 # second table has the in-place busbw (PyTorch's all_reduce is in place).
 # Prepare with bench/compare/gpu-prepare.sh; carry .device.
@@ -76,7 +76,7 @@ for b in ${AB_BLOCKS:-${ch:-24} 0}; do
     names+=("railcc-b$b-$v")
   done
   for nl in ${AB_LIBS:-}; do
-    run "${nl%%=*}-b$b" "${nl#*=}" RAILCC_GPU_MAX_BLOCKS=$b RAILCC_GPU_WIDE_LOADS=1
+    run "${nl%%=*}-b$b" "${nl#*=}" RAILCC_GPU_MAX_BLOCKS=$b RAILCC_GPU_WIDE_LOADS=1 ${AB_LIB_VARS:-}
     names+=("${nl%%=*}-b$b")
   done
 done

@@ -9,7 +9,8 @@
 #   b  the same path's correctness: test-gpu.sh's p2pll part (six send/recv collectives of
 #      nccl-tests, mpirun, eager and -G 10, every dtype; 4 ranks sharing GPU 0).
 #   c  a's unit tests, b, and a's all-to-all A/B again (after the in-place pairing).
-# Usage: bash bench/compare/gpu-x4-s14.sh a|b|c
+#   d  the part size 32 KiB against 16 KiB (a second build), and the host's time per call.
+# Usage: bash bench/compare/gpu-x4-s14.sh a|b|c|d
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -41,7 +42,25 @@ case ${1:-} in
     OUT=$L/ab-alltoall AB_MPI=1 AB_COLL=alltoall AB_BLOCKS=0 AB_VARIANTS="w1 ll" AB_ITERS=50 AB_SIZES="-b 64 -e 16M -f 4" timeout 100 \
       bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/ab-alltoall.txt"
     ;;
-  *) echo "usage: $0 a|b|c"; exit 2 ;;
+  d)
+    # The part size: 32 KiB (this build) against 16 KiB (.device/lib-p16, built with
+    # p2p_ll's PART_BYTES = 16 KiB), both with RAILCC_GPU_P2P_LL_BYTES=1048576; then the host's
+    # time per call of a 1 MB all-to-all the low-latency way (RAILCC_GPU_HOST_TRACE=1).
+    for c in alltoall sendrecv; do
+      mkdir -p "$L/ab-$c"
+      OUT=$L/ab-$c AB_MPI=1 AB_COLL=$c AB_BLOCKS=0 AB_VARIANTS="w1 ll" AB_LIBS="p16=$PWD/.device/lib-p16" \
+        AB_LIB_VARS="RAILCC_GPU_P2P_LL_BYTES=1048576" AB_ITERS=50 AB_SIZES="-b 64 -e 16M -f 4" timeout 150 \
+        bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$L/ab-$c.txt"
+    done
+    nccl_tests_build $NTM 1
+    for v in 0 1048576; do
+      RAILCC_GPU_P2P_LL_BYTES=$v RAILCC_GPU_HOST_TRACE=1 LD_LIBRARY_PATH="$PWD/.device/lib:/usr/local/cuda/lib64" timeout 60 \
+        mpirun -np 4 --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x RAILCC_GPU_P2P_LL_BYTES -x RAILCC_GPU_HOST_TRACE \
+        -x NCCL_NVLS_ENABLE $NTM/build/alltoall_perf -b 1M -e 1M -n 500 -w 20 -c 0 -g 1 > "$L/trace-ll$v.log" 2>&1
+      echo "host trace, RAILCC_GPU_P2P_LL_BYTES=$v: exit $?"; grep -E "^ +1048576|trace|us" "$L/trace-ll$v.log" | head -30
+    done
+    ;;
+  *) echo "usage: $0 a|b|c|d"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs

@@ -34,6 +34,8 @@ use std::ffi::c_void;
 pub const MAX_BYTES: usize = 1 << 20;
 /// Most parts a message is cut in (a thread block each, per direction).
 pub const PARTS: usize = 16;
+/// Bytes of a part below PARTS parts: a message of `bytes` has ceil(bytes / PART_BYTES).
+const PART_BYTES: u64 = 32 * 1024;
 /// Data lines of one step (8 bytes each: 32 KiB).
 const STEP_LINES: usize = 4096;
 /// Bytes from one slot to the next: STEP_LINES lines and the header line, on 256 bytes.
@@ -58,7 +60,7 @@ const KERNEL: usize = 9;
 
 /// Parts of a message of `bytes` (both ends compute the same).
 pub fn parts(bytes: u64) -> u64 {
-    bytes.div_ceil(32 * 1024).clamp(1, PARTS as u64)
+    bytes.div_ceil(PART_BYTES).clamp(1, PARTS as u64)
 }
 
 /// The CUDA C source, appended after `p2p_many::SOURCE` (it uses `p2p_copy_block`, `Ptrs` and
@@ -73,10 +75,11 @@ pub fn source() -> String {
 #define LL_WORDS {WORDS_OFFSET}ull
 #define ABORT_P2P_SIZE {ABORT_P2P_SIZE}u
 #define LL_UNROLL 8
+#define LL_PART_BYTES {PART_BYTES}ull
 struct LlList {{ unsigned long long ptr[8]; unsigned long long bytes[8]; int peer[8]; int n; }};
 struct LlCopies {{ unsigned long long src[8]; unsigned long long dst[8]; unsigned long long bytes[8]; int n; }};
 __device__ __forceinline__ int ll_parts(unsigned long long bytes) {{
-  unsigned long long p = (bytes + 32767ull) / 32768ull;
+  unsigned long long p = (bytes + LL_PART_BYTES - 1ull) / LL_PART_BYTES;
   return p < 1ull ? 1 : (p > (unsigned long long)LL_PARTS ? LL_PARTS : (int)p);
 }}
 __device__ __forceinline__ volatile unsigned* ll_words(unsigned long long area) {{ return (volatile unsigned*)(area + LL_WORDS); }}
