@@ -14,7 +14,7 @@
 # RAILCC_GPU_AR_PUSH_BYTES=0; "tm": the bulk kernel with TMA loads, RAILCC_GPU_WIDE_LOADS=2, no
 # push kernel; "ts": TMA loads and stores, =3; "p3": send/recv with early marks,
 # RAILCC_GPU_P2P_BATCH=3; "ll": small send/recv the low-latency way, RAILCC_GPU_P2P_LL_BYTES=
-# AB_LL_BYTES, default 1048576).
+# AB_LL_BYTES, default 1048576, the default; "l0": without it, RAILCC_GPU_P2P_LL_BYTES=0).
 # w0 and w1 keep the defaults otherwise: from 16 MiB at 128 blocks that is the push kernel.
 # AB_LIBS: other builds of railcc's libnccl, "NAME=DIR ...", each run like w1 at every block
 # count (one machine, one call: a build against a build), with AB_LIB_VARS (VAR=VALUE ...) too. AB_COLL: the nccl-tests collective
@@ -70,6 +70,7 @@ for b in ${AB_BLOCKS:-${ch:-24} 0}; do
       ac) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_AR_COPY_BYTES=1" ;;
       p3) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_P2P_BATCH=3" ;;
       ll) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_P2P_LL_BYTES=${AB_LL_BYTES:-1048576}" ;;
+      l0) vars="RAILCC_GPU_WIDE_LOADS=1 RAILCC_GPU_P2P_LL_BYTES=0" ;;
       *) echo "FAIL  AB_VARIANTS: unknown $v"; exit 1 ;;
     esac
     run "railcc-b$b-$v" "$PWD/.device/lib" RAILCC_GPU_MAX_BLOCKS=$b $vars

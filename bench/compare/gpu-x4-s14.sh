@@ -10,7 +10,8 @@
 #      nccl-tests, mpirun, eager and -G 10, every dtype; 4 ranks sharing GPU 0).
 #   c  a's unit tests, b, and a's all-to-all A/B again (after the in-place pairing).
 #   d  the part size 32 KiB against 16 KiB (a second build), and the host's time per call.
-# Usage: bash bench/compare/gpu-x4-s14.sh a|b|c|d
+#   e  p2p_ll on by default: unit tests, PyTorch's suite, issue 30's sizes, shared GPU.
+# Usage: bash bench/compare/gpu-x4-s14.sh a|b|c|d|e
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -60,7 +61,30 @@ case ${1:-} in
       echo "host trace, RAILCC_GPU_P2P_LL_BYTES=$v: exit $?"; grep -E "^ +1048576|trace|us" "$L/trace-ll$v.log" | head -30
     done
     ;;
-  *) echo "usage: $0 a|b|c|d"; exit 2 ;;
+  e)
+    # p2p_ll on by default (1 MiB, 16 KiB parts): the GPU unit tests; PyTorch's suite (batched
+    # p2p at 4 KB-256 MB, DDP and FSDP2) on one host of 4 and 2 emulated hosts x 2, railcc
+    # and NCCL; then sendrecv and alltoall under mpirun at 1, 16 and 256 MB (issue 30's
+    # sizes) and 64 B-256 KB: the default (w1) against l0 (RAILCC_GPU_P2P_LL_BYTES=0)
+    # against NCCL; the shared-GPU send/recv collectives (2 ranks on GPU 0).
+    OUT=$L TEST_GPU_PARTS=unit timeout 120 bash scripts/test-gpu.sh 2>&1 | tee "$L/unit.txt" | grep -E "^(FAIL|test-gpu)|p2p_ll: [0-9]"
+    cp /tmp/test-gpu-unit.log "$L/unit-tests.log" 2>/dev/null
+    mkdir -p "$L/suite"
+    OUT=$L/suite SUITE_LIMIT=150 timeout 330 bash nccl-compat/tests/torch/suite.sh > "$L/suite.txt" 2>&1
+    echo "suite: exit $?"; grep -E "^(PASS|FAIL)" "$L/suite.txt"
+    for c in alltoall sendrecv; do
+      for sz in "-b 1M -e 256M -f 16" "-b 64 -e 256K -f 16"; do
+        d=$L/ab-$c-$(echo "$sz" | awk '{print $2}')
+        mkdir -p "$d"
+        OUT=$d AB_MPI=1 AB_COLL=$c AB_BLOCKS=0 AB_VARIANTS="w1 l0" AB_ITERS=50 AB_SIZES="$sz" timeout 100 \
+          bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$d.txt" | sed -n '1,12p'
+      done
+    done
+    [ $(( $(date +%s) - T0 )) -lt 470 ] && OUT=$L TEST_GPU_PARTS=shared TEST_GPU_SHARED_NP=2 TEST_GPU_CHECK_LIMIT=40 \
+      TEST_GPU_SHARED_BINS="sendrecv alltoall alltoallv scatter gather hypercube" timeout $(( 560 - $(date +%s) + T0 )) \
+      bash scripts/test-gpu.sh 2>&1 | tee "$L/shared.txt" | grep -E "^(FAIL|PASS|test-gpu)"
+    ;;
+  *) echo "usage: $0 a|b|c|d|e"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs

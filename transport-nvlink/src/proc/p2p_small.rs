@@ -1,5 +1,6 @@
 //! A group's small sends and receives between processes by `railcc_cuda::p2p_ll`
-//! (`RAILCC_GPU_P2P_LL_BYTES`): one launch per wave, no post, take or map on the host.
+//! (`RAILCC_GPU_P2P_LL_BYTES`, 1 MiB by default): one launch per wave, no post, take or map on
+//! the host.
 //!
 //! Both ends classify a message by its own size alone (at most the communicator's agreed
 //! limit: `p2p_ll`), so the k-th small message between two ranks is the k-th on both ends
