@@ -29,7 +29,8 @@
 #         -g N, -t N, mpirun -np N, eager and -G 10;
 #  p2pll  the send/recv collectives of nccl-tests with RAILCC_GPU_P2P_LL_BYTES=1048576
 #         (TEST_GPU_P2P_LL_BYTES; small messages by railcc_cuda::p2p_ll), mpirun -np N, eager
-#         and -G 10, and 4 ranks sharing GPU 0; sizes that disagree (nccl-compat/tests/mpi/p2p_size.sh);
+#         and -G 10, and 4 ranks sharing GPU 0; mixed groups (nccl-compat/tests/mpi/p2p_mixed.sh);
+#         sizes that disagree (nccl-compat/tests/mpi/p2p_size.sh);
 #  register nccl-tests with buffer registration (-R 1: ncclCommRegister) and symmetric windows
 #         (-R 2: ncclMemAlloc + ncclCommWindowRegister), -d all, -g N and mpirun -np N;
 #  recover after a killed rank the survivors fail within 1 s naming it, then shrink or re-init
@@ -137,6 +138,8 @@ case " $PARTS " in *" unit "*)
       "p2p batch kernels: 18 messages one way and 2 the other, 2 rounds, then 16 and 2 (staged) in one launch each with a copy to itself, 2 rounds, then 2 more with early marks, 0 bytes wrong" \
       "p2p_ll: 19 messages of 0 B to 1 MiB both ways at once, and a copy to itself each round, then one in place each way: 0 bytes wrong" \
       "p2p_ll: 100 bytes sent, 200 expected: Some((0, 100))" \
+      "p2p_ll: 500000 bytes sent, 1048576 expected: Some((0, 500000))" \
+      "p2p_ll: 1048576 bytes sent, 300000 expected: Some((0, 1048576))" \
       "disagree with the host" " 0 differ from the bulk kernel"; do
     grep -q "$line" /tmp/test-gpu-unit.log || rc=98
   done
@@ -258,6 +261,11 @@ case " $PARTS " in *" p2pll "*)
     F="-b 8 -e 4M -f 8 -n 2 -w 1 -c 1 -d all"
     check "libnccl p2p_ll $b mpirun -np 4 on GPU 0 $F" env LD_LIBRARY_PATH="$OURS:/usr/local/cuda/lib64" $MPIRUN -x NCCL_TESTS_DEVICE=0 $NTM/build/${b}_perf $F -g 1
   done
+  # Groups mixing small and large messages across rounds, and a send of bytes a later wave's
+  # receive overwrites (nccl-compat/tests/mpi/p2p_mixed.sh).
+  timeout 100 bash nccl-compat/tests/mpi/p2p_mixed.sh > /tmp/test-gpu-p2p-mixed.log 2>&1
+  verdict "p2p_ll: groups of small and large messages, 2 MPI ranks (nccl-compat/tests/mpi/p2p_mixed.sh)" $? /tmp/test-gpu-p2p-mixed.log notable
+  grep -E "^(PASS|FAIL)|0 wrong|FAIL" /tmp/test-gpu-p2p-mixed.log | sed 's/^/      /'
   # Sizes that disagree: both ranks fail within 5 s naming the sender and its count.
   timeout 100 bash nccl-compat/tests/mpi/p2p_size.sh > /tmp/test-gpu-p2p-size.log 2>&1
   verdict "p2p_ll: send/recv sizes that disagree, 2 MPI ranks (nccl-compat/tests/mpi/p2p_size.sh)" $? /tmp/test-gpu-p2p-size.log notable

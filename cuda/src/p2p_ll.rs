@@ -16,7 +16,8 @@
 //! waits for this launch's receiver, only for the one before (its credit): launches on two GPUs
 //! cannot wait on each other. Each (peer, part, direction) counts its steps in the area
 //! (`WORDS_OFFSET`); the flag of step s is s | 1 (never the zero of a fresh inbox, and not the
-//! flag of step s - 2, which used the slot before). The receiver writes its step into the
+//! flag of step s - 2, which used the slot before; every 2^30 steps the receiver zeroes the
+//! slot, so a line skipped since cannot meet its flag again). The receiver writes its step into the
 //! sender's CREDIT word once it has read a slot. The first step of part 0 carries a header
 //! line with the sender's byte count: a receiver expecting another count stops every wait of
 //! its context and records the peer and the count in the abort word (`ABORT_P2P_SIZE`), which
@@ -201,8 +202,10 @@ __device__ __forceinline__ void ll_recv(unsigned long long mine, const Ptrs& the
   unsigned char* dst = (unsigned char*)l.ptr[m];
   const unsigned long long bytes = l.bytes[m];
   const unsigned long long t0 = now_ns();
+  // Every thread runs every step's barriers, also after a wait stopped (an abort, a
+  // deadline): a thread that left early would leave the others at a counted barrier.
   bool ok = true;
-  for (int k = 0; k < steps && ok; k++) {{
+  for (int k = 0; k < steps; k++) {{
     const unsigned s = s0 + 1u + (unsigned)k, f = s | 1u;
     const unsigned* slot = ll_slot(mine, peer, j, s);
     if (j == 0 && k == 0 && tid == 0) {{
@@ -239,6 +242,15 @@ __device__ __forceinline__ void ll_recv(unsigned long long mine, const Ptrs& the
     }}
     // Every line of the slot read: the sender may refill it (step s + 2).
     asm volatile("bar.sync 2, 256;" ::: "memory");
+    if ((s & 0x3fffffffu) < 2u) {{
+      // Once in 2^30 steps each slot is zeroed, so no line stays unwritten long enough for
+      // its flag to come round again (2^32 steps): a line the sender skipped since (shorter
+      // messages) could otherwise pass for a new one.
+      unsigned* z = ll_slot(mine, peer, j, s);
+      for (int i = tid; i <= LL_STEP_LINES; i += 256) ll_st(z + 4 * i, 0u, 0u, 0u, 0u);
+      __threadfence_system();
+      asm volatile("bar.sync 2, 256;" ::: "memory");
+    }}
     if (tid == 0) *credit = s;
   }}
   if (tid == 0) w[peer * LL_PARTS + j] = s0 + (unsigned)steps;
@@ -740,6 +752,66 @@ mod tests {
         assert_eq!(gpu.kernels_size_mismatch(), Some((0, 100)));
         // SAFETY: made above; every kernel on it is done.
         unsafe { crate::gpu::destroy_stream(&gpu, streams[1]) }.expect("destroy stream");
+    }
+
+    /// On a GPU: sizes that disagree where a part takes two steps (rank 0 sends `sent` bytes,
+    /// rank 1 receives `expected`): every thread of both launches ends (some of the receiver's
+    /// lines never come), and the abort word names rank 0 and its count. A fresh context each.
+    #[test]
+    fn a_wrong_size_over_two_steps_ends_every_wait() {
+        let Some(gpus) = crate::driver::gpus_or_skip("p2p_ll wrong sizes on the GPU") else {
+            return;
+        };
+        for (sent, expected) in [(500_000u64, 1u64 << 20), (1 << 20, 300_000)] {
+            let gpu = GpuCtx::new(gpus[0].ordinal, None).expect("context");
+            let other = gpu.alloc(crate::kernels::AREA_BYTES).expect("area");
+            gpu.upload(&other, 0, &vec![0u8; crate::kernels::AREA_BYTES])
+                .expect("zero area");
+            let mut addr = [0u8; 8];
+            gpu.download(&gpu.sync, crate::kernels::SYNC_ABORT_OFFSET, &mut addr)
+                .expect("abort word");
+            gpu.upload(&other, crate::kernels::SYNC_ABORT_OFFSET, &addr)
+                .expect("abort word");
+            let areas = [gpu.sync.ptr, other.ptr];
+            let streams = [gpu.stream, crate::gpu::create_stream(&gpu).expect("stream")];
+            let src = gpu.alloc(sent as usize).expect("alloc");
+            let dst = gpu.alloc(expected as usize).expect("alloc");
+            for r in 0..2 {
+                let m = |bytes, ptr| LlMsg {
+                    peer: 1 - r,
+                    ptr,
+                    bytes,
+                };
+                let (s, v) = if r == 0 {
+                    (vec![m(sent, src.ptr)], Vec::new())
+                } else {
+                    (Vec::new(), vec![m(expected, dst.ptr)])
+                };
+                // SAFETY: every buffer, area and stream is this GPU's, live until the
+                // synchronize below.
+                unsafe {
+                    launch(
+                        &gpu,
+                        streams[r],
+                        (areas[r], &areas),
+                        r,
+                        (&s, &v, &[]),
+                        0,
+                        10_000_000_000,
+                    )
+                }
+                .expect("launch");
+            }
+            // SAFETY: the bound context is live.
+            check_sync(unsafe { sys::cuCtxSynchronize() });
+            println!(
+                "p2p_ll: {sent} bytes sent, {expected} expected: {:?}",
+                gpu.kernels_size_mismatch()
+            );
+            assert_eq!(gpu.kernels_size_mismatch(), Some((0, sent)));
+            // SAFETY: made above; every kernel on it is done.
+            unsafe { crate::gpu::destroy_stream(&gpu, streams[1]) }.expect("destroy stream");
+        }
     }
 
     fn check_sync(r: sys::CUresult) {

@@ -66,17 +66,24 @@ impl ProcGpu {
             if self.p2p_ll_bytes > 0 {
                 self.p2p_split(all)
             } else {
-                self.p2p_posted(all)
+                self.p2p_posted(all, None)
             }
         }
     }
 
     /// [`ProcGpu::p2p`] by posting each message in the table (every message where `p2p_ll`
-    /// is off; the larger ones where it is on, numbered among themselves).
+    /// is off; the larger ones where it is on, numbered among themselves). `between` (one
+    /// round's small messages: `all` then holds one round) is enqueued after the sends are
+    /// marked ready and before any receive or wait for a copy, as a receive of this group:
+    /// its launch waits for peers whose posted receives may wait for these marks.
     ///
     /// # Safety
     /// As for [`ProcGpu::p2p`].
-    pub(super) unsafe fn p2p_posted(&self, all: &[P2p]) -> Result<()> {
+    pub(super) unsafe fn p2p_posted(
+        &self,
+        all: &[P2p],
+        between: Option<&dyn Fn() -> Result<()>>,
+    ) -> Result<()> {
         use railcc_cuda::launch::{p2p_step, P2pStep};
         let mut clock = self.trace.start();
         self.check_alive()?;
@@ -85,6 +92,9 @@ impl ProcGpu {
         let (others, pairs) = selfcopy::split(all, me)?;
         let ops = &others[..];
         if ops.is_empty() {
+            if let Some(f) = between {
+                f()?;
+            }
             // SAFETY: the caller's buffers and streams (this function's contract).
             return unsafe { selfcopy::copy_after(&self.gpu, &pairs) };
         }
@@ -255,7 +265,9 @@ impl ProcGpu {
                 .first()
                 .is_some_and(|o| selfcopy::foldable(&pairs, ops, o.stream));
         let in_launch = staged.iter().filter(|&&s| s).count() + if fold { copies.len() } else { 0 };
+        // The one launch has no place between its marks and its receives for `between`.
         let fused = batch
+            && between.is_none()
             && self.p2p_fused
             && last == 0
             && ops.iter().filter(|o| !o.send).count() <= p2p_many::MAX_MSGS
@@ -328,6 +340,9 @@ impl ProcGpu {
                     p2p_many::ready_many(&self.gpu, *st, (self.gpu.sync.ptr, &self.syncs), me, c)
                 }?;
                 *c = [0; MAX_PEERS];
+            }
+            if let (0, Some(f)) = (k, between) {
+                f()?;
             }
             for (_, o) in ops
                 .iter()

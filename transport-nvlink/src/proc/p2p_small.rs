@@ -6,8 +6,15 @@
 //! limit: `p2p_ll`), so the k-th small message between two ranks is the k-th on both ends
 //! whatever else their groups hold; the other messages keep the posted path
 //! (`ProcGpu::p2p_posted`), numbered among themselves. A group runs round by round
-//! (`p2p_rounds`: a send of bytes an earlier receive writes waits for it), each round's
-//! small messages first.
+//! (`p2p_rounds`: a send of bytes an earlier receive writes waits for it); in a round the
+//! small messages' launch goes where the posted path's receives begin: after its sends are
+//! marked ready (a peer's posted receive may wait for those marks while its own launch waits
+//! for ours) and before its receives and its waits for copies.
+//!
+//! Both ends must agree on a message's size, as with NCCL: where one end's count is within the
+//! limit and the other's is not, the message goes two ways and the call waits (no deadline by
+//! default; `RAILCC_TIMEOUT_MS` ends it). Counts that differ within the limit are named
+//! (`p2p_ll`'s header line).
 
 use super::*;
 use crate::selfcopy::{self, Pair};
@@ -34,7 +41,7 @@ impl ProcGpu {
         if !others.iter().any(small) {
             let with_pairs: Vec<P2p> = others.iter().copied().chain(unpair(&pairs)).collect();
             // SAFETY: the caller's contract.
-            return unsafe { self.p2p_posted(&with_pairs) };
+            return unsafe { self.p2p_posted(&with_pairs, None) };
         }
         self.check_alive()?;
         let mut clock = self.trace.start();
@@ -56,8 +63,6 @@ impl ProcGpu {
                 .filter(small)
                 .collect();
             let own: &[Pair] = if fold { &pairs } else { &[] };
-            // SAFETY: the caller's buffers and streams.
-            unsafe { self.ll_round(&ll, own) }?;
             let mut rest: Vec<P2p> = (0..others.len())
                 .filter(in_round)
                 .map(|i| others[i])
@@ -66,9 +71,13 @@ impl ProcGpu {
             if k == last && !fold {
                 rest.extend(unpair(&pairs));
             }
-            if !rest.is_empty() {
+            // SAFETY: the caller's buffers and streams.
+            let launch = || unsafe { self.ll_round(&ll, own) };
+            if rest.is_empty() {
+                launch()?;
+            } else {
                 // SAFETY: the caller's contract.
-                unsafe { self.p2p_posted(&rest) }?;
+                unsafe { self.p2p_posted(&rest, Some(&launch)) }?;
             }
         }
         self.trace.lap(&mut clock, "p2p ll");
@@ -77,10 +86,11 @@ impl ProcGpu {
 
     /// One round's small messages `ops` (and the own copies `own`) in waves: wave w holds the
     /// w-th message per peer and direction, one launch each on the first op's stream (the
-    /// others' streams joined before and after). Where a receive of a wave writes bytes a send
-    /// of it reads, each such receive is paired with the send of its bytes (all-to-all or
-    /// send/recv in place: the kernel writes a pair's bytes once they are read), or, where that
-    /// does not fit, the wave's sends go in a launch before its receives.
+    /// others' streams joined before and after, also when a launch fails: a capture must not
+    /// be left forked). Where a receive writes bytes a send of the round reads: in one wave,
+    /// each such receive paired with the send of exactly its bytes (all-to-all or send/recv in
+    /// place: the kernel writes a pair's bytes once they are read); else every wave's sends in
+    /// launches before every wave's receives (a send never waits for this call's receives).
     ///
     /// # Safety
     /// As for [`ProcGpu::p2p`].
@@ -106,6 +116,20 @@ impl ProcGpu {
             // SAFETY: the caller's streams of this GPU.
             unsafe { stream_waits_for(&self.gpu, stream, &self.gpu, st) }?;
         }
+        // SAFETY: the caller's contract.
+        let launched = unsafe { self.ll_launches(stream, ops, own) };
+        for &st in &joined {
+            // SAFETY: as above.
+            unsafe { stream_waits_for(&self.gpu, st, &self.gpu, stream) }?;
+        }
+        launched
+    }
+
+    /// [`ProcGpu::ll_round`]'s launches, all on `stream`.
+    ///
+    /// # Safety
+    /// As for [`ProcGpu::p2p`]; every op's stream waits for `stream`'s work before and after.
+    unsafe fn ll_launches(&self, stream: Stream, ops: &[P2p], own: &[Pair]) -> Result<()> {
         let copies: Vec<SelfCopy> = own
             .iter()
             .filter(|(s, r)| s.bytes > 0 && s.ptr != r.ptr)
@@ -121,24 +145,34 @@ impl ProcGpu {
             bytes: o.bytes as u64,
         };
         let waves = p2p_ll::waves(&ops.iter().map(|o| (o.send, o.peer)).collect::<Vec<_>>());
+        let lists: Vec<(Vec<LlMsg>, Vec<LlMsg>)> = waves
+            .iter()
+            .map(|(s, r)| {
+                (
+                    s.iter().map(|&i| msg(&ops[i])).collect(),
+                    r.iter().map(|&i| msg(&ops[i])).collect(),
+                )
+            })
+            .collect();
+        let over =
+            |r: &LlMsg, s: &LlMsg| railcc_core::call::overlaps(r.ptr, r.bytes, s.ptr, s.bytes);
+        let in_place = |recvs: &[LlMsg], sends: &[LlMsg]| {
+            recvs.iter().any(|r| sends.iter().any(|s| over(r, s)))
+        };
+        let all_sends: Vec<LlMsg> = lists.iter().flat_map(|(s, _)| s.iter().copied()).collect();
+        let all_recvs: Vec<LlMsg> = lists.iter().flat_map(|(_, r)| r.iter().copied()).collect();
         // (sends, receives, leading pairs of the same bytes)
         let mut launches: Vec<(Vec<LlMsg>, Vec<LlMsg>, usize)> = Vec::new();
-        for (s, r) in &waves {
-            let sends: Vec<LlMsg> = s.iter().map(|&i| msg(&ops[i])).collect();
-            let recvs: Vec<LlMsg> = r.iter().map(|&i| msg(&ops[i])).collect();
-            let in_place = recvs.iter().any(|x| {
-                sends
-                    .iter()
-                    .any(|y| railcc_core::call::overlaps(x.ptr, x.bytes, y.ptr, y.bytes))
-            });
-            if !in_place {
-                launches.push((sends, recvs, 0));
-            } else if let Some(paired) = p2p_ll::pair_in_place(&sends, &recvs) {
-                launches.push(paired);
-            } else {
-                launches.push((sends, Vec::new(), 0));
-                launches.push((Vec::new(), recvs, 0));
-            }
+        if !in_place(&all_recvs, &all_sends) {
+            launches.extend(lists.into_iter().map(|(s, r)| (s, r, 0)));
+        } else if let (1, Some(paired)) = (
+            lists.len(),
+            lists.first().and_then(|(s, r)| p2p_ll::pair_in_place(s, r)),
+        ) {
+            launches.push(paired);
+        } else {
+            launches.extend(lists.iter().map(|(s, _)| (s.clone(), Vec::new(), 0)));
+            launches.extend(lists.into_iter().map(|(_, r)| (Vec::new(), r, 0)));
         }
         if launches.is_empty() {
             launches.push((Vec::new(), Vec::new(), 0));
@@ -167,10 +201,6 @@ impl ProcGpu {
                     })
             }
             .map_err(|e| e.rank(self.own_name))?;
-        }
-        for &st in &joined {
-            // SAFETY: as above.
-            unsafe { stream_waits_for(&self.gpu, st, &self.gpu, stream) }?;
         }
         Ok(())
     }
