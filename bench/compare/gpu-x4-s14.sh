@@ -11,7 +11,8 @@
 #   c  a's unit tests, b, and a's all-to-all A/B again (after the in-place pairing).
 #   d  the part size 32 KiB against 16 KiB (a second build), and the host's time per call.
 #   e  p2p_ll on by default: unit tests, PyTorch's suite, issue 30's sizes, shared GPU.
-# Usage: bash bench/compare/gpu-x4-s14.sh a|b|c|d|e
+#   f  after the review mends: unit, p2pll (mixed groups), the old build failing, issue 30's table.
+# Usage: bash bench/compare/gpu-x4-s14.sh a|b|c|d|e|f
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -84,7 +85,30 @@ case ${1:-} in
       TEST_GPU_SHARED_BINS="sendrecv alltoall alltoallv scatter gather hypercube" timeout $(( 560 - $(date +%s) + T0 )) \
       bash scripts/test-gpu.sh 2>&1 | tee "$L/shared.txt" | grep -E "^(FAIL|PASS|test-gpu)"
     ;;
-  *) echo "usage: $0 a|b|c|d|e"; exit 2 ;;
+  f)
+    # After the review mends: the GPU unit tests (two-step wrong sizes now), test-gpu's p2pll
+    # part (with p2p_mixed.c), p2p_mixed.c against the build before the mends (must FAIL:
+    # PREPARE_OLD=9e68893 gpu-prepare.sh), then issue 30's p2p table: sendrecv and alltoall at
+    # 1, 16 and 256 MB, -g 4 and mpirun -np 4, railcc's defaults against NCCL.
+    OUT=$L TEST_GPU_PARTS=unit timeout 120 bash scripts/test-gpu.sh 2>&1 | tee "$L/unit.txt" | grep -E "^(FAIL|test-gpu)|p2p_ll: [0-9]"
+    cp /tmp/test-gpu-unit.log "$L/unit-tests.log" 2>/dev/null
+    OUT=$L TEST_GPU_PARTS=p2pll TEST_GPU_CHECK_LIMIT=60 timeout 240 bash scripts/test-gpu.sh 2>&1 | tee "$L/p2pll.txt" | grep -E "^(FAIL|PASS|test-gpu)|after|wrong"
+    cp "$L/test-gpu.log" "$L/test-gpu-p2pll.log" 2>/dev/null
+    old=$(ls -d .device/lib-* 2>/dev/null | head -n 1)
+    if [ -n "$old" ]; then
+      P2P_LIB=$old timeout 70 bash nccl-compat/tests/mpi/p2p_mixed.sh > "$L/p2p-mixed-old.txt" 2>&1
+      echo "p2p_mixed.sh against $old (the build before the mends; must fail): exit $?"; grep -E "^(PASS|FAIL)|FAIL|wrong" "$L/p2p-mixed-old.txt" | head -5
+    fi
+    for m in "" 1; do
+      for c in sendrecv alltoall; do
+        d=$L/ab-$c-mpi$m
+        mkdir -p "$d"
+        OUT=$d AB_MPI=$m AB_COLL=$c AB_BLOCKS=0 AB_VARIANTS="w1" AB_ITERS=50 AB_SIZES="-b 1M -e 256M -f 16" timeout 60 \
+          bash bench/compare/gpu-blocks-ab.sh 2>&1 | tee "$d.txt" | sed -n '1,6p'
+      done
+    done
+    ;;
+  *) echo "usage: $0 a|b|c|d|e|f"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
