@@ -12,7 +12,8 @@
 #   d  the part size 32 KiB against 16 KiB (a second build), and the host's time per call.
 #   e  p2p_ll on by default: unit tests, PyTorch's suite, issue 30's sizes, shared GPU.
 #   f  after the review mends: unit, p2pll (mixed groups), the old build failing, issue 30's table.
-# Usage: bash bench/compare/gpu-x4-s14.sh a|b|c|d|e|f
+#   g  alltoall at 1, 16, 256 MB, three cycles each, -g 4 and mpirun, NCCL and railcc twice.
+# Usage: bash bench/compare/gpu-x4-s14.sh a|b|c|d|e|f|g
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -108,7 +109,26 @@ case ${1:-} in
       done
     done
     ;;
-  *) echo "usage: $0 a|b|c|d|e|f"; exit 2 ;;
+  g)
+    # alltoall at issue 30's sizes, three cycles each (nccl-tests -N 3: every row printed per
+    # cycle, so a dip shows as one row): -g 4 and mpirun -np 4, NCCL and railcc alternating.
+    nccl_tests_build_both
+    for lay in g mpi; do
+      for lib in nccl railcc nccl railcc; do
+        case $lib in nccl) d="$NCCL_HOME/lib" ;; railcc) d="$PWD/.device/lib" ;; esac
+        F="-b 1M -e 256M -f 16 -n 50 -w 5 -c 0 -N 3"
+        if [ $lay = g ]; then
+          LD_LIBRARY_PATH="$d:/usr/local/cuda/lib64" timeout 60 $NT/build/alltoall_perf $F -g 4 > "$L/a2a-$lay-$lib.log" 2>&1
+        else
+          LD_LIBRARY_PATH="$d:/usr/local/cuda/lib64" timeout 60 mpirun -np 4 --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH \
+            -x NCCL_NVLS_ENABLE $NTM/build/alltoall_perf $F -g 1 > "$L/a2a-$lay-$lib.log" 2>&1
+        fi
+        echo "alltoall $lay $lib: exit $?"; grep -E "^ +[0-9]" "$L/a2a-$lay-$lib.log" | awk '{print $1, $6, $8}' | tr '\n' ';'; echo
+        cat "$L/a2a-$lay-$lib.log" >> "$L/a2a-all.log"
+      done
+    done
+    ;;
+  *) echo "usage: $0 a|b|c|d|e|f|g"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
