@@ -13,7 +13,8 @@
 #   e  p2p_ll on by default: unit tests, PyTorch's suite, issue 30's sizes, shared GPU.
 #   f  after the review mends: unit, p2pll (mixed groups), the old build failing, issue 30's table.
 #   g  alltoall at 1, 16, 256 MB, three cycles each, -g 4 and mpirun, NCCL and railcc twice.
-# Usage: bash bench/compare/gpu-x4-s14.sh a|b|c|d|e|f|g
+#   h  issue 29's allocator checks again (alloc.sh) with p2p_ll on by default.
+# Usage: bash bench/compare/gpu-x4-s14.sh a|b|c|d|e|f|g|h
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -128,7 +129,16 @@ case ${1:-} in
       done
     done
     ;;
-  *) echo "usage: $0 a|b|c|d|e|f|g"; exit 2 ;;
+  h)
+    # Issue 29's allocator checks again with p2p_ll on by default (4 KB batched p2p goes that
+    # way now): alloc.sh, one host of 4, railcc and NCCL, four allocators; then 2 x 2 (railcc)
+    # while time is left.
+    mkdir -p "$L/alloc"
+    OUT=$L/alloc timeout 200 bash nccl-compat/tests/torch/alloc.sh 2>&1 | tee "$L/alloc.txt" | grep -E "^(PASS|FAIL)"
+    [ $(( $(date +%s) - T0 )) -lt 200 ] && OUT=$L/alloc ALLOC_LAYOUT=2x2 ALLOC_LIBS=railcc timeout $(( 280 - $(date +%s) + T0 )) \
+      bash nccl-compat/tests/torch/alloc.sh 2>&1 | tee "$L/alloc-2x2.txt" | grep -E "^(PASS|FAIL)"
+    ;;
+  *) echo "usage: $0 a|b|c|d|e|f|g|h"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
