@@ -14,7 +14,10 @@
 //! moves in steps of at most STEP_LINES lines through two slots of the receiver's inbox for
 //! (sender, j), so a message of up to MAX_BYTES takes at most two steps a part and a send never
 //! waits for this launch's receiver, only for the one before (its credit): launches on two GPUs
-//! cannot wait on each other. Each (peer, part, direction) counts its steps in the area
+//! cannot wait on each other once their blocks run. A block's receive half waits while its send
+//! half works, so a launch wants its blocks resident at once, as NCCL's kernels do: at most
+//! 7 x 16 + 16 = 128 blocks of 512 threads on 8 GPUs, one per SM of an H100 (132); other
+//! kernels holding SMs only delay it. Each (peer, part, direction) counts its steps in the area
 //! (`WORDS_OFFSET`); the flag of step s is s | 1 (never the zero of a fresh inbox, and not the
 //! flag of step s - 2, which used the slot before; every 2^30 steps the receiver zeroes the
 //! slot, so a line skipped since cannot meet its flag again). The receiver writes its step into the
@@ -553,25 +556,13 @@ mod tests {
     /// swap messages both ways at once, round after round (the step counts carry on): sizes
     /// from 0 bytes to MAX_BYTES, 8-byte aligned and not, with rank 0 copying a message to
     /// itself in the same launch and, in one round, two messages one way (two launches). Every
-    /// byte is checked. Then rank 1 receives 200 bytes where rank 0 sends 100: the launch
-    /// ends and the abort word names rank 0 and its 100 bytes. Without a driver: a skip line.
+    /// byte is checked. Without a driver: a skip line.
     #[test]
-    fn two_ranks_swap_small_messages_and_a_wrong_size_is_named() {
+    fn two_ranks_swap_small_messages() {
         let Some(gpus) = crate::driver::gpus_or_skip("p2p_ll on the GPU") else {
             return;
         };
-        let gpu = GpuCtx::new(gpus[0].ordinal, None).expect("context");
-        let other = gpu.alloc(crate::kernels::AREA_BYTES).expect("area");
-        gpu.upload(&other, 0, &vec![0u8; crate::kernels::AREA_BYTES])
-            .expect("zero area");
-        // Rank 1 shares the context's abort word (a peer's mismatch shows there too).
-        let mut addr = [0u8; 8];
-        gpu.download(&gpu.sync, crate::kernels::SYNC_ABORT_OFFSET, &mut addr)
-            .expect("abort word");
-        gpu.upload(&other, crate::kernels::SYNC_ABORT_OFFSET, &addr)
-            .expect("abort word");
-        let areas = [gpu.sync.ptr, other.ptr];
-        let streams = [gpu.stream, crate::gpu::create_stream(&gpu).expect("stream")];
+        let (gpu, _other, areas, streams) = two_ranks(gpus[0].ordinal);
         let sizes: [(usize, usize); 9] = [
             (0, 8),
             (1, 7),
@@ -715,65 +706,38 @@ mod tests {
         }
         println!("p2p_ll: {msgs} messages of 0 B to 1 MiB both ways at once, and a copy to itself each round, then one in place each way: {bad} bytes wrong");
         assert_eq!(bad, 0);
-        // A wrong size: rank 0 sends 100 bytes, rank 1 receives 200.
-        let src = gpu.alloc(256).expect("alloc");
-        let dst = gpu.alloc(256).expect("alloc");
-        for r in 0..2 {
-            let m = |bytes, ptr| LlMsg {
-                peer: 1 - r,
-                ptr,
-                bytes,
-            };
-            let (s, v): (Vec<LlMsg>, Vec<LlMsg>) = if r == 0 {
-                (vec![m(100, src.ptr)], Vec::new())
-            } else {
-                (Vec::new(), vec![m(200, dst.ptr)])
-            };
-            // SAFETY: as above.
-            unsafe {
-                launch(
-                    &gpu,
-                    streams[r],
-                    (areas[r], &areas),
-                    r,
-                    (&s, &v, &[]),
-                    0,
-                    10_000_000_000,
-                )
-            }
-            .expect("launch");
-        }
-        // SAFETY: the bound context is live.
-        check_sync(unsafe { sys::cuCtxSynchronize() });
-        println!(
-            "p2p_ll: 100 bytes sent, 200 expected: {:?}",
-            gpu.kernels_size_mismatch()
-        );
-        assert_eq!(gpu.kernels_size_mismatch(), Some((0, 100)));
         // SAFETY: made above; every kernel on it is done.
         unsafe { crate::gpu::destroy_stream(&gpu, streams[1]) }.expect("destroy stream");
     }
 
-    /// On a GPU: sizes that disagree where a part takes two steps (rank 0 sends `sent` bytes,
-    /// rank 1 receives `expected`): every thread of both launches ends (some of the receiver's
-    /// lines never come), and the abort word names rank 0 and its count. A fresh context each.
+    /// A context with a second area beside its own (rank 1's, sharing the context's abort
+    /// word, so a mismatch either rank finds shows there), the two areas and a stream each.
+    fn two_ranks(ordinal: usize) -> (GpuCtx, crate::gpu::DevBuf, [u64; 2], [sys::CUstream; 2]) {
+        let gpu = GpuCtx::new(ordinal, None).expect("context");
+        let other = gpu.alloc(crate::kernels::AREA_BYTES).expect("area");
+        gpu.upload(&other, 0, &vec![0u8; crate::kernels::AREA_BYTES])
+            .expect("zero area");
+        let mut addr = [0u8; 8];
+        gpu.download(&gpu.sync, crate::kernels::SYNC_ABORT_OFFSET, &mut addr)
+            .expect("abort word");
+        gpu.upload(&other, crate::kernels::SYNC_ABORT_OFFSET, &addr)
+            .expect("abort word");
+        let areas = [gpu.sync.ptr, other.ptr];
+        let streams = [gpu.stream, crate::gpu::create_stream(&gpu).expect("stream")];
+        (gpu, other, areas, streams)
+    }
+
+    /// On a GPU: sizes that disagree (rank 0 sends `sent` bytes, rank 1 receives
+    /// `expected`), in one step and where a part takes two: every thread of both launches
+    /// ends (some of the receiver's lines never come), and the abort word names rank 0 and
+    /// its count. A fresh context each.
     #[test]
-    fn a_wrong_size_over_two_steps_ends_every_wait() {
+    fn a_wrong_size_ends_every_wait_and_is_named() {
         let Some(gpus) = crate::driver::gpus_or_skip("p2p_ll wrong sizes on the GPU") else {
             return;
         };
-        for (sent, expected) in [(500_000u64, 1u64 << 20), (1 << 20, 300_000)] {
-            let gpu = GpuCtx::new(gpus[0].ordinal, None).expect("context");
-            let other = gpu.alloc(crate::kernels::AREA_BYTES).expect("area");
-            gpu.upload(&other, 0, &vec![0u8; crate::kernels::AREA_BYTES])
-                .expect("zero area");
-            let mut addr = [0u8; 8];
-            gpu.download(&gpu.sync, crate::kernels::SYNC_ABORT_OFFSET, &mut addr)
-                .expect("abort word");
-            gpu.upload(&other, crate::kernels::SYNC_ABORT_OFFSET, &addr)
-                .expect("abort word");
-            let areas = [gpu.sync.ptr, other.ptr];
-            let streams = [gpu.stream, crate::gpu::create_stream(&gpu).expect("stream")];
+        for (sent, expected) in [(100u64, 200u64), (500_000, 1 << 20), (1 << 20, 300_000)] {
+            let (gpu, _other, areas, streams) = two_ranks(gpus[0].ordinal);
             let src = gpu.alloc(sent as usize).expect("alloc");
             let dst = gpu.alloc(expected as usize).expect("alloc");
             for r in 0..2 {
