@@ -478,6 +478,57 @@ pub fn pair_in_place(sends: &[LlMsg], recvs: &[LlMsg]) -> Option<(Vec<LlMsg>, Ve
     Some((ps, pr, n))
 }
 
+/// One launch's lists: its sends, its receives, and how many leading pairs of the same bytes
+/// they start with ([`launch`]'s `paired`).
+pub type Launch = (Vec<LlMsg>, Vec<LlMsg>, usize);
+
+/// The launches of one round's messages (`msgs`: (send, message) in group order), in order:
+/// one per wave ([`waves`]). Where a receive writes bytes a send of the round reads: in one
+/// wave, each such receive paired with the send of exactly its bytes (all-to-all or send/recv
+/// in place, [`pair_in_place`]); else every wave's sends in launches before every wave's
+/// receives (a send never waits for this call's receives, so that cannot deadlock). At least
+/// one launch (where the own copies go when there is no message).
+pub fn plan(msgs: &[(bool, LlMsg)]) -> Vec<Launch> {
+    let lists: Vec<(Vec<LlMsg>, Vec<LlMsg>)> = waves(
+        &msgs
+            .iter()
+            .map(|(send, m)| (*send, m.peer))
+            .collect::<Vec<_>>(),
+    )
+    .iter()
+    .map(|(s, r)| {
+        (
+            s.iter().map(|&i| msgs[i].1).collect(),
+            r.iter().map(|&i| msgs[i].1).collect(),
+        )
+    })
+    .collect();
+    let (sends, recvs): (Vec<_>, Vec<_>) = msgs.iter().partition(|(send, _)| *send);
+    let in_place = recvs.iter().any(|(_, r)| {
+        sends
+            .iter()
+            .any(|(_, s)| railcc_core::call::overlaps(r.ptr, r.bytes, s.ptr, s.bytes))
+    });
+    let mut launches: Vec<Launch> = Vec::new();
+    if !in_place {
+        launches.extend(lists.into_iter().map(|(s, r)| (s, r, 0)));
+    } else if let (1, Some(paired)) = (
+        lists.len(),
+        lists.first().and_then(|(s, r)| pair_in_place(s, r)),
+    ) {
+        launches.push(paired);
+    } else {
+        launches.extend(lists.iter().map(|(s, _)| (s.clone(), Vec::new(), 0)));
+        launches.extend(lists.into_iter().map(|(_, r)| (Vec::new(), r, 0)));
+    }
+    // A wave with no receive (or no send) adds no receive-only (send-only) launch.
+    launches.retain(|(s, r, _)| !s.is_empty() || !r.is_empty());
+    if launches.is_empty() {
+        launches.push((Vec::new(), Vec::new(), 0));
+    }
+    launches
+}
+
 /// The waves of one round's messages: wave w holds the w-th message per peer and direction
 /// (group order), so the k-th message between two ranks is in the same wave on both ends.
 /// Each entry: (sends, receives), as indices into `msgs` ((send, peer) each).
@@ -809,6 +860,74 @@ mod tests {
         assert!(pair_in_place(&[m(1, 0, 64)], &[m(3, 8, 64)]).is_none());
         assert!(pair_in_place(&[m(1, 0, 64), m(2, 64, 64)], &[m(3, 0, 128)]).is_none());
         assert!(pair_in_place(&[m(1, 0, 64)], &[m(3, 0, 64), m(2, 0, 64)]).is_none());
+    }
+
+    #[test]
+    fn plans_pair_in_place_and_send_first_across_waves() {
+        let m = |peer, ptr, bytes| LlMsg { peer, ptr, bytes };
+        let shape = |p: &[Launch]| -> Vec<(Vec<usize>, Vec<usize>, usize)> {
+            p.iter()
+                .map(|(s, r, n)| {
+                    (
+                        s.iter().map(|x| x.peer).collect(),
+                        r.iter().map(|x| x.peer).collect(),
+                        *n,
+                    )
+                })
+                .collect()
+        };
+        // All-to-all out of place on 4 ranks (rank 0): one launch.
+        let out: Vec<(bool, LlMsg)> = (1..4)
+            .flat_map(|p| {
+                [
+                    (true, m(p, 100 * p as u64, 64)),
+                    (false, m(p, 1000 + 100 * p as u64, 64)),
+                ]
+            })
+            .collect();
+        assert_eq!(shape(&plan(&out)), vec![(vec![1, 2, 3], vec![1, 2, 3], 0)]);
+        // In place: each receive over its send's bytes, paired in one launch.
+        let inp: Vec<(bool, LlMsg)> = (1..4)
+            .flat_map(|p| {
+                [
+                    (true, m(p, 100 * p as u64, 64)),
+                    (false, m(p, 100 * p as u64, 64)),
+                ]
+            })
+            .collect();
+        assert_eq!(shape(&plan(&inp)), vec![(vec![1, 2, 3], vec![1, 2, 3], 3)]);
+        // Two sends to one peer: two waves.
+        let two = [
+            (true, m(1, 0, 8)),
+            (true, m(1, 64, 8)),
+            (false, m(2, 128, 8)),
+        ];
+        assert_eq!(
+            shape(&plan(&two)),
+            vec![(vec![1], vec![2], 0), (vec![1], vec![], 0)]
+        );
+        // A receive of wave 0 over a send of wave 1: every send first.
+        let later = [
+            (true, m(2, 0, 64)),
+            (true, m(2, 64, 64)),
+            (false, m(3, 64, 64)),
+        ];
+        assert_eq!(
+            shape(&plan(&later)),
+            vec![
+                (vec![2], vec![], 0),
+                (vec![2], vec![], 0),
+                (vec![], vec![3], 0)
+            ]
+        );
+        // A receive over part of a send: sends first, in one wave.
+        let part = [(true, m(1, 0, 64)), (false, m(3, 8, 64))];
+        assert_eq!(
+            shape(&plan(&part)),
+            vec![(vec![1], vec![], 0), (vec![], vec![3], 0)]
+        );
+        // Nothing: one launch (for the own copies).
+        assert_eq!(shape(&plan(&[])), vec![(vec![], vec![], 0)]);
     }
 
     #[test]

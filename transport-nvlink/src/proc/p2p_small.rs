@@ -144,39 +144,7 @@ impl ProcGpu {
             ptr: o.ptr,
             bytes: o.bytes as u64,
         };
-        let waves = p2p_ll::waves(&ops.iter().map(|o| (o.send, o.peer)).collect::<Vec<_>>());
-        let lists: Vec<(Vec<LlMsg>, Vec<LlMsg>)> = waves
-            .iter()
-            .map(|(s, r)| {
-                (
-                    s.iter().map(|&i| msg(&ops[i])).collect(),
-                    r.iter().map(|&i| msg(&ops[i])).collect(),
-                )
-            })
-            .collect();
-        let over =
-            |r: &LlMsg, s: &LlMsg| railcc_core::call::overlaps(r.ptr, r.bytes, s.ptr, s.bytes);
-        let in_place = |recvs: &[LlMsg], sends: &[LlMsg]| {
-            recvs.iter().any(|r| sends.iter().any(|s| over(r, s)))
-        };
-        let all_sends: Vec<LlMsg> = lists.iter().flat_map(|(s, _)| s.iter().copied()).collect();
-        let all_recvs: Vec<LlMsg> = lists.iter().flat_map(|(_, r)| r.iter().copied()).collect();
-        // (sends, receives, leading pairs of the same bytes)
-        let mut launches: Vec<(Vec<LlMsg>, Vec<LlMsg>, usize)> = Vec::new();
-        if !in_place(&all_recvs, &all_sends) {
-            launches.extend(lists.into_iter().map(|(s, r)| (s, r, 0)));
-        } else if let (1, Some(paired)) = (
-            lists.len(),
-            lists.first().and_then(|(s, r)| p2p_ll::pair_in_place(s, r)),
-        ) {
-            launches.push(paired);
-        } else {
-            launches.extend(lists.iter().map(|(s, _)| (s.clone(), Vec::new(), 0)));
-            launches.extend(lists.into_iter().map(|(_, r)| (Vec::new(), r, 0)));
-        }
-        if launches.is_empty() {
-            launches.push((Vec::new(), Vec::new(), 0));
-        }
+        let launches = p2p_ll::plan(&ops.iter().map(|o| (o.send, msg(o))).collect::<Vec<_>>());
         let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
         let n = launches.len();
         for (i, (sends, recvs, paired)) in launches.iter().enumerate() {
