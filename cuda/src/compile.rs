@@ -4,9 +4,10 @@
 //! form, `tma_modules`), compiled on parallel threads for the GPU's own architecture as
 //! cubins (SASS: the driver loads them with no JIT, on every GPU of the process) and cached on
 //! disk; PTX for the virtual architecture, which the driver JIT-compiles per context, is the
-//! fallback where NVRTC cannot make a cubin for the GPU or the driver refuses it. The key covers the source, the architecture and the driver
-//! version, so a changed kernel or driver never loads a stale image; a cached file that the
-//! driver rejects is recompiled (see `GpuCtx::new`).
+//! fallback where NVRTC cannot make a cubin for the GPU or the driver refuses it. The key
+//! covers the source, the architecture and the driver version, so a changed kernel or driver
+//! never loads a stale image; a cached file that the driver rejects is recompiled (see
+//! `GpuCtx::new`).
 
 use railcc_core::{Error, ErrorKind, Result};
 use std::ffi::{CStr, CString};

@@ -315,12 +315,14 @@ __device__ __forceinline__ bool aborted(unsigned long long sync) {
   unsigned long long a = ((volatile unsigned long long*)sync)[SYNC_ABORT];
   return a != 0 && *(volatile unsigned int*)a != 0;
 }
-__device__ __forceinline__ void timed_out(unsigned long long sync) {
+// Stops every wait of the context with `code` (the host reads why), unless already stopped.
+__device__ __forceinline__ void stop_waits(unsigned long long sync, unsigned int code) {
   unsigned long long a = ((volatile unsigned long long*)sync)[SYNC_ABORT];
   // A plain store (atomics on mapped host memory need PCIe atomics); racing the host's own
   // abort is harmless: either value stops every wait.
-  if (a != 0 && *(volatile unsigned int*)a == 0) *(volatile unsigned int*)a = ABORT_TIMED_OUT;
+  if (a != 0 && *(volatile unsigned int*)a == 0) *(volatile unsigned int*)a = code;
 }
+__device__ __forceinline__ void timed_out(unsigned long long sync) { stop_waits(sync, ABORT_TIMED_OUT); }
 __device__ __forceinline__ void wait_at_least(volatile unsigned long long* p, unsigned long long epoch, unsigned long long t0, unsigned long long timeout_ns, unsigned long long sync) {
   unsigned int spins = 0;
   while (*p < epoch) {

@@ -121,11 +121,14 @@ __device__ __forceinline__ bool ll_find(const LlList& l, int b, int* m, int* j, 
   }}
   return false;
 }}
-// Lines [*l0, *l1) of part j of a message of `bytes` cut in `parts`.
-__device__ __forceinline__ void ll_range(unsigned long long bytes, int parts, int j, unsigned long long* l0, unsigned long long* l1) {{
+// Lines [*l0, *l1) of part j of a message of `bytes` cut in `parts`, and the part's steps
+// (part 0 takes one with no data: its header goes anyway).
+__device__ __forceinline__ int ll_range(unsigned long long bytes, int parts, int j, unsigned long long* l0, unsigned long long* l1) {{
   unsigned long long lines = (bytes + 7ull) / 8ull, per = (lines + parts - 1) / parts;
   *l0 = per * j < lines ? per * j : lines;
   *l1 = per * (j + 1) < lines ? per * (j + 1) : lines;
+  int steps = (int)((*l1 - *l0 + LL_STEP_LINES - 1) / LL_STEP_LINES);
+  return j == 0 && steps == 0 ? 1 : steps;
 }}
 // Waits until the line at p carries flag f twice; false when the context's waits stopped.
 __device__ __forceinline__ bool ll_poll(const unsigned* p, unsigned f, uint4* v, unsigned long long mine, unsigned long long t0, unsigned long long timeout_ns) {{
@@ -146,10 +149,7 @@ __device__ __forceinline__ void ll_send(unsigned long long mine, const Ptrs& the
   const unsigned s0 = w[peer * LL_PARTS + j];
   volatile unsigned* credit = w + 2 * 8 * LL_PARTS + peer * LL_PARTS + j;
   unsigned long long l0, l1;
-  ll_range(l.bytes[m], parts, j, &l0, &l1);
-  const unsigned long long n = l1 - l0;
-  int steps = (int)((n + LL_STEP_LINES - 1) / LL_STEP_LINES);
-  if (j == 0 && steps == 0) steps = 1;  // the header goes even with no data
+  const int steps = ll_range(l.bytes[m], parts, j, &l0, &l1);
   const unsigned char* src = (const unsigned char*)l.ptr[m];
   const unsigned long long bytes = l.bytes[m];
   const unsigned long long t0 = now_ns();
@@ -198,10 +198,7 @@ __device__ __forceinline__ void ll_recv(unsigned long long mine, const Ptrs& the
   const unsigned s0 = w[peer * LL_PARTS + j];
   volatile unsigned* credit = ll_words(theirs.p[peer]) + 2 * 8 * LL_PARTS + me * LL_PARTS + j;
   unsigned long long l0, l1;
-  ll_range(l.bytes[m], parts, j, &l0, &l1);
-  const unsigned long long n = l1 - l0;
-  int steps = (int)((n + LL_STEP_LINES - 1) / LL_STEP_LINES);
-  if (j == 0 && steps == 0) steps = 1;
+  const int steps = ll_range(l.bytes[m], parts, j, &l0, &l1);
   unsigned char* dst = (unsigned char*)l.ptr[m];
   const unsigned long long bytes = l.bytes[m];
   const unsigned long long t0 = now_ns();
@@ -216,12 +213,9 @@ __device__ __forceinline__ void ll_recv(unsigned long long mine, const Ptrs& the
       uint4 v = ll_ld(h);
       if (ll_poll(h, f, &v, mine, t0, timeout_ns)) {{
         unsigned long long sent = (unsigned long long)v.x | ((unsigned long long)v.z << 32);
-        if (sent != bytes) {{
-          // Another size than ours: every wait of the context stops; the host names the peer.
-          unsigned long long a = ((volatile unsigned long long*)mine)[SYNC_ABORT];
-          unsigned code = ABORT_P2P_SIZE | ((unsigned)peer << 4) | ((unsigned)(sent < 0xffffffull ? sent : 0xffffffull) << 8);
-          if (a != 0 && *(volatile unsigned*)a == 0) *(volatile unsigned*)a = code;
-        }}
+        // Another size than ours: every wait of the context stops; the host names the peer.
+        if (sent != bytes)
+          stop_waits(mine, ABORT_P2P_SIZE | ((unsigned)peer << 4) | ((unsigned)(sent < 0xffffffull ? sent : 0xffffffull) << 8));
       }}
     }}
     const unsigned long long a = l0 + (unsigned long long)k * LL_STEP_LINES;
@@ -249,8 +243,7 @@ __device__ __forceinline__ void ll_recv(unsigned long long mine, const Ptrs& the
       // Once in 2^30 steps each slot is zeroed, so no line stays unwritten long enough for
       // its flag to come round again (2^32 steps): a line the sender skipped since (shorter
       // messages) could otherwise pass for a new one.
-      unsigned* z = ll_slot(mine, peer, j, s);
-      for (int i = tid; i <= LL_STEP_LINES; i += 256) ll_st(z + 4 * i, 0u, 0u, 0u, 0u);
+      for (int i = tid; i <= LL_STEP_LINES; i += 256) ll_st((unsigned*)slot + 4 * i, 0u, 0u, 0u, 0u);
       __threadfence_system();
       asm volatile("bar.sync 2, 256;" ::: "memory");
     }}
@@ -328,9 +321,9 @@ struct Copies {
 
 /// Thread blocks of a launch: the larger direction's parts, then the copies' parts.
 pub fn blocks(sends: &[LlMsg], recvs: &[LlMsg], copies: &[SelfCopy]) -> (u32, u32) {
-    let sum = |v: &mut dyn Iterator<Item = u64>| v.map(parts).sum::<u64>();
-    let duo = sum(&mut sends.iter().map(|m| m.bytes)).max(sum(&mut recvs.iter().map(|m| m.bytes)));
-    let own = sum(&mut copies.iter().map(|c| c.bytes));
+    let sum = |v: &[LlMsg]| v.iter().map(|m| parts(m.bytes)).sum::<u64>();
+    let duo = sum(sends).max(sum(recvs));
+    let own = copies.iter().map(|c| parts(c.bytes)).sum::<u64>();
     (duo as u32, (duo + own) as u32)
 }
 
@@ -613,7 +606,8 @@ mod tests {
         let Some(gpus) = crate::driver::gpus_or_skip("p2p_ll on the GPU") else {
             return;
         };
-        let (gpu, _other, areas, streams) = two_ranks(gpus[0].ordinal);
+        let t = TwoRanks::new(gpus[0].ordinal);
+        let gpu = &t.gpu;
         let sizes: [(usize, usize); 9] = [
             (0, 8),
             (1, 7),
@@ -683,24 +677,10 @@ mod tests {
                     } else {
                         Vec::new()
                     };
-                    // SAFETY: every buffer, area and stream is this GPU's, live until the
-                    // synchronize below; the two ranks' launches run at once.
-                    unsafe {
-                        launch(
-                            &gpu,
-                            streams[r],
-                            (areas[r], &areas),
-                            r,
-                            (&sends, &recvs, &copies),
-                            0,
-                            10_000_000_000,
-                        )
-                    }
-                    .expect("launch");
+                    t.launch(r, (&sends, &recvs, &copies), 0);
                 }
             }
-            // SAFETY: the bound context is live.
-            check_sync(unsafe { sys::cuCtxSynchronize() });
+            t.sync();
             assert!(!gpu.kernels_stopped(), "a p2p_ll wait stopped");
             for (r, _, n, _, data, dst) in &bufs {
                 let mut got = vec![0u8; n + 16];
@@ -725,29 +705,16 @@ mod tests {
             gpu.upload(&b, 0, &data).expect("upload");
             mine.push((b, data));
         }
-        for r in 0..2 {
+        for (r, (b, _)) in mine.iter().enumerate() {
             let m = LlMsg {
                 peer: 1 - r,
-                ptr: mine[r].0.ptr,
+                ptr: b.ptr,
                 bytes: IN_PLACE as u64,
             };
             let (s, v, n) = pair_in_place(&[m], &[m]).expect("a pair");
-            // SAFETY: as above.
-            unsafe {
-                launch(
-                    &gpu,
-                    streams[r],
-                    (areas[r], &areas),
-                    r,
-                    (&s, &v, &[]),
-                    n,
-                    10_000_000_000,
-                )
-            }
-            .expect("launch");
+            t.launch(r, (&s, &v, &[]), n);
         }
-        // SAFETY: the bound context is live.
-        check_sync(unsafe { sys::cuCtxSynchronize() });
+        t.sync();
         for r in 0..2 {
             let mut got = vec![0u8; IN_PLACE];
             gpu.download(&mine[r].0, 0, &mut got).expect("download");
@@ -757,25 +724,70 @@ mod tests {
         }
         println!("p2p_ll: {msgs} messages of 0 B to 1 MiB both ways at once, and a copy to itself each round, then one in place each way: {bad} bytes wrong");
         assert_eq!(bad, 0);
-        // SAFETY: made above; every kernel on it is done.
-        unsafe { crate::gpu::destroy_stream(&gpu, streams[1]) }.expect("destroy stream");
     }
 
-    /// A context with a second area beside its own (rank 1's, sharing the context's abort
-    /// word, so a mismatch either rank finds shows there), the two areas and a stream each.
-    fn two_ranks(ordinal: usize) -> (GpuCtx, crate::gpu::DevBuf, [u64; 2], [sys::CUstream; 2]) {
-        let gpu = GpuCtx::new(ordinal, None).expect("context");
-        let other = gpu.alloc(crate::kernels::AREA_BYTES).expect("area");
-        gpu.upload(&other, 0, &vec![0u8; crate::kernels::AREA_BYTES])
-            .expect("zero area");
-        let mut addr = [0u8; 8];
-        gpu.download(&gpu.sync, crate::kernels::SYNC_ABORT_OFFSET, &mut addr)
-            .expect("abort word");
-        gpu.upload(&other, crate::kernels::SYNC_ABORT_OFFSET, &addr)
-            .expect("abort word");
-        let areas = [gpu.sync.ptr, other.ptr];
-        let streams = [gpu.stream, crate::gpu::create_stream(&gpu).expect("stream")];
-        (gpu, other, areas, streams)
+    /// Two ranks on one GPU: a context with a second area beside its own (rank 1's, sharing
+    /// the context's abort word, so a mismatch either rank finds shows there), a stream each.
+    struct TwoRanks {
+        gpu: GpuCtx,
+        _other: crate::gpu::DevBuf,
+        areas: [u64; 2],
+        streams: [sys::CUstream; 2],
+    }
+
+    impl TwoRanks {
+        fn new(ordinal: usize) -> TwoRanks {
+            let gpu = GpuCtx::new(ordinal, None).expect("context");
+            let other = gpu.alloc(crate::kernels::AREA_BYTES).expect("area");
+            gpu.upload(&other, 0, &vec![0u8; crate::kernels::AREA_BYTES])
+                .expect("zero area");
+            let mut addr = [0u8; 8];
+            gpu.download(&gpu.sync, crate::kernels::SYNC_ABORT_OFFSET, &mut addr)
+                .expect("abort word");
+            gpu.upload(&other, crate::kernels::SYNC_ABORT_OFFSET, &addr)
+                .expect("abort word");
+            let areas = [gpu.sync.ptr, other.ptr];
+            let streams = [gpu.stream, crate::gpu::create_stream(&gpu).expect("stream")];
+            TwoRanks {
+                gpu,
+                _other: other,
+                areas,
+                streams,
+            }
+        }
+
+        /// Rank r's launch on its stream (the other rank's may run at the same time).
+        fn launch(&self, r: usize, msgs: (&[LlMsg], &[LlMsg], &[SelfCopy]), paired: usize) {
+            // SAFETY: every buffer the tests pass, both areas and both streams are this GPU's,
+            // live until the tests synchronize.
+            unsafe {
+                launch(
+                    &self.gpu,
+                    self.streams[r],
+                    (self.areas[r], &self.areas),
+                    r,
+                    msgs,
+                    paired,
+                    10_000_000_000,
+                )
+            }
+            .expect("launch");
+        }
+
+        /// Until both ranks' launches are done.
+        fn sync(&self) {
+            // SAFETY: the context is live (bound by the launches).
+            let r = unsafe { sys::cuCtxSynchronize() };
+            assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuCtxSynchronize");
+        }
+    }
+
+    impl Drop for TwoRanks {
+        fn drop(&mut self) {
+            // SAFETY: made in `new`; the tests synchronize before they end.
+            unsafe { crate::gpu::destroy_stream(&self.gpu, self.streams[1]) }
+                .expect("destroy stream");
+        }
     }
 
     /// On a GPU: sizes that disagree (rank 0 sends `sent` bytes, rank 1 receives
@@ -788,7 +800,8 @@ mod tests {
             return;
         };
         for (sent, expected) in [(100u64, 200u64), (500_000, 1 << 20), (1 << 20, 300_000)] {
-            let (gpu, _other, areas, streams) = two_ranks(gpus[0].ordinal);
+            let t = TwoRanks::new(gpus[0].ordinal);
+            let gpu = &t.gpu;
             let src = gpu.alloc(sent as usize).expect("alloc");
             let dst = gpu.alloc(expected as usize).expect("alloc");
             for r in 0..2 {
@@ -802,35 +815,15 @@ mod tests {
                 } else {
                     (Vec::new(), vec![m(expected, dst.ptr)])
                 };
-                // SAFETY: every buffer, area and stream is this GPU's, live until the
-                // synchronize below.
-                unsafe {
-                    launch(
-                        &gpu,
-                        streams[r],
-                        (areas[r], &areas),
-                        r,
-                        (&s, &v, &[]),
-                        0,
-                        10_000_000_000,
-                    )
-                }
-                .expect("launch");
+                t.launch(r, (&s, &v, &[]), 0);
             }
-            // SAFETY: the bound context is live.
-            check_sync(unsafe { sys::cuCtxSynchronize() });
+            t.sync();
             println!(
                 "p2p_ll: {sent} bytes sent, {expected} expected: {:?}",
                 gpu.kernels_size_mismatch()
             );
             assert_eq!(gpu.kernels_size_mismatch(), Some((0, sent)));
-            // SAFETY: made above; every kernel on it is done.
-            unsafe { crate::gpu::destroy_stream(&gpu, streams[1]) }.expect("destroy stream");
         }
-    }
-
-    fn check_sync(r: sys::CUresult) {
-        assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "cuCtxSynchronize");
     }
 
     #[test]

@@ -6,14 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
 source bench/compare/gpu-env.sh
-work=$(mktemp -d)
-cp .device/lib/libnccl.so.2 "$work/" && ln -s libnccl.so.2 "$work/libnccl.so"
-mpicc -I nccl-compat/include -I /usr/local/cuda/include nccl-compat/tests/mpi/p2p_size.c \
-  -L "$work" -lnccl -L /usr/local/cuda/lib64 -lcudart -o "$work/p2p_size" || { echo "FAIL p2p_size: build"; exit 1; }
+source nccl-compat/tests/mpi/common.sh
 export RAILCC_GPU_P2P_LL_BYTES=${RAILCC_GPU_P2P_LL_BYTES:-1048576}
-LD_LIBRARY_PATH="$work:/usr/local/cuda/lib64" timeout 60 mpirun -np 2 --allow-run-as-root --oversubscribe \
-  -x LD_LIBRARY_PATH -x RAILCC_CACHE_DIR -x RAILCC_GPU_P2P_LL_BYTES "$work/p2p_size" > "$work/log" 2>&1
-st=$?
-cat "$work/log"
-oks=$(grep -c "^p2p_size: rank [01] ok" "$work/log")
-if [ $st = 0 ] && [ "$oks" = 2 ]; then echo "PASS  p2p_size: both ranks failed naming rank 0's 100 bytes"; else echo "FAIL  p2p_size: exit $st, $oks of 2 ranks ok"; exit 1; fi
+MPI_TIMEOUT=60 mpi_c_test p2p_size 2 2 -x RAILCC_GPU_P2P_LL_BYTES || exit 1
+echo "PASS  p2p_size: both ranks failed naming rank 0's 100 bytes"

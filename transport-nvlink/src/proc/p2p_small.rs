@@ -43,7 +43,6 @@ impl ProcGpu {
             // SAFETY: the caller's contract.
             return unsafe { self.p2p_posted(&with_pairs, None) };
         }
-        self.check_alive()?;
         let mut clock = self.trace.start();
         let rounds = railcc_core::call::p2p_rounds(others.iter().map(|o| (o.send, o.ptr, o.bytes)));
         let last = rounds.last().copied().unwrap_or(0);
@@ -56,18 +55,11 @@ impl ProcGpu {
                 .first()
                 .is_some_and(|o| selfcopy::foldable(&pairs, &others, o.stream));
         for k in 0..=last {
-            let in_round = |i: &usize| rounds[*i] == k;
-            let ll: Vec<P2p> = (0..others.len())
-                .filter(in_round)
+            let (ll, mut rest): (Vec<P2p>, Vec<P2p>) = (0..others.len())
+                .filter(|&i| rounds[i] == k)
                 .map(|i| others[i])
-                .filter(small)
-                .collect();
+                .partition(small);
             let own: &[Pair] = if fold { &pairs } else { &[] };
-            let mut rest: Vec<P2p> = (0..others.len())
-                .filter(in_round)
-                .map(|i| others[i])
-                .filter(|o| !small(o))
-                .collect();
             if k == last && !fold {
                 rest.extend(unpair(&pairs));
             }
