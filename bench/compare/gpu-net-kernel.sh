@@ -53,6 +53,9 @@
 #          1000 calls, 2 x 1 (and 2 x 2 with 4 GPUs) with RAILCC_GPU_NET_TRACE=1 (the host's
 #          trace and the staging kernel's stamps: copy in, wait for done, back and exit, the gap
 #          between launches), then NCCL 4 x 4's time.
+#   lat    small all_reduce latency (nccl-tests, 8 B-64 KB, 1000 calls a size), 2 x 1 and 2 x 2
+#          (4 GPUs): railcc's defaults, each "label|VAR=VALUE ..." of NK_LAT (';' between),
+#          NCCL defaults, NCCL 4 x 4.
 # NK_ROUNDS=N (default 1) runs every comparison's list N times, interleaved, and prints the
 # medians per setting and size with the lowest and highest busbw (rounds.py).
 # Logs under $OUT (nk-*.log).
@@ -155,7 +158,7 @@ compare() {
     # NCCL's INFO lines say its channels (a speed claim states them beside railcc's blocks).
     lib=$OURS; case $vars in NCCL=1*) lib="$NCCL_HOME/lib:/usr/local/cuda/lib64"; vars="$vars NCCL_DEBUG=INFO" ;; esac
     timeout 150 env $vars LD_LIBRARY_PATH="$lib" $mpi -x RAILCC_GPU_NET_KERNEL -x RAILCC_GPU_NET_STAGING_BYTES \
-      -x RAILCC_GPU_NET_RING -x RAILCC_GPU_NET_BLOCKS -x RAILCC_GPU_HIER_SMALL_BYTES -x RAILCC_GPU_NET_P2P_SPREAD_BYTES -x RAILCC_GPU_NET_CHANNELS -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD -x NCCL_DEBUG \
+      -x RAILCC_GPU_NET_RING -x RAILCC_GPU_NET_BLOCKS -x RAILCC_GPU_HIER_SMALL_BYTES -x RAILCC_GPU_NET_P2P_SPREAD_BYTES -x RAILCC_GPU_NET_CHANNELS -x RAILCC_GPU_NET_SPIN_US -x RAILCC_GPU_NET_LL_BYTES -x RAILCC_GPU_HIER_LOCAL_SUM -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD -x NCCL_DEBUG \
       $AS_HOST $NTM/build/$what >> "$log" 2>&1
     echo "== exit $?" >> "$log"
   done
@@ -270,6 +273,19 @@ case " $PARTS " in *" diag "*)
   ( export AS_HOST_PER=2
     compare $OUT/nk-diag-1m.log "$MPI4" "all_reduce_perf -b 1M -e 1M -o max -n 200 -w 20 -c 1 -g 1" "railcc|" "$NCCL_4X4" )
   awk '/^ +1048576 /{print FILENAME": in place "$10" us"}' $OUT/nk-diag-1m.log
+;; esac
+
+case " $PARTS " in *" lat "*)
+  nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
+  IFS=';' read -r -a lat_extra <<< "${NK_LAT:-}"
+  for layout in 2x1 2x2; do
+    mpi=$MPIRUN; per=1
+    if [ $layout = 2x2 ]; then [ "$AS_HOST_GPUS" -ge 4 ] || continue; mpi="${MPIRUN/-np 2/-np 4} -x AS_HOST_PER"; per=2; fi
+    echo "== $layout all_reduce (time us / busbw GB/s, out of place)"
+    ( export AS_HOST_PER=$per
+      compare $OUT/nk-lat-$layout.log "$mpi" "all_reduce_perf -b 8 -e 64K -f 8 -n 1000 -w 50 -c 0 -g 1" \
+        "railcc default|" "${lat_extra[@]}" "nccl defaults|NCCL=1" "$NCCL_4X4" )
+  done
 ;; esac
 
 case " $PARTS " in *" stamps "*)

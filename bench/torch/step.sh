@@ -6,7 +6,8 @@
 # traffic between them over loopback TCP) and 2x1 (the same with one rank each, 2 GPUs). Modes (STEP_MODES, default "ddp fsdp hsdp
 # overlap"; "small": all_reduce of 8 B, 64 KB and 1 MB, us per call). Libraries: railcc (LD_PRELOAD .device/lib/libnccl.so.2), nccl (defaults), and
 # across hosts also nccl-4x4 (NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4, NCCL's better
-# socket setting), and railcc-bN (railcc at most N thread blocks a kernel); STEP_LIBS picks some. STEP_RUNS repeats each (default 2). Prints one line per run
+# socket setting), and railcc-bN (railcc at most N thread blocks a kernel); STEP_LIBS picks some;
+# STEP_EXTRA="name:VAR=VALUE,VAR=VALUE ..." adds railcc-name runs with those settings. STEP_RUNS repeats each (default 2). Prints one line per run
 # ("step: ...") and a table of medians with railcc's ratio to the better NCCL; writes
 # $OUT/step.json (every measurement) and $OUT/step-*.log. STEP_ARGS: more arguments for
 # step.py on the host layout (e.g. "--width 2048": FSDP shards of 25 MB a rank).
@@ -68,6 +69,11 @@ for r in $(seq 1 "${STEP_RUNS:-2}"); do
       # railcc-bN: railcc with at most N thread blocks a kernel (RAILCC_GPU_MAX_BLOCKS).
       for v in $libs; do
         [[ $v == railcc-b* ]] && one "$v" "$layout" "$mode" LD_PRELOAD="$LIB" RAILCC_GPU_MAX_BLOCKS="${v#railcc-b}"
+      done
+      # STEP_EXTRA="name:VAR=VALUE,VAR=VALUE ...": railcc again with those settings, as railcc-name.
+      for x in ${STEP_EXTRA:-}; do
+        IFS=',' read -r -a xv <<< "${x#*:}"
+        one "railcc-${x%%:*}" "$layout" "$mode" LD_PRELOAD="$LIB" "${xv[@]}"
       done
       [[ $libs == *" nccl "* ]] && one nccl "$layout" "$mode"
       [ "$layout" = host ] || [[ $libs != *" nccl-4x4 "* ]] || one nccl-4x4 "$layout" "$mode" NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4

@@ -104,6 +104,11 @@ impl Communicator {
         &self.cfg
     }
 
+    /// How long a waiting rank busy-polls before it sleeps (zero where ranks outnumber cores).
+    pub fn spin(&self) -> Duration {
+        self.spin
+    }
+
     /// How many ranks of this job run on this host.
     pub fn local_ranks(&self) -> usize {
         self.local_ranks

@@ -357,6 +357,11 @@ config! {
     /// Prints, when a GPU network communicator closes, where its calls' time went: time to
     /// enqueue, each piece's host part, and the stream's turnaround between pieces.
     gpu_net_trace: u8 = 0, "RAILCC_GPU_NET_TRACE";
+    /// Microseconds the network engine's progress thread keeps polling for the next call after
+    /// its last work before it parks: a call enqueued within it starts without a futex wake.
+    /// 0: parks at once. Forced to 0 where ranks outnumber the host's cores (`RAILCC_SPIN_US`'s
+    /// rule).
+    gpu_net_spin_us: u64 = 0, "RAILCC_GPU_NET_SPIN_US";
     /// Prints, when a communicator of one process per GPU on one host closes, where its
     /// calls' host time went, per phase (exports, waiting for peers, launches).
     gpu_host_trace: u8 = 0, "RAILCC_GPU_HOST_TRACE";

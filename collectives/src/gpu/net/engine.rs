@@ -339,6 +339,11 @@ impl GpuNet {
             slots: slots.clone(),
             shared: shared.clone(),
             timeout: cfg.timeout(),
+            // RAILCC_SPIN_US's rule: no spinning where ranks outnumber the cores.
+            spin: match comms.first() {
+                Some(c) if !c.spin().is_zero() => Duration::from_micros(cfg.gpu_net_spin_us),
+                _ => Duration::ZERO,
+            },
         };
         // Before the progress thread: nothing may fail once it runs.
         let stamps = match (&kernel, cfg.gpu_net_trace != 0) {

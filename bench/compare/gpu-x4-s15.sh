@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On nvidia-h100-x4 / nvidia-h200-x4 (after bench/compare/gpu-prepare.sh here; carry .device):
+# the thirteenth session's device calls, one part per call. Logs under $OUT/logs, tarred to
+# $OUT/logs-<part>.tgz.
+#   a  the GPU checks of last session's last two commits (p2p_ll::plan, review mends: test-gpu
+#      parts unit, p2pll, shrink); issue 31's small all_reduce across emulated hosts (2 x 1,
+#      2 x 2), the progress thread that polls before it parks (RAILCC_GPU_NET_SPIN_US=200)
+#      against the default and NCCL, in nccl-tests and through PyTorch (step.sh small).
+# Usage: bash bench/compare/gpu-x4-s15.sh a
+set -u
+cd "$(dirname "$0")/../.."
+source bench/compare/gpu-env.sh
+L=$OUT/logs
+mkdir -p "$L"
+T0=$(date +%s)
+left() { echo $(( $1 - $(date +%s) + T0 )); }
+case ${1:-} in
+  a)
+    OUT=$L TEST_GPU_PARTS="unit p2pll shrink" TEST_GPU_CHECK_LIMIT=60 timeout 330 bash scripts/test-gpu.sh 2>&1 \
+      | tee "$L/check.txt" | grep -E "^(FAIL|PASS|test-gpu)|p2p_ll: [0-9]|wrong"
+    cp /tmp/test-gpu-unit.log "$L/unit-tests.log" 2>/dev/null
+    echo "== after $(( $(date +%s) - T0 )) s"
+    OUT=$L NK_PARTS=lat NK_LAT="railcc spin|RAILCC_GPU_NET_SPIN_US=200" timeout $(left 480) \
+      bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/lat.txt"
+    echo "== after $(( $(date +%s) - T0 )) s"
+    [ "$(left 540)" -gt 40 ] && OUT=$L/step STEP_LAYOUTS="2x2 2x1" STEP_MODES=small STEP_RUNS=1 STEP_LIMIT=60 \
+      STEP_EXTRA="spin:RAILCC_GPU_NET_SPIN_US=200" timeout $(left 560) bash bench/torch/step.sh 2>&1 | tee "$L/step.txt" | tail -12
+    ;;
+  *) echo "usage: $0 a"; exit 2 ;;
+esac
+echo "== part ${1} ended after $(($(date +%s) - T0)) s"
+cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
