@@ -6,7 +6,11 @@
 #      parts unit, p2pll, shrink); issue 31's small all_reduce across emulated hosts (2 x 1,
 #      2 x 2), the progress thread that polls before it parks (RAILCC_GPU_NET_SPIN_US=200)
 #      against the default and NCCL, in nccl-tests and through PyTorch (step.sh small).
-# Usage: bash bench/compare/gpu-x4-s15.sh a
+#   b  where railcc's 2 x 2 small all_reduce loses through PyTorch (75 us against NCCL's 40; 25
+#      against 34 in nccl-tests): step.sh small on 2 x 2, twice, railcc's default, spin, the
+#      flat engine for small calls (RAILCC_GPU_FLAT_BELOW_BYTES=65537), both, and a run with
+#      the host and net traces; NCCL, NCCL 4 x 4; then nccl-tests' latency with the same settings.
+# Usage: bash bench/compare/gpu-x4-s15.sh a|b
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -26,7 +30,17 @@ case ${1:-} in
     [ "$(left 540)" -gt 40 ] && OUT=$L/step STEP_LAYOUTS="2x2 2x1" STEP_MODES=small STEP_RUNS=1 STEP_LIMIT=60 \
       STEP_EXTRA="spin:RAILCC_GPU_NET_SPIN_US=200" timeout $(left 560) bash bench/torch/step.sh 2>&1 | tee "$L/step.txt" | tail -12
     ;;
-  *) echo "usage: $0 a"; exit 2 ;;
+  b)
+    SPIN=RAILCC_GPU_NET_SPIN_US=200 FLAT=RAILCC_GPU_FLAT_BELOW_BYTES=65537
+    OUT=$L/step STEP_LAYOUTS="2x2" STEP_MODES=small STEP_RUNS=2 STEP_LIMIT=60 \
+      STEP_EXTRA="spin:$SPIN flat:$FLAT flatspin:$FLAT,$SPIN trace:RAILCC_GPU_HOST_TRACE=1,RAILCC_GPU_NET_TRACE=1" \
+      timeout 330 bash bench/torch/step.sh 2>&1 | tee "$L/step.txt" | tail -12
+    grep -h -A12 "host trace\|gpu net trace" $L/step/step-railcc-trace-2x2-small.log.node0 2>/dev/null | head -60
+    echo "== after $(( $(date +%s) - T0 )) s"
+    OUT=$L NK_PARTS=lat NK_LAT="railcc spin|$SPIN;railcc flat|$FLAT;railcc flatspin|$FLAT $SPIN" timeout $(left 570) \
+      bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/lat.txt" | grep -v "  64 \|  512 "
+    ;;
+  *) echo "usage: $0 a|b"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
