@@ -10,7 +10,9 @@
 #      against 34 in nccl-tests): step.sh small on 2 x 2, twice, railcc's default, spin, the
 #      flat engine for small calls (RAILCC_GPU_FLAT_BELOW_BYTES=65537), both, and a run with
 #      the host and net traces; NCCL, NCCL 4 x 4; then nccl-tests' latency with the same settings.
-# Usage: bash bench/compare/gpu-x4-s15.sh a|b
+#   c  b's PyTorch runs again, three each, at 8 B, 4, 16 and 64 KB: 2 x 2 railcc's default, flat
+#      and flat with spin; 2 x 1 the default and spin; NCCL and NCCL 4 x 4.
+# Usage: bash bench/compare/gpu-x4-s15.sh a|b|c
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -40,7 +42,15 @@ case ${1:-} in
     OUT=$L NK_PARTS=lat NK_LAT="railcc spin|$SPIN;railcc flat|$FLAT;railcc flatspin|$FLAT $SPIN" timeout $(left 570) \
       bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/lat.txt" | grep -v "  64 \|  512 "
     ;;
-  *) echo "usage: $0 a|b"; exit 2 ;;
+  c)
+    SPIN=RAILCC_GPU_NET_SPIN_US=200 FLAT=RAILCC_GPU_FLAT_BELOW_BYTES=65537
+    OUT=$L/step2 STEP_LAYOUTS="2x2" STEP_MODES=small STEP_RUNS=3 STEP_LIMIT=60 STEP_SMALL_SIZES=8,4096,16384,65536 \
+      STEP_EXTRA="flat:$FLAT flatspin:$FLAT,$SPIN" timeout 300 bash bench/torch/step.sh 2>&1 | tee "$L/step2.txt" | tail -8
+    echo "== after $(( $(date +%s) - T0 )) s"
+    OUT=$L/step1 STEP_LAYOUTS="2x1" STEP_MODES=small STEP_RUNS=3 STEP_LIMIT=60 STEP_SMALL_SIZES=8,4096,16384,65536 \
+      STEP_EXTRA="spin:$SPIN" timeout $(left 570) bash bench/torch/step.sh 2>&1 | tee "$L/step1.txt" | tail -8
+    ;;
+  *) echo "usage: $0 a|b|c"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs

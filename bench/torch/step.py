@@ -46,6 +46,7 @@ def parse():
     p.add_argument("--matmuls", type=int, default=12, help="overlap: products per step")
     p.add_argument("--mm", type=int, default=8192, help="overlap: square product size")
     p.add_argument("--bucket-mb", type=float, default=25.0, help="overlap ddp: bucket size")
+    p.add_argument("--small-sizes", default="8,65536,1048576", help="small: bytes per all_reduce")
     p.add_argument("--cpu", action="store_true")
     return p.parse_args()
 
@@ -240,7 +241,7 @@ def overlap(a, dev, rank, world):
 def small(a, dev, world):
     """Microseconds per all_reduce of back-to-back calls, per size (median of 5 rounds)."""
     out = {}
-    for nbytes in (8, 65536, 1 << 20):
+    for nbytes in (int(b) for b in a.small_sizes.split(",")):
         # MAX of rank + 1: the result stays `world` however many calls run, so it is checked.
         x = torch.full((nbytes // 4,), float(dist.get_rank() + 1), device=dev)
         for _ in range(20):

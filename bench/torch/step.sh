@@ -7,7 +7,8 @@
 # overlap"; "small": all_reduce of 8 B, 64 KB and 1 MB, us per call). Libraries: railcc (LD_PRELOAD .device/lib/libnccl.so.2), nccl (defaults), and
 # across hosts also nccl-4x4 (NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4, NCCL's better
 # socket setting), and railcc-bN (railcc at most N thread blocks a kernel); STEP_LIBS picks some;
-# STEP_EXTRA="name:VAR=VALUE,VAR=VALUE ..." adds railcc-name runs with those settings. STEP_RUNS repeats each (default 2). Prints one line per run
+# STEP_EXTRA="name:VAR=VALUE,VAR=VALUE ..." adds railcc-name runs with those settings;
+# STEP_SMALL_SIZES="8,4096,..." the sizes of mode small (default 8, 64 KB, 1 MB). STEP_RUNS repeats each (default 2). Prints one line per run
 # ("step: ...") and a table of medians with railcc's ratio to the better NCCL; writes
 # $OUT/step.json (every measurement) and $OUT/step-*.log. STEP_ARGS: more arguments for
 # step.py on the host layout (e.g. "--width 2048": FSDP shards of 25 MB a rank).
@@ -37,7 +38,7 @@ one() {
   if [ "$layout" = host ]; then
     env "$@" timeout -k 10 "$LIMIT" python3 -m torch.distributed.run --nproc_per_node 4 \
       --master_addr 127.0.0.1 --master_port $port "$PY" --mode "$mode" --out "$OUT/step" \
-      --label "$label-$layout" ${STEP_ARGS:-} > "$log" 2>&1 || rc=$?
+      --label "$label-$layout" ${STEP_ARGS:-} ${STEP_SMALL_SIZES:+--small-sizes $STEP_SMALL_SIZES} > "$log" 2>&1 || rc=$?
   else
     local per=2 gpus
     [ "$layout" = 2x1 ] && per=1
@@ -46,7 +47,7 @@ one() {
       env "$@" CUDA_VISIBLE_DEVICES=$gpus NCCL_HOSTID=host$i RAILCC_HOSTID=host$i \
         timeout -k 10 "$LIMIT" python3 -m torch.distributed.run --nnodes 2 --node_rank $i \
           --nproc_per_node $per --master_addr 127.0.0.1 --master_port $port "$PY" --mode "$mode" \
-          --out "$OUT/step" --label "$label-$layout" < /dev/null > "$log.node$i" 2>&1 &
+          --out "$OUT/step" --label "$label-$layout" ${STEP_SMALL_SIZES:+--small-sizes $STEP_SMALL_SIZES} < /dev/null > "$log.node$i" 2>&1 &
       pids[$i]=$!
     done
     for i in 0 1; do wait "${pids[$i]}" || rc=$?; done
