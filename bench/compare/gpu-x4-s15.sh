@@ -12,7 +12,10 @@
 #      the host and net traces; NCCL, NCCL 4 x 4; then nccl-tests' latency with the same settings.
 #   c  b's PyTorch runs again, three each, at 8 B, 4, 16 and 64 KB: 2 x 2 railcc's default, flat
 #      and flat with spin; 2 x 1 the default and spin; NCCL and NCCL 4 x 4.
-# Usage: bash bench/compare/gpu-x4-s15.sh a|b|c
+#   d  the new defaults (spin 200 us, the flat engine below 8 KiB, no marker wait on the same
+#      stream): every collective 2 x 2 checked (gpu-net-kernel.sh x2), nccl-tests' latency
+#      against the old settings and NCCL, PyTorch small 2 x 1 and 2 x 2 three times each.
+# Usage: bash bench/compare/gpu-x4-s15.sh a|b|c|d
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -50,7 +53,17 @@ case ${1:-} in
     OUT=$L/step1 STEP_LAYOUTS="2x1" STEP_MODES=small STEP_RUNS=3 STEP_LIMIT=60 STEP_SMALL_SIZES=8,4096,16384,65536 \
       STEP_EXTRA="spin:$SPIN" timeout $(left 570) bash bench/torch/step.sh 2>&1 | tee "$L/step1.txt" | tail -8
     ;;
-  *) echo "usage: $0 a|b|c"; exit 2 ;;
+  d)
+    OUT=$L NK_PARTS=x2 timeout 150 bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/x2.txt" | grep -E "^(PASS|FAIL)|failed"
+    cp $L/nk-check.log $L/nk-check-x2.log 2>/dev/null
+    echo "== after $(( $(date +%s) - T0 )) s"
+    OUT=$L NK_PARTS=lat NK_LAT="railcc before|RAILCC_GPU_NET_SPIN_US=0 RAILCC_GPU_FLAT_BELOW_BYTES=0" timeout 120 \
+      bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/lat.txt" | grep -v "  64 \|  512 "
+    echo "== after $(( $(date +%s) - T0 )) s"
+    OUT=$L/step STEP_LAYOUTS="2x1 2x2" STEP_MODES=small STEP_RUNS=3 STEP_LIMIT=60 STEP_SMALL_SIZES=8,4096,65536 \
+      timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/step.txt" | tail -11
+    ;;
+  *) echo "usage: $0 a|b|c|d"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs

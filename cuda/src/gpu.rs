@@ -630,6 +630,29 @@ pub fn stream_of(handle: usize) -> Stream {
     handle as Stream
 }
 
+/// The driver's unique id of `stream` (CUDA 12.0 on; None where the driver lacks it).
+///
+/// # Safety
+/// `stream` is a live stream (or a special handle) of the current context.
+pub unsafe fn stream_id(stream: Stream) -> Option<u64> {
+    // cudarc loads a symbol on first use and panics where it is missing: ask for it only from
+    // a driver that has it.
+    static HAS_IT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let has_it = *HAS_IT.get_or_init(|| {
+        let mut v = 0;
+        // SAFETY: a valid out-pointer.
+        let rc = unsafe { sys::cuDriverGetVersion(&mut v) };
+        rc == sys::CUresult::CUDA_SUCCESS && v >= 12000
+    });
+    if !has_it {
+        return None;
+    }
+    let mut id: std::ffi::c_ulonglong = 0;
+    // SAFETY: the caller's live stream; a valid out-pointer.
+    let rc = unsafe { sys::cuStreamGetId(stream, &mut id) };
+    (rc == sys::CUresult::CUDA_SUCCESS).then_some(id)
+}
+
 /// Enqueues a copy of `bytes` from `src` to `dst` on `stream` (a copy engine; either side may
 /// be a peer GPU's memory this context can address). `what` names the copy in errors.
 ///
@@ -761,6 +784,9 @@ impl Drop for Marker {
 /// is waited for: its graph's launches are the caller's to order.
 pub struct LaunchOrder {
     last: Option<usize>,
+    /// The driver's id of the last work's stream (unique in the process, unlike an address):
+    /// work on the same stream needs no wait, whatever `wait_on_same_stream` says.
+    last_id: Option<u64>,
     marker: Option<Marker>,
     /// Whether work on the last work's stream (by address) waits too: an address can be a
     /// destroyed stream's reused, and the per-thread default stream has one address on every
@@ -773,6 +799,7 @@ impl LaunchOrder {
     pub fn by_stream() -> LaunchOrder {
         LaunchOrder {
             last: None,
+            last_id: None,
             marker: None,
             wait_on_same_stream: false,
         }
@@ -803,9 +830,13 @@ impl LaunchOrder {
             Some(m) => m,
             m => m.insert(Marker::in_current()?),
         };
-        if self
-            .last
-            .is_some_and(|l| self.wait_on_same_stream || l != stream)
+        // SAFETY: the caller's live stream.
+        let id = unsafe { stream_id(s) };
+        let same = id.is_some() && id == self.last_id;
+        if !same
+            && self
+                .last
+                .is_some_and(|l| self.wait_on_same_stream || l != stream)
         {
             // SAFETY: the caller's live stream; the marker is of this context, current.
             unsafe { marker.wait(s) }?;
@@ -815,6 +846,7 @@ impl LaunchOrder {
         // SAFETY: as above.
         unsafe { marker.record(s) }?;
         self.last = Some(stream);
+        self.last_id = id;
         Ok(r)
     }
 

@@ -134,12 +134,21 @@ pub struct HierPlan {
     pub scratch: usize,
 }
 
+/// The most ranks a job may have for small all_reduces to leave the hierarchy (`flat`): the
+/// flat engine's direct exchange sends one message per peer, a cost that grows with the
+/// ranks where the hierarchy's stays one local kernel and one exchange per host.
+pub const FLAT_MAX_RANKS: usize = 8;
+
 /// Whether call `a` goes to the flat network engine although the hierarchy covers it: an
-/// all_reduce of fewer bytes than `flat_below` (`RAILCC_GPU_FLAT_BELOW_BYTES`; 0: never), one
-/// host step instead of the hierarchy's local and cross calls
-/// (bench/results/issue31/small-call-design.md, D3).
+/// all_reduce of fewer bytes than `flat_below` (`RAILCC_GPU_FLAT_BELOW_BYTES`; 0: never) on at
+/// most [`FLAT_MAX_RANKS`] ranks, one host step and one launch instead of the hierarchy's local
+/// and cross calls with a rendezvous between the host's processes on the caller's thread
+/// (bench/results/issue31/small-call-design.md, D3; measured in
+/// bench/results/issue31/x4-s15).
 pub fn flat(a: &CollArgs, flat_below: usize) -> bool {
-    a.coll == CollKind::AllReduce && a.count * a.dtype.size() < flat_below
+    a.coll == CollKind::AllReduce
+        && a.nranks <= FLAT_MAX_RANKS
+        && a.count * a.dtype.size() < flat_below
 }
 
 /// Whether the hierarchical schedules cover a call: the five collectives; averages only of

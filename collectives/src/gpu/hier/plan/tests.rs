@@ -391,4 +391,17 @@ fn only_small_all_reduces_skip_the_hierarchy() {
     assert!(!flat(&a(CollKind::AllReduce, 8 * 1024), 32 * 1024));
     assert!(!flat(&a(CollKind::AllReduce, 2), 0));
     assert!(!flat(&a(CollKind::Broadcast, 2), 32 * 1024));
+    // Past FLAT_MAX_RANKS ranks: the hierarchy whatever the size.
+    let many = CollArgs {
+        nranks: FLAT_MAX_RANKS + 1,
+        ..a(CollKind::AllReduce, 2)
+    };
+    assert!(!flat(&many, 32 * 1024));
+    assert!(flat(
+        &CollArgs {
+            nranks: FLAT_MAX_RANKS,
+            ..many
+        },
+        32 * 1024
+    ));
 }
