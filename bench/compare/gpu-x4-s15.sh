@@ -15,7 +15,9 @@
 #   d  the new defaults (spin 200 us, the flat engine below 8 KiB, no marker wait on the same
 #      stream): every collective 2 x 2 checked (gpu-net-kernel.sh x2), nccl-tests' latency
 #      against the old settings and NCCL, PyTorch small 2 x 1 and 2 x 2 three times each.
-# Usage: bash bench/compare/gpu-x4-s15.sh a|b|c|d
+#   e  the new defaults through PyTorch's suite on 2 x 2 (railcc and NCCL: losses, DeviceMesh,
+#      HSDP), then PyTorch small 2 x 1 and 2 x 2 at 8 B and 4 KB, twice each, against NCCL.
+# Usage: bash bench/compare/gpu-x4-s15.sh a|b|c|d|e
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -63,7 +65,15 @@ case ${1:-} in
     OUT=$L/step STEP_LAYOUTS="2x1 2x2" STEP_MODES=small STEP_RUNS=3 STEP_LIMIT=60 STEP_SMALL_SIZES=8,4096,65536 \
       timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/step.txt" | tail -11
     ;;
-  *) echo "usage: $0 a|b|c|d"; exit 2 ;;
+  e)
+    mkdir -p "$L/suite"
+    OUT=$L/suite SUITE_RUNS="railcc-2x2 nccl-2x2" SUITE_LIMIT=150 timeout 220 bash nccl-compat/tests/torch/suite.sh > "$L/suite.txt" 2>&1
+    echo "suite: exit $?"; grep -E "^(PASS|FAIL)|loss" "$L/suite.txt" | head -12
+    echo "== after $(( $(date +%s) - T0 )) s"
+    OUT=$L/step STEP_LAYOUTS="2x1 2x2" STEP_MODES=small STEP_RUNS=2 STEP_LIMIT=50 STEP_SMALL_SIZES=8,4096 \
+      timeout $(left 370) bash bench/torch/step.sh 2>&1 | tee "$L/step.txt" | grep -E "^step|^2x|ratio"
+    ;;
+  *) echo "usage: $0 a|b|c|d|e"; exit 2 ;;
 esac
 echo "== part ${1} ended after $(($(date +%s) - T0)) s"
 cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
