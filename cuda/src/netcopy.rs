@@ -121,6 +121,80 @@ impl Params {
     }
 }
 
+/// One 16-byte entry of [`Packed::items`]: a [`Piece`] or a [`Seg`], as four words.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Item([u32; 4]);
+
+impl Item {
+    fn piece(q: &Piece) -> Item {
+        Item([
+            q.token,
+            q.slot as u32 | (q.ring as u32) << 16 | (q.pad as u32) << 24,
+            q.down[0] as u32 | (q.down[1] as u32) << 16,
+            q.up[0] as u32 | (q.up[1] as u32) << 16,
+        ])
+    }
+
+    fn seg(g: &Seg) -> Item {
+        Item([g.dev as u32, (g.dev >> 32) as u32, g.stage, g.bytes])
+    }
+}
+
+/// The parameter as the kernel takes it: [`Params`]' words, then its pieces and its segments
+/// end to end, so a launch passes only the bytes it uses (344 for one piece of two segments,
+/// not 4 KiB: the driver copies every parameter byte into the launch, and NCCL passes its
+/// used bytes alone for the same reason).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct Packed {
+    pub flags: u64,
+    pub send: [u64; MAX_DEPTH],
+    pub recv: [u64; MAX_DEPTH],
+    pub depth: u32,
+    pub captured: u32,
+    pub npieces: u32,
+    pub nsegs: u32,
+    pub slot_words: u32,
+    pub done_word: u32,
+    pub stamps: u64,
+    pub items: [Item; MAX_PIECES + MAX_SEGS],
+}
+
+impl Packed {
+    /// `p` packed, and the bytes of it a launch passes.
+    pub fn of(p: &Params) -> (Packed, usize) {
+        let n = (p.npieces as usize).min(MAX_PIECES);
+        let m = (p.nsegs as usize).min(MAX_SEGS);
+        let mut items = [Item::default(); MAX_PIECES + MAX_SEGS];
+        for (to, q) in items.iter_mut().zip(&p.pieces[..n]) {
+            *to = Item::piece(q);
+        }
+        for (to, g) in items[n..].iter_mut().zip(&p.segs[..m]) {
+            *to = Item::seg(g);
+        }
+        let packed = Packed {
+            flags: p.flags,
+            send: p.send,
+            recv: p.recv,
+            depth: p.depth,
+            captured: p.captured,
+            npieces: n as u32,
+            nsegs: m as u32,
+            slot_words: p.slot_words,
+            done_word: p.done_word,
+            stamps: p.stamps,
+            items,
+        };
+        let used = std::mem::offset_of!(Packed, items) + (n + m) * std::mem::size_of::<Item>();
+        (packed, used)
+    }
+}
+
+/// Whether launches pass only their used parameter bytes: cleared for good the first time the
+/// driver refuses a short buffer (the launch is then made again with every byte).
+static SHORT_PARAMS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
 /// Blocks of a launch for ring depth `depth`: at most `want`, a divisor of the depth.
 pub fn blocks_for(depth: usize, want: usize) -> u32 {
     (1..=want.clamp(1, depth.max(1)))
@@ -131,6 +205,7 @@ pub fn blocks_for(depth: usize, want: usize) -> u32 {
 
 /// CUDA source of the staging kernel.
 pub fn source() -> String {
+    const MAX_ITEMS: usize = MAX_PIECES + MAX_SEGS;
     format!(
         r#"
 struct Seg {{ unsigned long long dev; unsigned int stage; unsigned int bytes; }};
@@ -141,9 +216,23 @@ struct Params {{
   unsigned long long recv[{MAX_DEPTH}];
   unsigned int depth, captured, npieces, nsegs, slot_words, done_word;
   unsigned long long stamps;
-  Piece pieces[{MAX_PIECES}];
-  Seg segs[{MAX_SEGS}];
+  // Pieces 0..npieces, then segments 0..nsegs (Packed in netcopy.rs): a launch passes only
+  // the entries it uses.
+  unsigned int items[{MAX_ITEMS}][4];
 }};
+__device__ __forceinline__ Piece piece_at(const Params& p, unsigned int j) {{
+  const unsigned int* w = p.items[j];
+  Piece q;
+  q.token = w[0]; q.slot = w[1] & 0xffff; q.ring = (w[1] >> 16) & 0xff; q.pad = w[1] >> 24;
+  q.down[0] = w[2] & 0xffff; q.down[1] = w[2] >> 16; q.up[0] = w[3] & 0xffff; q.up[1] = w[3] >> 16;
+  return q;
+}}
+__device__ __forceinline__ Seg seg_at(const Params& p, unsigned int s) {{
+  const unsigned int* w = p.items[p.npieces + s];
+  Seg g;
+  g.dev = ((unsigned long long)w[1] << 32) | w[0]; g.stage = w[2]; g.bytes = w[3];
+  return g;
+}}
 // One W-byte word; `cv`: the source is host memory the progress thread wrote (fetched again,
 // never from a cache).
 template <int W> struct Word;
@@ -206,17 +295,19 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(const Params p) {
   stamp(st, 0);
   // Piece j: its segments into its ring slot's send stage, then start = token.
   #define COPY_IN(j) do {{ \
-    const Piece& q = p.pieces[j]; \
+    const Piece q = piece_at(p, j); \
     unsigned char* stage = (unsigned char*)p.send[q.ring]; \
-    for (unsigned int s = q.down[0]; s < q.down[1]; s++) \
-      copy_block(stage + p.segs[s].stage, (const unsigned char*)p.segs[s].dev, p.segs[s].bytes, false); \
+    for (unsigned int s = q.down[0]; s < q.down[1]; s++) {{ \
+      const Seg g = seg_at(p, s); \
+      copy_block(stage + g.stage, (const unsigned char*)g.dev, g.bytes, false); \
+    }} \
     __syncthreads(); \
     if (threadIdx.x == 0) {{ __threadfence_system(); store_release(flags + q.slot * p.slot_words, q.token); }} \
   }} while (0)
   for (unsigned int j = blockIdx.x; j < n && j < D; j += B) COPY_IN(j);
   stamp(st, 1);
   for (unsigned int j = blockIdx.x; j < n; j += B) {{
-    const Piece& q = p.pieces[j];
+    const Piece q = piece_at(p, j);
     unsigned int* done = flags + q.slot * p.slot_words + p.done_word;
     if (threadIdx.x == 0) {{
       // The progress thread sets done (also when the engine breaks: every waiting piece is
@@ -231,8 +322,10 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(const Params p) {
     }}
     __syncthreads();
     const unsigned char* stage = (const unsigned char*)p.recv[q.ring];
-    for (unsigned int s = q.up[0]; s < q.up[1]; s++)
-      copy_block((unsigned char*)p.segs[s].dev, stage + p.segs[s].stage, p.segs[s].bytes, true);
+    for (unsigned int s = q.up[0]; s < q.up[1]; s++) {{
+      const Seg g = seg_at(p, s);
+      copy_block((unsigned char*)g.dev, stage + g.stage, g.bytes, true);
+    }}
     // The recv slot is this block's again only after every thread's loads.
     __syncthreads();
     if (j + D < n) COPY_IN(j + D);
@@ -322,19 +415,51 @@ impl NetKernel {
                 "net staging kernel: {blocks} blocks for a ring of depth {depth}"
             )));
         }
-        // The driver only reads the parameter (it copies it at the launch): no copy of our own.
-        let mut params: [*mut c_void; 1] = [p as *const Params as *mut c_void];
-        // SAFETY: the one parameter matches the kernel's signature (source()) and lives across
-        // the call, which copies it; the caller vouches for the addresses in it.
-        unsafe {
-            crate::launch::enqueue(
-                self.func,
-                blocks,
-                THREADS,
-                stream,
-                &mut params,
-                "cuLaunchKernel(net_stage)",
-            )
+        let (packed, used) = Packed::of(p);
+        let short = SHORT_PARAMS.load(std::sync::atomic::Ordering::Relaxed);
+        let mut size = if short {
+            used
+        } else {
+            std::mem::size_of::<Packed>()
+        };
+        loop {
+            // The driver copies the parameter bytes at the launch.
+            let mut extra: [*mut c_void; 5] = [
+                sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut c_void,
+                &packed as *const Packed as *mut c_void,
+                sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut c_void,
+                &mut size as *mut usize as *mut c_void,
+                sys::CU_LAUNCH_PARAM_END_AS_INT as usize as *mut c_void,
+            ];
+            // SAFETY: the buffer is the kernel's one parameter (source()), its first `size`
+            // bytes hold every entry the kernel reads (npieces + nsegs of them); both outlive
+            // the call, which copies them; the caller vouches for the addresses in them.
+            let rc = unsafe {
+                sys::cuLaunchKernel(
+                    self.func,
+                    blocks,
+                    1,
+                    1,
+                    THREADS,
+                    1,
+                    1,
+                    0,
+                    stream,
+                    std::ptr::null_mut(),
+                    extra.as_mut_ptr(),
+                )
+            };
+            if rc == sys::CUresult::CUDA_ERROR_INVALID_VALUE && size < std::mem::size_of::<Packed>()
+            {
+                // A driver that wants the declared size: every byte, from now on.
+                SHORT_PARAMS.store(false, std::sync::atomic::Ordering::Relaxed);
+                tracing::debug!(
+                    "net staging kernel: the driver refused {size} parameter bytes; passing all"
+                );
+                size = std::mem::size_of::<Packed>();
+                continue;
+            }
+            return check(rc, "cuLaunchKernel(net_stage)");
         }
     }
 }
@@ -367,6 +492,55 @@ mod tests {
         assert_eq!(std::mem::offset_of!(Params, stamps), 288);
         assert_eq!(std::mem::offset_of!(Params, pieces), 296);
         assert_eq!(std::mem::size_of::<Params>(), 4008);
+        // The kernel's struct is Packed: the same words, then 16-byte entries from byte 296.
+        assert_eq!(std::mem::offset_of!(Packed, items), 296);
+        assert_eq!(std::mem::size_of::<Packed>(), 4008);
+    }
+
+    #[test]
+    fn packing_puts_segments_after_the_pieces_and_passes_only_those() {
+        let mut p = Params {
+            depth: 8,
+            flags: 7,
+            ..Default::default()
+        };
+        let s = |d: u64, stage: u32| Seg {
+            dev: d,
+            stage,
+            bytes: 8,
+        };
+        let q = |token: u32| Piece {
+            token,
+            slot: 0x1234,
+            ring: 5,
+            ..Default::default()
+        };
+        assert!(p.push(q(9), &[s(0x1_0000_0002, 3)], &[s(4, 5)]));
+        assert!(p.push(q(10), &[], &[s(6, 7)]));
+        let (k, used) = Packed::of(&p);
+        // Two pieces and three segments: 296 + 5 x 16 bytes.
+        assert_eq!(used, 376);
+        assert_eq!((k.npieces, k.nsegs, k.flags, k.depth), (2, 3, 7, 8));
+        // Piece 0: token, slot | ring << 16, down [0, 1], up [1, 2].
+        assert_eq!(
+            k.items[0],
+            Item([9, 0x1234 | 5 << 16, 1 << 16, 1 | 2 << 16])
+        );
+        assert_eq!(
+            k.items[1],
+            Item([10, 0x1234 | 5 << 16, 2 | 2 << 16, 2 | 3 << 16])
+        );
+        // Segment 0 right after the last piece, its address in two words.
+        assert_eq!(k.items[2], Item([2, 1, 3, 8]));
+        assert_eq!(k.items[4], Item([6, 0, 7, 8]));
+        assert_eq!(k.items[5], Item::default());
+        // Full launches pass every entry and no more than the declared parameter.
+        let mut full = Params::default();
+        for _ in 0..MAX_PIECES {
+            assert!(full.push(Piece::default(), &[], &[]));
+        }
+        assert_eq!(Packed::of(&full).1, 296 + MAX_PIECES * 16);
+        assert!(Packed::of(&full).1 <= std::mem::size_of::<Packed>());
     }
 
     #[test]
