@@ -356,6 +356,10 @@ config! {
     /// Thread blocks of the network staging kernel (at most; a divisor of the ring's depth).
     /// 1 to 16.
     gpu_net_blocks: usize = 4, "RAILCC_GPU_NET_BLOCKS";
+    /// 1: the staging kernel takes up to 512 pieces a launch (a kernel parameter of up to 32
+    /// KiB, which CUDA 12.1 drivers run; elsewhere it falls back to 64): a 128 MB call's 74
+    /// pieces in one launch instead of two. 0: 64 pieces a launch (a 4 KiB parameter).
+    gpu_net_big_launch: u8 = 0, "RAILCC_GPU_NET_BIG_LAUNCH";
     /// Prints, when a GPU network communicator closes, where its calls' time went: time to
     /// enqueue, each piece's host part, and the stream's turnaround between pieces.
     gpu_net_trace: u8 = 0, "RAILCC_GPU_NET_TRACE";
@@ -508,6 +512,12 @@ impl Config {
             return Err(Error::invalid(format!(
                 "RAILCC_GPU_NET_KERNEL={} must be 0 or 1 and RAILCC_GPU_NET_BLOCKS={} 1 to 16",
                 self.gpu_net_kernel, self.gpu_net_blocks
+            )));
+        }
+        if self.gpu_net_big_launch > 1 {
+            return Err(Error::invalid(format!(
+                "RAILCC_GPU_NET_BIG_LAUNCH={} must be 0 or 1",
+                self.gpu_net_big_launch
             )));
         }
         if !(2..=16).contains(&self.gpu_net_ring) {

@@ -21,9 +21,11 @@ use railcc_core::{Error, Result};
 use std::ffi::{c_void, CString};
 use std::path::Path;
 
-/// Pieces one launch takes; a call with more is several launches, in order on the stream.
+/// Pieces one launch of the 4 KiB-parameter kernel takes; a call with more is several
+/// launches, in order on the stream.
 pub const MAX_PIECES: usize = 64;
-/// Segments (device range to or from a stage range) one launch takes.
+/// Segments (device range to or from a stage range) one launch of that kernel takes; a piece
+/// has at most this many (every kernel takes it).
 pub const MAX_SEGS: usize = 168;
 /// Ring depths the kernel's parameters hold.
 pub const MAX_DEPTH: usize = 16;
@@ -45,7 +47,7 @@ pub struct Seg {
 }
 
 /// One piece: its flag slot and token, its ring slot (its index in the call modulo the ring's
-/// depth), and its segments in (`down`) and back (`up`) as ranges of [`Params::segs`].
+/// depth), and its segments in (`down`) and back (`up`) as ranges of its launch's segments.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Piece {
@@ -57,10 +59,39 @@ pub struct Piece {
     pub up: [u16; 2],
 }
 
-/// The kernel's one parameter (under CUDA's 4 KiB of parameters).
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct Params {
+/// How many pieces and segments one launch takes: the kernel's parameter holds that many
+/// 16-byte entries after its header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub pieces: usize,
+    pub segs: usize,
+}
+
+/// Under CUDA's classic 4 KiB of kernel parameters (296 + 232 x 16 = 4008 bytes): any driver.
+pub const SMALL: Limits = Limits {
+    pieces: MAX_PIECES,
+    segs: MAX_SEGS,
+};
+/// 296 + 2012 x 16 = 32488 bytes, under the 32764 CUDA 12.1 drivers allow: a 128 MB call's
+/// 74 pieces in one launch instead of two (`RAILCC_GPU_NET_BIG_LAUNCH`).
+pub const BIG: Limits = Limits {
+    pieces: 512,
+    segs: 1500,
+};
+
+/// Bytes of the parameter before its entries.
+const HEADER_BYTES: usize = 296;
+
+impl Limits {
+    /// Bytes of the kernel's declared parameter.
+    pub fn param_bytes(&self) -> usize {
+        HEADER_BYTES + (self.pieces + self.segs) * 16
+    }
+}
+
+/// The parameter's words before its entries (`struct Params` in [`source`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Header {
     /// Device address of the flag words (`hostsync::Flags`): slot i's `start` is word
     /// `i * slot_words`, its `done` word `i * slot_words + done_word`.
     pub flags: u64,
@@ -70,124 +101,93 @@ pub struct Params {
     pub depth: u32,
     /// A captured call: wait for `done == token`, then clear it (graph replays).
     pub captured: u32,
-    pub npieces: u32,
-    pub nsegs: u32,
     pub slot_words: u32,
     pub done_word: u32,
     /// Device address of [`STAMP_WORDS`] mapped host words (this launch's entry of a trace's
     /// table) where block 0's thread 0 writes when the launch reached each step
     /// (`RAILCC_GPU_NET_TRACE`); 0: none.
     pub stamps: u64,
-    pub pieces: [Piece; MAX_PIECES],
-    pub segs: [Seg; MAX_SEGS],
 }
 
-impl Default for Params {
-    fn default() -> Params {
-        Params {
-            flags: 0,
-            send: [0; MAX_DEPTH],
-            recv: [0; MAX_DEPTH],
-            depth: 0,
-            captured: 0,
-            npieces: 0,
-            nsegs: 0,
-            slot_words: 0,
-            done_word: 0,
-            stamps: 0,
-            pieces: [Piece::default(); MAX_PIECES],
-            segs: [Seg::default(); MAX_SEGS],
+/// One launch's pieces and segments, and the parameter they make: the header, then the
+/// pieces and the segments end to end as 16-byte entries, so a launch passes only the bytes
+/// it uses (344 for one piece of two segments: the driver copies every parameter byte into
+/// the launch, and NCCL passes its used bytes alone for the same reason).
+pub struct Launch {
+    pub header: Header,
+    limits: Limits,
+    pieces: Vec<Piece>,
+    segs: Vec<Seg>,
+    words: Vec<u32>,
+}
+
+impl Launch {
+    pub fn new(header: Header, limits: Limits) -> Launch {
+        Launch {
+            header,
+            limits,
+            pieces: Vec::with_capacity(limits.pieces),
+            segs: Vec::with_capacity(limits.segs),
+            words: Vec::with_capacity(limits.param_bytes() / 4),
         }
     }
-}
 
-impl Params {
     /// Adds a piece with its segments; false (and nothing added) when the launch is full.
     pub fn push(&mut self, p: Piece, down: &[Seg], up: &[Seg]) -> bool {
-        let n = self.nsegs as usize;
-        if self.npieces as usize >= MAX_PIECES || n + down.len() + up.len() > MAX_SEGS {
+        let n = self.segs.len();
+        if self.pieces.len() >= self.limits.pieces || n + down.len() + up.len() > self.limits.segs {
             return false;
         }
         let mut p = p;
         p.down = [n as u16, (n + down.len()) as u16];
         p.up = [p.down[1], (n + down.len() + up.len()) as u16];
-        for (i, s) in down.iter().chain(up).enumerate() {
-            self.segs[n + i] = *s;
-        }
-        self.nsegs = p.up[1] as u32;
-        self.pieces[self.npieces as usize] = p;
-        self.npieces += 1;
+        self.segs.extend_from_slice(down);
+        self.segs.extend_from_slice(up);
+        self.pieces.push(p);
         true
     }
-}
 
-/// One 16-byte entry of [`Packed::items`]: a [`Piece`] or a [`Seg`], as four words.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Item([u32; 4]);
-
-impl Item {
-    fn piece(q: &Piece) -> Item {
-        Item([
-            q.token,
-            q.slot as u32 | (q.ring as u32) << 16 | (q.pad as u32) << 24,
-            q.down[0] as u32 | (q.down[1] as u32) << 16,
-            q.up[0] as u32 | (q.up[1] as u32) << 16,
-        ])
+    pub fn npieces(&self) -> usize {
+        self.pieces.len()
     }
 
-    fn seg(g: &Seg) -> Item {
-        Item([g.dev as u32, (g.dev >> 32) as u32, g.stage, g.bytes])
+    /// Empties the launch for the next one (the header stays).
+    pub fn clear(&mut self) {
+        self.pieces.clear();
+        self.segs.clear();
     }
-}
 
-/// The parameter as the kernel takes it: [`Params`]' words, then its pieces and its segments
-/// end to end, so a launch passes only the bytes it uses (344 for one piece of two segments,
-/// not 4 KiB: the driver copies every parameter byte into the launch, and NCCL passes its
-/// used bytes alone for the same reason).
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub struct Packed {
-    pub flags: u64,
-    pub send: [u64; MAX_DEPTH],
-    pub recv: [u64; MAX_DEPTH],
-    pub depth: u32,
-    pub captured: u32,
-    pub npieces: u32,
-    pub nsegs: u32,
-    pub slot_words: u32,
-    pub done_word: u32,
-    pub stamps: u64,
-    pub items: [Item; MAX_PIECES + MAX_SEGS],
-}
-
-impl Packed {
-    /// `p` packed, and the bytes of it a launch passes.
-    pub fn of(p: &Params) -> (Packed, usize) {
-        let n = (p.npieces as usize).min(MAX_PIECES);
-        let m = (p.nsegs as usize).min(MAX_SEGS);
-        let mut items = [Item::default(); MAX_PIECES + MAX_SEGS];
-        for (to, q) in items.iter_mut().zip(&p.pieces[..n]) {
-            *to = Item::piece(q);
+    /// The parameter's used words, as the kernel reads them.
+    fn pack(&mut self) -> &[u32] {
+        let h = &self.header;
+        let w = &mut self.words;
+        w.clear();
+        let wide = |w: &mut Vec<u32>, v: u64| w.extend([v as u32, (v >> 32) as u32]);
+        wide(w, h.flags);
+        for &a in h.send.iter().chain(&h.recv) {
+            wide(w, a);
         }
-        for (to, g) in items[n..].iter_mut().zip(&p.segs[..m]) {
-            *to = Item::seg(g);
+        w.extend([
+            h.depth,
+            h.captured,
+            self.pieces.len() as u32,
+            self.segs.len() as u32,
+            h.slot_words,
+            h.done_word,
+        ]);
+        wide(w, h.stamps);
+        for q in &self.pieces {
+            w.extend([
+                q.token,
+                q.slot as u32 | (q.ring as u32) << 16 | (q.pad as u32) << 24,
+                q.down[0] as u32 | (q.down[1] as u32) << 16,
+                q.up[0] as u32 | (q.up[1] as u32) << 16,
+            ]);
         }
-        let packed = Packed {
-            flags: p.flags,
-            send: p.send,
-            recv: p.recv,
-            depth: p.depth,
-            captured: p.captured,
-            npieces: n as u32,
-            nsegs: m as u32,
-            slot_words: p.slot_words,
-            done_word: p.done_word,
-            stamps: p.stamps,
-            items,
-        };
-        let used = std::mem::offset_of!(Packed, items) + (n + m) * std::mem::size_of::<Item>();
-        (packed, used)
+        for g in &self.segs {
+            w.extend([g.dev as u32, (g.dev >> 32) as u32, g.stage, g.bytes]);
+        }
+        w
     }
 }
 
@@ -204,8 +204,8 @@ pub fn blocks_for(depth: usize, want: usize) -> u32 {
 }
 
 /// CUDA source of the staging kernel.
-pub fn source() -> String {
-    const MAX_ITEMS: usize = MAX_PIECES + MAX_SEGS;
+pub fn source(limits: Limits) -> String {
+    let items = limits.pieces + limits.segs;
     format!(
         r#"
 struct Seg {{ unsigned long long dev; unsigned int stage; unsigned int bytes; }};
@@ -216,9 +216,9 @@ struct Params {{
   unsigned long long recv[{MAX_DEPTH}];
   unsigned int depth, captured, npieces, nsegs, slot_words, done_word;
   unsigned long long stamps;
-  // Pieces 0..npieces, then segments 0..nsegs (Packed in netcopy.rs): a launch passes only
+  // Pieces 0..npieces, then segments 0..nsegs (Launch in netcopy.rs): a launch passes only
   // the entries it uses.
-  unsigned int items[{MAX_ITEMS}][4];
+  unsigned int items[{items}][4];
 }};
 __device__ __forceinline__ Piece piece_at(const Params& p, unsigned int j) {{
   const unsigned int* w = p.items[j];
@@ -341,6 +341,7 @@ pub struct NetKernel {
     func: sys::CUfunction,
     module: sys::CUmodule,
     ctx: sys::CUcontext,
+    limits: Limits,
 }
 
 // SAFETY: module and function handles may be used from any thread with the context bound; the
@@ -350,9 +351,31 @@ unsafe impl Send for NetKernel {}
 unsafe impl Sync for NetKernel {}
 
 impl NetKernel {
-    /// Compiles (or takes from the PTX cache in `cache`) and loads the kernel in `ctx`.
-    pub fn load(ctx: &Ctx, cache: Option<&Path>) -> Result<NetKernel> {
+    /// Compiles (or takes from the PTX cache in `cache`) and loads the kernel in `ctx`: with
+    /// `big`, the variant of [`BIG`] launches where the driver runs it (a kernel parameter over
+    /// 4 KiB needs a CUDA 12.1 driver), else (or failing that) the one of [`SMALL`] launches.
+    pub fn load(ctx: &Ctx, cache: Option<&Path>, big: bool) -> Result<NetKernel> {
         crate::driver::nvrtc_available()?;
+        ctx.bind()?;
+        if big {
+            match NetKernel::load_with(ctx, cache, BIG).and_then(|k| k.probe().map(|_| k)) {
+                Ok(k) => return Ok(k),
+                Err(e) => tracing::debug!(
+                    "net staging kernel: no launches of {} pieces here ({e}); {} a launch",
+                    BIG.pieces,
+                    SMALL.pieces
+                ),
+            }
+        }
+        NetKernel::load_with(ctx, cache, SMALL)
+    }
+
+    /// The pieces and segments one launch of this kernel takes.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    fn load_with(ctx: &Ctx, cache: Option<&Path>, limits: Limits) -> Result<NetKernel> {
         ctx.bind()?;
         let mut dev: sys::CUdevice = 0;
         // SAFETY: valid out-pointer; the context is bound.
@@ -361,19 +384,19 @@ impl NetKernel {
             dev,
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
         )?;
-        let src = source();
+        let src = source(limits);
         let image = compile::module_ptx("netcopy", &src, major, cache, true)?;
-        match NetKernel::from_image(ctx, &image) {
+        match NetKernel::from_image(ctx, &image, limits) {
             Ok(k) => Ok(k),
             Err(_) => {
                 // A cached file the driver rejects: rebuild.
                 let image = compile::module_ptx("netcopy", &src, major, cache, false)?;
-                NetKernel::from_image(ctx, &image)
+                NetKernel::from_image(ctx, &image, limits)
             }
         }
     }
 
-    fn from_image(ctx: &Ctx, image: &CString) -> Result<NetKernel> {
+    fn from_image(ctx: &Ctx, image: &CString, limits: Limits) -> Result<NetKernel> {
         let mut module: sys::CUmodule = std::ptr::null_mut();
         // SAFETY: NUL-terminated PTX; the context is bound (load).
         check(
@@ -398,68 +421,122 @@ impl NetKernel {
             func,
             module,
             ctx: ctx.ctx,
+            limits,
         })
     }
 
-    /// Launches `p` on `stream` with `blocks` blocks (a divisor of `p.depth`).
+    /// One launch of no pieces with every parameter byte, on a stream of its own (the
+    /// caller's other work is not waited for), waited for: a driver that loads the module but
+    /// refuses its parameter says so here.
+    fn probe(&self) -> Result<()> {
+        let mut p = Launch::new(
+            Header {
+                depth: 1,
+                ..Header::default()
+            },
+            self.limits,
+        );
+        let words = p.pack().to_vec();
+        let mut all = vec![0u32; self.limits.param_bytes() / 4];
+        all[..words.len()].copy_from_slice(&words);
+        let stream = crate::gpu::new_stream_current()?;
+        // SAFETY: the whole declared parameter, zero pieces and segments (the kernel reads
+        // none and writes nothing, no stamps); a stream of the bound context, destroyed once.
+        unsafe {
+            let r = check(
+                self.raw_launch(stream, &all, all.len() * 4, 1),
+                "cuLaunchKernel(net_stage probe)",
+            )
+            .and_then(|_| {
+                check(
+                    sys::cuStreamSynchronize(stream),
+                    "cuStreamSynchronize(probe)",
+                )
+            });
+            let _ = sys::cuStreamDestroy_v2(stream);
+            r
+        }
+    }
+
+    /// Launches `p` on `stream` with `blocks` blocks (a divisor of `p.header.depth`).
     ///
     /// # Safety
     /// `stream` is a live stream of this kernel's context, which is current; the segments'
     /// device ranges are live device memory of that GPU until the stream passes the launch;
     /// the ring slots and flag words are mapped host memory that outlives it.
-    pub unsafe fn launch(&self, stream: sys::CUstream, p: &Params, blocks: u32) -> Result<()> {
-        let depth = p.depth as usize;
+    pub unsafe fn launch(&self, stream: sys::CUstream, p: &mut Launch, blocks: u32) -> Result<()> {
+        let depth = p.header.depth as usize;
         if depth == 0 || depth > MAX_DEPTH || blocks == 0 || !depth.is_multiple_of(blocks as usize)
         {
             return Err(Error::invalid(format!(
                 "net staging kernel: {blocks} blocks for a ring of depth {depth}"
             )));
         }
-        let (packed, used) = Packed::of(p);
-        let short = SHORT_PARAMS.load(std::sync::atomic::Ordering::Relaxed);
-        let mut size = if short {
-            used
-        } else {
-            std::mem::size_of::<Packed>()
-        };
-        loop {
-            // The driver copies the parameter bytes at the launch.
-            let mut extra: [*mut c_void; 5] = [
-                sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut c_void,
-                &packed as *const Packed as *mut c_void,
-                sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut c_void,
-                &mut size as *mut usize as *mut c_void,
-                sys::CU_LAUNCH_PARAM_END_AS_INT as usize as *mut c_void,
-            ];
-            // SAFETY: the buffer is the kernel's one parameter (source()), its first `size`
-            // bytes hold every entry the kernel reads (npieces + nsegs of them); both outlive
-            // the call, which copies them; the caller vouches for the addresses in them.
-            let rc = unsafe {
-                sys::cuLaunchKernel(
-                    self.func,
-                    blocks,
-                    1,
-                    1,
-                    THREADS,
-                    1,
-                    1,
-                    0,
-                    stream,
-                    std::ptr::null_mut(),
-                    extra.as_mut_ptr(),
-                )
-            };
-            if rc == sys::CUresult::CUDA_ERROR_INVALID_VALUE && size < std::mem::size_of::<Packed>()
-            {
-                // A driver that wants the declared size: every byte, from now on.
-                SHORT_PARAMS.store(false, std::sync::atomic::Ordering::Relaxed);
-                tracing::debug!(
-                    "net staging kernel: the driver refused {size} parameter bytes; passing all"
-                );
-                size = std::mem::size_of::<Packed>();
-                continue;
+        if p.limits != self.limits {
+            return Err(Error::invalid(format!(
+                "net staging kernel: a launch of {:?} for a kernel of {:?}",
+                p.limits, self.limits
+            )));
+        }
+        let full = self.limits.param_bytes();
+        let words = p.pack();
+        if SHORT_PARAMS.load(std::sync::atomic::Ordering::Relaxed) {
+            // SAFETY: the caller's contract; `words` holds every entry the kernel reads.
+            let rc = unsafe { self.raw_launch(stream, words, words.len() * 4, blocks) };
+            if rc != sys::CUresult::CUDA_ERROR_INVALID_VALUE {
+                return check(rc, "cuLaunchKernel(net_stage)");
             }
-            return check(rc, "cuLaunchKernel(net_stage)");
+            // A driver that wants the declared size: every byte, from now on.
+            SHORT_PARAMS.store(false, std::sync::atomic::Ordering::Relaxed);
+            tracing::debug!(
+                "net staging kernel: the driver refused {} parameter bytes; passing all {full}",
+                words.len() * 4
+            );
+        }
+        let mut all = words.to_vec();
+        all.resize(full / 4, 0);
+        // SAFETY: as above, with every declared byte.
+        let rc = unsafe { self.raw_launch(stream, &all, full, blocks) };
+        check(rc, "cuLaunchKernel(net_stage)")
+    }
+
+    /// `cuLaunchKernel` with the first `bytes` of `words` as the parameter.
+    ///
+    /// # Safety
+    /// As [`NetKernel::launch`]; `bytes <= words.len() * 4` and at most the declared size.
+    unsafe fn raw_launch(
+        &self,
+        stream: sys::CUstream,
+        words: &[u32],
+        bytes: usize,
+        blocks: u32,
+    ) -> sys::CUresult {
+        let mut size = bytes.min(words.len() * 4);
+        // The driver copies the parameter bytes at the launch.
+        let mut extra: [*mut c_void; 5] = [
+            sys::CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT as usize as *mut c_void,
+            words.as_ptr() as *mut c_void,
+            sys::CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT as usize as *mut c_void,
+            &mut size as *mut usize as *mut c_void,
+            sys::CU_LAUNCH_PARAM_END_AS_INT as usize as *mut c_void,
+        ];
+        // SAFETY: the buffer is the kernel's one parameter (source()); its first `size` bytes
+        // hold every entry the kernel reads (the header says how many); buffer and size
+        // outlive the call, which copies them; the caller vouches for the addresses in them.
+        unsafe {
+            sys::cuLaunchKernel(
+                self.func,
+                blocks,
+                1,
+                1,
+                THREADS,
+                1,
+                1,
+                0,
+                stream,
+                std::ptr::null_mut(),
+                extra.as_mut_ptr(),
+            )
         }
     }
 }
@@ -479,31 +556,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn params_fit_cudas_parameter_limit() {
-        assert!(
-            std::mem::size_of::<Params>() <= 4096,
-            "{}",
-            std::mem::size_of::<Params>()
-        );
+    fn parameters_fit_cudas_limits() {
         assert_eq!(std::mem::size_of::<Seg>(), 16);
         assert_eq!(std::mem::size_of::<Piece>(), 16);
-        // The CUDA struct in source() has the same fields in the same order: no padding
-        // before `stamps` (six u32 after 33 u64) or after it.
-        assert_eq!(std::mem::offset_of!(Params, stamps), 288);
-        assert_eq!(std::mem::offset_of!(Params, pieces), 296);
-        assert_eq!(std::mem::size_of::<Params>(), 4008);
-        // The kernel's struct is Packed: the same words, then 16-byte entries from byte 296.
-        assert_eq!(std::mem::offset_of!(Packed, items), 296);
-        assert_eq!(std::mem::size_of::<Packed>(), 4008);
+        // The classic 4 KiB, and CUDA 12.1's 32764 bytes.
+        assert_eq!(SMALL.param_bytes(), 4008);
+        assert!(BIG.param_bytes() <= 32764, "{}", BIG.param_bytes());
+        // The header as packed: 33 u64 and six u32 (the CUDA struct's fields in order, no
+        // padding before `stamps` or after it), so entries start at byte 296.
+        let mut p = Launch::new(Header::default(), SMALL);
+        assert_eq!(p.pack().len() * 4, HEADER_BYTES);
     }
 
     #[test]
     fn packing_puts_segments_after_the_pieces_and_passes_only_those() {
-        let mut p = Params {
+        let header = Header {
             depth: 8,
-            flags: 7,
+            flags: 0x5_0000_0007,
+            stamps: 9,
             ..Default::default()
         };
+        let mut p = Launch::new(header, SMALL);
         let s = |d: u64, stage: u32| Seg {
             dev: d,
             stage,
@@ -517,35 +590,42 @@ mod tests {
         };
         assert!(p.push(q(9), &[s(0x1_0000_0002, 3)], &[s(4, 5)]));
         assert!(p.push(q(10), &[], &[s(6, 7)]));
-        let (k, used) = Packed::of(&p);
+        let w = p.pack().to_vec();
         // Two pieces and three segments: 296 + 5 x 16 bytes.
-        assert_eq!(used, 376);
-        assert_eq!((k.npieces, k.nsegs, k.flags, k.depth), (2, 3, 7, 8));
-        // Piece 0: token, slot | ring << 16, down [0, 1], up [1, 2].
-        assert_eq!(
-            k.items[0],
-            Item([9, 0x1234 | 5 << 16, 1 << 16, 1 | 2 << 16])
-        );
-        assert_eq!(
-            k.items[1],
-            Item([10, 0x1234 | 5 << 16, 2 | 2 << 16, 2 | 3 << 16])
-        );
+        assert_eq!(w.len() * 4, 376);
+        // flags, then depth, captured, npieces, nsegs at words 66-69, stamps at 72.
+        assert_eq!((w[0], w[1]), (7, 5));
+        assert_eq!(&w[66..70], &[8, 0, 2, 3]);
+        assert_eq!((w[72], w[73]), (9, 0));
+        let item = |i: usize| &w[74 + 4 * i..78 + 4 * i];
+        // Piece 0: token, slot | ring << 16, down [0, 1], up [1, 2]; piece 1: down [2, 2],
+        // up [2, 3].
+        assert_eq!(item(0), &[9, 0x1234 | 5 << 16, 1 << 16, 1 | 2 << 16]);
+        assert_eq!(item(1), &[10, 0x1234 | 5 << 16, 2 | 2 << 16, 2 | 3 << 16]);
         // Segment 0 right after the last piece, its address in two words.
-        assert_eq!(k.items[2], Item([2, 1, 3, 8]));
-        assert_eq!(k.items[4], Item([6, 0, 7, 8]));
-        assert_eq!(k.items[5], Item::default());
+        assert_eq!(item(2), &[2, 1, 3, 8]);
+        assert_eq!(item(4), &[6, 0, 7, 8]);
         // Full launches pass every entry and no more than the declared parameter.
-        let mut full = Params::default();
-        for _ in 0..MAX_PIECES {
-            assert!(full.push(Piece::default(), &[], &[]));
+        for limits in [SMALL, BIG] {
+            let mut full = Launch::new(header, limits);
+            while full.push(Piece::default(), &[s(1, 0)], &[s(2, 0)]) {}
+            let bytes = full.pack().len() * 4;
+            assert!(bytes <= limits.param_bytes(), "{limits:?}: {bytes}");
+            assert_eq!(
+                bytes,
+                HEADER_BYTES + 16 * (full.npieces() * 3),
+                "{limits:?}"
+            );
         }
-        assert_eq!(Packed::of(&full).1, 296 + MAX_PIECES * 16);
-        assert!(Packed::of(&full).1 <= std::mem::size_of::<Packed>());
+        // Cleared: the header stays, no entries.
+        p.clear();
+        assert_eq!(p.npieces(), 0);
+        assert_eq!(p.pack().len() * 4, HEADER_BYTES);
     }
 
     #[test]
     fn push_lays_segments_end_to_end_and_stops_when_full() {
-        let mut p = Params::default();
+        let mut p = Launch::new(Header::default(), SMALL);
         let s = |d: u64| Seg {
             dev: d,
             stage: 0,
@@ -553,18 +633,24 @@ mod tests {
         };
         assert!(p.push(Piece::default(), &[s(1)], &[s(2), s(3)]));
         assert!(p.push(Piece::default(), &[], &[s(4)]));
-        assert_eq!((p.npieces, p.nsegs), (2, 4));
+        assert_eq!((p.pieces.len(), p.segs.len()), (2, 4));
         assert_eq!((p.pieces[0].down, p.pieces[0].up), ([0, 1], [1, 3]));
         assert_eq!((p.pieces[1].down, p.pieces[1].up), ([3, 3], [3, 4]));
         assert_eq!(p.segs[3].dev, 4);
         // Too many segments: refused, nothing changed.
         let many = vec![s(9); MAX_SEGS];
         assert!(!p.push(Piece::default(), &many, &[]));
-        assert_eq!((p.npieces, p.nsegs), (2, 4));
+        assert_eq!((p.pieces.len(), p.segs.len()), (2, 4));
         for _ in 2..MAX_PIECES {
             assert!(p.push(Piece::default(), &[], &[]));
         }
         assert!(!p.push(Piece::default(), &[], &[]));
+        // A big launch takes more.
+        let mut b = Launch::new(Header::default(), BIG);
+        for _ in 0..BIG.pieces {
+            assert!(b.push(Piece::default(), &[s(1)], &[s(2)]));
+        }
+        assert!(!b.push(Piece::default(), &[], &[]));
     }
 
     #[test]
@@ -589,8 +675,10 @@ mod tests {
             println!("SKIP NVRTC compile of net_stage: {e}");
             return;
         }
-        let ptx = compile::ptx_of("netcopy", &source(), "compute_90", None, false)
-            .expect("net_stage compiles");
-        assert!(ptx.to_string_lossy().contains(".entry net_stage"));
+        for limits in [SMALL, BIG] {
+            let ptx = compile::ptx_of("netcopy", &source(limits), "compute_90", None, false)
+                .expect("net_stage compiles");
+            assert!(ptx.to_string_lossy().contains(".entry net_stage"));
+        }
     }
 }

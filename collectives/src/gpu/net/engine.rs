@@ -248,8 +248,12 @@ impl GpuNet {
             let kernel = match cfg.gpu_net_kernel {
                 0 => None,
                 _ => Some((
-                    NetKernel::load(&ctx, cfg.kernel_cache_dir().as_deref())
-                        .map_err(|e| e.op("gpu net: loading the staging kernel"))?,
+                    NetKernel::load(
+                        &ctx,
+                        cfg.kernel_cache_dir().as_deref(),
+                        cfg.gpu_net_big_launch != 0,
+                    )
+                    .map_err(|e| e.op("gpu net: loading the staging kernel"))?,
                     netcopy::blocks_for(cfg.gpu_net_ring, cfg.gpu_net_blocks),
                 )),
             };

@@ -20,7 +20,7 @@ impl GpuNet {
         blocks: u32,
     ) -> Result<()> {
         let ring = &call.ring;
-        let mut base = netcopy::Params {
+        let mut header = netcopy::Header {
             flags: self.slots.flags.dev_ptr(0)?,
             depth: ring.depth as u32,
             captured: call.captured as u32,
@@ -29,8 +29,8 @@ impl GpuNet {
             ..Default::default()
         };
         for i in 0..ring.depth.min(netcopy::MAX_DEPTH) {
-            base.send[i] = ring.send_dev[i];
-            base.recv[i] = ring.recv_dev[i];
+            header.send[i] = ring.send_dev[i];
+            header.recv[i] = ring.recv_dev[i];
         }
         // Each piece's segments as the kernel takes them, in two buffers reused piece after
         // piece (no allocation per piece on the caller's thread).
@@ -43,16 +43,16 @@ impl GpuNet {
                 bytes: s.bytes as u32,
             }));
         };
-        let mut p = base;
+        let mut p = netcopy::Launch::new(header, k.limits());
         let timed = self.shared.trace.on();
         let mut in_launch = std::time::Duration::ZERO;
         let stamps = self.stamps.as_ref();
-        let mut launch = |p: &mut netcopy::Params| -> Result<()> {
+        let mut launch = |p: &mut netcopy::Launch| -> Result<()> {
             if let Some((f, n)) = stamps {
                 // This launch's entry of the table: launches one after another, neighbours.
                 let entry =
                     n.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % netcopy::STAMP_CALLS;
-                p.stamps = f.dev_ptr(entry * netcopy::STAMP_WORDS)?;
+                p.header.stamps = f.dev_ptr(entry * netcopy::STAMP_WORDS)?;
             }
             let t = timed.then(Instant::now);
             // SAFETY: the caller's stream and buffers; the ring and flags live in the engine.
@@ -75,7 +75,7 @@ impl GpuNet {
                 continue;
             }
             launch(&mut p)?;
-            p = base;
+            p.clear();
             if !p.push(piece, &down, &up) {
                 return Err(Error::invalid(format!(
                     "gpu net: a piece of {} segments does not fit the staging kernel",
@@ -83,7 +83,7 @@ impl GpuNet {
                 )));
             }
         }
-        if p.npieces > 0 {
+        if p.npieces() > 0 {
             launch(&mut p)?;
         }
         self.shared.trace.launched(in_launch);
