@@ -53,6 +53,9 @@
 #          1000 calls, 2 x 1 (and 2 x 2 with 4 GPUs) with RAILCC_GPU_NET_TRACE=1 (the host's
 #          trace and the staging kernel's stamps: copy in, wait for done, back and exit, the gap
 #          between launches), then NCCL 4 x 4's time.
+#   enq    the caller's time per call (RAILCC_GPU_NET_TRACE=1: enqueue, of which launches, rank
+#          0's medians) at 8 B, 128 MB and 1 GB, 2 x 1, for railcc's defaults and each
+#          "label|VAR=VALUE ..." of NK_ENQ (';' between; RAILCC_LIB=DIR runs another build).
 #   lat    small all_reduce latency (nccl-tests, 8 B-64 KB, 1000 calls a size), 2 x 1 and 2 x 2
 #          (4 GPUs): railcc's defaults, each "label|VAR=VALUE ..." of NK_LAT (';' between),
 #          NCCL defaults, NCCL 4 x 4.
@@ -81,7 +84,7 @@ AS_HOST=$PWD/bench/compare/as-host.sh
 # flat engine) travel to the ranks.
 # (-x of a variable that is not set passes nothing: the library's default holds.)
 export RAILCC_GPU_PATH=${RAILCC_GPU_PATH:-auto}
-MPIRUN="mpirun -np 2 --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_SOCKET_IFNAME -x RAILCC_SOCKET_IFNAME -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x RAILCC_GPU_PATH -x RAILCC_GPU_FLAT_BELOW_BYTES -x AS_HOST_GPUS -x AS_HOST_BIND"
+MPIRUN="mpirun -np 2 --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_SOCKET_IFNAME -x RAILCC_SOCKET_IFNAME -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x RAILCC_GPU_PATH -x RAILCC_GPU_FLAT_BELOW_BYTES -x RAILCC_GPU_NET_BIG_LAUNCH -x AS_HOST_GPUS -x AS_HOST_BIND"
 OURS="$PWD/.device/lib:/usr/local/cuda/lib64"
 K=${K:-RAILCC_GPU_NET_KERNEL=1}
 
@@ -158,8 +161,10 @@ compare() {
     echo "== $label" >> "$log"
     # NCCL's INFO lines say its channels (a speed claim states them beside railcc's blocks).
     lib=$OURS; case $vars in NCCL=1*) lib="$NCCL_HOME/lib:/usr/local/cuda/lib64"; vars="$vars NCCL_DEBUG=INFO" ;; esac
+    # RAILCC_LIB=DIR: another build's libnccl (bench/compare/gpu-prepare.sh PREPARE_OLD).
+    case " $vars " in *" RAILCC_LIB="*) lib="$(echo " $vars " | sed 's/.* RAILCC_LIB=\([^ ]*\) .*/\1/'):/usr/local/cuda/lib64" ;; esac
     timeout 150 env $vars LD_LIBRARY_PATH="$lib" $mpi -x RAILCC_GPU_NET_KERNEL -x RAILCC_GPU_NET_STAGING_BYTES \
-      -x RAILCC_GPU_NET_RING -x RAILCC_GPU_NET_BLOCKS -x RAILCC_GPU_HIER_SMALL_BYTES -x RAILCC_GPU_NET_P2P_SPREAD_BYTES -x RAILCC_GPU_NET_CHANNELS -x RAILCC_GPU_NET_SPIN_US -x RAILCC_GPU_NET_LL_BYTES -x RAILCC_GPU_HIER_LOCAL_SUM -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD -x NCCL_DEBUG \
+      -x RAILCC_GPU_NET_RING -x RAILCC_GPU_NET_BLOCKS -x RAILCC_GPU_HIER_SMALL_BYTES -x RAILCC_GPU_NET_P2P_SPREAD_BYTES -x RAILCC_GPU_NET_CHANNELS -x RAILCC_GPU_NET_SPIN_US -x RAILCC_GPU_NET_BIG_LAUNCH -x RAILCC_GPU_NET_TRACE -x RAILCC_GPU_NET_LL_BYTES -x RAILCC_GPU_HIER_LOCAL_SUM -x NCCL_SOCKET_NTHREADS -x NCCL_NSOCKS_PERTHREAD -x NCCL_DEBUG \
       $AS_HOST $NTM/build/$what >> "$log" 2>&1
     echo "== exit $?" >> "$log"
   done
@@ -274,6 +279,19 @@ case " $PARTS " in *" diag "*)
   ( export AS_HOST_PER=2
     compare $OUT/nk-diag-1m.log "$MPI4" "all_reduce_perf -b 1M -e 1M -o max -n 200 -w 20 -c 1 -g 1" "railcc|" "$NCCL_4X4" )
   awk '/^ +1048576 /{print FILENAME": in place "$10" us"}' $OUT/nk-diag-1m.log
+;; esac
+
+case " $PARTS " in *" enq "*)
+  nccl_tests_build $NTM 1 || fail "nccl-tests MPI build"
+  IFS=';' read -r -a enq_extra <<< "${NK_ENQ:-}"
+  for sz in 8 134217728 1073741824; do
+    n=1000; [ $sz -gt 8 ] && n=20
+    echo "== 2x1 all_reduce $sz B: the caller's time per call (rank 0, us median/p90/max)"
+    ( export RAILCC_GPU_NET_TRACE=1
+      compare $OUT/nk-enq-$sz.log "$MPIRUN" "all_reduce_perf -b $sz -e $sz -n $n -w 5 -c 0 -g 1" "railcc default|" "${enq_extra[@]}" > /dev/null
+      awk '/^== exit/ {next} /^== / {lab=substr($0,4); next}
+           /rank 0 gpu net trace/ {split($0, a, ";"); print "  " lab ": " a[1] ";" a[2] ";" a[3]}' $OUT/nk-enq-$sz.log | sed 's/railcc: rank 0 gpu net trace (us, median\/p90\/max)://' )
+  done
 ;; esac
 
 case " $PARTS " in *" lat "*)

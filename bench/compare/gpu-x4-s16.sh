@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# On nvidia-h100-x4 / nvidia-h200-x4 (after PREPARE_OLD=69dcaa1 bash bench/compare/gpu-prepare.sh
+# here: the build before the packed parameter, in .device/lib-69dcaa1; carry .device): the
+# fourteenth session's device calls, one part per call. Logs under $OUT/logs, tarred to
+# $OUT/logs-<part>.tgz.
+#   a  the staging kernel's packed parameter (9838224) and the opt-in 512-piece launches
+#      (8ba8c42), neither run on a GPU yet: gpu-net-kernel.sh quick and x2 (every collective
+#      checked, 2 x 1 and 2 x 2), quick again with RAILCC_GPU_NET_BIG_LAUNCH=1; the caller's
+#      time per call at 8 B, 128 MB, 1 GB (part enq: the old build, the default, big); a
+#      call's return time on an idle stream (railcc bench --gpu-net), the default and big.
+#   b  issue 31's 8 B and 4 KB all_reduce through PyTorch, four runs each, 2 x 1 and 2 x 2,
+#      against NCCL and NCCL 4 x 4; nccl-tests' latency twice (gpu-net-kernel.sh lat).
+# Usage: bash bench/compare/gpu-x4-s16.sh a|b
+set -u
+cd "$(dirname "$0")/../.."
+source bench/compare/gpu-env.sh
+L=$OUT/logs
+mkdir -p "$L"
+T0=$(date +%s)
+left() { echo $(( $1 - $(date +%s) + T0 )); }
+case ${1:-} in
+  a)
+    OUT=$L NK_PARTS="quick x2" timeout 240 bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/check.txt" | grep -E "^(PASS|FAIL)|failed"
+    cp $L/nk-check.log $L/nk-check-default.log 2>/dev/null
+    echo "== after $(( $(date +%s) - T0 )) s"
+    OUT=$L NK_PARTS=quick RAILCC_GPU_NET_BIG_LAUNCH=1 timeout 120 bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/check-big.txt" | grep -E "^(PASS|FAIL)|failed"
+    echo "== after $(( $(date +%s) - T0 )) s"
+    old=$(ls -d .device/lib-* 2>/dev/null | head -n 1)
+    OUT=$L NK_PARTS=enq NK_ENQ="${old:+railcc before|RAILCC_LIB=$PWD/$old;}railcc big|RAILCC_GPU_NET_BIG_LAUNCH=1" timeout $(left 480) \
+      bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/enq.txt"
+    echo "== after $(( $(date +%s) - T0 )) s"
+    for v in 0 1; do
+      RAILCC_GPU_NET_BIG_LAUNCH=$v timeout $(left 570) $PWD/.device/bin/railcc bench all_reduce --device cuda --per-process --gpu-net --ranks 2 \
+        -b 128M -e 1G -f 8 -n 5 -w 1 -c 1 > "$L/ret-big$v.log" 2>&1
+      echo "return time, RAILCC_GPU_NET_BIG_LAUNCH=$v: exit $?"; grep -E "returned after" "$L/ret-big$v.log"
+    done
+    ;;
+  b)
+    OUT=$L/step STEP_LAYOUTS="2x1 2x2" STEP_MODES=small STEP_RUNS=4 STEP_LIMIT=50 STEP_SMALL_SIZES=8,4096 \
+      timeout 420 bash bench/torch/step.sh 2>&1 | tee "$L/step.txt" | grep -E "^step|^2x|ratio"
+    echo "== after $(( $(date +%s) - T0 )) s"
+    OUT=$L NK_PARTS=lat NK_ROUNDS=2 timeout $(left 570) bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/lat.txt"
+    ;;
+  *) echo "usage: $0 a|b"; exit 2 ;;
+esac
+echo "== part ${1} ended after $(($(date +%s) - T0)) s"
+cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
