@@ -123,12 +123,13 @@ pub struct Launch {
 
 impl Launch {
     pub fn new(header: Header, limits: Limits) -> Launch {
+        // Sized for a small call (most are); a large one grows them once.
         Launch {
             header,
             limits,
-            pieces: Vec::with_capacity(limits.pieces),
-            segs: Vec::with_capacity(limits.segs),
-            words: Vec::with_capacity(limits.param_bytes() / 4),
+            pieces: Vec::with_capacity(limits.pieces.min(8)),
+            segs: Vec::with_capacity(limits.segs.min(16)),
+            words: Vec::with_capacity(HEADER_BYTES / 4 + 4 * 24),
         }
     }
 
