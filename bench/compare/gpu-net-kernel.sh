@@ -8,7 +8,9 @@
 #          nccl-tests through libnccl under mpirun with -c 1 (and -G 10). FAIL on a failure.
 #   x2     nccl-tests through libnccl on 2 emulated hosts x 2 ranks (the hierarchical path;
 #          4 ranks on 2 GPUs, or rank N on GPU N with 4), -c 1, every collective; then the same
-#          all_reduce and broadcast with every size split (RAILCC_GPU_HIER_SMALL_BYTES=0).
+#          all_reduce and broadcast with every size split (RAILCC_GPU_HIER_SMALL_BYTES=0), and
+#          all_reduce with no size on the flat engine (RAILCC_GPU_FLAT_BELOW_BYTES=0: the
+#          hierarchy's own small path, split and whole).
 #   perf   nccl-tests all_reduce 8 B-1 GB and alltoall 1 MB and 128 MB under mpirun: railcc's
 #          defaults, railcc as before issue 31's kernel (stream copies, no budget); NCCL with defaults and with 4 threads x 4 sockets. Same call.
 #   ret    railcc bench all_reduce 8 B-1 GB: how long a call takes to return on an idle
@@ -119,8 +121,10 @@ case " $PARTS " in *" x2 "*)
   done
   for b in all_reduce broadcast; do
     check "$K: libnccl $b 2 hosts x 2 ranks, split at every size, 8 B-1 MB -c 1" \
-      env $K AS_HOST_PER=2 RAILCC_GPU_HIER_SMALL_BYTES=0 LD_LIBRARY_PATH="$OURS" $MPI4 -x RAILCC_GPU_NET_KERNEL -x RAILCC_GPU_HIER_SMALL_BYTES $AS_HOST $NTM/build/${b}_perf -b 8 -e 1M -f 4 -n 2 -w 1 -c 1 -d float,bfloat16 -g 1
+      env $K AS_HOST_PER=2 RAILCC_GPU_HIER_SMALL_BYTES=0 RAILCC_GPU_FLAT_BELOW_BYTES=0 LD_LIBRARY_PATH="$OURS" $MPI4 -x RAILCC_GPU_NET_KERNEL -x RAILCC_GPU_HIER_SMALL_BYTES $AS_HOST $NTM/build/${b}_perf -b 8 -e 1M -f 4 -n 2 -w 1 -c 1 -d float,bfloat16 -g 1
   done
+  check "$K: libnccl all_reduce 2 hosts x 2 ranks, the hierarchy at every size (no flat engine), 8 B-1 MB -c 1" \
+    env $K AS_HOST_PER=2 RAILCC_GPU_FLAT_BELOW_BYTES=0 LD_LIBRARY_PATH="$OURS" $MPI4 -x RAILCC_GPU_NET_KERNEL $AS_HOST $NTM/build/all_reduce_perf -b 8 -e 1M -f 4 -n 2 -w 1 -c 1 -d float,bfloat16 -g 1
 ;; esac
 
 case " $PARTS " in *" quick "*)
@@ -215,8 +219,9 @@ case " $PARTS " in *" flat "*)
   four_gpus flat
   echo "== 2 x 2 all_reduce 8 B-64 KB: the hierarchy against the flat engine for small calls (time us)"
   ( export AS_HOST_PER=2
-    compare $OUT/nk-flat.log "$MPI4" "all_reduce_perf -b 8 -e 64K -f 8 -n 1000 -w 50 -c 0 -g 1" "railcc default|" \
-      "railcc flat|RAILCC_GPU_FLAT_BELOW_BYTES=131072" "nccl defaults|NCCL=1" "$NCCL_4X4" )
+    compare $OUT/nk-flat.log "$MPI4" "all_reduce_perf -b 8 -e 64K -f 8 -n 1000 -w 50 -c 0 -g 1" \
+      "railcc hierarchy|RAILCC_GPU_FLAT_BELOW_BYTES=0" "railcc flat|RAILCC_GPU_FLAT_BELOW_BYTES=131072" \
+      "nccl defaults|NCCL=1" "$NCCL_4X4" )
 ;; esac
 
 case " $PARTS " in *" numa "*)

@@ -327,8 +327,10 @@ config! {
     /// step and one launch instead of the hierarchy's local call (with its rendezvous between
     /// the host's processes) and cross call (bench/results/issue31/small-call-design.md, D3).
     /// 0: never. Only where the job has at most 8 ranks (`hier::plan::FLAT_MAX_RANKS`). Rank 0's
-    /// value holds for every rank. Through PyTorch on 2 hosts x 2 GPUs, 8 B-4 KB took 38-44 us
-    /// a call this way against 48-105 through the hierarchy (bench/results/issue31/x4-s15).
+    /// value holds for every rank. Through PyTorch on 2 hosts x 2 GPUs, 8 B and 4 KB took
+    /// 35-44 us a call this way against 48-105 through the hierarchy (progress threads that
+    /// park), 38-74 with the defaults; in nccl-tests the hierarchy is faster at 8 B (27.7
+    /// against 35.5 us): bench/results/issue31/x4-s15.
     gpu_flat_below_bytes: usize = 8 * 1024, "RAILCC_GPU_FLAT_BELOW_BYTES";
     /// A message of a GPU send/recv group across the network is spread over every channel
     /// when each channel gets at least this many bytes of it (smaller ones go whole to one
@@ -365,8 +367,8 @@ config! {
     gpu_net_trace: u8 = 0, "RAILCC_GPU_NET_TRACE";
     /// Microseconds the network engine's progress thread keeps polling for the next call after
     /// its last work before it parks: a call enqueued within it starts without a futex wake.
-    /// 0: parks at once. Forced to 0 where ranks outnumber the host's cores (`RAILCC_SPIN_US`'s
-    /// rule).
+    /// 0: parks at once. Forced to 0 where the job's ranks on the host outnumber its cores,
+    /// and where `RAILCC_SPIN_US` is 0.
     gpu_net_spin_us: u64 = 200, "RAILCC_GPU_NET_SPIN_US";
     /// Prints, when a communicator of one process per GPU on one host closes, where its
     /// calls' host time went, per phase (exports, waiting for peers, launches).

@@ -192,10 +192,6 @@ impl Launch {
     }
 }
 
-/// Whether launches pass only their used parameter bytes: cleared for good the first time the
-/// driver refuses a short buffer (the launch is then made again with every byte).
-static SHORT_PARAMS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
 /// Blocks of a launch for ring depth `depth`: at most `want`, a divisor of the depth.
 pub fn blocks_for(depth: usize, want: usize) -> u32 {
     (1..=want.clamp(1, depth.max(1)))
@@ -343,6 +339,9 @@ pub struct NetKernel {
     module: sys::CUmodule,
     ctx: sys::CUcontext,
     limits: Limits,
+    /// Whether a launch passes only its used parameter bytes (the probe at load found the
+    /// driver takes them; else every declared byte).
+    short: bool,
 }
 
 // SAFETY: module and function handles may be used from any thread with the context bound; the
@@ -359,16 +358,19 @@ impl NetKernel {
         crate::driver::nvrtc_available()?;
         ctx.bind()?;
         if big {
-            match NetKernel::load_with(ctx, cache, BIG).and_then(|k| k.probe().map(|_| k)) {
+            let k = NetKernel::load_with(ctx, cache, BIG).and_then(|mut k| k.probe().map(|_| k));
+            match k {
                 Ok(k) => return Ok(k),
-                Err(e) => tracing::debug!(
+                Err(e) => tracing::warn!(
                     "net staging kernel: no launches of {} pieces here ({e}); {} a launch",
                     BIG.pieces,
                     SMALL.pieces
                 ),
             }
         }
-        NetKernel::load_with(ctx, cache, SMALL)
+        let mut k = NetKernel::load_with(ctx, cache, SMALL)?;
+        k.probe()?;
+        Ok(k)
     }
 
     /// The pieces and segments one launch of this kernel takes.
@@ -423,13 +425,16 @@ impl NetKernel {
             module,
             ctx: ctx.ctx,
             limits,
+            short: true,
         })
     }
 
-    /// One launch of no pieces with every parameter byte, on a stream of its own (the
-    /// caller's other work is not waited for), waited for: a driver that loads the module but
-    /// refuses its parameter says so here.
-    fn probe(&self) -> Result<()> {
+    /// Launches of no pieces on a stream of its own (the caller's other work is not waited
+    /// for), waited for: first with the header's bytes alone, then with every declared byte.
+    /// A driver that wants every byte clears `short` (NCCL passes its used bytes alone, so
+    /// drivers take them); one that refuses the declared size fails the load here, not in a
+    /// call.
+    fn probe(&mut self) -> Result<()> {
         let mut p = Launch::new(
             Header {
                 depth: 1,
@@ -437,14 +442,22 @@ impl NetKernel {
             },
             self.limits,
         );
-        let words = p.pack().to_vec();
-        let mut all = vec![0u32; self.limits.param_bytes() / 4];
-        all[..words.len()].copy_from_slice(&words);
+        let mut all = p.pack().to_vec();
+        let header = all.len() * 4;
+        all.resize(self.limits.param_bytes() / 4, 0);
         let stream = crate::gpu::new_stream_current()?;
-        // SAFETY: the whole declared parameter, zero pieces and segments (the kernel reads
-        // none and writes nothing, no stamps); a stream of the bound context, destroyed once.
-        unsafe {
-            let r = check(
+        // SAFETY: zero pieces and segments (the kernel reads none of the entries and writes
+        // nothing, no stamps); a stream of the bound context, destroyed once.
+        let r = unsafe {
+            let short = self.raw_launch(stream, &all, header, 1);
+            if short != sys::CUresult::CUDA_SUCCESS {
+                tracing::warn!(
+                    "net staging kernel: the driver refused a launch of {header} parameter bytes ({short:?}); every launch passes all {}",
+                    self.limits.param_bytes()
+                );
+                self.short = false;
+            }
+            check(
                 self.raw_launch(stream, &all, all.len() * 4, 1),
                 "cuLaunchKernel(net_stage probe)",
             )
@@ -453,10 +466,11 @@ impl NetKernel {
                     sys::cuStreamSynchronize(stream),
                     "cuStreamSynchronize(probe)",
                 )
-            });
-            let _ = sys::cuStreamDestroy_v2(stream);
-            r
-        }
+            })
+        };
+        // SAFETY: made above, no work of ours left on it.
+        let _ = unsafe { sys::cuStreamDestroy_v2(stream) };
+        r
     }
 
     /// Launches `p` on `stream` with `blocks` blocks (a divisor of `p.header.depth`).
@@ -480,24 +494,17 @@ impl NetKernel {
             )));
         }
         let full = self.limits.param_bytes();
+        let short = self.short;
         let words = p.pack();
-        if SHORT_PARAMS.load(std::sync::atomic::Ordering::Relaxed) {
+        let rc = if short {
             // SAFETY: the caller's contract; `words` holds every entry the kernel reads.
-            let rc = unsafe { self.raw_launch(stream, words, words.len() * 4, blocks) };
-            if rc != sys::CUresult::CUDA_ERROR_INVALID_VALUE {
-                return check(rc, "cuLaunchKernel(net_stage)");
-            }
-            // A driver that wants the declared size: every byte, from now on.
-            SHORT_PARAMS.store(false, std::sync::atomic::Ordering::Relaxed);
-            tracing::debug!(
-                "net staging kernel: the driver refused {} parameter bytes; passing all {full}",
-                words.len() * 4
-            );
-        }
-        let mut all = words.to_vec();
-        all.resize(full / 4, 0);
-        // SAFETY: as above, with every declared byte.
-        let rc = unsafe { self.raw_launch(stream, &all, full, blocks) };
+            unsafe { self.raw_launch(stream, words, words.len() * 4, blocks) }
+        } else {
+            let mut all = words.to_vec();
+            all.resize(full / 4, 0);
+            // SAFETY: as above, with every declared byte.
+            unsafe { self.raw_launch(stream, &all, full, blocks) }
+        };
         check(rc, "cuLaunchKernel(net_stage)")
     }
 

@@ -37,11 +37,17 @@ pub fn stream_of(handle: usize) -> Stream {
     handle as Stream
 }
 
-/// The driver's unique id of `stream` (CUDA 12.0 on; None where the driver lacks it).
+/// The driver's unique id of `stream` (CUDA 12.0 on; None where the driver lacks it, and for
+/// the per-thread default stream's handle, which names another stream on every thread: its
+/// id is not documented to follow the thread).
 ///
 /// # Safety
 /// `stream` is a live stream (or a special handle) of the current context.
 pub unsafe fn stream_id(stream: Stream) -> Option<u64> {
+    if stream as usize == 0x2 {
+        // CU_STREAM_PER_THREAD.
+        return None;
+    }
     // cudarc loads a symbol on first use and panics where it is missing: ask for it only from
     // a driver that has it.
     static HAS_IT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -239,12 +245,14 @@ impl LaunchOrder {
         };
         // SAFETY: the caller's live stream.
         let id = unsafe { stream_id(s) };
-        let same = id.is_some() && id == self.last_id;
-        if !same
-            && self
+        // Ids decide where both are known; else the address (and `wait_on_same_stream`).
+        let wait = match (id, self.last_id) {
+            (Some(now), Some(last)) => now != last,
+            _ => self
                 .last
-                .is_some_and(|l| self.wait_on_same_stream || l != stream)
-        {
+                .is_some_and(|l| self.wait_on_same_stream || l != stream),
+        };
+        if wait {
             // SAFETY: the caller's live stream; the marker is of this context, current.
             unsafe { marker.wait(s) }?;
         }

@@ -343,10 +343,12 @@ impl GpuNet {
             slots: slots.clone(),
             shared: shared.clone(),
             timeout: cfg.timeout(),
-            // RAILCC_SPIN_US's rule: no spinning where ranks outnumber the cores.
-            spin: match comms.first() {
-                Some(c) if !c.spin().is_zero() => Duration::from_micros(cfg.gpu_net_spin_us),
-                _ => Duration::ZERO,
+            // RAILCC_SPIN_US's rule, on the whole job's ranks of this host (an engine's own
+            // communicators may hold one rank a host): none where they outnumber the cores,
+            // or where RAILCC_SPIN_US is 0.
+            spin: match parent.spin().is_zero() {
+                true => Duration::ZERO,
+                false => Duration::from_micros(cfg.gpu_net_spin_us),
             },
         };
         // Before the progress thread: nothing may fail once it runs.
