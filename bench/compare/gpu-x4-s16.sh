@@ -8,8 +8,10 @@
 #      checked, 2 x 1 and 2 x 2), quick again with RAILCC_GPU_NET_BIG_LAUNCH=1; the caller's
 #      time per call at 8 B, 128 MB, 1 GB (part enq: the old build, the default, big); a
 #      call's return time on an idle stream (railcc bench --gpu-net), the default and big.
-#   b  issue 31's 8 B and 4 KB all_reduce through PyTorch, four runs each, 2 x 1 and 2 x 2,
-#      against NCCL and NCCL 4 x 4; nccl-tests' latency twice (gpu-net-kernel.sh lat).
+#   b  issue 31's 8 B and 4 KB all_reduce through PyTorch, three runs each, 2 x 1 and 2 x 2,
+#      railcc's defaults and with parking progress threads (RAILCC_GPU_NET_SPIN_US=0: on 2 x 2
+#      the spin read 72-78 us in 3 of 10 runs, never without it), against NCCL and NCCL 4 x 4;
+#      nccl-tests' latency twice (gpu-net-kernel.sh lat).
 # Usage: bash bench/compare/gpu-x4-s16.sh a|b
 set -u
 cd "$(dirname "$0")/../.."
@@ -36,8 +38,8 @@ case ${1:-} in
     done
     ;;
   b)
-    OUT=$L/step STEP_LAYOUTS="2x1 2x2" STEP_MODES=small STEP_RUNS=4 STEP_LIMIT=50 STEP_SMALL_SIZES=8,4096 \
-      timeout 420 bash bench/torch/step.sh 2>&1 | tee "$L/step.txt" | grep -E "^step|^2x|ratio"
+    OUT=$L/step STEP_LAYOUTS="2x1 2x2" STEP_MODES=small STEP_RUNS=3 STEP_LIMIT=50 STEP_SMALL_SIZES=8,4096 \
+      STEP_EXTRA="nospin:RAILCC_GPU_NET_SPIN_US=0" timeout 420 bash bench/torch/step.sh 2>&1 | tee "$L/step.txt" | grep -E "^step|^2x|ratio"
     echo "== after $(( $(date +%s) - T0 )) s"
     OUT=$L NK_PARTS=lat NK_ROUNDS=2 timeout $(left 570) bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/lat.txt"
     ;;
