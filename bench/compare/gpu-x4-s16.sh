@@ -38,6 +38,8 @@ case ${1:-} in
     done
     ;;
   b)
+    # Spinning threads against the machine's CPU quota (a guess at the 2 x 2 runs at 72 us).
+    echo "nproc $(nproc); cpu.max $(cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo none); $(grep -c ^processor /proc/cpuinfo) processors" | tee "$L/cpus.txt"
     OUT=$L/step STEP_LAYOUTS="2x1 2x2" STEP_MODES=small STEP_RUNS=3 STEP_LIMIT=50 STEP_SMALL_SIZES=8,4096 \
       STEP_EXTRA="nospin:RAILCC_GPU_NET_SPIN_US=0" timeout 420 bash bench/torch/step.sh 2>&1 | tee "$L/step.txt" | grep -E "^step|^2x|ratio"
     echo "== after $(( $(date +%s) - T0 )) s"
