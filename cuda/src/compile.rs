@@ -120,7 +120,7 @@ pub fn cache_path_of(dir: &Path, tag: &str, src: &str, arch: &str, driver_versio
     dir.join(format!("{tag}-{arch}-{}.{ext}", &hex[..16]))
 }
 
-fn driver_version() -> Result<i32> {
+pub(crate) fn driver_version() -> Result<i32> {
     let mut v = 0;
     // SAFETY: valid out-pointer.
     crate::driver::check(

@@ -134,16 +134,21 @@ impl Launch {
     }
 
     /// Adds a piece with its segments; false (and nothing added) when the launch is full.
-    pub fn push(&mut self, p: Piece, down: &[Seg], up: &[Seg]) -> bool {
+    pub fn push(
+        &mut self,
+        p: Piece,
+        down: impl ExactSizeIterator<Item = Seg>,
+        up: impl ExactSizeIterator<Item = Seg>,
+    ) -> bool {
         let n = self.segs.len();
-        if self.pieces.len() >= self.limits.pieces || n + down.len() + up.len() > self.limits.segs {
+        let (nd, nu) = (down.len(), up.len());
+        if self.pieces.len() >= self.limits.pieces || n + nd + nu > self.limits.segs {
             return false;
         }
         let mut p = p;
-        p.down = [n as u16, (n + down.len()) as u16];
-        p.up = [p.down[1], (n + down.len() + up.len()) as u16];
-        self.segs.extend_from_slice(down);
-        self.segs.extend_from_slice(up);
+        p.down = [n as u16, (n + nd) as u16];
+        p.up = [p.down[1], (n + nd + nu) as u16];
+        self.segs.extend(down.chain(up));
         self.pieces.push(p);
         true
     }
@@ -596,8 +601,12 @@ mod tests {
             ring: 5,
             ..Default::default()
         };
-        assert!(p.push(q(9), &[s(0x1_0000_0002, 3)], &[s(4, 5)]));
-        assert!(p.push(q(10), &[], &[s(6, 7)]));
+        assert!(p.push(
+            q(9),
+            [s(0x1_0000_0002, 3)].into_iter(),
+            [s(4, 5)].into_iter()
+        ));
+        assert!(p.push(q(10), std::iter::empty(), [s(6, 7)].into_iter()));
         let w = p.pack().to_vec();
         // Two pieces and three segments: 296 + 5 x 16 bytes.
         assert_eq!(w.len() * 4, 376);
@@ -616,7 +625,11 @@ mod tests {
         // Full launches pass every entry and no more than the declared parameter.
         for limits in [SMALL, BIG] {
             let mut full = Launch::new(header, limits);
-            while full.push(Piece::default(), &[s(1, 0)], &[s(2, 0)]) {}
+            while full.push(
+                Piece::default(),
+                [s(1, 0)].into_iter(),
+                [s(2, 0)].into_iter(),
+            ) {}
             let bytes = full.pack().len() * 4;
             assert!(bytes <= limits.param_bytes(), "{limits:?}: {bytes}");
             assert_eq!(
@@ -639,26 +652,30 @@ mod tests {
             stage: 0,
             bytes: 8,
         };
-        assert!(p.push(Piece::default(), &[s(1)], &[s(2), s(3)]));
-        assert!(p.push(Piece::default(), &[], &[s(4)]));
+        assert!(p.push(
+            Piece::default(),
+            [s(1)].into_iter(),
+            [s(2), s(3)].into_iter()
+        ));
+        assert!(p.push(Piece::default(), std::iter::empty(), [s(4)].into_iter()));
         assert_eq!((p.pieces.len(), p.segs.len()), (2, 4));
         assert_eq!((p.pieces[0].down, p.pieces[0].up), ([0, 1], [1, 3]));
         assert_eq!((p.pieces[1].down, p.pieces[1].up), ([3, 3], [3, 4]));
         assert_eq!(p.segs[3].dev, 4);
         // Too many segments: refused, nothing changed.
         let many = vec![s(9); MAX_SEGS];
-        assert!(!p.push(Piece::default(), &many, &[]));
+        assert!(!p.push(Piece::default(), many.iter().copied(), std::iter::empty()));
         assert_eq!((p.pieces.len(), p.segs.len()), (2, 4));
         for _ in 2..MAX_PIECES {
-            assert!(p.push(Piece::default(), &[], &[]));
+            assert!(p.push(Piece::default(), std::iter::empty(), std::iter::empty()));
         }
-        assert!(!p.push(Piece::default(), &[], &[]));
+        assert!(!p.push(Piece::default(), std::iter::empty(), std::iter::empty()));
         // A big launch takes more.
         let mut b = Launch::new(Header::default(), BIG);
         for _ in 0..BIG.pieces {
-            assert!(b.push(Piece::default(), &[s(1)], &[s(2)]));
+            assert!(b.push(Piece::default(), [s(1)].into_iter(), [s(2)].into_iter()));
         }
-        assert!(!b.push(Piece::default(), &[], &[]));
+        assert!(!b.push(Piece::default(), std::iter::empty(), std::iter::empty()));
     }
 
     #[test]

@@ -51,12 +51,7 @@ pub unsafe fn stream_id(stream: Stream) -> Option<u64> {
     // cudarc loads a symbol on first use and panics where it is missing: ask for it only from
     // a driver that has it.
     static HAS_IT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let has_it = *HAS_IT.get_or_init(|| {
-        let mut v = 0;
-        // SAFETY: a valid out-pointer.
-        let rc = unsafe { sys::cuDriverGetVersion(&mut v) };
-        rc == sys::CUresult::CUDA_SUCCESS && v >= 12000
-    });
+    let has_it = *HAS_IT.get_or_init(|| crate::compile::driver_version().is_ok_and(|v| v >= 12000));
     if !has_it {
         return None;
     }

@@ -346,9 +346,10 @@ impl GpuNet {
             // RAILCC_SPIN_US's rule, on the whole job's ranks of this host (an engine's own
             // communicators may hold one rank a host): none where they outnumber the cores,
             // or where RAILCC_SPIN_US is 0.
-            spin: match parent.spin().is_zero() {
-                true => Duration::ZERO,
-                false => Duration::from_micros(cfg.gpu_net_spin_us),
+            spin: if parent.spin().is_zero() {
+                Duration::ZERO
+            } else {
+                Duration::from_micros(cfg.gpu_net_spin_us)
             },
         };
         // Before the progress thread: nothing may fail once it runs.

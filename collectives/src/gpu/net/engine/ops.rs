@@ -32,17 +32,6 @@ impl GpuNet {
             header.send[i] = ring.send_dev[i];
             header.recv[i] = ring.recv_dev[i];
         }
-        // Each piece's segments as the kernel takes them, in two buffers reused piece after
-        // piece (no allocation per piece on the caller's thread).
-        let (mut down, mut up) = (Vec::new(), Vec::new());
-        let fill = |to: &mut Vec<netcopy::Seg>, v: &[crate::gpu::net::pieces::Seg]| {
-            to.clear();
-            to.extend(v.iter().map(|s| netcopy::Seg {
-                dev: s.dev,
-                stage: s.stage as u32,
-                bytes: s.bytes as u32,
-            }));
-        };
         let mut p = netcopy::Launch::new(header, k.limits());
         let timed = self.shared.trace.on();
         let mut in_launch = std::time::Duration::ZERO;
@@ -69,14 +58,13 @@ impl GpuNet {
                 ring: (i % ring.depth) as u8,
                 ..Default::default()
             };
-            fill(&mut down, &r.piece.down);
-            fill(&mut up, &r.piece.up);
-            if p.push(piece, &down, &up) {
+            let (down, up) = (&r.piece.down, &r.piece.up);
+            if p.push(piece, kernel_segs(down), kernel_segs(up)) {
                 continue;
             }
             launch(&mut p)?;
             p.clear();
-            if !p.push(piece, &down, &up) {
+            if !p.push(piece, kernel_segs(down), kernel_segs(up)) {
                 return Err(Error::invalid(format!(
                     "gpu net: a piece of {} segments does not fit the staging kernel",
                     down.len() + up.len()
@@ -129,6 +117,18 @@ impl GpuNet {
         }
         Ok(())
     }
+}
+
+/// A piece's segments as the kernel takes them (`kernel_fits` checked they fit 32 bits),
+/// pushed straight into the launch.
+fn kernel_segs(
+    v: &[crate::gpu::net::pieces::Seg],
+) -> impl ExactSizeIterator<Item = netcopy::Seg> + '_ {
+    v.iter().map(|s| netcopy::Seg {
+        dev: s.dev,
+        stage: s.stage as u32,
+        bytes: s.bytes as u32,
+    })
 }
 
 /// Whether the staging kernel can take `call`: every piece's segments fit one launch and its
