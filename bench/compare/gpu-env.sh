@@ -37,3 +37,16 @@ net_env() {
   export AS_HOST_GPUS=$(nvidia-smi -L | wc -l)
   echo "# $1: $AS_HOST_GPUS GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c | xargs)"
 }
+# The per-session scripts (gpu-x4-sN.sh): session_begin makes $L ($OUT/logs) and starts the
+# clock; left N: seconds until N s after the start; session_end PART prints the time taken
+# and tars $L to $OUT/logs-PART.tgz.
+session_begin() {
+  L=$OUT/logs
+  mkdir -p "$L"
+  T0=$(date +%s)
+}
+left() { echo $(( $1 - $(date +%s) + T0 )); }
+session_end() {
+  echo "== part $1 ended after $(($(date +%s) - T0)) s"
+  cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
+}

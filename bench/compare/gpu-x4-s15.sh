@@ -21,10 +21,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
-L=$OUT/logs
-mkdir -p "$L"
-T0=$(date +%s)
-left() { echo $(( $1 - $(date +%s) + T0 )); }
+session_begin
 case ${1:-} in
   a)
     OUT=$L TEST_GPU_PARTS="unit p2pll shrink" TEST_GPU_CHECK_LIMIT=60 timeout 330 bash scripts/test-gpu.sh 2>&1 \
@@ -75,5 +72,4 @@ case ${1:-} in
     ;;
   *) echo "usage: $0 a|b|c|d|e"; exit 2 ;;
 esac
-echo "== part ${1} ended after $(($(date +%s) - T0)) s"
-cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
+session_end "$1"

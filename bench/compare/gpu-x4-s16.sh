@@ -16,10 +16,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
-L=$OUT/logs
-mkdir -p "$L"
-T0=$(date +%s)
-left() { echo $(( $1 - $(date +%s) + T0 )); }
+session_begin
 case ${1:-} in
   a)
     OUT=$L NK_PARTS="quick x2" timeout 240 bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/check.txt" | grep -E "^(PASS|FAIL)|failed"
@@ -47,5 +44,4 @@ case ${1:-} in
     ;;
   *) echo "usage: $0 a|b"; exit 2 ;;
 esac
-echo "== part ${1} ended after $(($(date +%s) - T0)) s"
-cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
+session_end "$1"
