@@ -104,7 +104,7 @@ impl Trace {
     }
 }
 
-/// The staging kernel's stamps (`netcopy::Params::stamps`: per launch, `per` words of the GPU
+/// The staging kernel's stamps (`netcopy::Header::stamps`: per launch, `per` words of the GPU
 /// timer's low 32 bits, at entry, block 0's pieces staged, its first piece done, its exit) as
 /// "; name median/p90 us" parts: where a small call's time goes on the GPU between the host's
 /// `start` and `done`. Launch k sits at entry k modulo the table, so neighbours in the table
