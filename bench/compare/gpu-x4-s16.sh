@@ -12,7 +12,11 @@
 #      railcc's defaults and with parking progress threads (RAILCC_GPU_NET_SPIN_US=0: on 2 x 2
 #      the spin read 72-78 us in 3 of 10 runs, never without it), against NCCL and NCCL 4 x 4;
 #      nccl-tests' latency twice (gpu-net-kernel.sh lat).
-# Usage: bash bench/compare/gpu-x4-s16.sh a|b
+#   c  where an idle-stream 128 MB call's return time goes (89-96 us in part a against 34 in
+#      the timed loop): RAILCC_GPU_NET_TRACE=1 with -n 1 -w 0, so most samples are idle
+#      calls, the default, parking threads and big launches; then the 2 x 2 training steps
+#      (DDP, HSDP, overlap) with the new small-call defaults, railcc against NCCL 4 x 4.
+# Usage: bash bench/compare/gpu-x4-s16.sh a|b|c
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -42,6 +46,17 @@ case ${1:-} in
     echo "== after $(( $(date +%s) - T0 )) s"
     OUT=$L NK_PARTS=lat NK_ROUNDS=2 timeout $(left 570) bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/lat.txt"
     ;;
-  *) echo "usage: $0 a|b"; exit 2 ;;
+  c)
+    echo "tools: $(command -v perf nsys strace ltrace | tr '\n' ' ')"
+    for v in default:X=0 nospin:RAILCC_GPU_NET_SPIN_US=0 big:RAILCC_GPU_NET_BIG_LAUNCH=1; do
+      env "${v#*:}" RAILCC_GPU_NET_TRACE=1 timeout 120 $PWD/.device/bin/railcc bench all_reduce --device cuda --per-process --gpu-net \
+        --ranks 2 -b 128M -e 128M -n 1 -w 0 -c 0 > "$L/ret-${v%%:*}.log" 2>&1
+      echo "== ${v%%:*}: exit $?"; grep -E "returned after|rank 0 gpu net trace" "$L/ret-${v%%:*}.log"
+    done
+    echo "== after $(( $(date +%s) - T0 )) s"
+    OUT=$L/step STEP_LAYOUTS=2x2 STEP_MODES="ddp hsdp overlap" STEP_RUNS=1 STEP_LIMIT=150 STEP_LIBS="railcc nccl-4x4" \
+      timeout $(left 585) bash bench/torch/step.sh 2>&1 | tee "$L/step.txt" | grep -v "^  "
+    ;;
+  *) echo "usage: $0 a|b|c"; exit 2 ;;
 esac
 session_end "$1"

@@ -496,9 +496,7 @@ impl GpuNet {
             true => ops(),
             false => unsafe { self.rings.in_order(&self.ctx, stream as usize, ops) },
         };
-        if let (Some(t0), Some(t_ops)) = (t0, t_ops) {
-            self.shared.trace.enqueued(t0.elapsed(), t_ops.elapsed());
-        }
+        let times = t0.zip(t_ops).map(|(t0, t)| (t0, t - t0, t.elapsed()));
         if let Err(e) = &ops {
             // Part of the call may be on the stream already: break the engine so the progress
             // thread lets every piece go instead of the stream waiting forever.
@@ -508,6 +506,10 @@ impl GpuNet {
         self.tx.send(ToProgress::Call(call)).map_err(|_| {
             Error::new(ErrorKind::Aborted, "gpu net: progress thread gone").rank(self.rank)
         })?;
+        if let Some((t0, slots, ops)) = times {
+            // The total includes handing the call to the progress thread (a wake-up).
+            self.shared.trace.enqueued(t0.elapsed(), slots, ops);
+        }
         ops?;
         if captured {
             let tx = self.tx.clone();

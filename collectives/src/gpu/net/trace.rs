@@ -15,6 +15,8 @@ pub struct Trace {
 #[derive(Default)]
 struct Samples {
     enqueue: Vec<u32>,
+    /// Of the enqueue, cutting the call and taking its flag slots.
+    slots: Vec<u32>,
     stream_ops: Vec<u32>,
     /// Of the stream operations, the staging kernel's launches alone (cuLaunchKernel).
     launches: Vec<u32>,
@@ -45,7 +47,6 @@ impl Trace {
         self.on
     }
 
-    /// A call took `total` to enqueue, `ops` of it putting operations on the stream.
     /// A staging-kernel call's time in cuLaunchKernel.
     pub fn launched(&self, d: Duration) {
         if self.on {
@@ -56,11 +57,14 @@ impl Trace {
         }
     }
 
-    pub fn enqueued(&self, total: Duration, ops: Duration) {
+    /// A call took `total` to enqueue: `slots` of it cutting the call and taking flag
+    /// slots, `ops` putting operations on the stream.
+    pub fn enqueued(&self, total: Duration, slots: Duration, ops: Duration) {
         if self.on {
             let mut s = self.samples.lock();
             if s.enqueue.len() < KEEP {
                 s.enqueue.push(us(total));
+                s.slots.push(us(slots));
                 s.stream_ops.push(us(ops));
             }
         }
@@ -93,6 +97,7 @@ impl Trace {
         );
         for (name, v) in [
             ("enqueue", &mut s.enqueue),
+            ("of which slots", &mut s.slots),
             ("stream ops", &mut s.stream_ops),
             ("of which launches", &mut s.launches),
             ("piece host part", &mut s.run),
