@@ -16,7 +16,10 @@
 #      the timed loop): RAILCC_GPU_NET_TRACE=1 with -n 1 -w 0, so most samples are idle
 #      calls, the default, parking threads and big launches; then the 2 x 2 training steps
 #      (DDP, HSDP, overlap) with the new small-call defaults, railcc against NCCL 4 x 4.
-# Usage: bash bench/compare/gpu-x4-s16.sh a|b|c
+#   d  one launch per 232 entries (a 128 MB call's 74 pieces in one launch) and one lock for
+#      a call's flag slots: gpu-net-kernel.sh quick and x2, then the return times with the
+#      trace's steps (cut, ring, take), idle (-n 1 -w 0) and in a loop (-n 20 -w 5).
+# Usage: bash bench/compare/gpu-x4-s16.sh a|b|c|d
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -57,6 +60,18 @@ case ${1:-} in
     OUT=$L/step STEP_LAYOUTS=2x2 STEP_MODES="ddp hsdp overlap" STEP_RUNS=1 STEP_LIMIT=150 STEP_LIBS="railcc nccl-4x4" \
       timeout $(left 585) bash bench/torch/step.sh 2>&1 | tee "$L/step.txt" | grep -v "^  "
     ;;
-  *) echo "usage: $0 a|b|c"; exit 2 ;;
+  d)
+    OUT=$L NK_PARTS="quick x2" timeout 240 bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/check.txt" | grep -E "^(PASS|FAIL)|failed"
+    echo "== after $(( $(date +%s) - T0 )) s"
+    for n in "1 -w 0" "20 -w 5"; do
+      for v in default:X=0 nospin:RAILCC_GPU_NET_SPIN_US=0; do
+        f="$L/ret-${v%%:*}-n${n%% *}.log"
+        env "${v#*:}" RAILCC_GPU_NET_TRACE=1 timeout 120 $PWD/.device/bin/railcc bench all_reduce --device cuda --per-process --gpu-net \
+          --ranks 2 -b 128M -e 128M -n $n -c 0 > "$f" 2>&1
+        echo "== ${v%%:*} -n $n: exit $?"; grep -E "returned after|rank 0 gpu net trace" "$f"
+      done
+    done
+    ;;
+  *) echo "usage: $0 a|b|c|d"; exit 2 ;;
 esac
 session_end "$1"

@@ -352,15 +352,16 @@ config! {
     gpu_net_staging_bytes: usize = 28 * 1024 * 1024, "RAILCC_GPU_NET_STAGING_BYTES";
     /// How a GPU network call moves its pieces between the device and the staging ring: 0,
     /// copies and flag operations on the caller's stream, per piece; 1, one kernel launch of
-    /// up to `RAILCC_GPU_NET_BLOCKS` blocks per 64 pieces (the SMs copy to and from the
+    /// up to `RAILCC_GPU_NET_BLOCKS` blocks per 232 pieces and segments (the SMs copy to and from the
     /// mapped pinned ring and hand pieces over by the same flags).
     gpu_net_kernel: u8 = 1, "RAILCC_GPU_NET_KERNEL";
     /// Thread blocks of the network staging kernel (at most; a divisor of the ring's depth).
     /// 1 to 16.
     gpu_net_blocks: usize = 4, "RAILCC_GPU_NET_BLOCKS";
-    /// 1: the staging kernel takes up to 512 pieces a launch (a kernel parameter of up to 32
-    /// KiB, which CUDA 12.1 drivers run; elsewhere it falls back to 64): a 128 MB call's 74
-    /// pieces in one launch instead of two. 0: 64 pieces a launch (a 4 KiB parameter).
+    /// 1: the staging kernel takes up to 2012 pieces and segments a launch (a kernel
+    /// parameter of up to 32 KiB, which CUDA 12.1 drivers run; elsewhere it falls back to
+    /// 232). 0: 232 (a 4 KiB parameter: a 128 MB all_reduce's 74 pieces in one launch). The
+    /// larger parameter made an idle-stream call slower to return on H100.
     gpu_net_big_launch: u8 = 0, "RAILCC_GPU_NET_BIG_LAUNCH";
     /// Prints, when a GPU network communicator closes, where its calls' time went: time to
     /// enqueue, each piece's host part, and the stream's turnaround between pieces.

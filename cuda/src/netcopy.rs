@@ -9,8 +9,9 @@
 //! Block b of the launch runs pieces b, b + B, b + 2B, ... in order; B divides the ring's
 //! depth, so the piece that next uses a ring slot is the same block's, after it is done with
 //! the slot (piece j + depth of a launch is its call's piece i + depth for some i, so it
-//! stages in the same ring slot). A call of more than 64 pieces is several launches, one
-//! after another on the stream: each starts with every ring slot free. A module of its own (a few hundred lines of PTX, compiled once and cached on
+//! stages in the same ring slot). A call of more pieces and segments than one launch's
+//! parameter holds (232 entries: a 128 MB call's 74 pieces of two segments fit) is several
+//! launches, one after another on the stream: each starts with every ring slot free. A module of its own (a few hundred lines of PTX, compiled once and cached on
 //! disk), loaded in the engine's context without the collective kernels.
 
 use crate::compile;
@@ -21,11 +22,8 @@ use railcc_core::{Error, Result};
 use std::ffi::{c_void, CString};
 use std::path::Path;
 
-/// Pieces one launch of the 4 KiB-parameter kernel takes; a call with more is several
-/// launches, in order on the stream.
-pub const MAX_PIECES: usize = 64;
-/// Segments (device range to or from a stage range) one launch of that kernel takes; a piece
-/// has at most this many (every kernel takes it).
+/// Segments (device range to or from a stage range) of one piece at most: a launch of any
+/// kernel takes such a piece alone.
 pub const MAX_SEGS: usize = 168;
 /// Ring depths the kernel's parameters hold.
 pub const MAX_DEPTH: usize = 16;
@@ -59,25 +57,19 @@ pub struct Piece {
     pub up: [u16; 2],
 }
 
-/// How many pieces and segments one launch takes: the kernel's parameter holds that many
-/// 16-byte entries after its header.
+/// How many 16-byte entries (pieces and segments, in any mix) the kernel's parameter holds
+/// after its header: one launch takes that many.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
-    pub pieces: usize,
-    pub segs: usize,
+    pub items: usize,
 }
 
 /// Under CUDA's classic 4 KiB of kernel parameters (296 + 232 x 16 = 4008 bytes): any driver.
-pub const SMALL: Limits = Limits {
-    pieces: MAX_PIECES,
-    segs: MAX_SEGS,
-};
-/// 296 + 2012 x 16 = 32488 bytes, under the 32764 CUDA 12.1 drivers allow: a 128 MB call's
-/// 74 pieces in one launch instead of two (`RAILCC_GPU_NET_BIG_LAUNCH`).
-pub const BIG: Limits = Limits {
-    pieces: 512,
-    segs: 1500,
-};
+/// A call of pieces of two segments: 77 pieces a launch.
+pub const SMALL: Limits = Limits { items: 232 };
+/// 296 + 2012 x 16 = 32488 bytes, under the 32764 CUDA 12.1 drivers allow: 670 pieces of two
+/// segments a launch (`RAILCC_GPU_NET_BIG_LAUNCH`).
+pub const BIG: Limits = Limits { items: 2012 };
 
 /// Bytes of the parameter before its entries.
 const HEADER_BYTES: usize = 296;
@@ -85,7 +77,7 @@ const HEADER_BYTES: usize = 296;
 impl Limits {
     /// Bytes of the kernel's declared parameter.
     pub fn param_bytes(&self) -> usize {
-        HEADER_BYTES + (self.pieces + self.segs) * 16
+        HEADER_BYTES + self.items * 16
     }
 }
 
@@ -127,8 +119,8 @@ impl Launch {
         Launch {
             header,
             limits,
-            pieces: Vec::with_capacity(limits.pieces.min(8)),
-            segs: Vec::with_capacity(limits.segs.min(16)),
+            pieces: Vec::with_capacity(8),
+            segs: Vec::with_capacity(16),
             words: Vec::with_capacity(HEADER_BYTES / 4 + 4 * 24),
         }
     }
@@ -142,7 +134,7 @@ impl Launch {
     ) -> bool {
         let n = self.segs.len();
         let (nd, nu) = (down.len(), up.len());
-        if self.pieces.len() >= self.limits.pieces || n + nd + nu > self.limits.segs {
+        if self.pieces.len() + 1 + n + nd + nu > self.limits.items {
             return false;
         }
         let mut p = p;
@@ -207,7 +199,7 @@ pub fn blocks_for(depth: usize, want: usize) -> u32 {
 
 /// CUDA source of the staging kernel.
 pub fn source(limits: Limits) -> String {
-    let items = limits.pieces + limits.segs;
+    let items = limits.items;
     format!(
         r#"
 struct Seg {{ unsigned long long dev; unsigned int stage; unsigned int bytes; }};
@@ -367,9 +359,9 @@ impl NetKernel {
             match k {
                 Ok(k) => return Ok(k),
                 Err(e) => tracing::warn!(
-                    "net staging kernel: no launches of {} pieces here ({e}); {} a launch",
-                    BIG.pieces,
-                    SMALL.pieces
+                    "net staging kernel: no launches of {} entries here ({e}); {} a launch",
+                    BIG.items,
+                    SMALL.items
                 ),
             }
         }
@@ -378,7 +370,7 @@ impl NetKernel {
         Ok(k)
     }
 
-    /// The pieces and segments one launch of this kernel takes.
+    /// The entries (pieces and segments) one launch of this kernel takes.
     pub fn limits(&self) -> Limits {
         self.limits
     }
@@ -662,20 +654,30 @@ mod tests {
         assert_eq!((p.pieces[0].down, p.pieces[0].up), ([0, 1], [1, 3]));
         assert_eq!((p.pieces[1].down, p.pieces[1].up), ([3, 3], [3, 4]));
         assert_eq!(p.segs[3].dev, 4);
-        // Too many segments: refused, nothing changed.
+        // Entries used: 2 pieces and 4 segments of 232. A piece of the most segments fits
+        // (175 used); a second does not: refused, nothing changed.
         let many = vec![s(9); MAX_SEGS];
+        assert!(p.push(Piece::default(), many.iter().copied(), std::iter::empty()));
         assert!(!p.push(Piece::default(), many.iter().copied(), std::iter::empty()));
-        assert_eq!((p.pieces.len(), p.segs.len()), (2, 4));
-        for _ in 2..MAX_PIECES {
-            assert!(p.push(Piece::default(), std::iter::empty(), std::iter::empty()));
+        assert_eq!((p.pieces.len(), p.segs.len()), (3, 4 + MAX_SEGS));
+        // Alone in a launch it fits.
+        let mut alone = Launch::new(Header::default(), SMALL);
+        assert!(alone.push(Piece::default(), many.iter().copied(), std::iter::empty()));
+        // Pieces of two segments fill the rest: 57 entries, 19 pieces.
+        for _ in 0..19 {
+            assert!(p.push(Piece::default(), [s(1)].into_iter(), [s(2)].into_iter()));
         }
         assert!(!p.push(Piece::default(), std::iter::empty(), std::iter::empty()));
-        // A big launch takes more.
-        let mut b = Launch::new(Header::default(), BIG);
-        for _ in 0..BIG.pieces {
-            assert!(b.push(Piece::default(), [s(1)].into_iter(), [s(2)].into_iter()));
+        assert_eq!(p.pieces.len() + p.segs.len(), SMALL.items);
+        // A 128 MB all_reduce's 74 pieces (1.75 MiB slots) in one launch; a big launch
+        // takes 670.
+        for (limits, n) in [(SMALL, 77), (BIG, 670)] {
+            let mut b = Launch::new(Header::default(), limits);
+            for _ in 0..n {
+                assert!(b.push(Piece::default(), [s(1)].into_iter(), [s(2)].into_iter()));
+            }
+            assert!(!b.push(Piece::default(), [s(1)].into_iter(), [s(2)].into_iter()));
         }
-        assert!(!b.push(Piece::default(), std::iter::empty(), std::iter::empty()));
     }
 
     #[test]

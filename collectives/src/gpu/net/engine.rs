@@ -527,13 +527,16 @@ impl GpuNet {
     }
 
     /// Cuts a checked call into pieces and takes a flag slot for each, with the staging ring
-    /// of `stream` (grown to the largest piece). On failure every slot taken is given back.
+    /// of `stream` (grown to the largest piece). A failure takes no slot.
     ///
     /// # Safety
     /// `stream` as in [`GpuNet::enqueue`].
     unsafe fn take_slots(&self, op: NetOp, stream: Stream) -> Result<(bool, Arc<Ring>, Vec<Run>)> {
+        let trace = &self.shared.trace;
+        let t0 = trace.on().then(Instant::now);
         let pieces = pieces_in_order(&op, self.rank, &self.cut);
         let (sb, rb) = stage_need(&pieces);
+        let t1 = trace.on().then(Instant::now);
         self.ctx.bind()?;
         // SAFETY: the caller's stream (contract above).
         let captured = unsafe { capturing(stream) }?;
@@ -545,27 +548,23 @@ impl GpuNet {
             &self.ctx,
             &self.shared.comms,
         )?;
-        let mut runs = Vec::with_capacity(pieces.len());
+        let t2 = trace.on().then(Instant::now);
         let broken = || self.shared.broken();
-        for (k, piece) in pieces.into_iter().enumerate() {
-            match self.slots.take(captured, &broken, self.timeout) {
-                Ok(Taken { slot, token }) => runs.push(Run {
-                    slot,
-                    token,
-                    channel: k % self.cut.channels,
-                    piece,
-                }),
-                Err(e) => {
-                    for r in runs {
-                        if captured {
-                            self.slots.give_back_captured(r.slot);
-                        } else {
-                            self.slots.give_back(r.slot);
-                        }
-                    }
-                    return Err(e);
-                }
-            }
+        let taken = self
+            .slots
+            .take(pieces.len(), captured, &broken, self.timeout)?;
+        let runs = (pieces.into_iter().zip(taken).enumerate())
+            .map(|(k, (piece, Taken { slot, token }))| Run {
+                slot,
+                token,
+                channel: k % self.cut.channels,
+                piece,
+            })
+            .collect();
+        if let (Some(t0), Some(t1), Some(t2)) = (t0, t1, t2) {
+            trace.step("cut", t1 - t0);
+            trace.step("ring", t2 - t1);
+            trace.step("take", t2.elapsed());
         }
         Ok((captured, ring, runs))
     }

@@ -38,6 +38,40 @@ struct State {
     next: usize,
 }
 
+impl State {
+    /// `n` slots from `captured`'s pool (then never used ones, up to `cap`), or none.
+    fn take(&mut self, n: usize, captured: bool, cap: usize) -> Option<Vec<Taken>> {
+        let pool = if captured {
+            &mut self.captured
+        } else {
+            &mut self.eager
+        };
+        let fresh = n.saturating_sub(pool.len());
+        if self.next + fresh > cap {
+            return None;
+        }
+        let from_pool = pool.len() - (n - fresh);
+        let mut out: Vec<usize> = pool.drain(from_pool..).rev().collect();
+        out.extend(self.next..self.next + fresh);
+        self.next += fresh;
+        Some(
+            out.into_iter()
+                .map(|slot| {
+                    if captured {
+                        return Taken {
+                            slot,
+                            token: CAPTURED_TOKEN,
+                        };
+                    }
+                    let t = &mut self.tokens[slot];
+                    *t = t.wrapping_add(1).max(1);
+                    Taken { slot, token: *t }
+                })
+                .collect(),
+        )
+    }
+}
+
 /// A slot taken for one piece, and the value its `start` and `done` carry.
 #[derive(Clone, Copy, Debug)]
 pub struct Taken {
@@ -65,44 +99,26 @@ impl Slots {
         i * STRIDE + DONE
     }
 
-    fn try_take(&self, captured: bool) -> Option<Taken> {
-        let mut st = self.state.lock();
-        let pool = if captured {
-            &mut st.captured
-        } else {
-            &mut st.eager
-        };
-        let slot = match pool.pop() {
-            Some(i) => i,
-            None if st.next < self.cap => {
-                st.next += 1;
-                st.next - 1
-            }
-            None => return None,
-        };
-        if captured {
-            return Some(Taken {
-                slot,
-                token: CAPTURED_TOKEN,
-            });
-        }
-        let t = &mut st.tokens[slot];
-        *t = t.wrapping_add(1).max(1);
-        Some(Taken { slot, token: *t })
-    }
-
-    /// A slot for a new piece. When every slot is in use and `wait` is set (an eager call),
-    /// waits for the progress thread to finish earlier pieces, until `deadline` or `broken`
-    /// says stop.
+    /// Slots for a call's `n` pieces, taken together (one lock for the whole call: a large
+    /// call has about a hundred pieces and the caller waits for each lock). When fewer are
+    /// free and the call is eager, waits for the progress thread to finish earlier pieces,
+    /// until `deadline` or `broken` says stop.
     pub fn take(
         &self,
+        n: usize,
         captured: bool,
         broken: &dyn Fn() -> Option<Error>,
         deadline: Duration,
-    ) -> Result<Taken> {
+    ) -> Result<Vec<Taken>> {
+        if n > self.cap {
+            return Err(Error::invalid(format!(
+                "a GPU network call of {n} pieces: more than the engine's {} flag slots",
+                self.cap
+            )));
+        }
         let t0 = Instant::now();
         loop {
-            if let Some(t) = self.try_take(captured) {
+            if let Some(t) = self.state.lock().take(n, captured, self.cap) {
                 return Ok(t);
             }
             if let Some(e) = broken() {
@@ -141,5 +157,55 @@ impl Slots {
         self.flags.store(Self::start(i), 0);
         self.flags.store(Self::done(i), 0);
         self.state.lock().captured.push(i);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{State, CAPTURED_TOKEN};
+
+    fn state(cap: usize) -> State {
+        State {
+            tokens: vec![0; cap],
+            ..State::default()
+        }
+    }
+
+    #[test]
+    fn a_call_takes_its_slots_together_or_none() {
+        let mut st = state(8);
+        let a = st.take(5, false, 8).unwrap();
+        assert_eq!(
+            a.iter().map(|t| t.slot).collect::<Vec<_>>(),
+            [0, 1, 2, 3, 4]
+        );
+        assert!(a.iter().all(|t| t.token == 1));
+        // 3 never used are left: a call of 4 gets none, and takes nothing.
+        assert!(st.take(4, false, 8).is_none());
+        assert_eq!(st.next, 5);
+        // Given back slots first (latest first), then never used ones; tokens count uses.
+        st.eager.extend([1, 3]);
+        let b = st.take(4, false, 8).unwrap();
+        assert_eq!(b.iter().map(|t| t.slot).collect::<Vec<_>>(), [3, 1, 5, 6]);
+        assert_eq!(b.iter().map(|t| t.token).collect::<Vec<_>>(), [2, 2, 1, 1]);
+        assert!(st.eager.is_empty());
+        // A pool larger than the call: its latest slots go, the rest stay.
+        st.eager.extend([0, 2, 4]);
+        let c = st.take(2, false, 8).unwrap();
+        assert_eq!(c.iter().map(|t| t.slot).collect::<Vec<_>>(), [4, 2]);
+        assert_eq!(st.eager, [0]);
+        // Captured pieces: their own pool, the constant token, the same fresh slots.
+        st.captured.push(6);
+        let d = st.take(2, true, 8).unwrap();
+        assert_eq!(d.iter().map(|t| t.slot).collect::<Vec<_>>(), [6, 7]);
+        assert!(d.iter().all(|t| t.token == CAPTURED_TOKEN));
+        assert!(st.take(1, true, 8).is_none());
+        // Slots are reused only after they were given back: 13 taken, 8 distinct.
+        let mut all: Vec<usize> = [a, b, c, d].iter().flatten().map(|t| t.slot).collect();
+        all.sort_unstable();
+        let n = all.len();
+        all.dedup();
+        assert_eq!(n, 5 + 4 + 2 + 2);
+        assert_eq!(all.len(), 8);
     }
 }

@@ -23,6 +23,8 @@ struct Samples {
     run: Vec<u32>,
     turn: Vec<u32>,
     last_done: Option<Instant>,
+    /// Named steps of an enqueue (`Trace::step`), in the order first seen.
+    steps: Vec<(&'static str, Vec<u32>)>,
 }
 
 /// Turnarounds longer than this are the caller not enqueueing, not the stream.
@@ -45,6 +47,24 @@ impl Trace {
 
     pub fn on(&self) -> bool {
         self.on
+    }
+
+    /// One named step of an enqueue took `d` (reported after the enqueue's own figures).
+    pub fn step(&self, name: &'static str, d: Duration) {
+        if self.on {
+            let mut s = self.samples.lock();
+            let i = match s.steps.iter().position(|(n, _)| *n == name) {
+                Some(i) => i,
+                None => {
+                    s.steps.push((name, Vec::new()));
+                    s.steps.len() - 1
+                }
+            };
+            let v = &mut s.steps[i].1;
+            if v.len() < KEEP {
+                v.push(us(d));
+            }
+        }
     }
 
     /// A staging-kernel call's time in cuLaunchKernel.
@@ -103,6 +123,9 @@ impl Trace {
             ("piece host part", &mut s.run),
             ("stream turnaround", &mut s.turn),
         ] {
+            line += &railcc_transport_nvlink::host_trace::summary(name, v);
+        }
+        for (name, v) in s.steps.iter_mut() {
             line += &railcc_transport_nvlink::host_trace::summary(name, v);
         }
         eprintln!("{line}");

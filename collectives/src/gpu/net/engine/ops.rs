@@ -10,7 +10,8 @@ use railcc_cuda::netcopy::{self, NetKernel};
 use std::time::Instant;
 
 impl GpuNet {
-    /// `call` on `stream` as launches of the staging kernel (`netcopy.rs`), 64 pieces each:
+    /// `call` on `stream` as launches of the staging kernel (`netcopy.rs`), as many pieces
+    /// each as its parameter holds (77 of two segments):
     /// the same copies and flags as [`GpuNet::stream_ops`], done by the SMs.
     pub(super) unsafe fn kernel_ops(
         &self,
