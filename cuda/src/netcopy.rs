@@ -125,6 +125,16 @@ impl Launch {
         }
     }
 
+    /// Room for `pieces` pieces of `segs` segments in all, up to a launch's entries, so a
+    /// large call's launch does not grow its vectors piece by piece.
+    pub fn reserve(&mut self, pieces: usize, segs: usize) {
+        let items = self.limits.items;
+        self.pieces.reserve(pieces.min(items));
+        self.segs.reserve(segs.min(items));
+        self.words
+            .reserve(HEADER_BYTES / 4 + 4 * (pieces + segs).min(items));
+    }
+
     /// Adds a piece with its segments; false (and nothing added) when the launch is full.
     pub fn push(
         &mut self,

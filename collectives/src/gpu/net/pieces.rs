@@ -14,6 +14,7 @@
 
 use crate::plan::{CollArgs, P2pKind};
 use railcc_core::call::CollKind;
+use smallvec::{smallvec, SmallVec};
 
 /// A copy between device memory and a staging buffer (`stage` is a byte offset in it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,13 +35,16 @@ pub enum HostCall {
     P2p(Vec<(P2pKind, usize, usize, usize)>),
 }
 
+/// A piece's segments on one side: most pieces have one, held inline (no heap block).
+pub type Segs = SmallVec<[Seg; 1]>;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Piece {
     /// Device -> send stage, before the call.
-    pub down: Vec<Seg>,
+    pub down: Segs,
     pub call: HostCall,
     /// Receive stage -> device, after the call.
-    pub up: Vec<Seg>,
+    pub up: Segs,
     pub send_bytes: usize,
     pub recv_bytes: usize,
 }
@@ -124,9 +128,9 @@ fn coll_pieces(a: &CollArgs, send: u64, recv: u64, rank: usize, cut: &Cut) -> Ve
     let p = a.nranks;
     if a.coll == CollKind::Barrier {
         return vec![Piece {
-            down: vec![],
+            down: Segs::new(),
             call: HostCall::Coll(*a),
-            up: vec![],
+            up: Segs::new(),
             send_bytes: 0,
             recv_bytes: 0,
         }];
@@ -142,14 +146,14 @@ fn coll_pieces(a: &CollArgs, send: u64, recv: u64, rank: usize, cut: &Cut) -> Ve
         .map(|(lo, hi)| {
             let m = hi - lo;
             let mb = m * es;
-            let one = |dev: u64| {
-                vec![Seg {
+            let one = |dev: u64| -> Segs {
+                smallvec![Seg {
                     dev,
                     stage: 0,
                     bytes: mb,
                 }]
             };
-            let rowed = |base: u64| -> Vec<Seg> {
+            let rowed = |base: u64| -> Segs {
                 (0..p)
                     .map(|r| Seg {
                         dev: at(base, r * a.count + lo),
@@ -166,7 +170,7 @@ fn coll_pieces(a: &CollArgs, send: u64, recv: u64, rank: usize, cut: &Cut) -> Ve
                     if rank == a.root {
                         one(at(send, lo))
                     } else {
-                        vec![]
+                        Segs::new()
                     },
                     one(at(recv, lo)),
                 ),
@@ -175,7 +179,7 @@ fn coll_pieces(a: &CollArgs, send: u64, recv: u64, rank: usize, cut: &Cut) -> Ve
                     if rank == a.root {
                         one(at(recv, lo))
                     } else {
-                        vec![]
+                        Segs::new()
                     },
                 ),
                 _ => (one(at(send, lo)), one(at(recv, lo))),
@@ -206,9 +210,9 @@ fn p2p_pieces(ops: &[P2pOp], cut: &Cut) -> Vec<Piece> {
     let mut out = Vec::with_capacity(n);
     for k in 0..n {
         let mut piece = Piece {
-            down: vec![],
+            down: Segs::new(),
             call: HostCall::P2p(vec![]),
-            up: vec![],
+            up: Segs::new(),
             send_bytes: 0,
             recv_bytes: 0,
         };
@@ -333,8 +337,8 @@ mod tests {
         assert_eq!(ps[0].len(), 2);
         let first = &ps[0][0];
         assert_eq!(
-            first.down,
-            vec![Seg {
+            first.down[..],
+            [Seg {
                 dev: 1000,
                 stage: 0,
                 bytes: 12

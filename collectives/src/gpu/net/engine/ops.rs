@@ -34,6 +34,11 @@ impl GpuNet {
             header.recv[i] = ring.recv_dev[i];
         }
         let mut p = netcopy::Launch::new(header, k.limits());
+        let segs = call
+            .runs
+            .iter()
+            .map(|r| r.piece.down.len() + r.piece.up.len());
+        p.reserve(call.runs.len(), segs.sum());
         let timed = self.shared.trace.on();
         let mut in_launch = std::time::Duration::ZERO;
         let stamps = self.stamps.as_ref();
