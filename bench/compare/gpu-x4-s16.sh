@@ -19,7 +19,10 @@
 #   d  one launch per 232 entries (a 128 MB call's 74 pieces in one launch) and one lock for
 #      a call's flag slots: gpu-net-kernel.sh quick and x2, then the return times with the
 #      trace's steps (cut, ring, take), idle (-n 1 -w 0) and in a loop (-n 20 -w 5).
-# Usage: bash bench/compare/gpu-x4-s16.sh a|b|c|d
+#   e  pair pieces (2 entries instead of 3) and a piece's one segment inline: quick and x2,
+#      the return times as in d, the caller's time per call (enq) against the session's
+#      first build.
+# Usage: bash bench/compare/gpu-x4-s16.sh a|b|c|d|e
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -60,7 +63,7 @@ case ${1:-} in
     OUT=$L/step STEP_LAYOUTS=2x2 STEP_MODES="ddp hsdp overlap" STEP_RUNS=1 STEP_LIMIT=150 STEP_LIBS="railcc nccl-4x4" \
       timeout $(left 585) bash bench/torch/step.sh 2>&1 | tee "$L/step.txt" | grep -v "^  "
     ;;
-  d)
+  d|e)
     OUT=$L NK_PARTS="quick x2" timeout 240 bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/check.txt" | grep -E "^(PASS|FAIL)|failed"
     echo "== after $(( $(date +%s) - T0 )) s"
     for n in "1 -w 0" "20 -w 5"; do
@@ -71,6 +74,11 @@ case ${1:-} in
         echo "== ${v%%:*} -n $n: exit $?"; grep -E "returned after|rank 0 gpu net trace" "$f"
       done
     done
+    if [ "$1" = e ]; then
+      old=$(ls -d .device/lib-* 2>/dev/null | head -n 1)
+      OUT=$L NK_PARTS=enq NK_ENQ="${old:+railcc $old|RAILCC_LIB=$PWD/$old}" timeout $(left 330) \
+        bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/enq.txt"
+    fi
     ;;
   *) echo "usage: $0 a|b|c|d"; exit 2 ;;
 esac

@@ -44,18 +44,20 @@ pub struct Seg {
     pub bytes: u32,
 }
 
-/// One piece: its flag slot and token, its ring slot (its index in the call modulo the ring's
-/// depth), and its segments in (`down`) and back (`up`) as ranges of its launch's segments.
-#[repr(C)]
+/// One piece: its flag slot and token, and its ring slot (its index in the call modulo the
+/// ring's depth). [`Launch::push`] adds its segments.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Piece {
     pub token: u32,
     pub slot: u16,
     pub ring: u8,
-    pub pad: u8,
-    pub down: [u16; 2],
-    pub up: [u16; 2],
 }
+
+/// A piece entry's flag (its word 1's top byte): a pair piece, one segment in and one back,
+/// both at stage offset 0 and of the same size (every piece of an all_reduce, broadcast or
+/// reduce), whose one segment entry holds both device addresses: 2 entries instead of 3, so
+/// a 128 MB call passes 2.4 KB instead of 3.5.
+const PAIR: u32 = 1;
 
 /// How many 16-byte entries (pieces and segments, in any mix) the kernel's parameter holds
 /// after its header: one launch takes that many.
@@ -103,14 +105,24 @@ pub struct Header {
 
 /// One launch's pieces and segments, and the parameter they make: the header, then the
 /// pieces and the segments end to end as 16-byte entries, so a launch passes only the bytes
-/// it uses (344 for one piece of two segments: the driver copies every parameter byte into
-/// the launch, and NCCL passes its used bytes alone for the same reason).
+/// it uses (328 for one pair piece: the driver copies every parameter byte into the launch,
+/// and NCCL passes its used bytes alone for the same reason).
+///
+/// A piece entry: token; slot | ring << 16 | flags << 24; then its segments `[a, b)` in
+/// (down) and back (up) as `a | b << 16` each, or for a [`PAIR`] piece its segment's index and
+/// its bytes. A segment entry: device address (two words), stage offset, bytes; a pair's:
+/// the two device addresses, in then back.
+#[derive(Clone)]
 pub struct Launch {
     pub header: Header,
     limits: Limits,
-    pieces: Vec<Piece>,
-    segs: Vec<Seg>,
+    pieces: Vec<[u32; 4]>,
+    segs: Vec<[u32; 4]>,
     words: Vec<u32>,
+}
+
+fn wide(v: u64) -> [u32; 2] {
+    [v as u32, (v >> 32) as u32]
 }
 
 impl Launch {
@@ -139,19 +151,48 @@ impl Launch {
     pub fn push(
         &mut self,
         p: Piece,
-        down: impl ExactSizeIterator<Item = Seg>,
-        up: impl ExactSizeIterator<Item = Seg>,
+        mut down: impl ExactSizeIterator<Item = Seg>,
+        mut up: impl ExactSizeIterator<Item = Seg>,
     ) -> bool {
         let n = self.segs.len();
         let (nd, nu) = (down.len(), up.len());
-        if self.pieces.len() + 1 + n + nd + nu > self.limits.items {
+        let used = self.pieces.len() + n;
+        let head = |flags: u32| [p.token, p.slot as u32 | (p.ring as u32) << 16 | flags << 24];
+        if nd == 1 && nu == 1 {
+            if used + 2 > self.limits.items {
+                return false;
+            }
+            let (Some(d), Some(u)) = (down.next(), up.next()) else {
+                return false;
+            };
+            if d.stage == 0 && u.stage == 0 && d.bytes == u.bytes {
+                let [h0, h1] = head(PAIR);
+                self.pieces.push([h0, h1, n as u32, d.bytes]);
+                let ([a0, a1], [b0, b1]) = (wide(d.dev), wide(u.dev));
+                self.segs.push([a0, a1, b0, b1]);
+                return true;
+            }
+            if used + 3 > self.limits.items {
+                return false;
+            }
+            return self.push_segs(head(0), [d, u].into_iter(), 1);
+        }
+        if used + 1 + nd + nu > self.limits.items {
             return false;
         }
-        let mut p = p;
-        p.down = [n as u16, (n + nd) as u16];
-        p.up = [p.down[1], (n + nd + nu) as u16];
-        self.segs.extend(down.chain(up));
-        self.pieces.push(p);
+        self.push_segs(head(0), down.chain(up), nd)
+    }
+
+    /// A piece entry of head words `head` and its segments, the first `nd` of them in.
+    fn push_segs(&mut self, head: [u32; 2], segs: impl Iterator<Item = Seg>, nd: usize) -> bool {
+        let n = self.segs.len();
+        self.segs.extend(segs.map(|g| {
+            let [a0, a1] = wide(g.dev);
+            [a0, a1, g.stage, g.bytes]
+        }));
+        let (d1, e) = ((n + nd) as u32, self.segs.len() as u32);
+        self.pieces
+            .push([head[0], head[1], n as u32 | d1 << 16, d1 | e << 16]);
         true
     }
 
@@ -170,10 +211,9 @@ impl Launch {
         let h = &self.header;
         let w = &mut self.words;
         w.clear();
-        let wide = |w: &mut Vec<u32>, v: u64| w.extend([v as u32, (v >> 32) as u32]);
-        wide(w, h.flags);
+        w.extend(wide(h.flags));
         for &a in h.send.iter().chain(&h.recv) {
-            wide(w, a);
+            w.extend(wide(a));
         }
         w.extend([
             h.depth,
@@ -183,18 +223,8 @@ impl Launch {
             h.slot_words,
             h.done_word,
         ]);
-        wide(w, h.stamps);
-        for q in &self.pieces {
-            w.extend([
-                q.token,
-                q.slot as u32 | (q.ring as u32) << 16 | (q.pad as u32) << 24,
-                q.down[0] as u32 | (q.down[1] as u32) << 16,
-                q.up[0] as u32 | (q.up[1] as u32) << 16,
-            ]);
-        }
-        for g in &self.segs {
-            w.extend([g.dev as u32, (g.dev >> 32) as u32, g.stage, g.bytes]);
-        }
+        w.extend(wide(h.stamps));
+        w.extend(self.pieces.iter().chain(&self.segs).flatten());
         w
     }
 }
@@ -213,7 +243,7 @@ pub fn source(limits: Limits) -> String {
     format!(
         r#"
 struct Seg {{ unsigned long long dev; unsigned int stage; unsigned int bytes; }};
-struct Piece {{ unsigned int token; unsigned short slot; unsigned char ring, pad; unsigned short down[2], up[2]; }};
+struct Piece {{ unsigned int token; unsigned short slot; unsigned char ring, flags; unsigned short down[2], up[2]; unsigned int pair; }};
 struct Params {{
   unsigned long long flags;
   unsigned long long send[{MAX_DEPTH}];
@@ -227,14 +257,25 @@ struct Params {{
 __device__ __forceinline__ Piece piece_at(const Params& p, unsigned int j) {{
   const unsigned int* w = p.items[j];
   Piece q;
-  q.token = w[0]; q.slot = w[1] & 0xffff; q.ring = (w[1] >> 16) & 0xff; q.pad = w[1] >> 24;
-  q.down[0] = w[2] & 0xffff; q.down[1] = w[2] >> 16; q.up[0] = w[3] & 0xffff; q.up[1] = w[3] >> 16;
+  q.token = w[0]; q.slot = w[1] & 0xffff; q.ring = (w[1] >> 16) & 0xff; q.flags = w[1] >> 24;
+  if (q.flags & {PAIR}) {{
+    // One segment entry: in and back, both at stage offset 0, `pair` bytes.
+    q.down[0] = q.up[0] = w[2]; q.down[1] = q.up[1] = w[2] + 1; q.pair = w[3];
+  }} else {{
+    q.down[0] = w[2] & 0xffff; q.down[1] = w[2] >> 16; q.up[0] = w[3] & 0xffff; q.up[1] = w[3] >> 16; q.pair = 0;
+  }}
   return q;
 }}
-__device__ __forceinline__ Seg seg_at(const Params& p, unsigned int s) {{
+// Segment s of piece q, on its way in (`back` 0) or back (1).
+__device__ __forceinline__ Seg seg_at(const Params& p, const Piece& q, unsigned int s, int back) {{
   const unsigned int* w = p.items[p.npieces + s];
   Seg g;
-  g.dev = ((unsigned long long)w[1] << 32) | w[0]; g.stage = w[2]; g.bytes = w[3];
+  if (q.flags & {PAIR}) {{
+    g.dev = back ? ((unsigned long long)w[3] << 32) | w[2] : ((unsigned long long)w[1] << 32) | w[0];
+    g.stage = 0; g.bytes = q.pair;
+  }} else {{
+    g.dev = ((unsigned long long)w[1] << 32) | w[0]; g.stage = w[2]; g.bytes = w[3];
+  }}
   return g;
 }}
 // One W-byte word; `cv`: the source is host memory the progress thread wrote (fetched again,
@@ -302,7 +343,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(const Params p) {
     const Piece q = piece_at(p, j); \
     unsigned char* stage = (unsigned char*)p.send[q.ring]; \
     for (unsigned int s = q.down[0]; s < q.down[1]; s++) {{ \
-      const Seg g = seg_at(p, s); \
+      const Seg g = seg_at(p, q, s, 0); \
       copy_block(stage + g.stage, (const unsigned char*)g.dev, g.bytes, false); \
     }} \
     __syncthreads(); \
@@ -327,7 +368,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(const Params p) {
     __syncthreads();
     const unsigned char* stage = (const unsigned char*)p.recv[q.ring];
     for (unsigned int s = q.up[0]; s < q.up[1]; s++) {{
-      const Seg g = seg_at(p, s);
+      const Seg g = seg_at(p, q, s, 1);
       copy_block((unsigned char*)g.dev, stage + g.stage, g.bytes, true);
     }}
     // The recv slot is this block's again only after every thread's loads.
@@ -573,7 +614,6 @@ mod tests {
     #[test]
     fn parameters_fit_cudas_limits() {
         assert_eq!(std::mem::size_of::<Seg>(), 16);
-        assert_eq!(std::mem::size_of::<Piece>(), 16);
         // The classic 4 KiB, and CUDA 12.1's 32764 bytes.
         assert_eq!(SMALL.param_bytes(), 4008);
         assert!(BIG.param_bytes() <= 32764, "{}", BIG.param_bytes());
@@ -581,6 +621,18 @@ mod tests {
         // padding before `stamps` or after it), so entries start at byte 296.
         let mut p = Launch::new(Header::default(), SMALL);
         assert_eq!(p.pack().len() * 4, HEADER_BYTES);
+    }
+
+    fn seg(dev: u64, stage: u32, bytes: u32) -> Seg {
+        Seg { dev, stage, bytes }
+    }
+
+    fn piece(token: u32) -> Piece {
+        Piece {
+            token,
+            slot: 0x1234,
+            ring: 5,
+        }
     }
 
     #[test]
@@ -592,51 +644,49 @@ mod tests {
             ..Default::default()
         };
         let mut p = Launch::new(header, SMALL);
-        let s = |d: u64, stage: u32| Seg {
-            dev: d,
-            stage,
-            bytes: 8,
-        };
-        let q = |token: u32| Piece {
-            token,
-            slot: 0x1234,
-            ring: 5,
-            ..Default::default()
-        };
+        // Not a pair (stage offsets differ), one side only, and a pair.
         assert!(p.push(
-            q(9),
-            [s(0x1_0000_0002, 3)].into_iter(),
-            [s(4, 5)].into_iter()
+            piece(9),
+            [seg(0x1_0000_0002, 3, 8)].into_iter(),
+            [seg(4, 5, 8)].into_iter()
         ));
-        assert!(p.push(q(10), std::iter::empty(), [s(6, 7)].into_iter()));
+        assert!(p.push(piece(10), std::iter::empty(), [seg(6, 7, 8)].into_iter()));
+        assert!(p.push(
+            piece(11),
+            [seg(0x2_0000_0010, 0, 96)].into_iter(),
+            [seg(0x3_0000_0020, 0, 96)].into_iter()
+        ));
         let w = p.pack().to_vec();
-        // Two pieces and three segments: 296 + 5 x 16 bytes.
-        assert_eq!(w.len() * 4, 376);
+        // Three pieces and four segment entries: 296 + 7 x 16 bytes.
+        assert_eq!(w.len() * 4, 408);
         // flags, then depth, captured, npieces, nsegs at words 66-69, stamps at 72.
         assert_eq!((w[0], w[1]), (7, 5));
-        assert_eq!(&w[66..70], &[8, 0, 2, 3]);
+        assert_eq!(&w[66..70], &[8, 0, 3, 4]);
         assert_eq!((w[72], w[73]), (9, 0));
         let item = |i: usize| &w[74 + 4 * i..78 + 4 * i];
         // Piece 0: token, slot | ring << 16, down [0, 1], up [1, 2]; piece 1: down [2, 2],
-        // up [2, 3].
+        // up [2, 3]; piece 2 a pair: the PAIR flag, its segment entry (3), its bytes.
         assert_eq!(item(0), &[9, 0x1234 | 5 << 16, 1 << 16, 1 | 2 << 16]);
         assert_eq!(item(1), &[10, 0x1234 | 5 << 16, 2 | 2 << 16, 2 | 3 << 16]);
-        // Segment 0 right after the last piece, its address in two words.
-        assert_eq!(item(2), &[2, 1, 3, 8]);
-        assert_eq!(item(4), &[6, 0, 7, 8]);
+        assert_eq!(item(2), &[11, 0x1234 | 5 << 16 | PAIR << 24, 3, 96]);
+        // Segment 0 right after the last piece, its address in two words; the pair's entry
+        // holds its two addresses.
+        assert_eq!(item(3), &[2, 1, 3, 8]);
+        assert_eq!(item(5), &[6, 0, 7, 8]);
+        assert_eq!(item(6), &[0x10, 2, 0x20, 3]);
         // Full launches pass every entry and no more than the declared parameter.
         for limits in [SMALL, BIG] {
             let mut full = Launch::new(header, limits);
             while full.push(
                 Piece::default(),
-                [s(1, 0)].into_iter(),
-                [s(2, 0)].into_iter(),
+                [seg(1, 0, 8)].into_iter(),
+                [seg(2, 0, 8)].into_iter(),
             ) {}
             let bytes = full.pack().len() * 4;
             assert!(bytes <= limits.param_bytes(), "{limits:?}: {bytes}");
             assert_eq!(
                 bytes,
-                HEADER_BYTES + 16 * (full.npieces() * 3),
+                HEADER_BYTES + 16 * (full.npieces() * 2),
                 "{limits:?}"
             );
         }
@@ -649,11 +699,7 @@ mod tests {
     #[test]
     fn push_lays_segments_end_to_end_and_stops_when_full() {
         let mut p = Launch::new(Header::default(), SMALL);
-        let s = |d: u64| Seg {
-            dev: d,
-            stage: 0,
-            bytes: 8,
-        };
+        let s = |d: u64| seg(d, 0, 8);
         assert!(p.push(
             Piece::default(),
             [s(1)].into_iter(),
@@ -661,9 +707,9 @@ mod tests {
         ));
         assert!(p.push(Piece::default(), std::iter::empty(), [s(4)].into_iter()));
         assert_eq!((p.pieces.len(), p.segs.len()), (2, 4));
-        assert_eq!((p.pieces[0].down, p.pieces[0].up), ([0, 1], [1, 3]));
-        assert_eq!((p.pieces[1].down, p.pieces[1].up), ([3, 3], [3, 4]));
-        assert_eq!(p.segs[3].dev, 4);
+        assert_eq!((p.pieces[0][2], p.pieces[0][3]), (1 << 16, 1 | 3 << 16));
+        assert_eq!((p.pieces[1][2], p.pieces[1][3]), (3 | 3 << 16, 3 | 4 << 16));
+        assert_eq!(p.segs[3][0], 4);
         // Entries used: 2 pieces and 4 segments of 232. A piece of the most segments fits
         // (175 used); a second does not: refused, nothing changed.
         let many = vec![s(9); MAX_SEGS];
@@ -673,15 +719,25 @@ mod tests {
         // Alone in a launch it fits.
         let mut alone = Launch::new(Header::default(), SMALL);
         assert!(alone.push(Piece::default(), many.iter().copied(), std::iter::empty()));
-        // Pieces of two segments fill the rest: 57 entries, 19 pieces.
-        for _ in 0..19 {
+        // 57 entries left: 27 pairs leave 3, where a piece of one segment each way that is
+        // no pair (3 entries) fits and then nothing but a piece of no segment.
+        for _ in 0..27 {
             assert!(p.push(Piece::default(), [s(1)].into_iter(), [s(2)].into_iter()));
         }
+        let odd = || [seg(1, 8, 8)].into_iter();
+        let mut q = p.clone();
+        assert!(q.push(Piece::default(), odd(), odd()));
+        assert_eq!(q.pieces.len() + q.segs.len(), SMALL.items);
+        // A pair fits the same 3, leaving 1: no pair, no odd piece, an empty piece.
+        assert!(p.push(Piece::default(), [s(1)].into_iter(), [s(2)].into_iter()));
+        assert!(!p.push(Piece::default(), [s(1)].into_iter(), [s(2)].into_iter()));
+        assert!(!p.push(Piece::default(), odd(), odd()));
+        assert!(p.push(Piece::default(), std::iter::empty(), std::iter::empty()));
         assert!(!p.push(Piece::default(), std::iter::empty(), std::iter::empty()));
         assert_eq!(p.pieces.len() + p.segs.len(), SMALL.items);
-        // A 128 MB all_reduce's 74 pieces (1.75 MiB slots) in one launch; a big launch
-        // takes 670.
-        for (limits, n) in [(SMALL, 77), (BIG, 670)] {
+        // A 128 MB all_reduce's 74 pairs (1.75 MiB slots) in one launch: 116 fit; a big
+        // launch takes 1006.
+        for (limits, n) in [(SMALL, 116), (BIG, 1006)] {
             let mut b = Launch::new(Header::default(), limits);
             for _ in 0..n {
                 assert!(b.push(Piece::default(), [s(1)].into_iter(), [s(2)].into_iter()));

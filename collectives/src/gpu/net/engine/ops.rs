@@ -62,7 +62,6 @@ impl GpuNet {
                 token: r.token,
                 slot: r.slot as u16,
                 ring: (i % ring.depth) as u8,
-                ..Default::default()
             };
             let (down, up) = (&r.piece.down, &r.piece.up);
             if p.push(piece, kernel_segs(down), kernel_segs(up)) {
