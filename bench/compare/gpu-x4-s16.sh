@@ -22,7 +22,10 @@
 #   e  pair pieces (2 entries instead of 3) and a piece's one segment inline: quick and x2,
 #      the return times as in d, the caller's time per call (enq) against the session's
 #      first build.
-# Usage: bash bench/compare/gpu-x4-s16.sh a|b|c|d|e
+#   f  the idle-stream return time against the call's size (64 KB-128 MB: does the launch's
+#      parameter size set it?); PyTorch 8 B and 4 KB, 2 x 1 and 2 x 2, twice, against NCCL;
+#      nccl-tests' latency.
+# Usage: bash bench/compare/gpu-x4-s16.sh a|b|c|d|e|f
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
