@@ -83,6 +83,15 @@ case ${1:-} in
         bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/enq.txt"
     fi
     ;;
-  *) echo "usage: $0 a|b|c|d"; exit 2 ;;
+  f)
+    timeout 120 $PWD/.device/bin/railcc bench all_reduce --device cuda --per-process --gpu-net \
+      --ranks 2 -b 64K -e 128M -f 2 -n 1 -w 0 -c 0 > "$L/ret-sizes.log" 2>&1
+    echo "== sizes: exit $?"; grep -E "returned after" "$L/ret-sizes.log" | grep "out of place"
+    OUT=$L/step STEP_LAYOUTS="2x1 2x2" STEP_MODES=small STEP_RUNS=2 STEP_LIMIT=50 STEP_SMALL_SIZES=8,4096 \
+      timeout 300 bash bench/torch/step.sh 2>&1 | tee "$L/step.txt" | grep -E "^step|^2x|ratio"
+    echo "== after $(( $(date +%s) - T0 )) s"
+    OUT=$L NK_PARTS=lat NK_ROUNDS=1 timeout $(left 500) bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/lat.txt" | grep -E "^(railcc|nccl)|^==|failed"
+    ;;
+  *) echo "usage: $0 a|b|c|d|e|f"; exit 2 ;;
 esac
 session_end "$1"
