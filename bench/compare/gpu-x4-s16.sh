@@ -25,7 +25,9 @@
 #   f  the idle-stream return time against the call's size (64 KB-128 MB: does the launch's
 #      parameter size set it?); PyTorch 8 B and 4 KB, 2 x 1 and 2 x 2, twice, against NCCL;
 #      nccl-tests' latency.
-# Usage: bash bench/compare/gpu-x4-s16.sh a|b|c|d|e|f
+#   g  the 2 x 2 DDP step (1.35x NCCL 4 x 4 in part c's one run, parity in earlier sessions)
+#      three times, railcc's default, with parking threads, and NCCL 4 x 4; HSDP twice.
+# Usage: bash bench/compare/gpu-x4-s16.sh a|b|c|d|e|f|g
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -92,6 +94,13 @@ case ${1:-} in
     echo "== after $(( $(date +%s) - T0 )) s"
     OUT=$L NK_PARTS=lat NK_ROUNDS=1 timeout $(left 500) bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/lat.txt" | grep -E "^(railcc|nccl)|^==|failed"
     ;;
-  *) echo "usage: $0 a|b|c|d|e|f"; exit 2 ;;
+  g)
+    OUT=$L/ddp STEP_LAYOUTS=2x2 STEP_MODES=ddp STEP_RUNS=3 STEP_LIMIT=90 STEP_LIBS="railcc nccl-4x4" \
+      STEP_EXTRA="nospin:RAILCC_GPU_NET_SPIN_US=0" timeout 200 bash bench/torch/step.sh 2>&1 | tee "$L/ddp.txt" | grep -v "^  "
+    echo "== after $(( $(date +%s) - T0 )) s"
+    OUT=$L/hsdp STEP_LAYOUTS=2x2 STEP_MODES=hsdp STEP_RUNS=2 STEP_LIMIT=90 STEP_LIBS="railcc nccl-4x4" \
+      timeout $(left 330) bash bench/torch/step.sh 2>&1 | tee "$L/hsdp.txt" | grep -v "^  "
+    ;;
+  *) echo "usage: $0 a|b|c|d|e|f|g"; exit 2 ;;
 esac
 session_end "$1"
