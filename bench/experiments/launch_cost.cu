@@ -1,0 +1,135 @@
+// Issue 31 experiment: why a launch of the network staging kernel on an idle stream takes 20-23
+// us of the caller's time against 6 us on a busy one (bench/results/README.md, fourteenth
+// session), whatever its parameter's size (2.4-4.9 KB). Times cudaLaunchKernel on the caller's
+// thread for kernels of parameters of 256 B to 32 KB:
+//   idle-sleep  the stream synchronized, then the thread asleep 300 us (as after a barrier);
+//   idle-spin   the stream synchronized, then the thread spinning 300 us (its caches warm);
+//   busy        behind a 20 ms kernel on the same stream (the launch only queues).
+// Then whether a kernel that writes host memory at once (4 blocks of 512 threads, as the
+// staging kernel copies a piece into the pinned ring) slows what the caller does next: an
+// event record and a 256 KiB memset of the caller's own memory, after a no-op kernel and after
+// the writer, both on an idle stream. Prints medians of 50, us.
+// Build: nvcc -O2 -arch=sm_90 -o /tmp/launch_cost launch_cost.cu
+#include <cuda_runtime.h>
+#include <unistd.h>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#define CK(x) do { cudaError_t r = (x); if (r != cudaSuccess) { \
+  std::printf("FAIL  %s: %s\n", #x, cudaGetErrorString(r)); return 1; } } while (0)
+
+static double now_us() {
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+static double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+static void spin_us(double us) {
+  double t = now_us();
+  while (now_us() - t < us) {
+  }
+}
+
+template <int N> struct Param { unsigned int w[N / 4]; };
+
+template <int N> __global__ void take(const Param<N> p, unsigned int* out) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) out[0] = p.w[N / 4 - 1];
+}
+
+__global__ void wait_ns(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (t - t0 < ns);
+}
+
+// Writes `bytes` of host memory with 16-byte stores, as the staging kernel copies a piece in.
+__global__ void write_host(uint4* dst, size_t n) {
+  for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    dst[i] = make_uint4(i, i, i, i);
+}
+
+template <int N> int row(cudaStream_t s, unsigned int* out) {
+  Param<N> p;
+  std::memset(&p, 1, sizeof p);
+  std::vector<double> sleep, spin, busy;
+  for (int i = 0; i < 50; i++) {
+    CK(cudaStreamSynchronize(s));
+    usleep(300);
+    double t = now_us();
+    take<N><<<1, 32, 0, s>>>(p, out);
+    sleep.push_back(now_us() - t);
+    CK(cudaStreamSynchronize(s));
+    spin_us(300);
+    t = now_us();
+    take<N><<<1, 32, 0, s>>>(p, out);
+    spin.push_back(now_us() - t);
+  }
+  CK(cudaStreamSynchronize(s));
+  wait_ns<<<1, 1, 0, s>>>(20000000ull);
+  for (int i = 0; i < 50; i++) {
+    double t = now_us();
+    take<N><<<1, 32, 0, s>>>(p, out);
+    busy.push_back(now_us() - t);
+  }
+  CK(cudaStreamSynchronize(s));
+  CK(cudaGetLastError());
+  std::printf("%7d B  launch: idle-sleep %6.1f  idle-spin %6.1f  busy %6.1f\n", N, median(sleep),
+              median(spin), median(busy));
+  return 0;
+}
+
+int main() {
+  cudaStream_t s;
+  CK(cudaSetDevice(0));
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  unsigned int* out;
+  CK(cudaMalloc(&out, 64));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  int drv = 0;
+  CK(cudaDriverGetVersion(&drv));
+  std::printf("# %s, driver %d; us on the caller's thread, medians of 50\n", prop.name, drv);
+  if (row<256>(s, out) || row<1024>(s, out) || row<2048>(s, out) || row<3072>(s, out) ||
+      row<4000>(s, out) || row<16384>(s, out) || row<32000>(s, out))
+    return 1;
+
+  const size_t bytes = 128u << 20;
+  uint4* host;
+  CK(cudaHostAlloc(&host, bytes, cudaHostAllocMapped));
+  uint4* dev_view;
+  CK(cudaHostGetDevicePointer(&dev_view, host, 0));
+  std::vector<char> mine(256 << 10);
+  cudaEvent_t ev;
+  CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  for (int writer = 0; writer < 2; writer++) {
+    std::vector<double> launch, record, memset_us;
+    for (int i = 0; i < 50; i++) {
+      CK(cudaStreamSynchronize(s));
+      usleep(300);
+      double t0 = now_us();
+      if (writer) write_host<<<4, 512, 0, s>>>(dev_view, bytes / 16);
+      else take<256><<<1, 32, 0, s>>>(Param<256>{}, out);
+      double t1 = now_us();
+      CK(cudaEventRecord(ev, s));
+      double t2 = now_us();
+      std::memset(mine.data(), i, mine.size());
+      double t3 = now_us();
+      launch.push_back(t1 - t0);
+      record.push_back(t2 - t1);
+      memset_us.push_back(t3 - t2);
+    }
+    CK(cudaStreamSynchronize(s));
+    CK(cudaGetLastError());
+    std::printf("%s kernel, idle-sleep: launch %6.1f  then event record %6.1f  then 256 KiB memset %6.1f (%d)\n",
+                writer ? "host-writing" : "no-op       ", median(launch), median(record),
+                median(memset_us), mine[7]);
+  }
+  return 0;
+}
