@@ -137,7 +137,7 @@ impl Slots {
                 return Err(Error::new(
                     ErrorKind::Timeout,
                     format!(
-                        "{} pieces of GPU network calls still in flight after {deadline:?}",
+                        "a GPU network call of {n} pieces found fewer than {n} of the engine's {} flag slots free for {deadline:?}: earlier calls' pieces still in flight",
                         self.cap
                     ),
                 ));

@@ -15,7 +15,8 @@ pub struct Trace {
 #[derive(Default)]
 struct Samples {
     enqueue: Vec<u32>,
-    /// Of the enqueue, cutting the call and taking its flag slots.
+    /// Of the enqueue, what comes before the stream operations: checking the call, cutting
+    /// it, taking its flag slots and the ring.
     slots: Vec<u32>,
     stream_ops: Vec<u32>,
     /// Of the stream operations, the staging kernel's launches alone (cuLaunchKernel).
@@ -77,8 +78,9 @@ impl Trace {
         }
     }
 
-    /// A call took `total` to enqueue: `slots` of it cutting the call and taking flag
-    /// slots, `ops` putting operations on the stream.
+    /// A call took `total` to enqueue: `slots` of it before the stream operations (checking
+    /// and cutting the call, taking flag slots and the ring), `ops` putting operations on the
+    /// stream.
     pub fn enqueued(&self, total: Duration, slots: Duration, ops: Duration) {
         if self.on {
             let mut s = self.samples.lock();
