@@ -363,6 +363,11 @@ config! {
     /// 232). 0: 232 (a 4 KiB parameter: a 128 MB all_reduce's 74 pieces in one launch). The
     /// larger parameter made an idle-stream call slower to return on H100.
     gpu_net_big_launch: u8 = 0, "RAILCC_GPU_NET_BIG_LAUNCH";
+    /// 1: a staging-kernel launch of more than 64 entries writes them into a table of mapped
+    /// host memory (8 tables of 2012 entries, 251 KiB a network engine) and passes the
+    /// kernel a 304-byte header alone; calls with no table free pass them as with 0. Opt-in,
+    /// not yet run on a GPU: an idle launch's cost may not follow its parameter's size.
+    gpu_net_table: u8 = 0, "RAILCC_GPU_NET_TABLE";
     /// Prints, when a GPU network communicator closes, where its calls' time went: time to
     /// enqueue, each piece's host part, and the stream's turnaround between pieces.
     gpu_net_trace: u8 = 0, "RAILCC_GPU_NET_TRACE";
@@ -515,6 +520,12 @@ impl Config {
             return Err(Error::invalid(format!(
                 "RAILCC_GPU_NET_KERNEL={} must be 0 or 1 and RAILCC_GPU_NET_BLOCKS={} 1 to 16",
                 self.gpu_net_kernel, self.gpu_net_blocks
+            )));
+        }
+        if self.gpu_net_table > 1 {
+            return Err(Error::invalid(format!(
+                "RAILCC_GPU_NET_TABLE={} must be 0 or 1",
+                self.gpu_net_table
             )));
         }
         if self.gpu_net_big_launch > 1 {

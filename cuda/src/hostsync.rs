@@ -134,6 +134,32 @@ impl Flags {
         }
     }
 
+    /// Writes `words` at word `from` on; visible to the GPU before any later store or launch
+    /// (a release fence after them).
+    ///
+    /// # Safety
+    /// The GPU does not read these words until a later launch or flag store tells it to.
+    pub unsafe fn write(&self, from: usize, words: &[u32]) -> Result<()> {
+        let end = from
+            .checked_add(words.len())
+            .filter(|&e| e <= self.words)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "{} words from flag {from} past the {} flags allocated",
+                    words.len(),
+                    self.words
+                ))
+            })?;
+        if from < end {
+            let dst = self.at(from)?;
+            // SAFETY: `from..end` is within the allocation (checked above); the caller
+            // vouches that the GPU is not reading it now, so plain writes do not race.
+            unsafe { std::ptr::copy_nonoverlapping(words.as_ptr(), dst, words.len()) };
+        }
+        std::sync::atomic::fence(Ordering::Release);
+        Ok(())
+    }
+
     /// Writes the word; earlier host writes are visible to the GPU before it.
     pub fn store(&self, i: usize, v: u32) {
         if let Ok(p) = self.at(i) {

@@ -60,26 +60,46 @@ pub struct Piece {
 const PAIR: u32 = 1;
 
 /// How many 16-byte entries (pieces and segments, in any mix) the kernel's parameter holds
-/// after its header: one launch takes that many.
+/// after its header: one launch takes that many. A kernel of `table` entries also takes
+/// launches whose entries lie in mapped host memory (its header names where), up to that many.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     pub items: usize,
+    pub table: usize,
 }
 
 /// Under CUDA's classic 4 KiB of kernel parameters (296 + 232 x 16 = 4008 bytes): any driver.
 /// A call of pieces of two segments: 77 pieces a launch.
-pub const SMALL: Limits = Limits { items: 232 };
+pub const SMALL: Limits = Limits {
+    items: 232,
+    table: 0,
+};
 /// 296 + 2012 x 16 = 32488 bytes, under the 32764 CUDA 12.1 drivers allow: 670 pieces of two
 /// segments a launch (`RAILCC_GPU_NET_BIG_LAUNCH`).
-pub const BIG: Limits = Limits { items: 2012 };
+pub const BIG: Limits = Limits {
+    items: 2012,
+    table: 0,
+};
+/// Entries in a table of mapped host memory (`RAILCC_GPU_NET_TABLE`): the parameter is the
+/// header alone (304 bytes); each block copies the entries into shared memory (32 KiB) before
+/// anything else. Launches with no table free pass their entries as [`SMALL`] does.
+pub const TABLE: Limits = Limits {
+    items: 232,
+    table: 2012,
+};
 
 /// Bytes of the parameter before its entries.
 const HEADER_BYTES: usize = 296;
 
 impl Limits {
+    /// Bytes of the parameter before its entries (a table kernel's header names the table).
+    pub fn header_bytes(&self) -> usize {
+        HEADER_BYTES + if self.table > 0 { 8 } else { 0 }
+    }
+
     /// Bytes of the kernel's declared parameter.
     pub fn param_bytes(&self) -> usize {
-        HEADER_BYTES + self.items * 16
+        self.header_bytes() + self.items * 16
     }
 }
 
@@ -101,6 +121,9 @@ pub struct Header {
     /// table) where block 0's thread 0 writes when the launch reached each step
     /// (`RAILCC_GPU_NET_TRACE`); 0: none.
     pub stamps: u64,
+    /// A table kernel's launch: device address of its entries in mapped host memory; 0: in
+    /// the parameter.
+    pub table: u64,
 }
 
 /// One launch's pieces and segments, and the parameter they make: the header, then the
@@ -116,6 +139,8 @@ pub struct Header {
 pub struct Launch {
     pub header: Header,
     limits: Limits,
+    /// Entries this launch takes: the parameter's, or a table's.
+    cap: usize,
     pieces: Vec<[u32; 4]>,
     segs: Vec<[u32; 4]>,
     words: Vec<u32>,
@@ -131,20 +156,40 @@ impl Launch {
         Launch {
             header,
             limits,
+            cap: limits.items,
             pieces: Vec::with_capacity(8),
             segs: Vec::with_capacity(16),
             words: Vec::with_capacity(HEADER_BYTES / 4 + 4 * 24),
         }
     }
 
+    /// Whether this launch's entries go to a table ([`NetKernel::launch_table`], a table
+    /// kernel's) or in the parameter. Only an empty launch changes (false otherwise).
+    pub fn use_table(&mut self, on: bool) -> bool {
+        if self.npieces() > 0 || (on && self.limits.table == 0) {
+            return false;
+        }
+        self.cap = if on {
+            self.limits.table
+        } else {
+            self.limits.items
+        };
+        true
+    }
+
+    /// Whether the entries go to a table.
+    pub fn in_table(&self) -> bool {
+        self.limits.table > 0 && self.cap == self.limits.table
+    }
+
     /// Room for `pieces` pieces of `segs` segments in all, up to a launch's entries, so a
     /// large call's launch does not grow its vectors piece by piece.
     pub fn reserve(&mut self, pieces: usize, segs: usize) {
-        let items = self.limits.items;
+        let items = self.cap;
         self.pieces.reserve(pieces.min(items));
         self.segs.reserve(segs.min(items));
         self.words
-            .reserve(HEADER_BYTES / 4 + 4 * (pieces + segs).min(items));
+            .reserve(self.limits.header_bytes() / 4 + 4 * (pieces + segs).min(items));
     }
 
     /// Adds a piece with its segments; false (and nothing added) when the launch is full.
@@ -159,7 +204,7 @@ impl Launch {
         let used = self.pieces.len() + n;
         let head = |flags: u32| [p.token, p.slot as u32 | (p.ring as u32) << 16 | flags << 24];
         if nd == 1 && nu == 1 {
-            if used + 2 > self.limits.items {
+            if used + 2 > self.cap {
                 return false;
             }
             let (Some(d), Some(u)) = (down.next(), up.next()) else {
@@ -172,12 +217,12 @@ impl Launch {
                 self.segs.push([a0, a1, b0, b1]);
                 return true;
             }
-            if used + 3 > self.limits.items {
+            if used + 3 > self.cap {
                 return false;
             }
             return self.push_segs(head(0), [d, u].into_iter(), 1);
         }
-        if used + 1 + nd + nu > self.limits.items {
+        if used + 1 + nd + nu > self.cap {
             return false;
         }
         self.push_segs(head(0), down.chain(up), nd)
@@ -224,6 +269,9 @@ impl Launch {
             h.done_word,
         ]);
         w.extend(wide(h.stamps));
+        if self.limits.table > 0 {
+            w.extend(wide(h.table));
+        }
         w.extend(self.pieces.iter().chain(&self.segs).flatten());
         w
     }
@@ -240,6 +288,32 @@ pub fn blocks_for(depth: usize, want: usize) -> u32 {
 /// CUDA source of the staging kernel.
 pub fn source(limits: Limits) -> String {
     let items = limits.items;
+    let table = limits.table;
+    // A table kernel reads the entries from a shared-memory copy (made from its table or its
+    // parameter as the block starts); the others read the parameter.
+    let (table_field, items_arg, item, items_here, table_start) = if table > 0 {
+        (
+            "unsigned long long table;",
+            "const uint4* it",
+            "((const unsigned int*)&it[i])",
+            "sm",
+            format!(
+                r#"__shared__ uint4 sm[{table}];
+  // A block with no piece never reads the entries: the host frees a table once every piece
+  // of its launch has started, so only blocks that started a piece have copied it.
+  if (blockIdx.x >= p.npieces) return;
+  {{
+    const unsigned int m = p.npieces + p.nsegs;
+    const uint4* src = (const uint4*)p.table;
+    for (unsigned int i = threadIdx.x; i < m; i += blockDim.x)
+      sm[i] = src ? __ldcv(src + i) : make_uint4(p.items[i][0], p.items[i][1], p.items[i][2], p.items[i][3]);
+    __syncthreads();
+  }}"#
+            ),
+        )
+    } else {
+        ("", "const Params& p", "(p.items[i])", "p", String::new())
+    };
     format!(
         r#"
 struct Seg {{ unsigned long long dev; unsigned int stage; unsigned int bytes; }};
@@ -250,12 +324,15 @@ struct Params {{
   unsigned long long recv[{MAX_DEPTH}];
   unsigned int depth, captured, npieces, nsegs, slot_words, done_word;
   unsigned long long stamps;
+  {table_field}
   // Pieces 0..npieces, then segments 0..nsegs (Launch in netcopy.rs): a launch passes only
   // the entries it uses.
   unsigned int items[{items}][4];
 }};
-__device__ __forceinline__ Piece piece_at(const Params& p, unsigned int j) {{
-  const unsigned int* w = p.items[j];
+#define ITEM(i) {item}
+__device__ __forceinline__ Piece piece_at({items_arg}, unsigned int j) {{
+  const unsigned int i = j;
+  const unsigned int* w = ITEM(i);
   Piece q;
   q.token = w[0]; q.slot = w[1] & 0xffff; q.ring = (w[1] >> 16) & 0xff; q.flags = w[1] >> 24;
   if (q.flags & {PAIR}) {{
@@ -267,8 +344,9 @@ __device__ __forceinline__ Piece piece_at(const Params& p, unsigned int j) {{
   return q;
 }}
 // Segment s of piece q, on its way in (`back` 0) or back (1).
-__device__ __forceinline__ Seg seg_at(const Params& p, const Piece& q, unsigned int s, int back) {{
-  const unsigned int* w = p.items[p.npieces + s];
+__device__ __forceinline__ Seg seg_at({items_arg}, unsigned int np, const Piece& q, unsigned int s, int back) {{
+  const unsigned int i = np + s;
+  const unsigned int* w = ITEM(i);
   Seg g;
   if (q.flags & {PAIR}) {{
     g.dev = back ? ((unsigned long long)w[3] << 32) | w[2] : ((unsigned long long)w[1] << 32) | w[0];
@@ -338,12 +416,13 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(const Params p) {
   // Trace stamps: block 0's thread 0 only.
   unsigned int* st = (p.stamps && blockIdx.x == 0 && threadIdx.x == 0) ? (unsigned int*)p.stamps : 0;
   stamp(st, 0);
+  {table_start}
   // Piece j: its segments into its ring slot's send stage, then start = token.
   #define COPY_IN(j) do {{ \
-    const Piece q = piece_at(p, j); \
+    const Piece q = piece_at({items_here}, j); \
     unsigned char* stage = (unsigned char*)p.send[q.ring]; \
     for (unsigned int s = q.down[0]; s < q.down[1]; s++) {{ \
-      const Seg g = seg_at(p, q, s, 0); \
+      const Seg g = seg_at({items_here}, n, q, s, 0); \
       copy_block(stage + g.stage, (const unsigned char*)g.dev, g.bytes, false); \
     }} \
     __syncthreads(); \
@@ -352,7 +431,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(const Params p) {
   for (unsigned int j = blockIdx.x; j < n && j < D; j += B) COPY_IN(j);
   stamp(st, 1);
   for (unsigned int j = blockIdx.x; j < n; j += B) {{
-    const Piece q = piece_at(p, j);
+    const Piece q = piece_at({items_here}, j);
     unsigned int* done = flags + q.slot * p.slot_words + p.done_word;
     if (threadIdx.x == 0) {{
       // The progress thread sets done (also when the engine breaks: every waiting piece is
@@ -368,7 +447,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(const Params p) {
     __syncthreads();
     const unsigned char* stage = (const unsigned char*)p.recv[q.ring];
     for (unsigned int s = q.up[0]; s < q.up[1]; s++) {{
-      const Seg g = seg_at(p, q, s, 1);
+      const Seg g = seg_at({items_here}, n, q, s, 1);
       copy_block((unsigned char*)g.dev, stage + g.stage, g.bytes, true);
     }}
     // The recv slot is this block's again only after every thread's loads.
@@ -402,9 +481,21 @@ impl NetKernel {
     /// Compiles (or takes from the PTX cache in `cache`) and loads the kernel in `ctx`: with
     /// `big`, the variant of [`BIG`] launches where the driver runs it (a kernel parameter over
     /// 4 KiB needs a CUDA 12.1 driver), else (or failing that) the one of [`SMALL`] launches.
-    pub fn load(ctx: &Ctx, cache: Option<&Path>, big: bool) -> Result<NetKernel> {
+    /// With `table`, the variant of [`TABLE`] launches (tried first; a failure falls back as
+    /// `big` does).
+    pub fn load(ctx: &Ctx, cache: Option<&Path>, big: bool, table: bool) -> Result<NetKernel> {
         crate::driver::nvrtc_available()?;
         ctx.bind()?;
+        if table {
+            let k = NetKernel::load_with(ctx, cache, TABLE).and_then(|mut k| k.probe().map(|_| k));
+            match k {
+                Ok(k) => return Ok(k),
+                Err(e) => tracing::warn!(
+                    "net staging kernel: no table launches here ({e}); {} entries a launch",
+                    SMALL.items
+                ),
+            }
+        }
         if big {
             let k = NetKernel::load_with(ctx, cache, BIG).and_then(|mut k| k.probe().map(|_| k));
             match k {
@@ -535,18 +626,76 @@ impl NetKernel {
                 "net staging kernel: {blocks} blocks for a ring of depth {depth}"
             )));
         }
-        if p.limits != self.limits {
+        if p.limits != self.limits || p.cap != self.limits.items {
             return Err(Error::invalid(format!(
-                "net staging kernel: a launch of {:?} for a kernel of {:?}",
+                "net staging kernel: a launch of {:?} ({} entries) for a kernel of {:?}",
+                p.limits, p.cap, self.limits
+            )));
+        }
+        p.header.table = 0;
+        let words = p.pack();
+        // SAFETY: the caller's contract.
+        unsafe { self.launch_words(stream, words, words.len() * 4, blocks) }
+    }
+
+    /// Launches `p` (made by [`Launch::new_table`]) with its entries in a table of mapped host
+    /// memory at device address `table`: `write` puts them there (the GPU reads them once the
+    /// launch starts); the parameter is the header alone.
+    ///
+    /// # Safety
+    /// As [`NetKernel::launch`]; the table holds the entries `write` is given, and nothing
+    /// else writes it until every block of the launch that has a piece has started one.
+    pub unsafe fn launch_table(
+        &self,
+        stream: sys::CUstream,
+        p: &mut Launch,
+        blocks: u32,
+        table: u64,
+        write: impl FnOnce(&[u32]) -> Result<()>,
+    ) -> Result<()> {
+        let depth = p.header.depth as usize;
+        if depth == 0 || depth > MAX_DEPTH || blocks == 0 || !depth.is_multiple_of(blocks as usize)
+        {
+            return Err(Error::invalid(format!(
+                "net staging kernel: {blocks} blocks for a ring of depth {depth}"
+            )));
+        }
+        if p.limits != self.limits || !p.in_table() {
+            return Err(Error::invalid(format!(
+                "net staging kernel: a table launch of {:?} for a kernel of {:?}",
                 p.limits, self.limits
             )));
         }
+        if table == 0 {
+            return Err(Error::invalid(
+                "net staging kernel: a table launch without a table",
+            ));
+        }
+        p.header.table = table;
+        let head = self.limits.header_bytes();
+        let words = p.pack();
+        write(&words[head / 4..])?;
+        // SAFETY: the caller's contract; the header says the entries are in the table.
+        unsafe { self.launch_words(stream, words, head, blocks) }
+    }
+
+    /// Launches with the first `bytes` of `words` as the parameter (every declared byte where
+    /// the driver wants them).
+    ///
+    /// # Safety
+    /// As [`NetKernel::launch`]; `words` holds every entry the kernel reads from the parameter.
+    unsafe fn launch_words(
+        &self,
+        stream: sys::CUstream,
+        words: &[u32],
+        bytes: usize,
+        blocks: u32,
+    ) -> Result<()> {
         let full = self.limits.param_bytes();
         let short = self.short;
-        let words = p.pack();
         let rc = if short {
             // SAFETY: the caller's contract; `words` holds every entry the kernel reads.
-            unsafe { self.raw_launch(stream, words, words.len() * 4, blocks) }
+            unsafe { self.raw_launch(stream, words, bytes, blocks) }
         } else {
             let mut all = words.to_vec();
             all.resize(full / 4, 0);
@@ -747,6 +896,40 @@ mod tests {
     }
 
     #[test]
+    fn a_table_launch_passes_the_header_alone_and_takes_a_table_of_entries() {
+        // The header names the table: 304 bytes, entries after it; 4016 declared.
+        assert_eq!(TABLE.header_bytes(), 304);
+        assert_eq!(TABLE.param_bytes(), 4016);
+        let h = Header {
+            table: 0x7_0000_0040,
+            ..Header::default()
+        };
+        let mut p = Launch::new(h, TABLE);
+        assert!(!p.in_table());
+        let w = p.pack().to_vec();
+        assert_eq!(w.len() * 4, 304);
+        assert_eq!((w[74], w[75]), (0x40, 7));
+        // Other kernels have no table: their launches cannot take one.
+        assert!(!Launch::new(h, SMALL).use_table(true));
+        assert_eq!(Launch::new(h, SMALL).pack().len() * 4, HEADER_BYTES);
+        // In a table: 1006 pairs (2012 entries), where the parameter takes 116.
+        let s = |d: u64| seg(d, 0, 8);
+        assert!(p.use_table(true) && p.in_table());
+        for _ in 0..1006 {
+            assert!(p.push(Piece::default(), [s(1)].into_iter(), [s(2)].into_iter()));
+        }
+        assert!(!p.push(Piece::default(), [s(1)].into_iter(), [s(2)].into_iter()));
+        // Only an empty launch changes where its entries go.
+        assert!(!p.use_table(false));
+        p.clear();
+        assert!(p.use_table(false) && !p.in_table());
+        for _ in 0..116 {
+            assert!(p.push(Piece::default(), [s(1)].into_iter(), [s(2)].into_iter()));
+        }
+        assert!(!p.push(Piece::default(), [s(1)].into_iter(), [s(2)].into_iter()));
+    }
+
+    #[test]
     fn blocks_divide_the_depth() {
         assert_eq!(blocks_for(8, 4), 4);
         assert_eq!(blocks_for(6, 4), 3);
@@ -768,10 +951,15 @@ mod tests {
             println!("SKIP NVRTC compile of net_stage: {e}");
             return;
         }
-        for limits in [SMALL, BIG] {
+        for limits in [SMALL, BIG, TABLE] {
             let ptx = compile::ptx_of("netcopy", &source(limits), "compute_90", None, false)
                 .expect("net_stage compiles");
-            assert!(ptx.to_string_lossy().contains(".entry net_stage"));
+            let ptx = ptx.to_string_lossy();
+            assert!(ptx.contains(".entry net_stage"));
+            // The parameter is read in place: no copy of it in local memory per thread.
+            assert!(!ptx.contains(".local"), "{limits:?}: local memory");
+            // The table kernel's copy of the entries, and none in the others.
+            assert_eq!(ptx.contains(".shared"), limits.table > 0, "{limits:?}");
         }
     }
 }

@@ -22,6 +22,7 @@ mod progress;
 use super::pieces::{pieces_in_order, stage_need, Cut, NetOp, Piece};
 use super::ring::{Ring, Rings};
 use super::slots::{Slots, Taken};
+use super::tables::{Lease, Tables, TABLES};
 use super::trace::Trace;
 use super::worker::spawn;
 use crate::comm::Communicator;
@@ -104,6 +105,9 @@ struct Call {
     captured: bool,
     runs: Vec<Run>,
     ring: Arc<Ring>,
+    /// Tables holding the call's launches' entries (`RAILCC_GPU_NET_TABLE`), in launch
+    /// order; free again when the progress thread drops the call. Empty: the parameter.
+    tables: Vec<Lease>,
 }
 
 /// A call whose pieces are being started: the next piece to watch.
@@ -181,6 +185,8 @@ pub struct GpuNet {
     /// `RAILCC_GPU_NET_TRACE` with the kernel: where the staging kernel's launches stood when
     /// (the last `netcopy::STAMP_CALLS` launches) and the launches so far; summarized at close.
     stamps: Option<(Flags, std::sync::atomic::AtomicUsize)>,
+    /// With a table kernel: the tables large calls' launches take their entries from.
+    tables: Option<Arc<Tables>>,
     timeout: Duration,
     desc: String,
     _roots: Vec<RootServer>,
@@ -252,6 +258,7 @@ impl GpuNet {
                         &ctx,
                         cfg.kernel_cache_dir().as_deref(),
                         cfg.gpu_net_big_launch != 0,
+                        cfg.gpu_net_table != 0,
                     )
                     .map_err(|e| e.op("gpu net: loading the staging kernel"))?,
                     netcopy::blocks_for(cfg.gpu_net_ring, cfg.gpu_net_blocks),
@@ -360,6 +367,12 @@ impl GpuNet {
             )),
             _ => None,
         };
+        let tables = match &kernel {
+            Some((k, _)) if k.limits().table > 0 => {
+                Some(Tables::new(&ctx, TABLES, k.limits().table)?)
+            }
+            _ => None,
+        };
         let progress = std::thread::Builder::new()
             .name("railcc-progress".into())
             .spawn(move || progress.run())
@@ -412,6 +425,7 @@ impl GpuNet {
             ring_depth: cfg.gpu_net_ring,
             kernel,
             stamps,
+            tables,
             timeout: cfg.timeout(),
             desc,
             _roots: roots,
@@ -474,10 +488,15 @@ impl GpuNet {
         // SAFETY: the caller's stream (contract above).
         let r = unsafe { self.take_slots(op, stream) }.map_err(|e| e.rank(self.rank));
         let (captured, ring, runs) = r.inspect_err(|e| self.shared.fail(e.clone()))?;
+        let tables = match &self.tables {
+            Some(t) if !captured => t.take(tables_for(&runs, t.entries())),
+            _ => Vec::new(),
+        };
         let call = Arc::new(Call {
             captured,
             runs,
             ring,
+            tables,
         });
         // SAFETY: the caller's stream and buffers (contract above); the ring's slots hold
         // every piece's staged bytes (sized by stage_need).
@@ -609,6 +628,22 @@ impl GpuNet {
     }
 }
 
+/// Launches of more entries than this take a table (`RAILCC_GPU_NET_TABLE`); smaller ones
+/// pass their few entries in the parameter.
+const TABLE_ABOVE_ENTRIES: usize = 64;
+
+/// Tables a call's launches need, counting every piece at its most entries (a pair piece
+/// takes 2 of its 3); 0 when the call is small enough for the parameter.
+fn tables_for(runs: &[Run], per_table: usize) -> usize {
+    let entries: usize = (runs.iter())
+        .map(|r| 1 + r.piece.down.len() + r.piece.up.len())
+        .sum();
+    match entries > TABLE_ABOVE_ENTRIES && per_table > 0 {
+        true => entries.div_ceil(per_table),
+        false => 0,
+    }
+}
+
 impl Drop for GpuNet {
     fn drop(&mut self) {
         let _ = self.tx.send(ToProgress::Stop { abort: false });
@@ -647,5 +682,50 @@ mod settings_tests {
             .expect_err("rank 4 differs");
         let msg = e.to_string();
         assert!(msg.contains("rank 4") && msg.contains("16384"), "{msg}");
+    }
+}
+
+#[cfg(test)]
+mod table_tests {
+    use super::{tables_for, Piece, Run};
+    use crate::gpu::net::pieces::{HostCall, Seg, Segs};
+
+    fn runs(n: usize, nd: usize, nu: usize) -> Vec<Run> {
+        let seg = Seg {
+            dev: 0,
+            stage: 0,
+            bytes: 8,
+        };
+        (0..n)
+            .map(|k| Run {
+                slot: k,
+                token: 1,
+                channel: 0,
+                piece: Piece {
+                    down: Segs::from_elem(seg, nd),
+                    call: HostCall::P2p(vec![]),
+                    up: Segs::from_elem(seg, nu),
+                    send_bytes: 8,
+                    recv_bytes: 8,
+                },
+            })
+            .collect()
+    }
+
+    #[test]
+    fn large_calls_take_tables_and_small_ones_the_parameter() {
+        // Counted at 3 entries a piece of two segments: 21 pieces (63) pass the parameter,
+        // 22 (66) take a table.
+        assert_eq!(tables_for(&runs(21, 1, 1), 2012), 0);
+        assert_eq!(tables_for(&runs(22, 1, 1), 2012), 1);
+        // A 128 MB and a 1 GB all_reduce (74 and 592 pieces of 1.75 MiB): one table each;
+        // 700 pieces counted at 2100 entries: two.
+        assert_eq!(tables_for(&runs(74, 1, 1), 2012), 1);
+        assert_eq!(tables_for(&runs(592, 1, 1), 2012), 1);
+        assert_eq!(tables_for(&runs(700, 1, 1), 2012), 2);
+        // Pieces of many segments (an all-to-all's rows).
+        assert_eq!(tables_for(&runs(40, 8, 8), 2012), 1);
+        // No table kernel.
+        assert_eq!(tables_for(&runs(74, 1, 1), 0), 0);
     }
 }

@@ -3,6 +3,7 @@
 
 use super::{Call, GpuNet};
 use crate::gpu::net::slots::{Slots, CAPTURED_TOKEN};
+use crate::gpu::net::tables::Lease;
 use railcc_core::{Error, Result};
 use railcc_cuda::gpu::Stream;
 use railcc_cuda::hostsync::{d2h, h2d};
@@ -11,7 +12,8 @@ use std::time::Instant;
 
 impl GpuNet {
     /// `call` on `stream` as launches of the staging kernel (`netcopy.rs`), as many pieces
-    /// each as its parameter holds (77 of two segments):
+    /// each as its parameter holds (77 of two segments), or a table where the call holds
+    /// some (`RAILCC_GPU_NET_TABLE`: 1006 of two segments, a launch per table):
     /// the same copies and flags as [`GpuNet::stream_ops`], done by the SMs.
     pub(super) unsafe fn kernel_ops(
         &self,
@@ -33,7 +35,11 @@ impl GpuNet {
             header.send[i] = ring.send_dev[i];
             header.recv[i] = ring.recv_dev[i];
         }
+        // Each launch takes the call's next table while it has one, else the parameter.
+        let mut tables = call.tables.iter();
+        let mut table = tables.next();
         let mut p = netcopy::Launch::new(header, k.limits());
+        p.use_table(table.is_some());
         let segs = call
             .runs
             .iter()
@@ -42,7 +48,7 @@ impl GpuNet {
         let timed = self.shared.trace.on();
         let mut in_launch = std::time::Duration::ZERO;
         let stamps = self.stamps.as_ref();
-        let mut launch = |p: &mut netcopy::Launch| -> Result<()> {
+        let mut launch = |p: &mut netcopy::Launch, table: Option<&Lease>| -> Result<()> {
             if let Some((f, n)) = stamps {
                 // This launch's entry of the table: launches one after another, neighbours.
                 let entry =
@@ -50,8 +56,14 @@ impl GpuNet {
                 p.header.stamps = f.dev_ptr(entry * netcopy::STAMP_WORDS)?;
             }
             let t = timed.then(Instant::now);
-            // SAFETY: the caller's stream and buffers; the ring and flags live in the engine.
-            let r = unsafe { k.launch(stream, p, blocks) };
+            // SAFETY: the caller's stream and buffers; the ring and flags live in the engine;
+            // the table is the call's until the progress thread drops it.
+            let r = match table.filter(|_| p.in_table()) {
+                Some(t) => unsafe {
+                    k.launch_table(stream, p, blocks, t.dev_ptr()?, |w| t.write(w))
+                },
+                None => unsafe { k.launch(stream, p, blocks) },
+            };
             if let Some(t) = t {
                 in_launch += t.elapsed();
             }
@@ -67,8 +79,10 @@ impl GpuNet {
             if p.push(piece, kernel_segs(down), kernel_segs(up)) {
                 continue;
             }
-            launch(&mut p)?;
+            launch(&mut p, table)?;
             p.clear();
+            table = tables.next();
+            p.use_table(table.is_some());
             if !p.push(piece, kernel_segs(down), kernel_segs(up)) {
                 return Err(Error::invalid(format!(
                     "gpu net: a piece of {} segments does not fit the staging kernel",
@@ -77,7 +91,7 @@ impl GpuNet {
             }
         }
         if p.npieces() > 0 {
-            launch(&mut p)?;
+            launch(&mut p, table)?;
         }
         self.shared.trace.launched(in_launch);
         Ok(())
