@@ -86,7 +86,7 @@ AS_HOST=$PWD/bench/compare/as-host.sh
 # flat engine) travel to the ranks.
 # (-x of a variable that is not set passes nothing: the library's default holds.)
 export RAILCC_GPU_PATH=${RAILCC_GPU_PATH:-auto}
-MPIRUN="mpirun -np 2 --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_SOCKET_IFNAME -x RAILCC_SOCKET_IFNAME -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x RAILCC_GPU_PATH -x RAILCC_GPU_FLAT_BELOW_BYTES -x RAILCC_GPU_NET_BIG_LAUNCH -x AS_HOST_GPUS -x AS_HOST_BIND"
+MPIRUN="mpirun -np 2 --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x NCCL_SOCKET_IFNAME -x RAILCC_SOCKET_IFNAME -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x RAILCC_GPU_PATH -x RAILCC_GPU_FLAT_BELOW_BYTES -x RAILCC_GPU_NET_BIG_LAUNCH -x RAILCC_GPU_NET_TABLE -x AS_HOST_GPUS -x AS_HOST_BIND"
 OURS="$PWD/.device/lib:/usr/local/cuda/lib64"
 K=${K:-RAILCC_GPU_NET_KERNEL=1}
 

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# On nvidia-h100-x4 / nvidia-h200-x4 (after bash bench/compare/gpu-prepare.sh here; carry
+# .device): the fifteenth session's device calls, one part per call. Logs under $OUT/logs,
+# tarred to $OUT/logs-<part>.tgz.
+#   a  what an idle launch pays for (bench/experiments/launch_cost.sh: launch time by
+#      parameter size, idle or busy stream; a host-writing kernel's effect on the caller),
+#      then the opt-in table launches (RAILCC_GPU_NET_TABLE=1, never run on a GPU yet):
+#      gpu-net-kernel.sh quick and x2 with it, and the idle-stream return times of 64 KB-
+#      128 MB with and without it (bench/results/issue31/return-time-design.md).
+# Usage: bash bench/compare/gpu-x4-s17.sh a
+set -u
+cd "$(dirname "$0")/../.."
+source bench/compare/gpu-env.sh
+session_begin
+case ${1:-} in
+  a)
+    OUT=$L timeout 120 bash bench/experiments/launch_cost.sh 2>&1 | tail -n 12
+    echo "== after $(( $(date +%s) - T0 )) s"
+    OUT=$L NK_PARTS="quick x2" RAILCC_GPU_NET_TABLE=1 timeout 240 bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/check-table.txt" | grep -E "^(PASS|FAIL)|failed"
+    echo "== after $(( $(date +%s) - T0 )) s"
+    for v in 0 1; do
+      RAILCC_GPU_NET_TABLE=$v RAILCC_GPU_NET_TRACE=1 timeout 120 $PWD/.device/bin/railcc bench all_reduce --device cuda --per-process --gpu-net \
+        --ranks 2 -b 64K -e 128M -f 4 -n 1 -w 0 -c 1 > "$L/ret-table$v.log" 2>&1
+      echo "== RAILCC_GPU_NET_TABLE=$v: exit $?"; grep -E "returned after|rank 0 gpu net trace|wrong|FAIL" "$L/ret-table$v.log" | grep -v "in place"
+    done
+    ;;
+  *) echo "usage: $0 a"; exit 2 ;;
+esac
+session_end "$1"
