@@ -491,8 +491,7 @@ impl NetKernel {
             match k {
                 Ok(k) => return Ok(k),
                 Err(e) => tracing::warn!(
-                    "net staging kernel: no table launches here ({e}); {} entries a launch",
-                    SMALL.items
+                    "net staging kernel: no table launches here ({e}); entries in the parameter"
                 ),
             }
         }
@@ -638,7 +637,7 @@ impl NetKernel {
         unsafe { self.launch_words(stream, words, words.len() * 4, blocks) }
     }
 
-    /// Launches `p` (made by [`Launch::new_table`]) with its entries in a table of mapped host
+    /// Launches `p` (in a table: [`Launch::use_table`]) with its entries in a table of mapped host
     /// memory at device address `table`: `write` puts them there (the GPU reads them once the
     /// launch starts); the parameter is the header alone.
     ///

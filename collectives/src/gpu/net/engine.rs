@@ -342,12 +342,19 @@ impl GpuNet {
             jobs.push(jtx);
         }
         let (tx, rx) = unbounded();
+        let tables = match &kernel {
+            Some((k, _)) if k.limits().table > 0 => {
+                Some(Tables::new(&ctx, TABLES, k.limits().table)?)
+            }
+            _ => None,
+        };
         let progress = Progress {
             rx,
             done_rx,
             jobs,
             workers,
             slots: slots.clone(),
+            tables: tables.clone(),
             shared: shared.clone(),
             timeout: cfg.timeout(),
             // RAILCC_SPIN_US's rule, on the whole job's ranks of this host (an engine's own
@@ -365,12 +372,6 @@ impl GpuNet {
                 Flags::new(&ctx, netcopy::STAMP_CALLS * netcopy::STAMP_WORDS)?,
                 Default::default(),
             )),
-            _ => None,
-        };
-        let tables = match &kernel {
-            Some((k, _)) if k.limits().table > 0 => {
-                Some(Tables::new(&ctx, TABLES, k.limits().table)?)
-            }
             _ => None,
         };
         let progress = std::thread::Builder::new()

@@ -4,6 +4,7 @@
 
 use super::{Call, Live, Shared, ToProgress, INLINE_BYTES, INLINE_MANY_BYTES};
 use crate::gpu::net::slots::Slots;
+use crate::gpu::net::tables::Tables;
 use crate::gpu::net::worker::{run_piece, Finished, Job};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use railcc_core::{Error, ErrorKind};
@@ -19,6 +20,8 @@ pub(super) struct Progress {
     pub(super) jobs: Vec<Sender<Job>>,
     pub(super) workers: Vec<JoinHandle<()>>,
     pub(super) slots: Arc<Slots>,
+    /// Closed before calls are dropped unstarted (their launches may still read them).
+    pub(super) tables: Option<Arc<Tables>>,
     pub(super) shared: Arc<Shared>,
     pub(super) timeout: Duration,
     /// How long after its last work the thread polls for a call before it parks.
@@ -64,10 +67,16 @@ impl Progress {
             jobs,
             workers,
             slots,
+            tables,
             shared,
             timeout,
             spin,
         } = self;
+        let close_tables = || {
+            if let Some(t) = &tables {
+                t.close();
+            }
+        };
         if !spin.is_zero() {
             fine_timer_slack();
         }
@@ -135,6 +144,7 @@ impl Progress {
             // Once broken, every queued piece is let go at once: its stream may pass it
             // without waiting for its turn here, and no new call is accepted.
             if broken && !queue.is_empty() {
+                close_tables();
                 for live in queue.drain(..) {
                     // Not given back: the stream may still write their `start`.
                     for r in &live.call.runs[live.next..] {
@@ -213,6 +223,9 @@ impl Progress {
                                 held.len()
                             ),
                         ));
+                    }
+                    if !queue.is_empty() {
+                        close_tables();
                     }
                     for live in queue.drain(..) {
                         for r in &live.call.runs {
