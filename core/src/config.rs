@@ -504,11 +504,14 @@ impl Config {
                 self.ib_timeout, self.ib_retry_cnt
             )));
         }
-        if self.gpu_direct > 1 {
-            return Err(Error::invalid(format!(
-                "RAILCC_GPU_DIRECT={} must be 0 or 1",
-                self.gpu_direct
-            )));
+        for (name, v) in [
+            ("RAILCC_GPU_DIRECT", self.gpu_direct),
+            ("RAILCC_GPU_NET_TABLE", self.gpu_net_table),
+            ("RAILCC_GPU_NET_BIG_LAUNCH", self.gpu_net_big_launch),
+        ] {
+            if v > 1 {
+                return Err(Error::invalid(format!("{name}={v} must be 0 or 1")));
+            }
         }
         if !matches!(self.gpu_path.as_str(), "auto" | "net") {
             return Err(Error::invalid(format!(
@@ -520,18 +523,6 @@ impl Config {
             return Err(Error::invalid(format!(
                 "RAILCC_GPU_NET_KERNEL={} must be 0 or 1 and RAILCC_GPU_NET_BLOCKS={} 1 to 16",
                 self.gpu_net_kernel, self.gpu_net_blocks
-            )));
-        }
-        if self.gpu_net_table > 1 {
-            return Err(Error::invalid(format!(
-                "RAILCC_GPU_NET_TABLE={} must be 0 or 1",
-                self.gpu_net_table
-            )));
-        }
-        if self.gpu_net_big_launch > 1 {
-            return Err(Error::invalid(format!(
-                "RAILCC_GPU_NET_BIG_LAUNCH={} must be 0 or 1",
-                self.gpu_net_big_launch
             )));
         }
         if !(2..=16).contains(&self.gpu_net_ring) {

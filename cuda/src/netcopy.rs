@@ -139,8 +139,8 @@ pub struct Header {
 pub struct Launch {
     pub header: Header,
     limits: Limits,
-    /// Entries this launch takes: the parameter's, or a table's.
-    cap: usize,
+    /// The entries go to a table (a table kernel's launch), not the parameter.
+    table: bool,
     pieces: Vec<[u32; 4]>,
     segs: Vec<[u32; 4]>,
     words: Vec<u32>,
@@ -156,7 +156,7 @@ impl Launch {
         Launch {
             header,
             limits,
-            cap: limits.items,
+            table: false,
             pieces: Vec::with_capacity(8),
             segs: Vec::with_capacity(16),
             words: Vec::with_capacity(HEADER_BYTES / 4 + 4 * 24),
@@ -169,23 +169,27 @@ impl Launch {
         if self.npieces() > 0 || (on && self.limits.table == 0) {
             return false;
         }
-        self.cap = if on {
-            self.limits.table
-        } else {
-            self.limits.items
-        };
+        self.table = on;
         true
     }
 
     /// Whether the entries go to a table.
     pub fn in_table(&self) -> bool {
-        self.limits.table > 0 && self.cap == self.limits.table
+        self.table
+    }
+
+    /// Entries this launch takes: the parameter's, or a table's.
+    fn cap(&self) -> usize {
+        match self.table {
+            true => self.limits.table,
+            false => self.limits.items,
+        }
     }
 
     /// Room for `pieces` pieces of `segs` segments in all, up to a launch's entries, so a
     /// large call's launch does not grow its vectors piece by piece.
     pub fn reserve(&mut self, pieces: usize, segs: usize) {
-        let items = self.cap;
+        let items = self.cap();
         self.pieces.reserve(pieces.min(items));
         self.segs.reserve(segs.min(items));
         self.words
@@ -201,10 +205,10 @@ impl Launch {
     ) -> bool {
         let n = self.segs.len();
         let (nd, nu) = (down.len(), up.len());
-        let used = self.pieces.len() + n;
+        let (used, cap) = (self.pieces.len() + n, self.cap());
         let head = |flags: u32| [p.token, p.slot as u32 | (p.ring as u32) << 16 | flags << 24];
         if nd == 1 && nu == 1 {
-            if used + 2 > self.cap {
+            if used + 2 > cap {
                 return false;
             }
             let (Some(d), Some(u)) = (down.next(), up.next()) else {
@@ -217,12 +221,12 @@ impl Launch {
                 self.segs.push([a0, a1, b0, b1]);
                 return true;
             }
-            if used + 3 > self.cap {
+            if used + 3 > cap {
                 return false;
             }
             return self.push_segs(head(0), [d, u].into_iter(), 1);
         }
-        if used + 1 + nd + nu > self.cap {
+        if used + 1 + nd + nu > cap {
             return false;
         }
         self.push_segs(head(0), down.chain(up), nd)
@@ -618,19 +622,7 @@ impl NetKernel {
     /// device ranges are live device memory of that GPU until the stream passes the launch;
     /// the ring slots and flag words are mapped host memory that outlives it.
     pub unsafe fn launch(&self, stream: sys::CUstream, p: &mut Launch, blocks: u32) -> Result<()> {
-        let depth = p.header.depth as usize;
-        if depth == 0 || depth > MAX_DEPTH || blocks == 0 || !depth.is_multiple_of(blocks as usize)
-        {
-            return Err(Error::invalid(format!(
-                "net staging kernel: {blocks} blocks for a ring of depth {depth}"
-            )));
-        }
-        if p.limits != self.limits || p.cap != self.limits.items {
-            return Err(Error::invalid(format!(
-                "net staging kernel: a launch of {:?} ({} entries) for a kernel of {:?}",
-                p.limits, p.cap, self.limits
-            )));
-        }
+        self.fits(p, blocks, false)?;
         p.header.table = 0;
         let words = p.pack();
         // SAFETY: the caller's contract.
@@ -652,19 +644,7 @@ impl NetKernel {
         table: u64,
         write: impl FnOnce(&[u32]) -> Result<()>,
     ) -> Result<()> {
-        let depth = p.header.depth as usize;
-        if depth == 0 || depth > MAX_DEPTH || blocks == 0 || !depth.is_multiple_of(blocks as usize)
-        {
-            return Err(Error::invalid(format!(
-                "net staging kernel: {blocks} blocks for a ring of depth {depth}"
-            )));
-        }
-        if p.limits != self.limits || !p.in_table() {
-            return Err(Error::invalid(format!(
-                "net staging kernel: a table launch of {:?} for a kernel of {:?}",
-                p.limits, self.limits
-            )));
-        }
+        self.fits(p, blocks, true)?;
         if table == 0 {
             return Err(Error::invalid(
                 "net staging kernel: a table launch without a table",
@@ -676,6 +656,32 @@ impl NetKernel {
         write(&words[head / 4..])?;
         // SAFETY: the caller's contract; the header says the entries are in the table.
         unsafe { self.launch_words(stream, words, head, blocks) }
+    }
+
+    /// Whether `p` is a launch of this kernel, in a table or not as `table` says, with
+    /// `blocks` blocks dividing its ring's depth.
+    fn fits(&self, p: &Launch, blocks: u32, table: bool) -> Result<()> {
+        let depth = p.header.depth as usize;
+        if depth == 0 || depth > MAX_DEPTH || blocks == 0 || !depth.is_multiple_of(blocks as usize)
+        {
+            return Err(Error::invalid(format!(
+                "net staging kernel: {blocks} blocks for a ring of depth {depth}"
+            )));
+        }
+        if p.limits != self.limits || p.in_table() != table {
+            return Err(Error::invalid(format!(
+                "net staging kernel: a launch of {:?} (in a table: {}) for a kernel of {:?}, as {}",
+                p.limits,
+                p.in_table(),
+                self.limits,
+                if table {
+                    "a table launch"
+                } else {
+                    "a parameter launch"
+                }
+            )));
+        }
+        Ok(())
     }
 
     /// Launches with the first `bytes` of `words` as the parameter (every declared byte where
