@@ -6,6 +6,7 @@ use super::{new_stream_current, GpuCtx, Stream};
 use crate::driver::check;
 use cudarc::driver::sys;
 use railcc_core::Result;
+use std::time::{Duration, Instant};
 
 /// Makes stream `waiter` (of `waiter_gpu`) wait for the work enqueued so far on stream `on`
 /// (of `on_gpu`), without blocking the host: an event recorded on `on` and waited on by
@@ -126,7 +127,6 @@ pub fn enable_peer_access(from: &GpuCtx, to: &GpuCtx) -> Result<()> {
     check(r, "cuCtxEnablePeerAccess")
 }
 
-/// A CUDA event for timing.
 /// A point in one stream's work that other streams can wait for: an event without timing,
 /// recorded again for each new point (a wait takes the point recorded at the time it is
 /// enqueued), destroyed on drop.
@@ -172,6 +172,17 @@ impl Marker {
             unsafe { sys::cuStreamWaitEvent(stream, self.ev, 0) },
             "cuStreamWaitEvent",
         )
+    }
+}
+
+impl Marker {
+    /// Whether the GPU has passed the last marked point (true if none was marked).
+    pub fn reached(&self) -> Result<bool> {
+        // SAFETY: the event is ours; a query enqueues nothing.
+        match unsafe { sys::cuEventQuery(self.ev) } {
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            r => check(r, "cuEventQuery").map(|()| true),
+        }
     }
 }
 
@@ -258,6 +269,31 @@ impl LaunchOrder {
         self.last = Some(stream);
         self.last_id = id;
         Ok(r)
+    }
+
+    /// Waits up to `within` for the GPU to finish the last work run through this order (so
+    /// memory that work reads can be freed); true once it has, or when nothing was run or
+    /// the context is gone (an error: nothing of it runs any more), false at the deadline.
+    pub fn settled(&self, bind: impl Fn() -> Result<()>, within: Duration) -> bool {
+        let Some(marker) = &self.marker else {
+            return true;
+        };
+        if let Err(e) = bind() {
+            tracing::debug!("launch order: no context to wait in ({e}): nothing runs");
+            return true;
+        }
+        let deadline = Instant::now() + within;
+        loop {
+            match marker.reached() {
+                Ok(true) => return true,
+                Err(e) => {
+                    tracing::debug!("launch order: {e}: taken as settled");
+                    return true;
+                }
+                Ok(false) if Instant::now() >= deadline => return false,
+                Ok(false) => std::thread::sleep(Duration::from_micros(200)),
+            }
+        }
     }
 
     /// Destroys the marker (with its context current).

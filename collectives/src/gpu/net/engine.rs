@@ -82,6 +82,10 @@ fn settings_of(b: &[u8]) -> Vec<u64> {
         .collect()
 }
 
+/// How long a closing engine waits for the GPU to pass its last call before it leaks, rather
+/// than frees, what that call reads (or the communicator's timeout, if shorter).
+const DRAIN_WAIT: Duration = Duration::from_secs(10);
+
 /// Flag slots: pieces in flight plus pieces held by live CUDA graphs.
 const SLOTS: usize = 8192;
 /// Pieces up to this many staged bytes run on the progress thread when their channel is
@@ -653,6 +657,24 @@ impl Drop for GpuNet {
         }
         // The rings may be shared with another engine that lives on: not through them.
         self.rings.forget(&self.shared.comms);
+        // Launches and copies still ahead on a stream read the flags, the tables and the
+        // rings and run the kernel's code: freed once the GPU has passed the last call (as
+        // NCCL's destroy waits for the communicator's work). A stream held up past that by
+        // the caller's own work keeps them, leaked with a warning, rather than read freed
+        // memory.
+        let within = self.timeout.min(DRAIN_WAIT);
+        if !self.rings.settled(&self.ctx, within) {
+            tracing::warn!(
+                "rank {}: gpu net: the GPU had not finished the communicator's last call {within:?} after its close: its flags and staging stay allocated",
+                self.rank
+            );
+            std::mem::forget(self.slots.clone());
+            std::mem::forget(self.rings.clone());
+            std::mem::forget(self.tables.take());
+            std::mem::forget(self.stamps.take());
+            std::mem::forget(self.kernel.take());
+            std::mem::forget(self.ctx.clone());
+        }
         self.shared.trace.report();
         if let Some((f, _)) = &self.stamps {
             let words: Vec<u32> = (0..f.words()).map(|i| f.load(i)).collect();

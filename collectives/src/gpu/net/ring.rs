@@ -10,6 +10,7 @@ use railcc_cuda::gpu::LaunchOrder;
 use railcc_cuda::hostsync::Ctx;
 use railcc_cuda::staging::PinnedBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Without a budget the first ring holds pieces of this many bytes (a ring cannot grow while a stream
 /// is being captured: CUDA refuses pinned allocations then), or of the budget's slot size.
@@ -225,6 +226,12 @@ impl Rings {
         let ring = (current.clone()).ok_or_else(|| Error::invalid("gpu net: no staging ring"))?;
         ring.register_with(comms)?;
         Ok(ring)
+    }
+
+    /// Waits up to `within` for the GPU to finish the last call staged through these rings
+    /// (every earlier one ran before it); false at the deadline.
+    pub fn settled(&self, ctx: &Ctx, within: Duration) -> bool {
+        self.order.lock().settled(|| ctx.bind(), within)
     }
 
     /// Runs `enqueue` (a call's work on `stream`, not being captured) after the
