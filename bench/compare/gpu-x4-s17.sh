@@ -7,7 +7,12 @@
 #      then the opt-in table launches (RAILCC_GPU_NET_TABLE=1, never run on a GPU yet):
 #      gpu-net-kernel.sh quick and x2 with it, and the idle-stream return times of 64 KB-
 #      128 MB with and without it (bench/results/issue31/return-time-design.md).
-# Usage: bash bench/compare/gpu-x4-s17.sh a
+#   b  issue 31's large-message and all-to-all figures with this build: gpu-net-kernel.sh
+#      perf (2 x 1) and x2perf (2 x 2): all_reduce 8 B-1 GB and alltoall 1 MB and 128 MB,
+#      railcc against NCCL's defaults and 4 x 4 sockets, with railcc's pinned memory.
+#   c  the 2 x 2 training steps, runs interleaved so the machine's drift hits both (DDP read
+#      1.35x and 0.71x NCCL 4 x 4 in two calls last session): DDP three runs, HSDP two.
+# Usage: bash bench/compare/gpu-x4-s17.sh a|b|c
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -24,6 +29,16 @@ case ${1:-} in
       echo "== RAILCC_GPU_NET_TABLE=$v: exit $?"; grep -E "returned after|rank 0 gpu net trace|wrong|FAIL" "$L/ret-table$v.log" | grep -v "in place"
     done
     ;;
-  *) echo "usage: $0 a"; exit 2 ;;
+  b)
+    OUT=$L NK_PARTS="perf x2perf" timeout $(left 570) bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/perf.txt" | grep -vE "^  "
+    ;;
+  c)
+    OUT=$L/ddp STEP_LAYOUTS=2x2 STEP_MODES=ddp STEP_RUNS=3 STEP_LIMIT=90 STEP_LIBS="railcc nccl-4x4" \
+      timeout 240 bash bench/torch/step.sh 2>&1 | tee "$L/ddp.txt" | grep -v "^  "
+    echo "== after $(( $(date +%s) - T0 )) s"
+    OUT=$L/hsdp STEP_LAYOUTS=2x2 STEP_MODES=hsdp STEP_RUNS=2 STEP_LIMIT=90 STEP_LIBS="railcc nccl-4x4" \
+      timeout $(left 330) bash bench/torch/step.sh 2>&1 | tee "$L/hsdp.txt" | grep -v "^  "
+    ;;
+  *) echo "usage: $0 a|b|c"; exit 2 ;;
 esac
 session_end "$1"
