@@ -23,10 +23,16 @@ case ${1:-} in
     echo "== after $(( $(date +%s) - T0 )) s"
     OUT=$L NK_PARTS="quick x2" RAILCC_GPU_NET_TABLE=1 timeout 240 bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/check-table.txt" | grep -E "^(PASS|FAIL)|failed"
     echo "== after $(( $(date +%s) - T0 )) s"
+    # One process a size, so each trace (printed at close) holds that size's calls alone: the
+    # idle return jumps from 12.9 us at 8 MB to 27.8 at 16 MB (last session), and the steps
+    # (cut, ring, take, kernel ops, hand) say where.
     for v in 0 1; do
-      RAILCC_GPU_NET_TABLE=$v RAILCC_GPU_NET_TRACE=1 timeout 120 $PWD/.device/bin/railcc bench all_reduce --device cuda --per-process --gpu-net \
-        --ranks 2 -b 64K -e 128M -f 4 -n 1 -w 0 -c 1 > "$L/ret-table$v.log" 2>&1
-      echo "== RAILCC_GPU_NET_TABLE=$v: exit $?"; grep -E "returned after|rank 0 gpu net trace|wrong|FAIL" "$L/ret-table$v.log" | grep -v "in place"
+      for b in 64K 8M 16M 128M; do
+        f="$L/ret-table$v-$b.log"
+        RAILCC_GPU_NET_TABLE=$v RAILCC_GPU_NET_TRACE=1 timeout 60 $PWD/.device/bin/railcc bench all_reduce --device cuda --per-process --gpu-net \
+          --ranks 2 -b $b -e $b -n 1 -w 0 -c 1 > "$f" 2>&1
+        echo "== RAILCC_GPU_NET_TABLE=$v $b: exit $?"; grep -E "returned after|rank 0 gpu net trace|wrong|FAIL" "$f" | grep -v "in place"
+      done
     done
     ;;
   b)

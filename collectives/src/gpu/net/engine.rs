@@ -527,9 +527,14 @@ impl GpuNet {
             self.shared.fail(e.clone().rank(self.rank));
         }
         let first = call.runs.first().map_or(0, |r| r.slot);
+        let t_hand = t0.map(|_| Instant::now());
         self.tx.send(ToProgress::Call(call)).map_err(|_| {
             Error::new(ErrorKind::Aborted, "gpu net: progress thread gone").rank(self.rank)
         })?;
+        if let Some(t) = t_hand {
+            // A wake-up of the progress thread when it had parked.
+            self.shared.trace.step("hand", t.elapsed());
+        }
         if let Some((t0, slots, ops)) = times {
             // The total includes handing the call to the progress thread (a wake-up).
             self.shared.trace.enqueued(t0.elapsed(), slots, ops);

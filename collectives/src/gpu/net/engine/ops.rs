@@ -46,6 +46,7 @@ impl GpuNet {
             .map(|r| r.piece.down.len() + r.piece.up.len());
         p.reserve(call.runs.len(), segs.sum());
         let timed = self.shared.trace.on();
+        let t_ops = timed.then(Instant::now);
         let mut in_launch = std::time::Duration::ZERO;
         let stamps = self.stamps.as_ref();
         let mut launch = |p: &mut netcopy::Launch, table: Option<&Lease>| -> Result<()> {
@@ -94,6 +95,11 @@ impl GpuNet {
             launch(&mut p, table)?;
         }
         self.shared.trace.launched(in_launch);
+        if let Some(t) = t_ops {
+            // Of the stream ops: the rest is the call's place in the launch order (an event
+            // recorded, one waited for when the stream changed).
+            self.shared.trace.step("kernel ops", t.elapsed());
+        }
         Ok(())
     }
 
