@@ -85,6 +85,8 @@ fn settings_of(b: &[u8]) -> Vec<u64> {
 /// How long a closing engine waits for the GPU to pass its last call before it leaks, rather
 /// than frees, what that call reads (or the communicator's timeout, if shorter).
 const DRAIN_WAIT: Duration = Duration::from_secs(10);
+/// The same for a broken engine, whose pieces were all let go.
+const DRAIN_WAIT_BROKEN: Duration = Duration::from_millis(100);
 
 /// Flag slots: pieces in flight plus pieces held by live CUDA graphs.
 const SLOTS: usize = 8192;
@@ -667,7 +669,12 @@ impl Drop for GpuNet {
         // NCCL's destroy waits for the communicator's work). A stream held up past that by
         // the caller's own work keeps them, leaked with a warning, rather than read freed
         // memory.
-        let within = self.timeout.min(DRAIN_WAIT);
+        // Broken (aborted, a peer lost): every piece was let go, so a stream still behind is
+        // held by the caller's other work, which waiting would not end; NCCL's abort returns.
+        let within = match self.shared.broken() {
+            Some(_) => DRAIN_WAIT_BROKEN,
+            None => self.timeout.min(DRAIN_WAIT),
+        };
         if !self.rings.settled(&self.ctx, within) {
             tracing::warn!(
                 "rank {}: gpu net: the GPU had not finished the communicator's last call {within:?} after its close: its flags and staging stay allocated",
