@@ -668,14 +668,24 @@ impl Drop for GpuNet {
         // rings and run the kernel's code: freed once the GPU has passed the last call (as
         // NCCL's destroy waits for the communicator's work). A stream held up past that by
         // the caller's own work keeps them, leaked with a warning, rather than read freed
-        // memory.
-        // Broken (aborted, a peer lost): every piece was let go, so a stream still behind is
-        // held by the caller's other work, which waiting would not end; NCCL's abort returns.
+        // memory. Broken (aborted, a peer lost), every piece was let go: a stream still
+        // behind is held by the caller's other work, which waiting would not end (and
+        // NCCL's abort returns).
         let within = match self.shared.broken() {
             Some(_) => DRAIN_WAIT_BROKEN,
             None => self.timeout.min(DRAIN_WAIT),
         };
-        if !self.rings.settled(&self.ctx, within) {
+        let settled = self.rings.settled(&self.ctx, within);
+        self.shared.trace.report();
+        if let Some((f, _)) = &self.stamps {
+            let words: Vec<u32> = (0..f.words()).map(|i| f.load(i)).collect();
+            eprintln!(
+                "railcc: rank {} gpu net kernel stamps{}",
+                self.rank,
+                super::trace::stamp_summary(&words, netcopy::STAMP_WORDS)
+            );
+        }
+        if !settled {
             tracing::warn!(
                 "rank {}: gpu net: the GPU had not finished the communicator's last call {within:?} after its close: its flags and staging stay allocated",
                 self.rank
@@ -686,15 +696,6 @@ impl Drop for GpuNet {
             std::mem::forget(self.stamps.take());
             std::mem::forget(self.kernel.take());
             std::mem::forget(self.ctx.clone());
-        }
-        self.shared.trace.report();
-        if let Some((f, _)) = &self.stamps {
-            let words: Vec<u32> = (0..f.words()).map(|i| f.load(i)).collect();
-            eprintln!(
-                "railcc: rank {} gpu net kernel stamps{}",
-                self.rank,
-                super::trace::stamp_summary(&words, netcopy::STAMP_WORDS)
-            );
         }
     }
 }
