@@ -126,23 +126,27 @@ fn bf16_of(f: f32) -> bf16 {
     bf16::from_bits(if nan { quiet } else { rounded } as u16)
 }
 
+mod fp8;
+
 macro_rules! fp8_wide {
-    ($($t:ty),*) => {$(
+    ($($t:ty, $lut:path);*) => {$(
         impl Wide for $t {
             fn widen(src: &[$t], dst: &mut [f32]) {
+                let lut = $lut();
                 for (d, s) in dst.iter_mut().zip(src) {
-                    *d = s.to_f32();
+                    *d = lut.widen(s.to_bits());
                 }
             }
             fn narrow(src: &[f32], dst: &mut [$t]) {
+                let lut = $lut();
                 for (d, s) in dst.iter_mut().zip(src) {
-                    *d = <$t>::from_f32(*s);
+                    *d = <$t>::from_bits(lut.narrow(*s));
                 }
             }
         }
     )*};
 }
-fp8_wide!(F8E4M3, F8E5M2);
+fp8_wide!(F8E4M3, fp8::e4m3; F8E5M2, fp8::e5m2);
 
 /// Elements a narrow float's reduction converts at a time (two f32 blocks on the stack).
 const BLOCK: usize = 512;
