@@ -19,6 +19,7 @@ use railcc_cuda::gpu::{
 };
 use railcc_cuda::kernels::MAX_PEERS;
 use railcc_cuda::launch::{p2p_step, P2pStep};
+use std::time::Duration;
 
 /// The GPUs of this process, with peer access enabled between every pair.
 pub struct MultiGpu {
@@ -466,10 +467,19 @@ impl MultiGpu {
 
 impl Drop for MultiGpu {
     fn drop(&mut self) {
-        // The markers go before their GPUs' contexts (the `gpus` field drops first).
+        // The markers go before their GPUs' contexts (the `gpus` field drops first), once the
+        // last call's kernels are done with the buffers freed after (as `ProcGpu`'s close).
+        let within = Duration::from_nanos(self.timeout_ns).min(crate::order::DRAIN_WAIT);
         for (gpu, o) in self.gpus.iter().zip(&self.orders) {
             if gpu.bind().is_ok() {
-                o.lock().release();
+                let mut o = o.lock();
+                if !o.settled(gpu, within) {
+                    tracing::warn!(
+                        "GPU {}: the last call's kernels had not finished {within:?} after the close",
+                        gpu.ordinal
+                    );
+                }
+                o.release();
             }
         }
     }

@@ -11,8 +11,13 @@
 
 use railcc_core::Result;
 use railcc_cuda::gpu::{is_capturing, stream_of, GpuCtx, LaunchOrder};
+use std::time::Duration;
 
 /// The last collective kernel enqueued outside a capture: its stream, and a marker after it.
+/// How long a closing communicator waits for its last call's kernels before it frees what
+/// they read (or its timeout, if shorter).
+pub const DRAIN_WAIT: Duration = Duration::from_secs(10);
+
 pub struct KernelOrder(LaunchOrder);
 
 impl Default for KernelOrder {
@@ -56,6 +61,12 @@ impl KernelOrder {
     ) -> Result<T> {
         // SAFETY: the caller's contract.
         unsafe { self.0.run_eager(|| gpu.bind(), stream, enqueue) }
+    }
+
+    /// Waits up to `within` for the GPU to finish the last call run through this order (the
+    /// memory its kernels read may then be freed); false at the deadline.
+    pub fn settled(&self, gpu: &GpuCtx, within: Duration) -> bool {
+        self.0.settled(|| gpu.bind(), within)
     }
 
     /// Destroys the marker (with its GPU's context current).

@@ -873,9 +873,20 @@ impl Drop for ProcGpu {
             stop.store(true, Ordering::Relaxed);
             let _ = h.join();
         }
-        // Before the GPU's context can go with the `gpu` field.
+        // Before the GPU's context can go with the `gpu` field. The kernels of the last call
+        // read this rank's buffers and its peers' mappings, freed with the fields: wait for
+        // them first, as NCCL's destroy waits for the communicator's work (a kernel stopped by
+        // an abort or its deadline ends too).
         if self.gpu.bind().is_ok() {
-            self.kernel_order.lock().release();
+            let mut order = self.kernel_order.lock();
+            let within = self.timeout.min(crate::order::DRAIN_WAIT);
+            if !order.settled(&self.gpu, within) {
+                tracing::warn!(
+                    "rank {}: the GPU had not finished the communicator's last call {within:?} after its close",
+                    self.rank
+                );
+            }
+            order.release();
         }
     }
 }
