@@ -19,7 +19,7 @@ source bench/compare/gpu-env.sh
 session_begin
 case ${1:-} in
   a)
-    OUT=$L timeout 120 bash bench/experiments/launch_cost.sh 2>&1 | tail -n 12
+    OUT=$L timeout 120 bash bench/experiments/launch_cost.sh 2>&1 | tail -n 20
     echo "== after $(( $(date +%s) - T0 )) s"
     OUT=$L NK_PARTS="quick x2" RAILCC_GPU_NET_TABLE=1 timeout 240 bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/check-table.txt" | grep -E "^(PASS|FAIL)|failed"
     echo "== after $(( $(date +%s) - T0 )) s"

@@ -8,8 +8,13 @@
 // Then whether a kernel that writes host memory at once (4 blocks of 512 threads, as the
 // staging kernel copies a piece into the pinned ring) slows what the caller does next: an
 // event record and a 256 KiB memset of the caller's own memory, after a no-op kernel and after
-// the writer, both on an idle stream. Prints medians of 50, us.
-// Build: nvcc -O2 -arch=sm_90 -o /tmp/launch_cost launch_cost.cu
+// the writer, both on an idle stream. Last, railcc's own way to launch (cuLaunchKernel with
+// the parameter as one buffer, CU_LAUNCH_PARAM_BUFFER_*, of fewer bytes than declared: only
+// the entries a launch uses): a 4000-byte parameter passed whole, 2700 bytes of it (a 128 MB
+// call's) and 336 (an 8 B call's), idle and busy. Prints medians of 50, us.
+// Build: nvcc -O2 -arch=sm_90 -DWITH_DRIVER -o /tmp/launch_cost launch_cost.cu -lcuda (without
+// -DWITH_DRIVER and -lcuda: the runtime API's parts alone).
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <unistd.h>
 #include <algorithm>
@@ -85,6 +90,57 @@ template <int N> int row(cudaStream_t s, unsigned int* out) {
   return 0;
 }
 
+#ifdef WITH_DRIVER
+// One parameter, its pointer first, so a launch passing only its first bytes still names
+// where to write (as railcc's staging kernel: a header, then entries).
+template <int N> struct Param1 { unsigned int* out; unsigned int w[(N - 8) / 4]; };
+
+template <int N> __global__ void take1(const Param1<N> p) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) p.out[0] = p.w[0];
+}
+
+#define CU(x) do { CUresult r = (x); if (r != CUDA_SUCCESS) { const char* m = "?"; \
+  cuGetErrorString(r, &m); std::printf("FAIL  %s: %s\n", #x, m); return 1; } } while (0)
+
+template <int N> int row_buffer(cudaStream_t s, unsigned int* out, size_t pass) {
+  cudaFunction_t f;
+  CK(cudaGetFuncBySymbol(&f, (const void*)take1<N>));
+  Param1<N> p;
+  std::memset(&p, 1, sizeof p);
+  p.out = out;
+  size_t size = pass;
+  void* extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &p, CU_LAUNCH_PARAM_BUFFER_SIZE, &size,
+                   CU_LAUNCH_PARAM_END};
+  CUfunction fn = (CUfunction)f;
+  CUstream cs = (CUstream)s;
+  std::vector<double> sleep, spin, busy;
+  for (int i = 0; i < 50; i++) {
+    CK(cudaStreamSynchronize(s));
+    usleep(300);
+    double t = now_us();
+    CU(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, cs, nullptr, extra));
+    sleep.push_back(now_us() - t);
+    CK(cudaStreamSynchronize(s));
+    spin_us(300);
+    t = now_us();
+    CU(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, cs, nullptr, extra));
+    spin.push_back(now_us() - t);
+  }
+  CK(cudaStreamSynchronize(s));
+  wait_ns<<<1, 1, 0, s>>>(20000000ull);
+  for (int i = 0; i < 50; i++) {
+    double t = now_us();
+    CU(cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, cs, nullptr, extra));
+    busy.push_back(now_us() - t);
+  }
+  CK(cudaStreamSynchronize(s));
+  CK(cudaGetLastError());
+  std::printf("%7d B declared, %5zu passed as one buffer: idle-sleep %6.1f  idle-spin %6.1f  busy %6.1f\n",
+              N, pass, median(sleep), median(spin), median(busy));
+  return 0;
+}
+#endif
+
 int main() {
   cudaStream_t s;
   CK(cudaSetDevice(0));
@@ -131,5 +187,10 @@ int main() {
                 writer ? "host-writing" : "no-op       ", median(launch), median(record),
                 median(memset_us), mine[7]);
   }
+#ifdef WITH_DRIVER
+  if (row_buffer<4000>(s, out, 4000) || row_buffer<4000>(s, out, 2700) ||
+      row_buffer<4000>(s, out, 336) || row_buffer<32000>(s, out, 2700))
+    return 1;
+#endif
   return 0;
 }

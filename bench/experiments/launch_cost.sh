@@ -6,5 +6,8 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
 mkdir -p "$OUT"
-nvcc -O2 -arch=sm_90 -o /tmp/launch_cost bench/experiments/launch_cost.cu || { echo "FAIL  nvcc"; exit 1; }
+# The driver API's rows need libcuda at link time; without it, the rest alone.
+nvcc -O2 -arch=sm_90 -DWITH_DRIVER -o /tmp/launch_cost bench/experiments/launch_cost.cu -lcuda \
+  || nvcc -O2 -arch=sm_90 -o /tmp/launch_cost bench/experiments/launch_cost.cu \
+  || { echo "FAIL  nvcc"; exit 1; }
 timeout 120 /tmp/launch_cost 2>&1 | tee "$OUT/launch_cost.log"
