@@ -329,20 +329,40 @@ unsafe fn reduce_typed<T: Arith>(op: ReduceOp, dst: *mut u8, a: *const u8, b: *c
 }
 
 /// As [`reduce_typed`] for a narrow float: each block of `a` and `b` widened, reduced in f32
-/// and rounded into `dst` (read before written, so `dst` may be `a` or `b`).
+/// and rounded into `dst` (read before written, so `dst` may be `a` or `b`). Max and min
+/// compare the widened values and keep the chosen element as it was (rounding it back would
+/// turn fp8 e5m2's infinities into its largest finite value and quiet NaNs).
 ///
 /// # Safety
 /// As [`reduce_typed`].
 unsafe fn reduce_wide<T: Wide>(op: ReduceOp, dst: *mut u8, a: *const u8, b: *const u8, n: usize) {
-    let (dst, a, b) = (dst as *mut T, a as *const T, b as *const T);
+    let (dst, mut a, mut b) = (dst as *mut T, a as *const T, b as *const T);
+    if std::ptr::eq(dst, b) && !std::ptr::eq(dst, a) {
+        // The first operand is the one reduced into, as `reduce_typed`'s loops take it (it
+        // decides which of two equal values, +0 and -0, a max or min keeps).
+        std::mem::swap(&mut a, &mut b);
+    }
     let (mut x, mut y) = ([0f32; BLOCK], [0f32; BLOCK]);
     let mut i = 0;
     while i < n {
         let m = BLOCK.min(n - i);
         T::widen(std::slice::from_raw_parts(a.add(i), m), &mut x[..m]);
         T::widen(std::slice::from_raw_parts(b.add(i), m), &mut y[..m]);
-        inplace::<f32>(op, &mut x[..m], &y[..m]);
-        T::narrow(&x[..m], std::slice::from_raw_parts_mut(dst.add(i), m));
+        match op {
+            ReduceOp::Max | ReduceOp::Min => {
+                let max = op == ReduceOp::Max;
+                for (k, (fx, fy)) in x[..m].iter().zip(&y[..m]).enumerate() {
+                    let take_b = if max { fy > fx } else { fy < fx };
+                    // Both read before the one write at the same index.
+                    let v = if take_b { *b.add(i + k) } else { *a.add(i + k) };
+                    *dst.add(i + k) = v;
+                }
+            }
+            _ => {
+                inplace::<f32>(op, &mut x[..m], &y[..m]);
+                T::narrow(&x[..m], std::slice::from_raw_parts_mut(dst.add(i), m));
+            }
+        }
         i += m;
     }
 }
@@ -643,47 +663,96 @@ mod tests {
         bytemuck::cast_slice(v).to_vec()
     }
 
+    /// One narrow float type's inputs for `narrow_floats_reduce_...`: `n` elements of `a` and
+    /// `b` (special values first: zeros, infinities, NaNs with payloads, the largest finite
+    /// values, subnormals; then values of every magnitude, so sums and products round and
+    /// overflow) and what each aliasing of a two-input step must give, as the element by
+    /// element conversions give it with the reduced-into input first.
+    fn pairwise_case<T: bytemuck::Pod>(
+        op: ReduceOp,
+        n: usize,
+        k: f32,
+        specials: &[T],
+        to: fn(T) -> f32,
+        from: fn(f32) -> T,
+    ) -> [Vec<u8>; 4] {
+        let val = |i: usize, k: f32| ((i * 37 % 101) as f32 - 50.0) * k * (1.0 + i as f32 / 7.0);
+        let at = |i: usize, shift: usize, k: f32| match specials.get(i) {
+            Some(_) => specials[(i * 5 + shift) % specials.len()],
+            None => from(val(i + shift, k)),
+        };
+        let a: Vec<T> = (0..n).map(|i| at(i, 0, k)).collect();
+        let b: Vec<T> = (0..n).map(|i| at(i, 3, k / 3.0)).collect();
+        let into_a = pairwise_expect(op, &a, &b, to, from);
+        let into_b = pairwise_expect(op, &b, &a, to, from);
+        [bits(&a), bits(&b), bits(&into_a), bits(&into_b)]
+    }
+
     #[test]
     fn narrow_floats_reduce_as_element_by_element_in_every_aliasing() {
-        // Lengths past a block and not a multiple of the vector width; values of every
-        // magnitude, so sums and products round and overflow.
+        // Lengths past a block and not a multiple of the vector width.
         let n = 3 * BLOCK + 13;
-        let val = |i: usize, k: f32| ((i * 37 % 101) as f32 - 50.0) * k * (1.0 + i as f32 / 7.0);
-        let cases: [(DataType, f32); 2] = [(DataType::Bf16, 3.3e36), (DataType::F16, 1.7e2)];
-        for (dt, k) in cases {
+        let f32s = [
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            f32::MAX,
+            -f32::MAX,
+            1e-40,
+            65504.0,
+            57344.0,
+            448.0,
+            1.0,
+            -1.0,
+        ];
+        let bf: Vec<bf16> = (f32s.iter().map(|x| bf16::from_f32(*x)))
+            .chain([0x7fc1, 0xffa0, 0x7f81, 0x0001].map(bf16::from_bits))
+            .collect();
+        let hf: Vec<f16> = (f32s.iter().map(|x| f16::from_f32(*x)))
+            .chain([0x7e01, 0xfd00, 0x7c01, 0x0001].map(f16::from_bits))
+            .collect();
+        let e4: Vec<F8E4M3> = (f32s.iter().map(|x| F8E4M3::from_f32(*x)))
+            .chain([0x7f, 0xff, 0x7e, 0x01].map(F8E4M3::from_bits))
+            .collect();
+        let e5: Vec<F8E5M2> = (f32s.iter().map(|x| F8E5M2::from_f32(*x)))
+            .chain([0x7c, 0xfc, 0x7d, 0xfe, 0x7b, 0x01].map(F8E5M2::from_bits))
+            .collect();
+        for dt in [
+            DataType::Bf16,
+            DataType::F16,
+            DataType::F8E4M3,
+            DataType::F8E5M2,
+        ] {
             for op in ReduceOp::ALL {
-                let (af, bf): (Vec<f32>, Vec<f32>) =
-                    (0..n).map(|i| (val(i, k), val(i + 5, k / 3.0))).unzip();
-                let (a, b, want) = match dt {
+                let [a, b, into_a, into_b] = match dt {
                     DataType::Bf16 => {
-                        let a: Vec<bf16> = af.iter().map(|x| bf16::from_f32(*x)).collect();
-                        let b: Vec<bf16> = bf.iter().map(|x| bf16::from_f32(*x)).collect();
-                        let w = pairwise_expect(op, &a, &b, bf16::to_f32, bf16::from_f32);
-                        (bits(&a), bits(&b), bits(&w))
+                        pairwise_case(op, n, 3.3e36, &bf, bf16::to_f32, bf16::from_f32)
                     }
-                    _ => {
-                        let a: Vec<f16> = af.iter().map(|x| f16::from_f32(*x)).collect();
-                        let b: Vec<f16> = bf.iter().map(|x| f16::from_f32(*x)).collect();
-                        let w = pairwise_expect(op, &a, &b, f16::to_f32, f16::from_f32);
-                        (bits(&a), bits(&b), bits(&w))
+                    DataType::F16 => pairwise_case(op, n, 1.7e2, &hf, f16::to_f32, f16::from_f32),
+                    DataType::F8E4M3 => {
+                        pairwise_case(op, n, 3.0, &e4, |x| x.to_f32(), F8E4M3::from_f32)
                     }
+                    _ => pairwise_case(op, n, 300.0, &e5, |x| x.to_f32(), F8E5M2::from_f32),
                 };
                 // Into a third buffer, into `a`'s place, into `b`'s place.
                 let mut d = vec![0u8; a.len()];
                 // A byte vector's allocation is aligned for 2-byte elements in practice:
-                // asserted, so the unsafe call below meets its contract.
+                // asserted, so the unsafe calls below meet their contract.
                 let aligned = |p: *const u8| (p as usize).is_multiple_of(2);
                 assert!(aligned(a.as_ptr()) && aligned(b.as_ptr()) && aligned(d.as_ptr()));
                 // SAFETY: three buffers of n aligned elements, not overlapping.
                 unsafe { reduce_raw(dt, op, d.as_mut_ptr(), a.as_ptr(), b.as_ptr(), n) };
-                assert_eq!(d, want, "{dt} {op} into a third buffer");
+                assert_eq!(d, into_a, "{dt} {op} into a third buffer");
                 let mut x = a.clone();
                 reduce_bytes(dt, op, &mut x, &b).unwrap();
-                assert_eq!(x, want, "{dt} {op} into a");
+                assert_eq!(x, into_a, "{dt} {op} into a");
                 let mut y = b.clone();
-                // SAFETY: `y` is `b`'s copy, reduced in place with `a` as the first input.
+                // SAFETY: `y` is `b`'s copy, reduced in place with `a` as the other input.
                 unsafe { reduce_raw(dt, op, y.as_mut_ptr(), a.as_ptr(), y.as_ptr(), n) };
-                assert_eq!(y, want, "{dt} {op} into b");
+                assert_eq!(y, into_b, "{dt} {op} into b");
             }
         }
     }

@@ -19,7 +19,7 @@ use railcc_cuda::gpu::{
 };
 use railcc_cuda::kernels::MAX_PEERS;
 use railcc_cuda::launch::{p2p_step, P2pStep};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The GPUs of this process, with peer access enabled between every pair.
 pub struct MultiGpu {
@@ -468,18 +468,33 @@ impl MultiGpu {
 impl Drop for MultiGpu {
     fn drop(&mut self) {
         // The markers go before their GPUs' contexts (the `gpus` field drops first), once the
-        // last call's kernels are done with the buffers freed after (as `ProcGpu`'s close).
-        let within = Duration::from_nanos(self.timeout_ns).min(crate::order::DRAIN_WAIT);
-        for (gpu, o) in self.gpus.iter().zip(&self.orders) {
+        // last call's kernels are done with the buffers freed after, up to the timeout for
+        // all GPUs together (as `ProcGpu`'s close); kernels still running then are stopped,
+        // and a GPU whose kernels outlive that keeps its context.
+        let timeout = Duration::from_nanos(self.timeout_ns);
+        let deadline = Instant::now().checked_add(timeout);
+        let mut keep = vec![false; self.gpus.len()];
+        for ((gpu, o), keep) in self.gpus.iter().zip(&self.orders).zip(&mut keep) {
             if gpu.bind().is_ok() {
                 let mut o = o.lock();
-                if !o.settled(gpu, within) {
+                let left =
+                    deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
+                *keep = !(o.settled(gpu, left) || {
+                    gpu.abort_kernels();
+                    o.settled(gpu, crate::order::STOP_GRACE)
+                });
+                if *keep {
                     tracing::warn!(
-                        "GPU {}: the last call's kernels had not finished {within:?} after the close",
+                        "GPU {}: the last call's kernels had not finished {timeout:?} after the close: its context and memory stay",
                         gpu.ordinal
                     );
                 }
                 o.release();
+            }
+        }
+        for (gpu, keep) in std::mem::take(&mut self.gpus).into_iter().zip(keep) {
+            if keep {
+                std::mem::forget(gpu);
             }
         }
     }

@@ -13,11 +13,11 @@ use railcc_core::Result;
 use railcc_cuda::gpu::{is_capturing, stream_of, GpuCtx, LaunchOrder};
 use std::time::Duration;
 
-/// The last collective kernel enqueued outside a capture: its stream, and a marker after it.
-/// How long a closing communicator waits for its last call's kernels before it frees what
-/// they read (or its timeout, if shorter).
-pub const DRAIN_WAIT: Duration = Duration::from_secs(10);
+/// How long a closing communicator's kernels, stopped because they had not finished within
+/// its timeout, get to see the stop before what they read is left allocated.
+pub const STOP_GRACE: Duration = Duration::from_millis(100);
 
+/// The last collective kernel enqueued outside a capture: its stream, and a marker after it.
 pub struct KernelOrder(LaunchOrder);
 
 impl Default for KernelOrder {

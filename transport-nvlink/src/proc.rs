@@ -869,24 +869,39 @@ const FAILED_SHAPE: [u64; 5] = [u64::MAX; 5];
 impl Drop for ProcGpu {
     fn drop(&mut self) {
         self.trace.report();
+        // The last call's kernels read this rank's buffers and its peers' mappings, freed
+        // with the fields: wait for them first, as NCCL's destroy waits for the
+        // communicator's work, up to the timeout (their own deadline), with the watcher still
+        // running (a peer's death stops them). Past that, stop them; any still running then
+        // (their stream held up by the caller's own work) keep what they read, leaked.
+        let settled = self.gpu.bind().is_err() || {
+            let order = self.kernel_order.lock();
+            order.settled(&self.gpu, self.timeout) || {
+                self.gpu.abort_kernels();
+                order.settled(&self.gpu, crate::order::STOP_GRACE)
+            }
+        };
         if let Some((stop, h)) = self.watcher.take() {
             stop.store(true, Ordering::Relaxed);
             let _ = h.join();
         }
-        // Before the GPU's context can go with the `gpu` field. The kernels of the last call
-        // read this rank's buffers and its peers' mappings, freed with the fields: wait for
-        // them first, as NCCL's destroy waits for the communicator's work (a kernel stopped by
-        // an abort or its deadline ends too).
+        if !settled {
+            tracing::warn!(
+                "rank {}: the GPU had not finished the communicator's last call {:?} after its close: its staging and bounce buffers stay allocated",
+                self.rank,
+                self.timeout
+            );
+            std::mem::forget(std::mem::take(&mut *self.stages.lock()));
+            let mut b = self.bounce.lock();
+            std::mem::forget(b.buf.take());
+            std::mem::forget(std::mem::take(&mut b.retired));
+            drop(b);
+            std::mem::forget(self.table.clone());
+            std::mem::forget(self.gpu.clone());
+        }
+        // Before the GPU's context can go with the `gpu` field.
         if self.gpu.bind().is_ok() {
-            let mut order = self.kernel_order.lock();
-            let within = self.timeout.min(crate::order::DRAIN_WAIT);
-            if !order.settled(&self.gpu, within) {
-                tracing::warn!(
-                    "rank {}: the GPU had not finished the communicator's last call {within:?} after its close",
-                    self.rank
-                );
-            }
-            order.release();
+            self.kernel_order.lock().release();
         }
     }
 }

@@ -262,18 +262,21 @@ impl LaunchOrder {
             // SAFETY: the caller's live stream; the marker is of this context, current.
             unsafe { marker.wait(s) }?;
         }
-        let r = enqueue()?;
+        // Marked after a failed enqueue too: part of it may be on the stream, reading memory
+        // a close must not free before the GPU has passed it (`settled`).
+        let r = enqueue();
         bind()?;
         // SAFETY: as above.
         unsafe { marker.record(s) }?;
         self.last = Some(stream);
         self.last_id = id;
-        Ok(r)
+        r
     }
 
-    /// Waits up to `within` for the GPU to finish the last work run through this order (so
-    /// memory that work reads can be freed); true once it has, or when nothing was run or
-    /// the context is gone (an error: nothing of it runs any more), false at the deadline.
+    /// Waits up to `within` (no limit if it overflows an `Instant`) for the GPU to finish the
+    /// last work run through this order (so memory that work reads can be freed); true once
+    /// it has, or when nothing was run or the context is gone (an error: nothing of it runs
+    /// any more), false at the deadline.
     pub fn settled(&self, bind: impl Fn() -> Result<()>, within: Duration) -> bool {
         let Some(marker) = &self.marker else {
             return true;
@@ -282,15 +285,17 @@ impl LaunchOrder {
             tracing::debug!("launch order: no context to wait in ({e}): nothing runs");
             return true;
         }
-        let deadline = Instant::now() + within;
+        // No deadline past what an Instant holds (a communicator without a timeout).
+        let deadline = Instant::now().checked_add(within);
         loop {
             match marker.reached() {
                 Ok(true) => return true,
                 Err(e) => {
+                    // A context that failed or is gone runs nothing any more.
                     tracing::debug!("launch order: {e}: taken as settled");
                     return true;
                 }
-                Ok(false) if Instant::now() >= deadline => return false,
+                Ok(false) if deadline.is_some_and(|d| Instant::now() >= d) => return false,
                 Ok(false) => std::thread::sleep(Duration::from_micros(200)),
             }
         }
