@@ -39,10 +39,11 @@ case ${1:-} in
     OUT=$L NK_PARTS="perf x2perf" timeout $(left 570) bash bench/compare/gpu-net-kernel.sh 2>&1 | tee "$L/perf.txt" | grep -vE "^  "
     ;;
   c)
-    OUT=$L/ddp STEP_LAYOUTS=2x2 STEP_MODES=ddp STEP_RUNS=3 STEP_LIMIT=90 STEP_LIBS="railcc nccl-4x4" \
+    # 30 steps a run, not 10: the median of more steps moves less with the machine.
+    OUT=$L/ddp STEP_LAYOUTS=2x2 STEP_MODES=ddp STEP_RUNS=3 STEP_LIMIT=90 STEP_LIBS="railcc nccl-4x4" STEP_ARGS="--steps 30" \
       timeout 240 bash bench/torch/step.sh 2>&1 | tee "$L/ddp.txt" | grep -v "^  "
     echo "== after $(( $(date +%s) - T0 )) s"
-    OUT=$L/hsdp STEP_LAYOUTS=2x2 STEP_MODES=hsdp STEP_RUNS=2 STEP_LIMIT=90 STEP_LIBS="railcc nccl-4x4" \
+    OUT=$L/hsdp STEP_LAYOUTS=2x2 STEP_MODES=hsdp STEP_RUNS=2 STEP_LIMIT=90 STEP_LIBS="railcc nccl-4x4" STEP_ARGS="--steps 30" \
       timeout $(left 330) bash bench/torch/step.sh 2>&1 | tee "$L/hsdp.txt" | grep -v "^  "
     ;;
   *) echo "usage: $0 a|b|c"; exit 2 ;;

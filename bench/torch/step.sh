@@ -47,7 +47,7 @@ one() {
       env "$@" CUDA_VISIBLE_DEVICES=$gpus NCCL_HOSTID=host$i RAILCC_HOSTID=host$i \
         timeout -k 10 "$LIMIT" python3 -m torch.distributed.run --nnodes 2 --node_rank $i \
           --nproc_per_node $per --master_addr 127.0.0.1 --master_port $port "$PY" --mode "$mode" \
-          --out "$OUT/step" --label "$label-$layout" ${STEP_SMALL_SIZES:+--small-sizes $STEP_SMALL_SIZES} < /dev/null > "$log.node$i" 2>&1 &
+          --out "$OUT/step" --label "$label-$layout" ${STEP_ARGS:-} ${STEP_SMALL_SIZES:+--small-sizes $STEP_SMALL_SIZES} < /dev/null > "$log.node$i" 2>&1 &
       pids[$i]=$!
     done
     for i in 0 1; do wait "${pids[$i]}" || rc=$?; done
