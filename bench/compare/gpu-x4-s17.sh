@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # On nvidia-h100-x4 / nvidia-h200-x4 (after bash bench/compare/gpu-prepare.sh here; carry
-# .device): the fifteenth session's device calls, one part per call. Logs under $OUT/logs,
+# .device): the device calls written in the fifteenth session (which had no device time),
+# one part per call. Logs under $OUT/logs,
 # tarred to $OUT/logs-<part>.tgz.
 #   a  what an idle launch pays for (bench/experiments/launch_cost.sh: launch time by
 #      parameter size, idle or busy stream; a host-writing kernel's effect on the caller),
 #      then the opt-in table launches (RAILCC_GPU_NET_TABLE=1, never run on a GPU yet):
 #      gpu-net-kernel.sh quick and x2 with it, and the idle-stream return times of 64 KB-
-#      128 MB with and without it (bench/results/issue31/return-time-design.md).
+#      128 MB with and without it (bench/results/issue31/return-time-design.md), one size a
+#      process, and 128 MB with the caller's thread busy before each idle call
+#      (--idle-spin-us 300).
 #   b  issue 31's large-message and all-to-all figures with this build: gpu-net-kernel.sh
 #      perf (2 x 1) and x2perf (2 x 2): all_reduce 8 B-1 GB and alltoall 1 MB and 128 MB,
 #      railcc against NCCL's defaults and 4 x 4 sockets, with railcc's pinned memory.
@@ -33,6 +36,12 @@ case ${1:-} in
           --ranks 2 -b $b -e $b -n 1 -w 0 -c 1 > "$f" 2>&1
         echo "== RAILCC_GPU_NET_TABLE=$v $b: exit $?"; grep -E "returned after|rank 0 gpu net trace|wrong|FAIL" "$f" | grep -v "in place"
       done
+      # The same 128 MB call with the caller's thread busy before it, not woken from the
+      # barrier's wait (launch_cost's idle-spin against idle-sleep, in railcc).
+      f="$L/ret-table$v-128M-warm.log"
+      RAILCC_GPU_NET_TABLE=$v RAILCC_GPU_NET_TRACE=1 timeout 60 $PWD/.device/bin/railcc bench all_reduce --device cuda --per-process --gpu-net \
+        --ranks 2 -b 128M -e 128M -n 1 -w 0 -c 1 --idle-spin-us 300 > "$f" 2>&1
+      echo "== RAILCC_GPU_NET_TABLE=$v 128M, caller busy before: exit $?"; grep -E "returned after|rank 0 gpu net trace|wrong|FAIL" "$f" | grep -v "in place"
     done
     ;;
   b)

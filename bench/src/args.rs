@@ -136,6 +136,12 @@ pub struct BenchArgs {
     /// through pinned host memory), as ranks on different machines do, instead of CUDA IPC.
     #[arg(long = "gpu-net")]
     pub gpu_net: bool,
+    /// With --gpu-net: before each call timed on an idle stream, the caller's thread spins
+    /// this many microseconds past the barrier (0: it calls as the barrier wakes it). A
+    /// thread woken from a wait runs cold for a while; one that was busy, as a training
+    /// loop's, does not: the two tell the library's time from the wake-up's.
+    #[arg(long = "idle-spin-us", default_value_t = 0)]
+    pub idle_spin_us: u64,
     /// Pin each rank to one CPU by its local rank (core), or leave placement to the kernel
     /// (none), like mpirun's --bind-to.
     #[arg(long, default_value = "none", value_parser = ["none", "core"])]

@@ -77,6 +77,10 @@ impl Runner for NetAsync<'_> {
             for _ in 0..5 {
                 gpu.synchronize().map_err(err)?;
                 self.comm.barrier().map_err(err)?;
+                let spin = std::time::Instant::now();
+                while spin.elapsed().as_micros() < u128::from(a.idle_spin_us) {
+                    std::hint::spin_loop();
+                }
                 returns.borrow_mut().clear();
                 launch()?;
                 idle.extend(returns.borrow().iter().copied());
@@ -126,11 +130,15 @@ impl Runner for NetAsync<'_> {
             if let (Some(mid), Some(max)) = (at(0.5), at(1.0)) {
                 let idle_mid = idle.get(idle.len() / 2).copied().unwrap_or(f64::NAN);
                 println!(
-                    "#  {} B {}: a call on an idle stream returned after {:.1} us (median of {}); the timed calls after {:.1} us (median), {:.1} us (slowest)",
+                    "#  {} B {}: a call on an idle stream returned after {:.1} us (median of {}{}); the timed calls after {:.1} us (median), {:.1} us (slowest)",
                     args.count * args.dtype.size(),
                     if in_place { "in place" } else { "out of place" },
                     idle_mid * 1e6,
                     idle.len(),
+                    match a.idle_spin_us {
+                        0 => String::new(),
+                        us => format!(", the caller busy {us} us before each"),
+                    },
                     mid * 1e6,
                     max * 1e6
                 );
