@@ -469,9 +469,14 @@ impl Drop for MultiGpu {
     fn drop(&mut self) {
         // The markers go before their GPUs' contexts (the `gpus` field drops first), once the
         // last call's kernels are done with the buffers freed after, up to the timeout for
-        // all GPUs together (as `ProcGpu`'s close); kernels still running then are stopped,
-        // and a GPU whose kernels outlive that keeps its context.
-        let timeout = Duration::from_nanos(self.timeout_ns);
+        // all GPUs together (as `ProcGpu`'s close; the grace alone once kernels were
+        // stopped); kernels still running then are stopped, and if any outlive that, every
+        // GPU's memory stays.
+        let stopped = self.gpus.iter().any(|g| g.kernels_stopped());
+        let timeout = match stopped {
+            true => crate::order::STOP_GRACE,
+            false => Duration::from_nanos(self.timeout_ns),
+        };
         let deadline = Instant::now().checked_add(timeout);
         let mut keep = vec![false; self.gpus.len()];
         for ((gpu, o), keep) in self.gpus.iter().zip(&self.orders).zip(&mut keep) {
@@ -485,17 +490,16 @@ impl Drop for MultiGpu {
                 });
                 if *keep {
                     tracing::warn!(
-                        "GPU {}: the last call's kernels had not finished {timeout:?} after the close: its context and memory stay",
+                        "GPU {}: the last call's kernels had not finished {timeout:?} after the close: every GPU's memory stays",
                         gpu.ordinal
                     );
                 }
                 o.release();
             }
         }
-        for (gpu, keep) in std::mem::take(&mut self.gpus).into_iter().zip(keep) {
-            if keep {
-                std::mem::forget(gpu);
-            }
+        // Every GPU's kernels use every GPU's sync area: one kept keeps them all.
+        if keep.contains(&true) {
+            std::mem::forget(std::mem::take(&mut self.gpus));
         }
     }
 }

@@ -32,6 +32,7 @@ use railcc_cuda::gpu::{
 use railcc_cuda::ipc::{export, open, BufDesc, HANDLE_BYTES};
 use railcc_cuda::kernels::MAX_PEERS;
 use railcc_cuda::p2p_many;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -49,7 +50,9 @@ pub struct ProcGpu {
     /// Every rank's sync area as this GPU addresses it.
     syncs: Vec<u64>,
     table: Arc<ShmTable>,
-    share: Mutex<Share>,
+    /// Dropped by hand at close (`Drop`): left allocated, with the peers' buffers it maps,
+    /// when the last call's kernels outlive the close.
+    share: ManuallyDrop<Mutex<Share>>,
     /// Where the data of buffers no peer can map goes through (made and grown on use), and
     /// the stream that used it last.
     bounce: Mutex<Bounce>,
@@ -79,7 +82,8 @@ pub struct ProcGpu {
     p2p_ll_seqs: Mutex<std::collections::HashMap<(usize, bool), u64>>,
     trace: crate::host_trace::HostTrace,
     broken: Arc<Mutex<Option<Error>>>,
-    watcher: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
+    /// The watcher's stop and closing flags, and its thread.
+    watcher: Option<(Arc<AtomicBool>, Arc<AtomicBool>, JoinHandle<()>)>,
 }
 
 /// A process as `/proc` names it: pid and start time (clock ticks since boot).
@@ -150,6 +154,9 @@ struct Watch {
     gpu: Arc<GpuCtx>,
     broken: Arc<Mutex<Option<Error>>>,
     table: Arc<ShmTable>,
+    /// The communicator is closing (waiting for its last call's kernels): a peer that
+    /// exits then has closed too, so it only stops this rank's kernels, unreported.
+    closing: Arc<AtomicBool>,
 }
 
 impl Watch {
@@ -165,6 +172,11 @@ impl Watch {
         let mut textless: Option<Instant> = None;
         while !stop.load(Ordering::Relaxed) {
             if let Some((r, p)) = self.peers.iter().find(|(_, p)| !p.alive()) {
+                if self.closing.load(Ordering::Relaxed) {
+                    tracing::debug!("rank {} exited while this rank closed", self.name(*r));
+                    self.gpu.abort_kernels();
+                    return;
+                }
                 let e = Error::new(
                     ErrorKind::PeerClosed,
                     format!(
@@ -454,6 +466,7 @@ impl ProcGpu {
             );
         }
         let stop = Arc::new(AtomicBool::new(false));
+        let closing = Arc::new(AtomicBool::new(false));
         let table = Arc::new(table);
         let own_name = name(rank);
         let all_names: Vec<usize> = (0..nranks).map(name).collect();
@@ -465,6 +478,7 @@ impl ProcGpu {
                 gpu: gpu.clone(),
                 broken: broken.clone(),
                 table: table.clone(),
+                closing: closing.clone(),
             };
             let s = stop.clone();
             std::thread::Builder::new()
@@ -478,7 +492,7 @@ impl ProcGpu {
             nranks,
             syncs,
             table,
-            share: Mutex::new(share),
+            share: ManuallyDrop::new(Mutex::new(share)),
             bounce: Mutex::new(Bounce::default()),
             stages: Mutex::new(std::collections::HashMap::new()),
             calls: AtomicU64::new(0),
@@ -507,7 +521,7 @@ impl ProcGpu {
             p2p_ll_seqs: Mutex::new(std::collections::HashMap::new()),
             trace: crate::host_trace::HostTrace::new(settings.host_trace, rank),
             broken,
-            watcher: Some((stop, watcher)),
+            watcher: Some((stop, closing, watcher)),
         })
     }
 
@@ -873,23 +887,35 @@ impl Drop for ProcGpu {
         // with the fields: wait for them first, as NCCL's destroy waits for the
         // communicator's work, up to the timeout (their own deadline), with the watcher still
         // running (a peer's death stops them). Past that, stop them; any still running then
-        // (their stream held up by the caller's own work) keep what they read, leaked.
+        // (their stream held up by other work) keep what they read, leaked. Once the
+        // kernels were stopped (an abort, a failure), the wait is the grace alone, so
+        // ncclCommAbort returns as NCCL's does.
+        if let Some((_, closing, _)) = &self.watcher {
+            closing.store(true, Ordering::Relaxed);
+        }
+        let stopped = self.broken.lock().is_some() || self.gpu.kernels_stopped();
+        let within = match stopped {
+            true => crate::order::STOP_GRACE,
+            false => self.timeout,
+        };
         let settled = self.gpu.bind().is_err() || {
             let order = self.kernel_order.lock();
-            order.settled(&self.gpu, self.timeout) || {
+            order.settled(&self.gpu, within) || {
                 self.gpu.abort_kernels();
                 order.settled(&self.gpu, crate::order::STOP_GRACE)
             }
         };
-        if let Some((stop, h)) = self.watcher.take() {
+        if let Some((stop, _, h)) = self.watcher.take() {
             stop.store(true, Ordering::Relaxed);
             let _ = h.join();
         }
-        if !settled {
+        if settled {
+            // SAFETY: dropped once, here; nothing uses `share` after `drop`.
+            unsafe { ManuallyDrop::drop(&mut self.share) };
+        } else {
             tracing::warn!(
-                "rank {}: the GPU had not finished the communicator's last call {:?} after its close: its staging and bounce buffers stay allocated",
-                self.rank,
-                self.timeout
+                "rank {}: the GPU had not finished the communicator's last call {within:?} after its close: its buffers and peers' mappings stay allocated",
+                self.rank
             );
             std::mem::forget(std::mem::take(&mut *self.stages.lock()));
             let mut b = self.bounce.lock();

@@ -265,12 +265,14 @@ impl LaunchOrder {
         // Marked after a failed enqueue too: part of it may be on the stream, reading memory
         // a close must not free before the GPU has passed it (`settled`).
         let r = enqueue();
-        bind()?;
         // SAFETY: as above.
-        unsafe { marker.record(s) }?;
+        let marked = bind().and_then(|()| unsafe { marker.record(s) });
         self.last = Some(stream);
         self.last_id = id;
-        r
+        // The enqueue's own error first: a failure to mark after it is its consequence.
+        let r = r?;
+        marked?;
+        Ok(r)
     }
 
     /// Waits up to `within` (no limit if it overflows an `Instant`) for the GPU to finish the
