@@ -10,9 +10,9 @@ part() { [[ "$PARTS" == *" $1 "* ]]; }
 RAILCC_SETUP_LINT=1 RAILCC_SETUP_NVRTC=1 bash scripts/setup.sh
 # A full run writes about 6 GiB under target/ (debug, release, the VM's disk). Say so up
 # front when the disk is short, so a compiler's "No space left on device" has its cause named.
-free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
+read -r free_kib mount < <(df -Pk . | awk 'NR == 2 { print $4, $6 }')
 if [ "${free_kib:-0}" -lt $((8 * 1024 * 1024)) ]; then
-  echo "test.sh: warning: only $((free_kib / 1024)) MiB free on $(df -P . | awk 'NR == 2 { print $6 }'); a full run needs about 6 GiB"
+  echo "test.sh: warning: only $((free_kib / 1024)) MiB free on $mount; a full run needs about 6 GiB"
 fi
 SKIPPED=""
 if part lint; then

@@ -22,19 +22,10 @@
 #include <cstdio>
 #include <cstring>
 #include <vector>
+#include "timing.h"
 
 #define CK(x) do { cudaError_t r = (x); if (r != cudaSuccess) { \
   std::printf("FAIL  %s: %s\n", #x, cudaGetErrorString(r)); return 1; } } while (0)
-
-static double now_us() {
-  return std::chrono::duration<double, std::micro>(
-             std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-static double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 static void spin_us(double us) {
   double t = now_us();

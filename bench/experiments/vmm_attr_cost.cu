@@ -10,19 +10,10 @@
 #include <chrono>
 #include <cstdio>
 #include <vector>
+#include "timing.h"
 
 #define CK(x) do { CUresult r = (x); if (r != CUDA_SUCCESS) { const char *s; cuGetErrorString(r, &s); \
   std::printf("FAIL  %s: %s\n", #x, s); return 1; } } while (0)
-
-static double now_us() {
-  return std::chrono::duration<double, std::micro>(
-             std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-static double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 int main() {
   CK(cuInit(0));

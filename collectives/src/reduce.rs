@@ -1,9 +1,10 @@
 //! Host reduction kernels for every dtype and op. Each loop is a plain zip over two slices with
-//! the operator chosen outside the loop, so the compiler vectorizes it. f16, bf16 and fp8
-//! (e4m3, e5m2; rounded back with CUDA's saturating conversion) are reduced in f32 a block at
-//! a time: widened over a slice, reduced as f32, narrowed over a slice (`Wide`); converted
-//! one element at a time inside the loop, bf16 reduced at a quarter and f16 at a thirtieth
-//! of f32's bytes per second. A two-input step rounds its result to the storage type (as a
+//! the operator chosen outside the loop, so the compiler vectorizes it. The narrow floats
+//! are reduced in f32: bf16 converted inside the loop (a shift and a branch-free rounding);
+//! f16 and fp8 (e4m3, e5m2; rounded back with CUDA's saturating conversion) a block at a
+//! time, widened over a slice, reduced as f32, narrowed over a slice (`Wide`). Converted one
+//! element at a time through `half` and `float8`, bf16 reduced at a quarter, f16 at a
+//! thirtieth and fp8 at a hundredth of f32's bytes per second. A two-input step rounds its result to the storage type (as a
 //! partial sum that travels between ranks must be); [`reduce_slots_raw`] reduces many inputs
 //! in one step and, for the narrow floats, accumulates in f32 and rounds once.
 
@@ -757,49 +758,49 @@ mod tests {
         }
     }
 
+    /// `slots` inputs of `n` elements of `dt` (values of `src` rounded by `from`) summed by
+    /// `reduce_slots_raw` equal their f32 sum rounded once; the inputs are returned.
+    fn slots_sum_rounds_once<T: bytemuck::Pod + PartialEq + std::fmt::Debug>(
+        dt: DataType,
+        src: &[f32],
+        (n, slots): (usize, usize),
+        to: fn(T) -> f32,
+        from: fn(f32) -> T,
+    ) -> Vec<T> {
+        let x: Vec<T> = src.iter().map(|v| from(*v)).collect();
+        let mut out = vec![from(0.0); n];
+        // SAFETY: `x` holds slots * n elements, `out` n.
+        unsafe {
+            reduce_slots_raw(
+                dt,
+                ReduceOp::Sum,
+                out.as_mut_ptr() as *mut u8,
+                x.as_ptr() as *const u8,
+                n,
+                slots,
+            )
+        };
+        for (i, o) in out.iter().enumerate() {
+            let want = from((0..slots).map(|j| to(x[j * n + i])).sum());
+            assert_eq!(bits(&[*o]), bits(&[want]), "{dt} element {i}");
+        }
+        x
+    }
+
     #[test]
     fn narrow_floats_accumulate_many_inputs_in_f32_and_round_once() {
         let (n, slots) = (BLOCK + 9, 5);
         let src: Vec<f32> = (0..n * slots)
             .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 64.0)
             .collect();
-        let widen_sum = |to: &dyn Fn(usize) -> f32, i: usize| -> f32 {
-            (0..slots).map(|j| to(j * n + i)).sum()
-        };
-        let b: Vec<bf16> = src.iter().map(|x| bf16::from_f32(*x)).collect();
-        let mut out = vec![bf16::ZERO; n];
-        // SAFETY: `b` holds slots * n elements, `out` n.
-        unsafe {
-            reduce_slots_raw(
-                DataType::Bf16,
-                ReduceOp::Sum,
-                out.as_mut_ptr() as *mut u8,
-                b.as_ptr() as *const u8,
-                n,
-                slots,
-            )
-        };
-        for (i, o) in out.iter().enumerate() {
-            let want = bf16::from_f32(widen_sum(&|k| b[k].to_f32(), i));
-            assert_eq!(o.to_bits(), want.to_bits(), "bf16 element {i}");
-        }
-        let h: Vec<f16> = src.iter().map(|x| f16::from_f32(*x)).collect();
-        let mut out = vec![f16::ZERO; n];
-        // SAFETY: as above.
-        unsafe {
-            reduce_slots_raw(
-                DataType::F16,
-                ReduceOp::Sum,
-                out.as_mut_ptr() as *mut u8,
-                h.as_ptr() as *const u8,
-                n,
-                slots,
-            )
-        };
-        for (i, o) in out.iter().enumerate() {
-            let want = f16::from_f32(widen_sum(&|k| h[k].to_f32(), i));
-            assert_eq!(o.to_bits(), want.to_bits(), "f16 element {i}");
-        }
+        let b = slots_sum_rounds_once(
+            DataType::Bf16,
+            &src,
+            (n, slots),
+            bf16::to_f32,
+            bf16::from_f32,
+        );
+        slots_sum_rounds_once(DataType::F16, &src, (n, slots), f16::to_f32, f16::from_f32);
         // Avg's last step: each element divided, rounded once.
         let mut d = b[..n].to_vec();
         // SAFETY: `d` holds n bf16 elements.

@@ -484,10 +484,7 @@ impl Drop for MultiGpu {
                 let mut o = o.lock();
                 let left =
                     deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
-                *keep = !(o.settled(gpu, left) || {
-                    gpu.abort_kernels();
-                    o.settled(gpu, crate::order::STOP_GRACE)
-                });
+                *keep = !o.drained(gpu, left);
                 if *keep {
                     tracing::warn!(
                         "GPU {}: the last call's kernels had not finished {timeout:?} after the close: every GPU's memory stays",

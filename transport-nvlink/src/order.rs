@@ -63,10 +63,20 @@ impl KernelOrder {
         unsafe { self.0.run_eager(|| gpu.bind(), stream, enqueue) }
     }
 
-    /// Waits up to `within` for the GPU to finish the last call run through this order (the
-    /// memory its kernels read may then be freed); false at the deadline.
-    pub fn settled(&self, gpu: &GpuCtx, within: Duration) -> bool {
-        self.0.settled(|| gpu.bind(), within)
+    /// Waits for the last call's kernels before a close frees what they read: up to
+    /// `within`, or [`STOP_GRACE`] once they were stopped (an abort or a failure: as NCCL's
+    /// abort, the close returns); then stops them and waits [`STOP_GRACE`] more. False:
+    /// they still run, and what they read must stay allocated.
+    pub fn drained(&self, gpu: &GpuCtx, within: Duration) -> bool {
+        let within = if gpu.kernels_stopped() {
+            STOP_GRACE
+        } else {
+            within
+        };
+        self.0.settled(|| gpu.bind(), within) || {
+            gpu.abort_kernels();
+            self.0.settled(|| gpu.bind(), STOP_GRACE)
+        }
     }
 
     /// Destroys the marker (with its GPU's context current).

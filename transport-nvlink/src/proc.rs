@@ -893,18 +893,8 @@ impl Drop for ProcGpu {
         if let Some((_, closing, _)) = &self.watcher {
             closing.store(true, Ordering::Relaxed);
         }
-        let stopped = self.broken.lock().is_some() || self.gpu.kernels_stopped();
-        let within = match stopped {
-            true => crate::order::STOP_GRACE,
-            false => self.timeout,
-        };
-        let settled = self.gpu.bind().is_err() || {
-            let order = self.kernel_order.lock();
-            order.settled(&self.gpu, within) || {
-                self.gpu.abort_kernels();
-                order.settled(&self.gpu, crate::order::STOP_GRACE)
-            }
-        };
+        let settled =
+            self.gpu.bind().is_err() || self.kernel_order.lock().drained(&self.gpu, self.timeout);
         if let Some((stop, _, h)) = self.watcher.take() {
             stop.store(true, Ordering::Relaxed);
             let _ = h.join();
@@ -914,8 +904,9 @@ impl Drop for ProcGpu {
             unsafe { ManuallyDrop::drop(&mut self.share) };
         } else {
             tracing::warn!(
-                "rank {}: the GPU had not finished the communicator's last call {within:?} after its close: its buffers and peers' mappings stay allocated",
-                self.rank
+                "rank {}: the GPU had not finished the communicator's last call {:?} after its close, nor once its kernels were stopped: its buffers and peers' mappings stay allocated",
+                self.rank,
+                self.timeout
             );
             std::mem::forget(std::mem::take(&mut *self.stages.lock()));
             let mut b = self.bounce.lock();

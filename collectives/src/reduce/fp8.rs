@@ -47,24 +47,31 @@ impl Lut {
     }
 }
 
+/// The tables in `cell`, built from `float8`'s conversions at first use.
+fn built(
+    cell: &'static OnceLock<Lut>,
+    to_f32: fn(u8) -> f32,
+    from_f32: fn(f32) -> u8,
+) -> &'static Lut {
+    cell.get_or_init(|| Lut::build(to_f32, from_f32))
+}
+
 pub fn e4m3() -> &'static Lut {
     static LUT: OnceLock<Lut> = OnceLock::new();
-    LUT.get_or_init(|| {
-        Lut::build(
-            |b| F8E4M3::from_bits(b).to_f32(),
-            |f| F8E4M3::from_f32(f).to_bits(),
-        )
-    })
+    built(
+        &LUT,
+        |b| F8E4M3::from_bits(b).to_f32(),
+        |f| F8E4M3::from_f32(f).to_bits(),
+    )
 }
 
 pub fn e5m2() -> &'static Lut {
     static LUT: OnceLock<Lut> = OnceLock::new();
-    LUT.get_or_init(|| {
-        Lut::build(
-            |b| F8E5M2::from_bits(b).to_f32(),
-            |f| F8E5M2::from_f32(f).to_bits(),
-        )
-    })
+    built(
+        &LUT,
+        |b| F8E5M2::from_bits(b).to_f32(),
+        |f| F8E5M2::from_f32(f).to_bits(),
+    )
 }
 
 #[cfg(test)]

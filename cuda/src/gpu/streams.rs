@@ -173,9 +173,7 @@ impl Marker {
             "cuStreamWaitEvent",
         )
     }
-}
 
-impl Marker {
     /// Whether the GPU has passed the last marked point (true if none was marked).
     pub fn reached(&self) -> Result<bool> {
         // SAFETY: the event is ours; a query enqueues nothing.
