@@ -15,7 +15,10 @@
 #      railcc against NCCL's defaults and 4 x 4 sockets, with railcc's pinned memory.
 #   c  the 2 x 2 training steps, runs interleaved so the machine's drift hits both (DDP read
 #      1.35x and 0.71x NCCL 4 x 4 in two calls last session): DDP three runs, HSDP two.
-# Usage: bash bench/compare/gpu-x4-s17.sh a|b|c
+#   d  (written in the sixteenth session after part a) launch_cost's host-writing kernel
+#      started at once, after 30 us, and a device-writing one; railcc's 8 MB and 128 MB
+#      idle return with the staging kernel's first store 0, 10 and 30 us after it starts.
+# Usage: bash bench/compare/gpu-x4-s17.sh a|b|c|d
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -55,6 +58,22 @@ case ${1:-} in
     OUT=$L/hsdp STEP_LAYOUTS=2x2 STEP_MODES=hsdp STEP_RUNS=2 STEP_LIMIT=90 STEP_LIBS="railcc nccl-4x4" STEP_ARGS="--steps 30" \
       timeout $(left 330) bash bench/torch/step.sh 2>&1 | tee "$L/hsdp.txt" | grep -v "^  "
     ;;
-  *) echo "usage: $0 a|b|c"; exit 2 ;;
+  d)
+    # Part a (sixteenth session): a kernel that writes host memory as it starts made its own
+    # launch 18.6 us against a no-op's 4.2, and railcc's 128 MB launch took 20 us where 8 MB's
+    # took 4. Does a start delay (RAILCC_GPU_NET_START_DELAY_NS) give the caller its time back?
+    OUT=$L timeout 100 bash bench/experiments/launch_cost.sh 2>&1 | grep -E "kernel, idle|FAIL"
+    for round in 1 2; do
+      for d in 0 10000 30000; do
+        for b in 8M 128M; do
+          f="$L/ret-delay$d-$b-$round.log"
+          RAILCC_GPU_NET_START_DELAY_NS=$d RAILCC_GPU_NET_TRACE=1 timeout 60 $PWD/.device/bin/railcc bench all_reduce --device cuda --per-process --gpu-net \
+            --ranks 2 -b $b -e $b -n 3 -w 0 -c 1 > "$f" 2>&1
+          echo "== delay $d ns $b round $round: exit $?"; grep -E "returned after|rank 0 gpu net trace|wrong|FAIL|^ +[0-9]" "$f" | grep -v "in place" | cut -c1-330
+        done
+      done
+    done
+    ;;
+  *) echo "usage: $0 a|b|c|d"; exit 2 ;;
 esac
 session_end "$1"

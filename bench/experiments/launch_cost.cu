@@ -39,14 +39,17 @@ template <int N> __global__ void take(const Param<N> p, unsigned int* out) {
   if (threadIdx.x == 0 && blockIdx.x == 0) out[0] = p.w[N / 4 - 1];
 }
 
-__global__ void wait_ns(unsigned long long ns) {
+__device__ void spin_ns(unsigned long long ns) {
   unsigned long long t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
   do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (t - t0 < ns);
 }
+__global__ void wait_ns(unsigned long long ns) { spin_ns(ns); }
 
-// Writes `bytes` of host memory with 16-byte stores, as the staging kernel copies a piece in.
-__global__ void write_host(uint4* dst, size_t n) {
+// Writes `n` 16-byte words (of host memory, as the staging kernel copies a piece in, or of
+// device memory) with 16-byte stores, the first after `delay_ns`.
+__global__ void write_host(uint4* dst, size_t n, unsigned long long delay_ns) {
+  if (delay_ns) spin_ns(delay_ns);
   for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
     dst[i] = make_uint4(i, i, i, i);
 }
@@ -155,14 +158,20 @@ int main() {
   std::vector<char> mine(256 << 10);
   cudaEvent_t ev;
   CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
-  for (int writer = 0; writer < 2; writer++) {
+  uint4* dev_buf;
+  CK(cudaMalloc(&dev_buf, bytes));
+  // 0 a no-op; 1 writes host memory at once; 2 the same after 30 us; 3 writes device memory.
+  const char* kinds[] = {"no-op                        ", "host-writing                 ",
+                         "host-writing after 30 us     ", "device-writing               "};
+  for (int writer = 0; writer < 4; writer++) {
     std::vector<double> launch, record, memset_us;
     for (int i = 0; i < 50; i++) {
       CK(cudaStreamSynchronize(s));
       usleep(300);
       double t0 = now_us();
-      if (writer) write_host<<<4, 512, 0, s>>>(dev_view, bytes / 16);
-      else take<256><<<1, 32, 0, s>>>(Param<256>{}, out);
+      if (writer == 0) take<256><<<1, 32, 0, s>>>(Param<256>{}, out);
+      else write_host<<<4, 512, 0, s>>>(writer == 3 ? dev_buf : dev_view, bytes / 16,
+                                         writer == 2 ? 30000ull : 0ull);
       double t1 = now_us();
       CK(cudaEventRecord(ev, s));
       double t2 = now_us();
@@ -175,7 +184,7 @@ int main() {
     CK(cudaStreamSynchronize(s));
     CK(cudaGetLastError());
     std::printf("%s kernel, idle-sleep: launch %6.1f  then event record %6.1f  then 256 KiB memset %6.1f (%d)\n",
-                writer ? "host-writing" : "no-op       ", median(launch), median(record),
+                kinds[writer], median(launch), median(record),
                 median(memset_us), mine[7]);
   }
 #ifdef WITH_DRIVER

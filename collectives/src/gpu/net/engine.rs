@@ -265,6 +265,7 @@ impl GpuNet {
                         cfg.kernel_cache_dir().as_deref(),
                         cfg.gpu_net_big_launch != 0,
                         cfg.gpu_net_table != 0,
+                        cfg.gpu_net_start_delay_ns,
                     )
                     .map_err(|e| e.op("gpu net: loading the staging kernel"))?,
                     netcopy::blocks_for(cfg.gpu_net_ring, cfg.gpu_net_blocks),
