@@ -18,7 +18,9 @@
 #   d  (written in the sixteenth session after part a) launch_cost's host-writing kernel
 #      started at once, after 30 us, and a device-writing one; railcc's 8 MB and 128 MB
 #      idle return with the staging kernel's first store 0, 10 and 30 us after it starts.
-# Usage: bash bench/compare/gpu-x4-s17.sh a|b|c|d
+#   e  launch_cost with spinning kernels and a launch held behind a host word; railcc's 16 MB
+#      and 128 MB idle return with RAILCC_GPU_NET_GATE_PIECES 0 and 8, each idle call's steps.
+# Usage: bash bench/compare/gpu-x4-s17.sh a|b|c|d|e
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -74,6 +76,24 @@ case ${1:-} in
       done
     done
     ;;
-  *) echo "usage: $0 a|b|c|d"; exit 2 ;;
+  e)
+    # Part d: the start delay changed nothing and launch_cost's host writer was as slow to
+    # launch when it first spun 30 us. Which kernels make their launch slow (spinning ones?),
+    # and does holding the stream until the caller returns (RAILCC_GPU_NET_GATE_PIECES)
+    # give the time back? TRACE=2: each idle call's own steps (after > 100 us).
+    OUT=$L timeout 100 bash bench/experiments/launch_cost.sh 2>&1 | grep -E "kernel, idle|FAIL"
+    for round in 1 2 3; do
+      for g in 0 8; do
+        for b in 16M 128M; do
+          f="$L/ret-gate$g-$b-$round.log"
+          RAILCC_GPU_NET_GATE_PIECES=$g RAILCC_GPU_NET_TRACE=2 timeout 60 $PWD/.device/bin/railcc bench all_reduce --device cuda --per-process --gpu-net \
+            --ranks 2 -b $b -e $b -n 3 -w 0 -c 1 > "$f" 2>&1
+          echo "== gate $g $b round $round: exit $?"; grep -E "returned after|wrong|FAIL|^ +[0-9]" "$f" | grep -v "in place" | cut -c1-200
+          grep -E "rank 0 gpu net call" "$f" | awk '{ if ($9+0 > 100) print }' | head -5 | cut -c1-300
+        done
+      done
+    done
+    ;;
+  *) echo "usage: $0 a|b|c|d|e"; exit 2 ;;
 esac
 session_end "$1"

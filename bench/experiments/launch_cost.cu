@@ -160,16 +160,20 @@ int main() {
   CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
   uint4* dev_buf;
   CK(cudaMalloc(&dev_buf, bytes));
-  // 0 a no-op; 1 writes host memory at once; 2 the same after 30 us; 3 writes device memory.
+  // 0 a no-op; 1 writes host memory at once; 2 the same after 30 us; 3 writes device memory;
+  // 4 and 5 spin 30 us, one thread and 4 blocks of 512 (is it the kernel's length?).
   const char* kinds[] = {"no-op                        ", "host-writing                 ",
-                         "host-writing after 30 us     ", "device-writing               "};
-  for (int writer = 0; writer < 4; writer++) {
+                         "host-writing after 30 us     ", "device-writing               ",
+                         "spinning 30 us, 1 thread     ", "spinning 30 us, 4 x 512      "};
+  for (int writer = 0; writer < 6; writer++) {
     std::vector<double> launch, record, memset_us;
     for (int i = 0; i < 50; i++) {
       CK(cudaStreamSynchronize(s));
       usleep(300);
       double t0 = now_us();
       if (writer == 0) take<256><<<1, 32, 0, s>>>(Param<256>{}, out);
+      else if (writer == 4) wait_ns<<<1, 1, 0, s>>>(30000ull);
+      else if (writer == 5) wait_ns<<<4, 512, 0, s>>>(30000ull);
       else write_host<<<4, 512, 0, s>>>(writer == 3 ? dev_buf : dev_view, bytes / 16,
                                          writer == 2 ? 30000ull : 0ull);
       double t1 = now_us();
@@ -188,6 +192,41 @@ int main() {
                 median(memset_us), mine[7]);
   }
 #ifdef WITH_DRIVER
+  {
+    // The host-writing kernel held back (RAILCC_GPU_NET_GATE_PIECES): the stream first
+    // waits for a mapped host word the caller writes after the launch and the event record,
+    // so the kernel cannot start during the launch call.
+    unsigned int* gate;
+    CK(cudaHostAlloc((void**)&gate, 64, cudaHostAllocMapped));
+    *gate = 0;
+    unsigned int* gate_dev;
+    CK(cudaHostGetDevicePointer((void**)&gate_dev, gate, 0));
+    std::vector<double> wait, launch, record, release, memset_us;
+    for (int i = 0; i < 50; i++) {
+      CK(cudaStreamSynchronize(s));
+      usleep(300);
+      double t0 = now_us();
+      CU(cuStreamWaitValue32((CUstream)s, (CUdeviceptr)gate_dev, i + 1, CU_STREAM_WAIT_VALUE_GEQ));
+      double t1 = now_us();
+      write_host<<<4, 512, 0, s>>>(dev_view, bytes / 16, 0ull);
+      double t2 = now_us();
+      CK(cudaEventRecord(ev, s));
+      double t3 = now_us();
+      __atomic_store_n(gate, (unsigned int)(i + 1), __ATOMIC_RELEASE);
+      double t4 = now_us();
+      std::memset(mine.data(), i, mine.size());
+      double t5 = now_us();
+      wait.push_back(t1 - t0);
+      launch.push_back(t2 - t1);
+      record.push_back(t3 - t2);
+      release.push_back(t4 - t3);
+      memset_us.push_back(t5 - t4);
+    }
+    CK(cudaStreamSynchronize(s));
+    CK(cudaGetLastError());
+    std::printf("gated host-writing kernel, idle-sleep: wait op %6.1f  launch %6.1f  then event record %6.1f  then release %6.1f  then 256 KiB memset %6.1f\n",
+                median(wait), median(launch), median(record), median(release), median(memset_us));
+  }
   if (row_buffer<4000>(s, out, 4000) || row_buffer<4000>(s, out, 2700) ||
       row_buffer<4000>(s, out, 336) || row_buffer<32000>(s, out, 2700))
     return 1;

@@ -373,8 +373,14 @@ config! {
     /// writes host memory as it starts made its own launch call 4x slower (issue 31,
     /// `bench/experiments/launch_cost.cu`).
     gpu_net_start_delay_ns: u32 = 0, "RAILCC_GPU_NET_START_DELAY_NS";
+    /// A staging-kernel call of at least this many pieces first waits on its stream for a
+    /// host word the caller writes as it returns, so the kernel starts after the launch call
+    /// (0: never). An experiment (issue 31): an idle launch was slower when its kernel
+    /// started during it.
+    gpu_net_gate_pieces: usize = 0, "RAILCC_GPU_NET_GATE_PIECES";
     /// Prints, when a GPU network communicator closes, where its calls' time went: time to
-    /// enqueue, each piece's host part, and the stream's turnaround between pieces.
+    /// enqueue, each piece's host part, and the stream's turnaround between pieces. 2: also
+    /// the first 40 calls' steps, a line each.
     gpu_net_trace: u8 = 0, "RAILCC_GPU_NET_TRACE";
     /// Microseconds the network engine's progress thread keeps polling for the next call after
     /// its last work before it parks: a call enqueued within it starts without a futex wake.

@@ -19,6 +19,7 @@
 mod ops;
 mod progress;
 
+use super::gate::Gate;
 use super::pieces::{pieces_in_order, stage_need, Cut, NetOp, Piece};
 use super::ring::{Ring, Rings};
 use super::slots::{Slots, Taken};
@@ -193,6 +194,9 @@ pub struct GpuNet {
     stamps: Option<(Flags, std::sync::atomic::AtomicUsize)>,
     /// With a table kernel: the tables large calls' launches take their entries from.
     tables: Option<Arc<Tables>>,
+    /// `RAILCC_GPU_NET_GATE_PIECES` with the kernel: large calls' kernels start once the
+    /// caller returns.
+    gate: Option<Gate>,
     timeout: Duration,
     desc: String,
     _roots: Vec<RootServer>,
@@ -338,7 +342,7 @@ impl GpuNet {
             broken: Mutex::new(None),
             comms: comms.clone(),
             rank,
-            trace: Trace::new(cfg.gpu_net_trace != 0, rank),
+            trace: Trace::new(cfg.gpu_net_trace, rank),
         });
         let (done_tx, done_rx) = unbounded();
         let mut jobs = Vec::new();
@@ -374,6 +378,10 @@ impl GpuNet {
             },
         };
         // Before the progress thread: nothing may fail once it runs.
+        let gate = match (&kernel, cfg.gpu_net_gate_pieces) {
+            (Some(_), n) if n > 0 => Some(Gate::new(&ctx, n)?),
+            _ => None,
+        };
         let stamps = match (&kernel, cfg.gpu_net_trace != 0) {
             (Some(_), true) => Some((
                 Flags::new(&ctx, netcopy::STAMP_CALLS * netcopy::STAMP_WORDS)?,
@@ -434,6 +442,7 @@ impl GpuNet {
             kernel,
             stamps,
             tables,
+            gate,
             timeout: cfg.timeout(),
             desc,
             _roots: roots,
@@ -509,9 +518,14 @@ impl GpuNet {
         // SAFETY: the caller's stream and buffers (contract above); the ring's slots hold
         // every piece's staged bytes (sized by stage_need).
         let t_ops = t0.map(|_| Instant::now());
+        let gate = (self.gate.as_ref()).filter(|g| !call.captured && g.holds(call.runs.len()));
+        let held = std::cell::Cell::new(None);
         let ops = || unsafe {
             match &self.kernel {
                 Some((k, blocks)) if kernel_fits(&call) => {
+                    if let Some(g) = gate {
+                        held.set(Some(g.hold(stream)?));
+                    }
                     self.kernel_ops(&call, stream, k, *blocks)
                 }
                 _ => self.stream_ops(&call, stream),
@@ -531,7 +545,12 @@ impl GpuNet {
         }
         let first = call.runs.first().map_or(0, |r| r.slot);
         let t_hand = t0.map(|_| Instant::now());
-        self.tx.send(ToProgress::Call(call)).map_err(|_| {
+        let sent = self.tx.send(ToProgress::Call(call));
+        if let (Some(g), Some(v)) = (gate, held.get()) {
+            // The launch, its marker and the hand-off are done: the kernel may start.
+            g.release(v);
+        }
+        sent.map_err(|_| {
             Error::new(ErrorKind::Aborted, "gpu net: progress thread gone").rank(self.rank)
         })?;
         if let Some(t) = t_hand {
@@ -695,6 +714,7 @@ impl Drop for GpuNet {
             std::mem::forget(self.rings.clone());
             std::mem::forget(self.tables.take());
             std::mem::forget(self.stamps.take());
+            std::mem::forget(self.gate.take());
             std::mem::forget(self.kernel.take());
             std::mem::forget(self.ctx.clone());
         }

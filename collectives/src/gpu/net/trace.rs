@@ -1,6 +1,8 @@
 //! Where a GPU network communicator's time goes (`RAILCC_GPU_NET_TRACE=1`), printed to stderr
 //! when it closes: how long calls took to enqueue, how long each piece's host part ran, and
-//! the stream's turnaround (from one piece's `done` to the next piece's `start` seen).
+//! the stream's turnaround (from one piece's `done` to the next piece's `start` seen). At 2,
+//! also the first [`ROWS`] calls one line each (which of them came to an idle stream: the
+//! time since the call before returned).
 
 use parking_lot::Mutex;
 use std::time::{Duration, Instant};
@@ -8,6 +10,8 @@ use std::time::{Duration, Instant};
 #[derive(Default)]
 pub struct Trace {
     on: bool,
+    /// Each call's own line too (`RAILCC_GPU_NET_TRACE=2`).
+    rows: bool,
     rank: usize,
     samples: Mutex<Samples>,
 }
@@ -26,7 +30,15 @@ struct Samples {
     last_done: Option<Instant>,
     /// Named steps of an enqueue (`Trace::step`), in the order first seen.
     steps: Vec<(&'static str, Vec<u32>)>,
+    /// With rows: this call's steps so far, the first calls' lines, and when the last
+    /// enqueue returned.
+    pending: Vec<(&'static str, u32)>,
+    lines: Vec<String>,
+    last_return: Option<Instant>,
 }
+
+/// Calls given a line of their own.
+const ROWS: usize = 40;
 
 /// Turnarounds longer than this are the caller not enqueueing, not the stream.
 const TURN_MAX: Duration = Duration::from_millis(1);
@@ -38,9 +50,11 @@ fn us(d: Duration) -> u32 {
 }
 
 impl Trace {
-    pub fn new(on: bool, rank: usize) -> Trace {
+    /// `level` 0: off; 1: summaries; 2: and the first calls' lines.
+    pub fn new(level: u8, rank: usize) -> Trace {
         Trace {
-            on,
+            on: level > 0,
+            rows: level > 1,
             rank,
             samples: Mutex::default(),
         }
@@ -65,6 +79,9 @@ impl Trace {
             if v.len() < KEEP {
                 v.push(us(d));
             }
+            if self.rows && s.lines.len() < ROWS {
+                s.pending.push((name, us(d)));
+            }
         }
     }
 
@@ -74,6 +91,9 @@ impl Trace {
             let mut s = self.samples.lock();
             if s.launches.len() < KEEP {
                 s.launches.push(us(d));
+            }
+            if self.rows && s.lines.len() < ROWS {
+                s.pending.push(("launches", us(d)));
             }
         }
     }
@@ -88,6 +108,26 @@ impl Trace {
                 s.enqueue.push(us(total));
                 s.slots.push(us(slots));
                 s.stream_ops.push(us(ops));
+            }
+            if self.rows && s.lines.len() < ROWS {
+                // The time since the call before returned, up to this call's start.
+                let now = Instant::now();
+                let start = now.checked_sub(total);
+                let idle =
+                    (s.last_return.zip(start)).map(|(t, b)| us(b.saturating_duration_since(t)));
+                let mut line = format!(
+                    "call {}: after {} us; enqueue {} = slots {} + ops {} + hand;",
+                    s.lines.len(),
+                    idle.map_or("-".into(), |u| u.to_string()),
+                    us(total),
+                    us(slots),
+                    us(ops)
+                );
+                for (name, u) in s.pending.drain(..) {
+                    line += &format!(" {name} {u};");
+                }
+                s.lines.push(line);
+                s.last_return = Some(now);
             }
         }
     }
@@ -131,6 +171,9 @@ impl Trace {
             line += &railcc_transport_nvlink::host_trace::summary(name, v);
         }
         eprintln!("{line}");
+        for l in &s.lines {
+            eprintln!("railcc: rank {} gpu net {l}", self.rank);
+        }
     }
 }
 
@@ -191,7 +234,39 @@ pub fn stamp_summary(words: &[u32], per: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::stamp_summary;
+    use super::{stamp_summary, Trace};
+    use std::time::Duration;
+
+    #[test]
+    fn level_two_gives_each_call_its_steps() {
+        let ms = Duration::from_micros;
+        for level in [1, 2] {
+            let t = Trace::new(level, 0);
+            for call in 0..2u64 {
+                t.step("cut", ms(3 + call));
+                t.launched(ms(5));
+                t.step("hand", ms(1));
+                t.enqueued(ms(10 + call), ms(4), ms(6));
+            }
+            let lines = t.samples.lock().lines.clone();
+            if level == 1 {
+                assert!(lines.is_empty(), "{lines:?}");
+                continue;
+            }
+            assert_eq!(lines.len(), 2, "{lines:?}");
+            assert_eq!(
+                lines[0],
+                "call 0: after - us; enqueue 10 = slots 4 + ops 6 + hand; cut 3; launches 5; hand 1;"
+            );
+            assert!(lines[1].starts_with("call 1: after "), "{}", lines[1]);
+            assert!(
+                lines[1]
+                    .ends_with("enqueue 11 = slots 4 + ops 6 + hand; cut 4; launches 5; hand 1;"),
+                "{}",
+                lines[1]
+            );
+        }
+    }
 
     #[test]
     fn stamps_give_each_step_and_the_gap_between_launches() {
