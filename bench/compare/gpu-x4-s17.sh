@@ -15,6 +15,8 @@
 #      railcc against NCCL's defaults and 4 x 4 sockets, with railcc's pinned memory.
 #   c  the 2 x 2 training steps, runs interleaved so the machine's drift hits both (DDP read
 #      1.35x and 0.71x NCCL 4 x 4 in two calls last session): DDP three runs, HSDP two.
+#   d and e ran at commits 97fedb9 and 1e771f6 (sixteenth session; the start delay and the
+#      gate they try were removed after: neither helped, bench/results/issue31/s17/):
 #   d  (written in the sixteenth session after part a) launch_cost's host-writing kernel
 #      started at once, after 30 us, and a device-writing one; railcc's 8 MB and 128 MB
 #      idle return with the staging kernel's first store 0, 10 and 30 us after it starts.

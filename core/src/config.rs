@@ -368,16 +368,6 @@ config! {
     /// kernel a 304-byte header alone; calls with no table free pass them as with 0. Opt-in,
     /// not yet run on a GPU: an idle launch's cost may not follow its parameter's size.
     gpu_net_table: u8 = 0, "RAILCC_GPU_NET_TABLE";
-    /// Nanoseconds each block of the staging kernel waits after it starts before its first
-    /// store into host memory (at most 1000000). An experiment, 0 by default: a kernel that
-    /// writes host memory as it starts made its own launch call 4x slower (issue 31,
-    /// `bench/experiments/launch_cost.cu`).
-    gpu_net_start_delay_ns: u32 = 0, "RAILCC_GPU_NET_START_DELAY_NS";
-    /// A staging-kernel call of at least this many pieces first waits on its stream for a
-    /// host word the caller writes as it returns, so the kernel starts after the launch call
-    /// (0: never). An experiment (issue 31): an idle launch was slower when its kernel
-    /// started during it.
-    gpu_net_gate_pieces: usize = 0, "RAILCC_GPU_NET_GATE_PIECES";
     /// Prints, when a GPU network communicator closes, where its calls' time went: time to
     /// enqueue, each piece's host part, and the stream's turnaround between pieces. 2: also
     /// the first 40 calls' steps, a line each.
@@ -513,12 +503,6 @@ impl Config {
             return Err(Error::invalid(format!(
                 "RAILCC_IB_TIMEOUT={} must be 1 to 31 and RAILCC_IB_RETRY_CNT={} 0 to 7",
                 self.ib_timeout, self.ib_retry_cnt
-            )));
-        }
-        if self.gpu_net_start_delay_ns > 1_000_000 {
-            return Err(Error::invalid(format!(
-                "RAILCC_GPU_NET_START_DELAY_NS={} must be at most 1000000",
-                self.gpu_net_start_delay_ns
             )));
         }
         for (name, v) in [

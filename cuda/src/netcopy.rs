@@ -289,8 +289,8 @@ pub fn blocks_for(depth: usize, want: usize) -> u32 {
         .unwrap_or(1) as u32
 }
 
-/// CUDA source of the staging kernel; `delay_ns` as in [`NetKernel::load`].
-pub fn source(limits: Limits, delay_ns: u32) -> String {
+/// CUDA source of the staging kernel.
+pub fn source(limits: Limits) -> String {
     let items = limits.items;
     let table = limits.table;
     // A table kernel reads the entries from a shared-memory copy (made from its table or its
@@ -317,14 +317,6 @@ pub fn source(limits: Limits, delay_ns: u32) -> String {
         )
     } else {
         ("", "const Params& p", "(p.items[i])", "p", String::new())
-    };
-    // Each block's thread 0 spins on the global timer, the block waits for it.
-    let delay = match delay_ns {
-        0 => String::new(),
-        d => format!(
-            "if (threadIdx.x == 0) {{ unsigned long long t0, t; asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t0)); \
-do asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t)); while (t - t0 < {d}ull); }}\n  __syncthreads();"
-        ),
     };
     format!(
         r#"
@@ -428,7 +420,6 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {NAME}(const Params p) {
   // Trace stamps: block 0's thread 0 only.
   unsigned int* st = (p.stamps && blockIdx.x == 0 && threadIdx.x == 0) ? (unsigned int*)p.stamps : 0;
   stamp(st, 0);
-  {delay}
   {table_start}
   // Piece j: its segments into its ring slot's send stage, then start = token.
   #define COPY_IN(j) do {{ \
@@ -495,21 +486,12 @@ impl NetKernel {
     /// `big`, the variant of [`BIG`] launches where the driver runs it (a kernel parameter over
     /// 4 KiB needs a CUDA 12.1 driver), else (or failing that) the one of [`SMALL`] launches.
     /// With `table`, the variant of [`TABLE`] launches (tried first; a failure falls back as
-    /// `big` does). `delay_ns`: each block waits that long after it starts before its first
-    /// store (`RAILCC_GPU_NET_START_DELAY_NS`, an experiment: whether the GPU's writes into
-    /// host memory slow the caller's launch and what follows it).
-    pub fn load(
-        ctx: &Ctx,
-        cache: Option<&Path>,
-        big: bool,
-        table: bool,
-        delay_ns: u32,
-    ) -> Result<NetKernel> {
+    /// `big` does).
+    pub fn load(ctx: &Ctx, cache: Option<&Path>, big: bool, table: bool) -> Result<NetKernel> {
         crate::driver::nvrtc_available()?;
         ctx.bind()?;
         if table {
-            let k = NetKernel::load_with(ctx, cache, TABLE, delay_ns)
-                .and_then(|mut k| k.probe().map(|_| k));
+            let k = NetKernel::load_with(ctx, cache, TABLE).and_then(|mut k| k.probe().map(|_| k));
             match k {
                 Ok(k) => return Ok(k),
                 Err(e) => tracing::warn!(
@@ -518,8 +500,7 @@ impl NetKernel {
             }
         }
         if big {
-            let k = NetKernel::load_with(ctx, cache, BIG, delay_ns)
-                .and_then(|mut k| k.probe().map(|_| k));
+            let k = NetKernel::load_with(ctx, cache, BIG).and_then(|mut k| k.probe().map(|_| k));
             match k {
                 Ok(k) => return Ok(k),
                 Err(e) => tracing::warn!(
@@ -529,7 +510,7 @@ impl NetKernel {
                 ),
             }
         }
-        let mut k = NetKernel::load_with(ctx, cache, SMALL, delay_ns)?;
+        let mut k = NetKernel::load_with(ctx, cache, SMALL)?;
         k.probe()?;
         Ok(k)
     }
@@ -539,12 +520,7 @@ impl NetKernel {
         self.limits
     }
 
-    fn load_with(
-        ctx: &Ctx,
-        cache: Option<&Path>,
-        limits: Limits,
-        delay_ns: u32,
-    ) -> Result<NetKernel> {
+    fn load_with(ctx: &Ctx, cache: Option<&Path>, limits: Limits) -> Result<NetKernel> {
         ctx.bind()?;
         let mut dev: sys::CUdevice = 0;
         // SAFETY: valid out-pointer; the context is bound.
@@ -553,7 +529,7 @@ impl NetKernel {
             dev,
             sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
         )?;
-        let src = source(limits, delay_ns);
+        let src = source(limits);
         let image = compile::module_ptx("netcopy", &src, major, cache, true)?;
         match NetKernel::from_image(ctx, &image, limits) {
             Ok(k) => Ok(k),
@@ -980,8 +956,8 @@ mod tests {
             println!("SKIP NVRTC compile of net_stage: {e}");
             return;
         }
-        for (limits, delay) in [(SMALL, 0), (BIG, 0), (TABLE, 0), (SMALL, 20_000)] {
-            let ptx = compile::ptx_of("netcopy", &source(limits, delay), "compute_90", None, false)
+        for limits in [SMALL, BIG, TABLE] {
+            let ptx = compile::ptx_of("netcopy", &source(limits), "compute_90", None, false)
                 .expect("net_stage compiles");
             let ptx = ptx.to_string_lossy();
             assert!(ptx.contains(".entry net_stage"));
@@ -989,13 +965,6 @@ mod tests {
             assert!(!ptx.contains(".local"), "{limits:?}: local memory");
             // The table kernel's copy of the entries, and none in the others.
             assert_eq!(ptx.contains(".shared"), limits.table > 0, "{limits:?}");
-            // The stamps read the timer 4 times; the start delay twice more.
-            let timers = ptx.matches("%globaltimer").count();
-            assert_eq!(
-                timers >= 6,
-                delay > 0,
-                "{limits:?}, delay {delay}: {timers} timer reads"
-            );
         }
     }
 }

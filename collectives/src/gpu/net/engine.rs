@@ -19,7 +19,6 @@
 mod ops;
 mod progress;
 
-use super::gate::Gate;
 use super::pieces::{pieces_in_order, stage_need, Cut, NetOp, Piece};
 use super::ring::{Ring, Rings};
 use super::slots::{Slots, Taken};
@@ -194,9 +193,6 @@ pub struct GpuNet {
     stamps: Option<(Flags, std::sync::atomic::AtomicUsize)>,
     /// With a table kernel: the tables large calls' launches take their entries from.
     tables: Option<Arc<Tables>>,
-    /// `RAILCC_GPU_NET_GATE_PIECES` with the kernel: large calls' kernels start once the
-    /// caller returns.
-    gate: Option<Gate>,
     timeout: Duration,
     desc: String,
     _roots: Vec<RootServer>,
@@ -269,7 +265,6 @@ impl GpuNet {
                         cfg.kernel_cache_dir().as_deref(),
                         cfg.gpu_net_big_launch != 0,
                         cfg.gpu_net_table != 0,
-                        cfg.gpu_net_start_delay_ns,
                     )
                     .map_err(|e| e.op("gpu net: loading the staging kernel"))?,
                     netcopy::blocks_for(cfg.gpu_net_ring, cfg.gpu_net_blocks),
@@ -378,10 +373,6 @@ impl GpuNet {
             },
         };
         // Before the progress thread: nothing may fail once it runs.
-        let gate = match (&kernel, cfg.gpu_net_gate_pieces) {
-            (Some(_), n) if n > 0 => Some(Gate::new(&ctx, n)?),
-            _ => None,
-        };
         let stamps = match (&kernel, cfg.gpu_net_trace != 0) {
             (Some(_), true) => Some((
                 Flags::new(&ctx, netcopy::STAMP_CALLS * netcopy::STAMP_WORDS)?,
@@ -442,7 +433,6 @@ impl GpuNet {
             kernel,
             stamps,
             tables,
-            gate,
             timeout: cfg.timeout(),
             desc,
             _roots: roots,
@@ -518,14 +508,9 @@ impl GpuNet {
         // SAFETY: the caller's stream and buffers (contract above); the ring's slots hold
         // every piece's staged bytes (sized by stage_need).
         let t_ops = t0.map(|_| Instant::now());
-        let gate = (self.gate.as_ref()).filter(|g| !call.captured && g.holds(call.runs.len()));
-        let held = std::cell::Cell::new(None);
         let ops = || unsafe {
             match &self.kernel {
                 Some((k, blocks)) if kernel_fits(&call) => {
-                    if let Some(g) = gate {
-                        held.set(Some(g.hold(stream)?));
-                    }
                     self.kernel_ops(&call, stream, k, *blocks)
                 }
                 _ => self.stream_ops(&call, stream),
@@ -545,12 +530,7 @@ impl GpuNet {
         }
         let first = call.runs.first().map_or(0, |r| r.slot);
         let t_hand = t0.map(|_| Instant::now());
-        let sent = self.tx.send(ToProgress::Call(call));
-        if let (Some(g), Some(v)) = (gate, held.get()) {
-            // The launch, its marker and the hand-off are done: the kernel may start.
-            g.release(v);
-        }
-        sent.map_err(|_| {
+        self.tx.send(ToProgress::Call(call)).map_err(|_| {
             Error::new(ErrorKind::Aborted, "gpu net: progress thread gone").rank(self.rank)
         })?;
         if let Some(t) = t_hand {
@@ -714,7 +694,6 @@ impl Drop for GpuNet {
             std::mem::forget(self.rings.clone());
             std::mem::forget(self.tables.take());
             std::mem::forget(self.stamps.take());
-            std::mem::forget(self.gate.take());
             std::mem::forget(self.kernel.take());
             std::mem::forget(self.ctx.clone());
         }

@@ -5,14 +5,12 @@
 //!   progress thread (`engine/progress.rs`) and one thread per channel run the host side of
 //!   each piece and let the stream go on;
 //! - [`pieces`]: how a call is cut into pieces and spread over the channels;
-//! - [`host`], `worker`, `ring`, `slots`, `tables`, `trace`, `warm`, `gate`: a piece's host
-//!   call, a channel's thread, the staging ring, the flag slots, the staging kernel's entry
-//!   tables (`RAILCC_GPU_NET_TABLE`), where the time goes (`RAILCC_GPU_NET_TRACE`), the
-//!   channels' warm-up at init, large calls' kernels held until the caller returns
-//!   (`RAILCC_GPU_NET_GATE_PIECES`).
+//! - [`host`], `worker`, `ring`, `slots`, `tables`, `trace`, `warm`: a piece's host call, a
+//!   channel's thread, the staging ring, the flag slots, the staging kernel's entry tables
+//!   (`RAILCC_GPU_NET_TABLE`), where the time goes (`RAILCC_GPU_NET_TRACE`), the channels'
+//!   warm-up at init.
 
 pub mod engine;
-mod gate;
 pub mod host;
 pub mod pieces;
 mod ring;
