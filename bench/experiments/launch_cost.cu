@@ -150,6 +150,21 @@ int main() {
       row<4000>(s, out) || row<16384>(s, out) || row<32000>(s, out))
     return 1;
 
+  // How long the caller slept (a bench's idle call follows a 10 ms call and a barrier):
+  // the no-op launch after 0.3, 3 and 12 ms asleep.
+  for (int sleep_us : {300, 3000, 12000}) {
+    std::vector<double> launch;
+    for (int i = 0; i < 30; i++) {
+      CK(cudaStreamSynchronize(s));
+      usleep(sleep_us);
+      double t0 = now_us();
+      take<256><<<1, 32, 0, s>>>(Param<256>{}, out);
+      launch.push_back(now_us() - t0);
+    }
+    CK(cudaStreamSynchronize(s));
+    std::printf("no-op kernel after %5d us asleep: launch %6.1f\n", sleep_us, median(launch));
+  }
+
   const size_t bytes = 128u << 20;
   uint4* host;
   CK(cudaHostAlloc(&host, bytes, cudaHostAllocMapped));
