@@ -5,13 +5,17 @@
 //   idle-sleep  the stream synchronized, then the thread asleep 300 us (as after a barrier);
 //   idle-spin   the stream synchronized, then the thread spinning 300 us (its caches warm);
 //   busy        behind a 20 ms kernel on the same stream (the launch only queues).
-// Then whether a kernel that writes host memory at once (4 blocks of 512 threads, as the
-// staging kernel copies a piece into the pinned ring) slows what the caller does next: an
-// event record and a 256 KiB memset of the caller's own memory, after a no-op kernel and after
-// the writer, both on an idle stream. Last, railcc's own way to launch (cuLaunchKernel with
-// the parameter as one buffer, CU_LAUNCH_PARAM_BUFFER_*, of fewer bytes than declared: only
-// the entries a launch uses): a 4000-byte parameter passed whole, 2700 bytes of it (a 128 MB
-// call's) and 336 (an 8 B call's), idle and busy. Prints medians of 50, us.
+// Then the no-op launch after the caller slept 0.3, 3 and 12 ms. Then whether the kernel
+// launched slows its own launch and what the caller does next (an event record, a 256 KiB
+// memset of the caller's own memory) on an idle stream: a no-op, a kernel writing host memory
+// at once (4 blocks of 512 threads, as the staging kernel copies a piece into the pinned
+// ring), the same after spinning 30 us, one writing device memory, and two that only spin
+// 30 us. (A gated launch, the stream held behind a host word until the caller was done, was
+// measured in the sixteenth session and dropped: bench/results/issue31/s17/e.) Last,
+// railcc's own way to launch (cuLaunchKernel with the parameter as one buffer,
+// CU_LAUNCH_PARAM_BUFFER_*, of fewer bytes than declared: only the entries a launch uses): a
+// 4000-byte parameter passed whole, 2700 bytes of it (a 128 MB call's) and 336 (an 8 B
+// call's), idle and busy. Prints medians of 50 (30 for the sleeps), us.
 // Build: nvcc -O2 -arch=sm_90 -DWITH_DRIVER -o /tmp/launch_cost launch_cost.cu -lcuda (without
 // -DWITH_DRIVER and -lcuda: the runtime API's parts alone).
 #include <cuda.h>
@@ -207,41 +211,6 @@ int main() {
                 median(memset_us), mine[7]);
   }
 #ifdef WITH_DRIVER
-  {
-    // The host-writing kernel held back (RAILCC_GPU_NET_GATE_PIECES): the stream first
-    // waits for a mapped host word the caller writes after the launch and the event record,
-    // so the kernel cannot start during the launch call.
-    unsigned int* gate;
-    CK(cudaHostAlloc((void**)&gate, 64, cudaHostAllocMapped));
-    *gate = 0;
-    unsigned int* gate_dev;
-    CK(cudaHostGetDevicePointer((void**)&gate_dev, gate, 0));
-    std::vector<double> wait, launch, record, release, memset_us;
-    for (int i = 0; i < 50; i++) {
-      CK(cudaStreamSynchronize(s));
-      usleep(300);
-      double t0 = now_us();
-      CU(cuStreamWaitValue32((CUstream)s, (CUdeviceptr)gate_dev, i + 1, CU_STREAM_WAIT_VALUE_GEQ));
-      double t1 = now_us();
-      write_host<<<4, 512, 0, s>>>(dev_view, bytes / 16, 0ull);
-      double t2 = now_us();
-      CK(cudaEventRecord(ev, s));
-      double t3 = now_us();
-      __atomic_store_n(gate, (unsigned int)(i + 1), __ATOMIC_RELEASE);
-      double t4 = now_us();
-      std::memset(mine.data(), i, mine.size());
-      double t5 = now_us();
-      wait.push_back(t1 - t0);
-      launch.push_back(t2 - t1);
-      record.push_back(t3 - t2);
-      release.push_back(t4 - t3);
-      memset_us.push_back(t5 - t4);
-    }
-    CK(cudaStreamSynchronize(s));
-    CK(cudaGetLastError());
-    std::printf("gated host-writing kernel, idle-sleep: wait op %6.1f  launch %6.1f  then event record %6.1f  then release %6.1f  then 256 KiB memset %6.1f\n",
-                median(wait), median(launch), median(record), median(release), median(memset_us));
-  }
   if (row_buffer<4000>(s, out, 4000) || row_buffer<4000>(s, out, 2700) ||
       row_buffer<4000>(s, out, 336) || row_buffer<32000>(s, out, 2700))
     return 1;
