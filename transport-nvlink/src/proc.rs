@@ -722,25 +722,26 @@ impl ProcGpu {
         let k = choose(&a, &self.choice);
         let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
         // SAFETY: the peers' buffers and sync areas are mapped into this context by IPC; the
-        // caller vouches for its own buffers and stream.
+        // caller vouches for its own buffers and stream; the bounce buffer and the caller's
+        // receive buffer hold the copy out's `len` bytes.
         let launch = unsafe {
             self.kernel_order.lock().run(&self.gpu, c.stream, || {
-                enqueue(&self.gpu, stream, self.rank, &a, k, &peers, timeout_ns)
+                let launch = enqueue(&self.gpu, stream, self.rank, &a, k, &peers, timeout_ns)?;
+                // Inside the order, so its marker comes after the copy out of the bounce
+                // buffer too: a close waits for it before freeing the buffer.
+                if let Some((dst, src, len)) = out.filter(|_| !no_recv) {
+                    copy_async(
+                        dst,
+                        src,
+                        len,
+                        stream,
+                        "cuMemcpyAsync (out of the bounce buffer)",
+                    )?;
+                }
+                Ok(launch)
             })
         }?;
         self.trace.lap(clock, "coll launch");
-        if let Some((dst, src, len)) = out.filter(|_| !no_recv) {
-            // SAFETY: the bounce buffer and the caller's receive buffer hold `len` bytes.
-            unsafe {
-                copy_async(
-                    dst,
-                    src,
-                    len,
-                    stream,
-                    "cuMemcpyAsync (out of the bounce buffer)",
-                )
-            }?;
-        }
         Ok(launch)
     }
 
