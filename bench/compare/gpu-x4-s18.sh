@@ -10,7 +10,8 @@
 #   b  where HSDP's step goes (2 x 2: 1.01x NCCL 4x4, target 0.9x): HSDP and FSDP on one host
 #      of 4 GPUs (no network: the NVLink parts alone), railcc against NCCL, two runs each,
 #      interleaved. If railcc is at parity or ahead there, the cross-host replica all_reduce
-#      (12.6 MB bf16 a layer, 2 x 1 in each replica group) is what to shorten.
+#      (12.6 MB bf16 a layer, 2 x 1 in each replica group) is what to shorten. Then one 2 x 2
+#      HSDP run with RAILCC_GPU_HOST_TRACE and RAILCC_GPU_NET_TRACE (the host's waits).
 #   c, d  the GPU suite's parts not run on the new close code (last session's waits before a
 #      close frees; recover, config, unit and nccl passed in the sixteenth session):
 #      c: bench push shared shrink; d: p2pbatch p2pll register split alloc.
@@ -28,8 +29,17 @@ case ${1:-} in
     mv "$L/return_time.log" "$L/return_time-2x2.log"
     ;;
   b)
-    OUT=$L STEP_LAYOUTS=host STEP_MODES="hsdp fsdp" STEP_RUNS=2 STEP_LIMIT=90 STEP_LIBS="railcc nccl" STEP_ARGS="--steps 30" \
-      timeout $(left 560) bash bench/torch/step.sh 2>&1 | tee "$L/host.txt" | grep -v "^  "
+    OUT=$L/host STEP_LAYOUTS=host STEP_MODES="hsdp fsdp" STEP_RUNS=2 STEP_LIMIT=90 STEP_LIBS="railcc nccl" STEP_ARGS="--steps 30" \
+      timeout $(left 420) bash bench/torch/step.sh 2>&1 | tee "$L/host.txt" | grep -v "^  "
+    echo "== after $(( $(date +%s) - T0 )) s"
+    # One 2 x 2 HSDP run with the host traces: how long each NVLink call's host waited for its
+    # peers to publish ("coll wait peers+map": railcc's calls meet on the host, NCCL's only on
+    # the GPU, so a rank whose Python runs late holds the others' CPU threads), and the network
+    # engine's enqueue.
+    OUT=$L/trace STEP_LAYOUTS=2x2 STEP_MODES=hsdp STEP_RUNS=1 STEP_LIMIT=90 STEP_LIBS=none \
+      STEP_EXTRA="trace:RAILCC_GPU_HOST_TRACE=1,RAILCC_GPU_NET_TRACE=1" STEP_ARGS="--steps 30" \
+      timeout $(left 570) bash bench/torch/step.sh 2>&1 | grep -v "^  "
+    grep -h "host trace\|gpu net trace" "$L"/trace/*.node* | cut -c1-400 | head -16
     ;;
   c)
     OUT=$L TEST_GPU_PARTS="bench push shared shrink" timeout $(left 570) bash scripts/test-gpu.sh 2>&1 | grep -E "^(PASS|FAIL|SKIP)|test-gpu:" | cut -c1-160
