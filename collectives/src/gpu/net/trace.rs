@@ -2,7 +2,9 @@
 //! when it closes: how long calls took to enqueue, how long each piece's host part ran, and
 //! the stream's turnaround (from one piece's `done` to the next piece's `start` seen). At 2,
 //! also the first [`ROWS`] calls one line each (which of them came to an idle stream: the
-//! time since the call before returned).
+//! time since the call before returned). A line is an engine call (a hierarchical call's
+//! network steps are a line each) and takes the steps recorded since the last line: with two
+//! threads enqueueing at once (NCCL does not allow it on one communicator) lines mix.
 
 use parking_lot::Mutex;
 use std::time::{Duration, Instant};
