@@ -7,6 +7,8 @@
 #      12 ms asleep, busy 12 ms, or queued behind its last call), 2 x 1 and 2 x 2. The
 #      sixteenth session found a no-op launch alone costs 45 us after 12 ms asleep: is
 #      NCCL's idle return any shorter than railcc's 50-85 us at 128 MB?
+#      Then 2 x 1 bf16 all_reduce 4-64 MB (HSDP's replica calls are 12.6 MB) with the ring
+#      deeper, smaller chunks, more channels or a larger ring, against the defaults.
 #   b  where HSDP's step goes (2 x 2: 1.01x NCCL 4x4, target 0.9x): HSDP and FSDP on one host
 #      of 4 GPUs (no network: the NVLink parts alone), railcc against NCCL, two runs each,
 #      interleaved. If railcc is at parity or ahead there, the cross-host replica all_reduce
@@ -25,8 +27,22 @@ case ${1:-} in
     OUT=$L RT_PER=1 timeout 200 bash bench/experiments/return_time.sh
     mv "$L/return_time.log" "$L/return_time-2x1.log"
     echo "== after $(( $(date +%s) - T0 )) s"
-    OUT=$L RT_PER=2 timeout $(left 500) bash bench/experiments/return_time.sh
+    OUT=$L RT_PER=2 timeout $(left 300) bash bench/experiments/return_time.sh
     mv "$L/return_time.log" "$L/return_time-2x2.log"
+    echo "== after $(( $(date +%s) - T0 )) s"
+    # HSDP's replica all_reduce is 12.6 MB of bf16 a layer on 2 x 1, where railcc reads 6-8
+    # GB/s against 11.6 at 128 MB: do more, smaller pieces in flight (ring depth, chunk size),
+    # more channels or a larger ring help there? Two rounds, settings alternating.
+    export RAILCC_TIMEOUT_MS=30000 NCCL_SOCKET_IFNAME=lo RAILCC_SOCKET_IFNAME=lo
+    for round in 1 2; do
+      for v in "default" "RAILCC_GPU_NET_RING=16" "RAILCC_GPU_NET_CHUNK_BYTES=1048576" \
+        "RAILCC_GPU_NET_CHANNELS=16" "RAILCC_GPU_NET_STAGING_BYTES=58720256"; do
+        f="$L/mid-$round-${v%%=*}.log"
+        timeout 60 env ${v/default/RAILCC_GPU_NET_TRACE=0} $PWD/.device/bin/railcc bench all_reduce --device cuda --per-process --gpu-net \
+          --ranks 2 -d bfloat16 -b 4M -e 64M -f 2 -n 10 -w 3 -c 1 > "$f" 2>&1
+        echo "== $v round $round: exit $?"; grep -E "^ +[0-9]|wrong|FAIL" "$f" | awk '{printf "  %10s %9s us %6s GB/s\n", $1, $6, $8}'
+      done
+    done
     ;;
   b)
     OUT=$L/host STEP_LAYOUTS=host STEP_MODES="hsdp fsdp" STEP_RUNS=2 STEP_LIMIT=90 STEP_LIBS="railcc nccl" STEP_ARGS="--steps 30" \
