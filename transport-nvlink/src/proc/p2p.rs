@@ -411,18 +411,37 @@ impl ProcGpu {
                         )
                     })
             }?;
-        } else {
-            if let (false, Some(o)) = (msgs.is_empty(), ops.first()) {
-                // SAFETY: the peers' buffers are mapped, ours the caller's, on its stream.
-                unsafe { self.recv_batch(&msgs, o.stream, timeout_ns) }?;
-            }
-            for (st, c) in &copied {
-                // SAFETY: as above.
-                unsafe {
-                    p2p_many::wait_copied_many(&self.gpu, *st, self.gpu.sync.ptr, c, timeout_ns, 0)
-                }?;
-            }
-            for o in waits.iter().filter(|_| !batch) {
+        } else if let (true, Some(o), false) =
+            (batch, ops.first(), msgs.is_empty() && copied.is_empty())
+        {
+            // The last receives and the waits for the peers' copies of our sends, in the
+            // communicator's kernel order together: its marker comes after both, so a close
+            // waits for them before the sync area and staging slots go (every op of a batch
+            // group is on this one stream, so the marker covers the group).
+            // SAFETY: the peers' buffers are mapped, ours the caller's, on its stream; the
+            // areas live for the communicator's life.
+            unsafe {
+                self.kernel_order
+                    .lock()
+                    .run(&self.gpu, o.stream as usize, || {
+                        if !msgs.is_empty() {
+                            self.recv_many(&msgs, o.stream, timeout_ns)?;
+                        }
+                        for (st, c) in &copied {
+                            p2p_many::wait_copied_many(
+                                &self.gpu,
+                                *st,
+                                self.gpu.sync.ptr,
+                                c,
+                                timeout_ns,
+                                0,
+                            )?;
+                        }
+                        Ok(())
+                    })
+            }?;
+        } else if !batch {
+            for o in &waits {
                 step(o, P2pStep::WaitCopied, 0)?;
             }
         }
@@ -451,21 +470,37 @@ impl ProcGpu {
         stream: Stream,
         timeout_ns: u64,
     ) -> Result<u32> {
-        // SAFETY: the caller's contract; the areas live for the communicator's life.
+        // SAFETY: the caller's contract.
         unsafe {
             self.kernel_order
                 .lock()
                 .run(&self.gpu, stream as usize, || {
-                    p2p_many::recv_many(
-                        &self.gpu,
-                        stream,
-                        (self.gpu.sync.ptr, &self.syncs),
-                        self.rank,
-                        msgs,
-                        (self.choice.max_blocks, self.p2p_min_chunk),
-                        timeout_ns,
-                    )
+                    self.recv_many(msgs, stream, timeout_ns)
                 })
+        }
+    }
+
+    /// The batch receives' launch alone (the caller orders it).
+    ///
+    /// # Safety
+    /// As [`ProcGpu::recv_batch`].
+    unsafe fn recv_many(
+        &self,
+        msgs: &[p2p_many::RecvMsg],
+        stream: Stream,
+        timeout_ns: u64,
+    ) -> Result<u32> {
+        // SAFETY: the caller's contract; the areas live for the communicator's life.
+        unsafe {
+            p2p_many::recv_many(
+                &self.gpu,
+                stream,
+                (self.gpu.sync.ptr, &self.syncs),
+                self.rank,
+                msgs,
+                (self.choice.max_blocks, self.p2p_min_chunk),
+                timeout_ns,
+            )
         }
     }
 
