@@ -279,7 +279,13 @@ impl ProcGpu {
             if let (false, Some(o)) = (msgs.is_empty(), ops.first()) {
                 // The round before's receives, ahead of this round's sends on the stream.
                 // SAFETY: the peers' buffers are mapped, ours the caller's, on its stream.
-                unsafe { self.recv_batch(&msgs, o.stream, timeout_ns) }?;
+                unsafe {
+                    self.kernel_order
+                        .lock()
+                        .run(&self.gpu, o.stream as usize, || {
+                            self.recv_many(&msgs, o.stream, timeout_ns)
+                        })
+                }?;
                 msgs.clear();
             }
             let in_round = |i: usize| rounds[i] == k;
@@ -457,33 +463,13 @@ impl ProcGpu {
         Ok(())
     }
 
-    /// Batch receives `msgs` on `stream` (every op of the group's), in the communicator's
-    /// kernel order: two at once on two streams would share the area's count of finished
-    /// blocks.
+    /// Launches the batch receives `msgs` on `stream` (every op of the group's). The caller
+    /// runs it in the communicator's kernel order: two at once on two streams would share
+    /// the area's count of finished blocks.
     ///
     /// # Safety
     /// The peers' buffers are mapped here and ours are this GPU's, live until the stream
     /// passes the receives.
-    unsafe fn recv_batch(
-        &self,
-        msgs: &[p2p_many::RecvMsg],
-        stream: Stream,
-        timeout_ns: u64,
-    ) -> Result<u32> {
-        // SAFETY: the caller's contract.
-        unsafe {
-            self.kernel_order
-                .lock()
-                .run(&self.gpu, stream as usize, || {
-                    self.recv_many(msgs, stream, timeout_ns)
-                })
-        }
-    }
-
-    /// The batch receives' launch alone (the caller orders it).
-    ///
-    /// # Safety
-    /// As [`ProcGpu::recv_batch`].
     unsafe fn recv_many(
         &self,
         msgs: &[p2p_many::RecvMsg],
