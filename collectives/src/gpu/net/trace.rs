@@ -241,14 +241,14 @@ mod tests {
 
     #[test]
     fn level_two_gives_each_call_its_steps() {
-        let ms = Duration::from_micros;
+        let us = Duration::from_micros;
         for level in [1, 2] {
             let t = Trace::new(level, 0);
             for call in 0..2u64 {
-                t.step("cut", ms(3 + call));
-                t.launched(ms(5));
-                t.step("hand", ms(1));
-                t.enqueued(ms(10 + call), ms(4), ms(6));
+                t.step("cut", us(3 + call));
+                t.launched(us(5));
+                t.step("hand", us(1));
+                t.enqueued(us(10 + call), us(4), us(6));
             }
             let lines = t.samples.lock().lines.clone();
             if level == 1 {
