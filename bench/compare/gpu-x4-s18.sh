@@ -17,7 +17,13 @@
 #   c, d  the GPU suite's parts not run on the new close code (last session's waits before a
 #      close frees; recover, config, unit and nccl passed in the sixteenth session):
 #      c: bench push shared shrink; d: p2pbatch p2pll register split alloc.
-# Usage: bash bench/compare/gpu-x4-s18.sh a|b|c|d
+#   e  (written in the seventeenth session) calls that return before their peers arrive
+#      (RAILCC_GPU_DEFER=1, proc/defer.rs), first run: the bench's per-process checks of
+#      every collective with the option on (several iterations, so the ranks arrive apart,
+#      and -G 3: the capture path), then HSDP and FSDP on one host of 4 GPUs, railcc with and
+#      without it against NCCL, two runs each, interleaved; then, if time is left, the
+#      recover part with it on (a killed rank while calls are deferred).
+# Usage: bash bench/compare/gpu-x4-s18.sh a|b|c|d|e
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -63,6 +69,30 @@ case ${1:-} in
   d)
     OUT=$L TEST_GPU_PARTS="p2pbatch p2pll register split alloc" timeout $(left 570) bash scripts/test-gpu.sh 2>&1 | grep -E "^(PASS|FAIL|SKIP)|test-gpu:" | cut -c1-160
     ;;
-  *) echo "usage: $0 a|b|c|d"; exit 2 ;;
+  e)
+    source bench/compare/tables.sh
+    okc=0 badc=0
+    for c in all_reduce all_gather reduce_scatter broadcast reduce; do
+      for g in 0 3; do
+        f="$L/defer-$c-G$g.log"
+        timeout 120 env RAILCC_GPU_DEFER=1 $R bench $c --device cuda --per-process -b 8 -e 64M -f 8 \
+          -d float,bfloat16,int8 -o sum,max -n 6 -w 2 -G $g --offset 8 > "$f" 2>&1
+        rc=$? tables=$(grep -c "Out of bounds values" "$f") oks=$(grep -c "Out of bounds values : 0 OK" "$f")
+        wrong=$(wrong_rows "$f") rows=$(table_rows "$f")
+        if [ $rc = 0 ] && [ "$tables" -gt 0 ] && [ "$oks" = "$tables" ] && [ "$wrong" = 0 ] && [ "$rows" -gt 0 ]; then okc=$((okc+1)); v=PASS; else badc=$((badc+1)); v=FAIL; fi
+        echo "$v  defer bench $c --per-process -G $g: exit $rc, $oks of $tables tables OK $rows rows, $wrong wrong"
+      done
+    done
+    echo "== defer checks: $okc passed, $badc failed; after $(( $(date +%s) - T0 )) s"
+    OUT=$L/host STEP_LAYOUTS=host STEP_MODES="hsdp fsdp" STEP_RUNS=2 STEP_LIMIT=90 STEP_LIBS="railcc nccl" \
+      STEP_EXTRA="defer:RAILCC_GPU_DEFER=1,RAILCC_GPU_HOST_TRACE=1" STEP_ARGS="--steps 30" \
+      timeout $(left 470) bash bench/torch/step.sh 2>&1 | tee "$L/host.txt" | grep -v "^  "
+    grep -h "host trace" "$L"/host/*defer* 2>/dev/null | cut -c1-300 | head -4
+    echo "== after $(( $(date +%s) - T0 )) s"
+    if [ "$(left 570)" -gt 150 ]; then
+      OUT=$L RAILCC_GPU_DEFER=1 TEST_GPU_PARTS=recover timeout $(left 570) bash scripts/test-gpu.sh 2>&1 | grep -E "^(PASS|FAIL|SKIP|      )|test-gpu:" | cut -c1-200
+    fi
+    ;;
+  *) echo "usage: $0 a|b|c|d|e"; exit 2 ;;
 esac
 session_end "$1"

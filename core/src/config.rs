@@ -380,6 +380,12 @@ config! {
     /// Prints, when a communicator of one process per GPU on one host closes, where its
     /// calls' host time went, per phase (exports, waiting for peers, launches).
     gpu_host_trace: u8 = 0, "RAILCC_GPU_HOST_TRACE";
+    /// 1: a collective of one process per GPU whose peers have not all published their
+    /// buffers yet returns at once (as NCCL's does): its stream waits for a launcher thread
+    /// that meets the peers and launches the kernel on a stream of its own. 0: the call waits
+    /// on the host for its peers, then launches on the caller's stream. Opt-in, first run on a
+    /// GPU in the seventeenth session.
+    gpu_defer: u8 = 0, "RAILCC_GPU_DEFER";
     /// The GPU this rank's data lives on (libnccl and the GPU paths set it; -1: none): its
     /// rails between hosts are the NICs nearest that GPU (`railcc topo`), as rail-optimised
     /// clusters are wired, instead of those nearest the rank's NUMA node.

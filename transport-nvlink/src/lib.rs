@@ -78,6 +78,9 @@ pub struct Settings {
     pub p2p_ll_bytes: usize,
     /// One process per GPU: where each call's host time goes, printed at close.
     pub host_trace: bool,
+    /// One process per GPU: a collective whose peers are not all there yet returns at once,
+    /// launched by a thread of its own (`proc/defer.rs`).
+    pub defer: bool,
 }
 
 impl Settings {

@@ -55,6 +55,19 @@ impl Kernel {
         }
     }
 
+    /// What a GPU's part launches: its blocks and their threads.
+    pub fn launch(self) -> Launch {
+        let threads_per_block = match self {
+            Kernel::Ll { .. } => ll::THREADS,
+            Kernel::CopyGather => railcc_cuda::copies::BARRIER_THREADS,
+            Kernel::Bulk { .. } | Kernel::Push { .. } | Kernel::CopyAllReduce { .. } => THREADS,
+        };
+        Launch {
+            blocks_per_gpu: self.blocks(),
+            threads_per_block,
+        }
+    }
+
     /// How many separate launches and copies a GPU's part enqueues: a failure after the
     /// first leaves work on the stream that waits for peers.
     pub fn steps(self) -> u32 {
@@ -205,10 +218,6 @@ pub unsafe fn enqueue(
                     timeout_ns,
                 )
             }?;
-            Ok(Launch {
-                blocks_per_gpu: blocks,
-                threads_per_block: ll::THREADS,
-            })
         }
         Kernel::Push { blocks, slot } => {
             // SAFETY: the caller's contract.
@@ -227,14 +236,10 @@ pub unsafe fn enqueue(
                     timeout_ns,
                 )
             }?;
-            Ok(Launch {
-                blocks_per_gpu: blocks,
-                threads_per_block: THREADS,
-            })
         }
         Kernel::CopyGather => {
             // SAFETY: the caller's contract.
-            let blocks = unsafe {
+            unsafe {
                 railcc_cuda::copies::all_gather(
                     gpu,
                     stream,
@@ -246,10 +251,6 @@ pub unsafe fn enqueue(
                     timeout_ns,
                 )
             }?;
-            Ok(Launch {
-                blocks_per_gpu: blocks,
-                threads_per_block: railcc_cuda::copies::BARRIER_THREADS,
-            })
         }
         Kernel::CopyAllReduce { blocks, wide, tma } => {
             let shape = bulk_shape(a, p, (blocks, wide, tma), timeout_ns);
@@ -270,22 +271,15 @@ pub unsafe fn enqueue(
             unsafe {
                 railcc_cuda::copies::spread(gpu, stream, g, &seg, p.syncs, timeout_ns, false)
             }?;
-            Ok(Launch {
-                blocks_per_gpu: blocks,
-                threads_per_block: THREADS,
-            })
         }
         Kernel::Bulk { blocks, wide, tma } => {
             let shape = bulk_shape(a, p, (blocks, wide, tma), timeout_ns);
             let s = spec(a.coll, g, p.ins, p.outs, a.count, a.dtype, a.root)?;
             // SAFETY: the caller's contract.
             unsafe { launch(gpu, stream, g, &s, &shape) }?;
-            Ok(Launch {
-                blocks_per_gpu: blocks,
-                threads_per_block: THREADS,
-            })
         }
     }
+    Ok(k.launch())
 }
 
 /// What every GPU's bulk kernel of call `a` shares: `blocks` and its loop (`wide`, `tma`).

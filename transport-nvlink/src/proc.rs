@@ -38,6 +38,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+mod defer;
 mod p2p;
 mod p2p_small;
 pub use p2p::P2p;
@@ -52,7 +53,9 @@ pub struct ProcGpu {
     table: Arc<ShmTable>,
     /// Dropped by hand at close (`Drop`): left allocated, with the peers' buffers it maps,
     /// when the last call's kernels outlive the close.
-    share: ManuallyDrop<Mutex<Share>>,
+    share: ManuallyDrop<Arc<Mutex<Share>>>,
+    /// The launcher of calls that return before their peers arrive (`RAILCC_GPU_DEFER`).
+    defer: Option<defer::Deferred>,
     /// Where the data of buffers no peer can map goes through (made and grown on use), and
     /// the stream that used it last.
     bounce: Mutex<Bounce>,
@@ -486,13 +489,30 @@ impl ProcGpu {
                 .spawn(move || w.run(&s))
                 .map_err(|e| Error::io("starting the GPU peer watcher", &e))?
         };
+        let share = Arc::new(Mutex::new(share));
+        let defer = if settings.defer {
+            Some(defer::Deferred::start(defer::Parts {
+                gpu: gpu.clone(),
+                table: table.clone(),
+                share: share.clone(),
+                broken: broken.clone(),
+                rank,
+                nranks,
+                own_name,
+                syncs: syncs.clone(),
+                timeout_ns: settings.timeout_ns(),
+            })?)
+        } else {
+            None
+        };
         Ok(ProcGpu {
             gpu,
             rank,
             nranks,
             syncs,
             table,
-            share: ManuallyDrop::new(Mutex::new(share)),
+            share: ManuallyDrop::new(share),
+            defer,
             bounce: Mutex::new(Bounce::default()),
             stages: Mutex::new(std::collections::HashMap::new()),
             calls: AtomicU64::new(0),
@@ -617,7 +637,9 @@ impl ProcGpu {
             // The peers must not wait for this rank's part of the call: a rank that failed
             // before publishing says so in its entry (they fail at once, naming it), and the
             // communicator breaks (its asynchronous error says why, later calls fail).
-            if !published {
+            // (Where the slot is still a peer's to read, they hear it from the host's failure
+            // record instead, within the watcher's 20 ms.)
+            if !published && self.table.free_for(call, self.rank) {
                 self.table
                     .publish(call, self.rank, FAILED_SHAPE, [BufDesc::EMPTY; 2]);
             }
@@ -656,11 +678,13 @@ impl ProcGpu {
         let (send_len, recv_len) = (a.send_elems() as u64 * es, a.recv_elems() as u64 * es);
         let deadline = Instant::now() + self.timeout;
         let broken = || self.async_error();
-        let mut share = self.share.lock();
-        let exported = (
-            share.export(send, send_len, deadline, &broken)?,
-            share.export(c.recv, recv_len, deadline, &broken)?,
-        );
+        let exported = {
+            let mut share = self.share.lock();
+            (
+                share.export(send, send_len, deadline, &broken)?,
+                share.export(c.recv, recv_len, deadline, &broken)?,
+            )
+        };
         let stream = stream_of(c.stream);
         let (send, recv, mine, out) = match exported {
             (Some(s), Some(r)) => (send, c.recv, [s, r], None),
@@ -677,49 +701,47 @@ impl ProcGpu {
             }
         };
         let shape = a.to_words();
+        self.table.wait_free(call, self.rank, deadline, &broken)?;
         self.table.publish(call, self.rank, shape, mine);
         *published = true;
         self.trace.lap(clock, "coll export+publish");
-        let (mut ins, mut outs) = (vec![send; n], vec![recv; n]);
-        for p in (0..n).filter(|&p| p != self.rank) {
-            let (theirs, bufs) = self
-                .table
-                .read(call, p, deadline, &|| self.async_error())
-                .map_err(|e| e.rank(self.rank))?;
-            if theirs == FAILED_SHAPE {
-                return Err(Error::new(
-                    ErrorKind::Aborted,
-                    format!("GPU call {call}: rank {p} failed its part of the call"),
-                )
-                .peer(p)
-                .rank(self.rank)
-                .transport(crate::NAME));
+        let k = choose(&a, &self.choice);
+        if let Some(d) = &self.defer {
+            // Deferred unless every peer is there and no earlier call still waits for its
+            // peers (calls meet their peers in order); never under capture (the graph must
+            // hold the kernel).
+            let ready = d.idle() && (0..n).all(|p| p == self.rank || self.table.published(call, p));
+            // SAFETY: the caller's stream of this GPU (this function's contract).
+            if !ready && !unsafe { is_capturing(&self.gpu, stream) }? {
+                let copy_out = out.filter(|_| !no_recv);
+                // SAFETY: this function's contract; not capturing (asked above).
+                unsafe {
+                    self.kernel_order.lock().run_eager(&self.gpu, c.stream, || {
+                        d.submit(stream, call, a, shape, (send, recv), k, copy_out, deadline)
+                    })
+                }?;
+                self.trace.lap(clock, "coll defer");
+                return Ok(k.launch());
             }
-            if theirs != shape {
-                return Err(Error::new(
-                    ErrorKind::Mismatch,
-                    format!(
-                        "GPU call {call}: rank {p} called {}, rank {} called {}",
-                        CollArgs::describe_words(theirs),
-                        self.rank,
-                        CollArgs::describe_words(shape)
-                    ),
-                )
-                .peer(p)
-                .rank(self.rank)
-                .transport(crate::NAME));
-            }
-            ins[p] = share.map(p, &bufs[0], deadline, &broken)?;
-            outs[p] = share.map(p, &bufs[1], deadline, &broken)?;
+            d.wait_idle(deadline, &broken)?;
         }
-        drop(share);
+        let (ins, outs) = meet_peers(
+            &self.table,
+            &self.share,
+            (self.rank, n),
+            call,
+            shape,
+            (send, recv),
+            deadline,
+            &broken,
+        )?;
+        self.table.finished(call, self.rank);
         self.trace.lap(clock, "coll wait peers+map");
         let peers = Peers {
             ins: &ins,
             outs: &outs,
             syncs: &self.syncs,
         };
-        let k = choose(&a, &self.choice);
         let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
         // SAFETY: the peers' buffers and sync areas are mapped into this context by IPC; the
         // caller vouches for its own buffers and stream; the bounce buffer and the caller's
@@ -881,6 +903,60 @@ struct Bounce {
 /// The shape a rank publishes for a call it failed before its entry was ready.
 const FAILED_SHAPE: [u64; 5] = [u64::MAX; 5];
 
+/// Reads every peer's entry of `call` (waiting to `deadline`), checks it against this rank's
+/// `shape`, and maps the peers' buffers: every rank's send and receive buffer as this GPU
+/// addresses them (`bufs`: this rank's own). The table is read without `share`'s lock, so a
+/// late peer does not hold up this rank's next export (`defer.rs` meets peers on another
+/// thread).
+#[allow(clippy::too_many_arguments)]
+fn meet_peers(
+    table: &ShmTable,
+    share: &Mutex<Share>,
+    (rank, n): (usize, usize),
+    call: u64,
+    shape: [u64; 5],
+    (send, recv): (u64, u64),
+    deadline: Instant,
+    broken: &dyn Fn() -> Option<Error>,
+) -> Result<(Vec<u64>, Vec<u64>)> {
+    let mut entries = Vec::with_capacity(n);
+    for p in (0..n).filter(|&p| p != rank) {
+        let (theirs, bufs) = table
+            .read(call, p, deadline, broken)
+            .map_err(|e| e.rank(rank))?;
+        if theirs == FAILED_SHAPE {
+            return Err(Error::new(
+                ErrorKind::Aborted,
+                format!("GPU call {call}: rank {p} failed its part of the call"),
+            )
+            .peer(p)
+            .rank(rank)
+            .transport(crate::NAME));
+        }
+        if theirs != shape {
+            return Err(Error::new(
+                ErrorKind::Mismatch,
+                format!(
+                    "GPU call {call}: rank {p} called {}, rank {rank} called {}",
+                    CollArgs::describe_words(theirs),
+                    CollArgs::describe_words(shape)
+                ),
+            )
+            .peer(p)
+            .rank(rank)
+            .transport(crate::NAME));
+        }
+        entries.push((p, bufs));
+    }
+    let (mut ins, mut outs) = (vec![send; n], vec![recv; n]);
+    let mut share = share.lock();
+    for (p, bufs) in entries {
+        ins[p] = share.map(p, &bufs[0], deadline, broken)?;
+        outs[p] = share.map(p, &bufs[1], deadline, broken)?;
+    }
+    Ok((ins, outs))
+}
+
 impl Drop for ProcGpu {
     fn drop(&mut self) {
         self.trace.report();
@@ -891,6 +967,12 @@ impl Drop for ProcGpu {
         // (their stream held up by other work) keep what they read, leaked. Once the
         // kernels were stopped (an abort, a failure), the wait is the grace alone, so
         // ncclCommAbort returns as NCCL's does.
+        // The launcher first, while a peer's death still breaks the communicator (once
+        // closing, the watcher takes it for the peer's close): its calls' peers are met
+        // or failed, and every kernel is on a stream.
+        if let Some(d) = &mut self.defer {
+            d.stop();
+        }
         if let Some((_, closing, _)) = &self.watcher {
             closing.store(true, Ordering::Relaxed);
         }
@@ -916,6 +998,9 @@ impl Drop for ProcGpu {
             drop(b);
             std::mem::forget(self.table.clone());
             std::mem::forget(self.gpu.clone());
+        }
+        if let Some(d) = self.defer.take() {
+            d.release(&self.gpu, settled);
         }
         // Before the GPU's context can go with the `gpu` field.
         if self.gpu.bind().is_ok() {

@@ -26,6 +26,11 @@ struct Slot {
 
 const SLOT_BYTES: usize = 256;
 const _: () = assert!(std::mem::size_of::<Slot>() <= SLOT_BYTES);
+/// Calls a rank may publish ahead of the last call it has read every peer's entry of, plus
+/// one: how far a deferred launcher (`proc/defer.rs`) may lag behind its caller.
+pub const CALL_DEPTH: u64 = 32;
+/// Each rank's count of read calls, on its own cache line.
+const READ_BYTES: usize = 64;
 
 /// A sent message's buffer, for its receiver: the message number (written last), the size,
 /// and whether the receiver has read the entry (so the sender may reuse it).
@@ -57,12 +62,14 @@ const BROKEN_TEXT: usize = 1008;
 const BROKEN_BYTES: usize = 1024;
 const _: () = assert!(std::mem::size_of::<Broken>() <= BROKEN_BYTES);
 
-/// A POSIX shared-memory table of two slots per rank (alternating by call parity: a rank can
-/// only reach call k+2 once every peer has published call k+1, which it does after reading
-/// call k, so a slot is never overwritten while a peer still reads it), then a mailbox of
-/// MAIL_DEPTH entries per (sender, receiver) for send/recv, then the host's first failure (so
-/// a rank that breaks for a reason its peers cannot see, a lost network peer or a kernel past
-/// its deadline, stops them too instead of leaving them waiting without a deadline).
+/// A POSIX shared-memory table of [`CALL_DEPTH`] slots per rank (call k in slot k mod
+/// CALL_DEPTH), each rank's count of the calls it has read every peer's entry of (so a rank
+/// publishes call k only once every peer has read call k - CALL_DEPTH: a slot is never
+/// overwritten while a peer still reads it, however far a rank's publishing runs ahead of its
+/// reading, `proc/defer.rs`), then a mailbox of MAIL_DEPTH entries per (sender, receiver) for
+/// send/recv, then the host's first failure (so a rank that breaks for a reason its peers
+/// cannot see, a lost network peer or a kernel past its deadline, stops them too instead of
+/// leaving them waiting without a deadline).
 pub struct ShmTable {
     base: *mut u8,
     bytes: usize,
@@ -76,7 +83,8 @@ unsafe impl Sync for ShmTable {}
 impl ShmTable {
     /// Creates (`create`) or opens the segment `name` (like "/railcc-..."), sized for `nranks`.
     pub fn open(name: &str, nranks: usize, create: bool) -> Result<ShmTable> {
-        let bytes = 2 * nranks * SLOT_BYTES
+        let bytes = CALL_DEPTH as usize * nranks * SLOT_BYTES
+            + nranks * READ_BYTES
             + nranks * nranks * MAIL_DEPTH as usize * MAIL_BYTES
             + BROKEN_BYTES;
         let cname = CString::new(name).map_err(|_| Error::invalid("shm name has a NUL byte"))?;
@@ -134,15 +142,72 @@ impl ShmTable {
     }
 
     fn slot(&self, call: u64, rank: usize) -> *mut Slot {
-        let i = (call % 2) as usize * self.nranks + rank;
-        // SAFETY: i < 2 * nranks, so the slot lies inside the mapping.
+        let i = (call % CALL_DEPTH) as usize * self.nranks + rank;
+        // SAFETY: i < CALL_DEPTH * nranks, so the slot lies inside the mapping.
         unsafe { self.base.add(i * SLOT_BYTES) as *mut Slot }
+    }
+
+    /// `rank`'s count of the calls it has read every peer's entry of.
+    fn read_count(&self, rank: usize) -> &AtomicU64 {
+        let at = CALL_DEPTH as usize * self.nranks * SLOT_BYTES + rank * READ_BYTES;
+        // SAFETY: rank < nranks, so the word lies inside the mapping (zeroed by ftruncate),
+        // 8-byte aligned, and only ever accessed atomically.
+        unsafe { &*(self.base.add(at) as *const AtomicU64) }
+    }
+
+    /// Records that `rank` has read every peer's entry of `call` (calls are read in order).
+    pub fn finished(&self, call: u64, rank: usize) {
+        self.read_count(rank).fetch_max(call, Ordering::Release);
+    }
+
+    /// Whether `rank` may publish `call` now: every peer has read the call its slot held.
+    pub fn free_for(&self, call: u64, rank: usize) -> bool {
+        let old = call.saturating_sub(CALL_DEPTH);
+        (0..self.nranks)
+            .filter(|&p| p != rank)
+            .all(|p| self.read_count(p).load(Ordering::Acquire) >= old)
+    }
+
+    /// Waits (to the deadline) until `rank` may publish `call` ([`ShmTable::free_for`]); at
+    /// once unless this rank's publishing runs CALL_DEPTH calls ahead of a peer's reading.
+    pub fn wait_free(
+        &self,
+        call: u64,
+        rank: usize,
+        deadline: Instant,
+        broken: &dyn Fn() -> Option<Error>,
+    ) -> Result<()> {
+        wait_until(deadline, broken, || self.free_for(call, rank)).map_err(|e| {
+            e.unwrap_or_else(|| {
+                let slow = (0..self.nranks)
+                    .filter(|&p| p != rank)
+                    .min_by_key(|&p| self.read_count(p).load(Ordering::Acquire))
+                    .unwrap_or(rank);
+                Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "rank {slow} did not read GPU call {} in time (rank {rank} is at call {call})",
+                        call.saturating_sub(CALL_DEPTH)
+                    ),
+                )
+                .peer(slow)
+                .transport(crate::NAME)
+            })
+        })
+    }
+
+    /// Whether `peer` has published `call` (its entry can be read without waiting).
+    pub fn published(&self, call: u64, peer: usize) -> bool {
+        let s = self.slot(call, peer);
+        // SAFETY: the slot lies in the mapping; `seq` is only accessed atomically.
+        unsafe { (*s).seq.load(Ordering::Acquire) == call }
     }
 
     /// Publishes this rank's shape and buffers for `call`.
     pub fn publish(&self, call: u64, rank: usize, shape: [u64; 5], bufs: [BufDesc; 2]) {
         let s = self.slot(call, rank);
-        // SAFETY: our own slot; no peer reads it until `seq` says `call` (parity protocol).
+        // SAFETY: our own slot; no peer reads it until `seq` says `call`, and every peer has
+        // read the call it held (the caller's `free_for`/`wait_free`).
         unsafe {
             std::ptr::addr_of_mut!((*s).shape).write_volatile(shape);
             std::ptr::addr_of_mut!((*s).bufs).write_volatile(bufs);
@@ -152,8 +217,9 @@ impl ShmTable {
 
     fn mail(&self, src: usize, dst: usize, seq: u64) -> *mut Mail {
         let i = (src * self.nranks + dst) * MAIL_DEPTH as usize + (seq % MAIL_DEPTH) as usize;
+        let mails = CALL_DEPTH as usize * self.nranks * SLOT_BYTES + self.nranks * READ_BYTES;
         // SAFETY: src, dst < nranks, so the entry lies inside the mapping.
-        unsafe { self.base.add(2 * self.nranks * SLOT_BYTES + i * MAIL_BYTES) as *mut Mail }
+        unsafe { self.base.add(mails + i * MAIL_BYTES) as *mut Mail }
     }
 
     fn broken_record(&self) -> *mut Broken {
@@ -319,7 +385,8 @@ impl ShmTable {
                 .transport(crate::NAME)
             })
         })?;
-        // SAFETY: published (Acquire above) and not rewritten until we publish call + 1.
+        // SAFETY: published (Acquire above) and not rewritten until we record (`finished`)
+        // that we read it.
         unsafe {
             Ok((
                 std::ptr::addr_of!((*s).shape).read_volatile(),
@@ -424,6 +491,51 @@ mod tests {
             ShmTable::open(&name, 2, false).is_err(),
             "name was unlinked"
         );
+    }
+
+    #[test]
+    fn a_rank_publishes_at_most_call_depth_calls_ahead_of_a_peers_reading() {
+        let name = format!("/railcc-test-depth-{}", std::process::id());
+        let a = ShmTable::open(&name, 2, true).unwrap();
+        let b = ShmTable::open(&name, 2, false).unwrap();
+        ShmTable::unlink(&name);
+        let soon = || Instant::now() + Duration::from_millis(50);
+        // Rank 0 publishes CALL_DEPTH calls that rank 1 has not read: each its own slot.
+        for call in 1..=CALL_DEPTH {
+            a.wait_free(call, 0, soon(), &|| None).unwrap();
+            a.publish(call, 0, [call; 5], [desc(1), desc(2)]);
+        }
+        assert!(b.published(1, 0) && b.published(CALL_DEPTH, 0));
+        assert!(!b.published(CALL_DEPTH + 1, 0));
+        // The next would overwrite call 1's slot, which rank 1 has not read: a named timeout.
+        assert!(!a.free_for(CALL_DEPTH + 1, 0));
+        let e = a
+            .wait_free(CALL_DEPTH + 1, 0, soon(), &|| None)
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Timeout);
+        assert!(
+            e.to_string().contains("rank 1 did not read GPU call 1"),
+            "{e}"
+        );
+        // Rank 1 reads the calls in order, from the oldest: each frees one slot.
+        for call in 1..=CALL_DEPTH {
+            assert_eq!(b.read(call, 0, soon(), &|| None).unwrap().0, [call; 5]);
+            b.finished(call, 1);
+            assert!(a.free_for(call + CALL_DEPTH, 0));
+            assert!(!a.free_for(call + CALL_DEPTH + 1, 0));
+        }
+        // A rank's own count does not free its own slots; a broken host stops the wait.
+        a.finished(2 * CALL_DEPTH, 0);
+        let e = a
+            .wait_free(2 * CALL_DEPTH + 1, 0, later_secs(5), &|| {
+                Some(Error::new(ErrorKind::Aborted, "stop"))
+            })
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Aborted);
+    }
+
+    fn later_secs(s: u64) -> Instant {
+        Instant::now() + Duration::from_secs(s)
     }
 
     #[test]
