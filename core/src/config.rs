@@ -383,8 +383,8 @@ config! {
     /// 1: a collective of one process per GPU whose peers have not all published their
     /// buffers yet returns at once (as NCCL's does): its stream waits for a launcher thread
     /// that meets the peers and launches the kernel on a stream of its own. 0: the call waits
-    /// on the host for its peers, then launches on the caller's stream. Opt-in, first run on a
-    /// GPU in the seventeenth session.
+    /// on the host for its peers, then launches on the caller's stream. An experiment: its
+    /// first GPU run (seventeenth session) hung at the first call; leave it unset.
     gpu_defer: u8 = 0, "RAILCC_GPU_DEFER";
     /// The GPU this rank's data lives on (libnccl and the GPU paths set it; -1: none): its
     /// rails between hosts are the NICs nearest that GPU (`railcc topo`), as rail-optimised

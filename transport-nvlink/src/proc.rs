@@ -491,6 +491,9 @@ impl ProcGpu {
         };
         let share = Arc::new(Mutex::new(share));
         let defer = if settings.defer {
+            tracing::warn!(
+                "rank {rank}: RAILCC_GPU_DEFER=1 is an experiment whose first GPU run hung at its first call (bench/results/issue31/return-time-design.md §6); leave it unset"
+            );
             Some(defer::Deferred::start(defer::Parts {
                 gpu: gpu.clone(),
                 table: table.clone(),
@@ -721,6 +724,7 @@ impl ProcGpu {
                     })
                 }?;
                 self.trace.lap(clock, "coll defer");
+                tracing::debug!("rank {}: call {call} deferred", self.rank);
                 return Ok(k.launch());
             }
             d.wait_idle(deadline, &broken)?;
@@ -737,6 +741,10 @@ impl ProcGpu {
         )?;
         self.table.finished(call, self.rank);
         self.trace.lap(clock, "coll wait peers+map");
+        tracing::debug!(
+            "rank {}: call {call} met its peers on the caller's thread",
+            self.rank
+        );
         let peers = Peers {
             ins: &ins,
             outs: &outs,
@@ -948,6 +956,7 @@ fn meet_peers(
         }
         entries.push((p, bufs));
     }
+    tracing::debug!("rank {rank}: read every peer's entry of GPU call {call}");
     let (mut ins, mut outs) = (vec![send; n], vec![recv; n]);
     let mut share = share.lock();
     for (p, bufs) in entries {

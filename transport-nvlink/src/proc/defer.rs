@@ -239,7 +239,9 @@ impl Launcher {
         }
         while let Some(job) = next(rx) {
             let call = job.call;
+            tracing::debug!("rank {}: launcher took call {call}", self.parts.rank);
             if let Err(e) = self.launch(job) {
+                tracing::debug!("rank {}: launcher failed call {call}: {e}", self.parts.rank);
                 self.fail(e, call);
             }
             self.pending.fetch_sub(1, Ordering::AcqRel);
@@ -265,6 +267,7 @@ impl Launcher {
             &broken,
         )?;
         p.table.finished(job.call, p.rank);
+        tracing::debug!("rank {}: launcher met call {}'s peers", p.rank, job.call);
         let peers = Peers {
             ins: &ins,
             outs: &outs,
@@ -285,8 +288,10 @@ impl Launcher {
                 &peers,
                 p.timeout_ns,
             )?;
-            self.done.write_on(stream, 0, job.call as u32)
+            self.done.write_on(stream, 0, job.call as u32)?;
         }
+        tracing::debug!("rank {}: launcher enqueued call {}", p.rank, job.call);
+        Ok(())
     }
 
     /// Breaks the communicator with `why` (the host's other ranks hear it) and releases every
