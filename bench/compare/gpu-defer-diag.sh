@@ -8,6 +8,10 @@
 #  - "took" without "read every peer's entry": the table read (a peer's entry not seen);
 #  - "read" without "met": the mapping (cuIpcOpenMemHandle, while the caller's stream waits
 #    for the launcher: a driver call that waits for the device would never return);
+#  - "met" without "enqueued": a launch or stream call that waited for the device (a launch
+#    that grows the per-thread stack waits for earlier work; `GpuCtx::reserve_stack` now
+#    raises the limit at init in this mode: its debug line gives the kernels' local bytes
+#    and the limit before);
 #  - "enqueued" and still a timeout: the launcher's stream never ran its kernel while the
 #    caller's stream waited on the word (a wait that blocks a hardware queue both streams
 #    share); then the kernel must go on the caller's stream, reading its peers' addresses

@@ -502,6 +502,53 @@ impl GpuCtx {
         Ok(least.clamp(1, i32::MAX) as u32)
     }
 
+    /// Raises the context's per-thread stack limit to what the collective kernels use
+    /// (their local memory), so no later launch has to grow it: a launch that grows the
+    /// stack waits for the device's earlier work, which must never happen while a stream
+    /// waits for the launching thread (`RAILCC_GPU_DEFER`). NCCL does the same at init
+    /// (`NCCL_SET_STACK_SIZE`). Returns (the kernels' most local bytes, the limit before).
+    pub fn reserve_stack(&self) -> Result<(usize, usize)> {
+        self.bind()?;
+        let mut most = 0usize;
+        let all = self
+            .funcs
+            .values()
+            .chain(self.ll_funcs.values())
+            .chain(self.push_funcs.values())
+            .chain(self.tma_funcs.values())
+            .chain(self.p2p_funcs.iter())
+            .chain(self.barrier_funcs.iter());
+        for &f in all {
+            let mut local = 0i32;
+            // SAFETY: valid out-pointer and a loaded function of this context.
+            check(
+                unsafe {
+                    sys::cuFuncGetAttribute(
+                        &mut local,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES,
+                        f,
+                    )
+                },
+                "cuFuncGetAttribute(LOCAL_SIZE_BYTES)",
+            )?;
+            most = most.max(local.max(0) as usize);
+        }
+        let mut limit = 0usize;
+        // SAFETY: valid out-pointer; the context is current.
+        check(
+            unsafe { sys::cuCtxGetLimit(&mut limit, sys::CUlimit::CU_LIMIT_STACK_SIZE) },
+            "cuCtxGetLimit(STACK_SIZE)",
+        )?;
+        if most > limit {
+            // SAFETY: a plain setting of the current context.
+            check(
+                unsafe { sys::cuCtxSetLimit(sys::CUlimit::CU_LIMIT_STACK_SIZE, most) },
+                "cuCtxSetLimit(STACK_SIZE)",
+            )?;
+        }
+        Ok((most, limit))
+    }
+
     pub fn bind(&self) -> Result<()> {
         // SAFETY: the context is retained for the lifetime of self.
         check(unsafe { sys::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")

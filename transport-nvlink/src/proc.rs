@@ -160,6 +160,8 @@ struct Watch {
     /// The communicator is closing (waiting for its last call's kernels): a peer that
     /// exits then has closed too, so it only stops this rank's kernels, unreported.
     closing: Arc<AtomicBool>,
+    /// Lets streams waiting for deferred calls go (`RAILCC_GPU_DEFER`).
+    release: Option<Arc<defer::Release>>,
 }
 
 impl Watch {
@@ -178,6 +180,9 @@ impl Watch {
                 if self.closing.load(Ordering::Relaxed) {
                     tracing::debug!("rank {} exited while this rank closed", self.name(*r));
                     self.gpu.abort_kernels();
+                    if let Some(r) = &self.release {
+                        r.all();
+                    }
                     return;
                 }
                 let e = Error::new(
@@ -230,6 +235,9 @@ impl Watch {
         tracing::warn!("{e}");
         let first = self.broken.lock().get_or_insert(e).clone();
         self.gpu.abort_kernels();
+        if let Some(r) = &self.release {
+            r.all();
+        }
         if report {
             self.table.report_broken(self.me, &first.to_string());
         }
@@ -473,22 +481,6 @@ impl ProcGpu {
         let table = Arc::new(table);
         let own_name = name(rank);
         let all_names: Vec<usize> = (0..nranks).map(name).collect();
-        let watcher = {
-            let w = Watch {
-                me: rank,
-                peers,
-                names: all_names.clone(),
-                gpu: gpu.clone(),
-                broken: broken.clone(),
-                table: table.clone(),
-                closing: closing.clone(),
-            };
-            let s = stop.clone();
-            std::thread::Builder::new()
-                .name("railcc-gpu-watch".into())
-                .spawn(move || w.run(&s))
-                .map_err(|e| Error::io("starting the GPU peer watcher", &e))?
-        };
         let share = Arc::new(Mutex::new(share));
         let defer = if settings.defer {
             tracing::warn!(
@@ -507,6 +499,23 @@ impl ProcGpu {
             })?)
         } else {
             None
+        };
+        let watcher = {
+            let w = Watch {
+                me: rank,
+                peers,
+                names: all_names.clone(),
+                gpu: gpu.clone(),
+                broken: broken.clone(),
+                table: table.clone(),
+                closing: closing.clone(),
+                release: defer.as_ref().map(|d| d.release()),
+            };
+            let s = stop.clone();
+            std::thread::Builder::new()
+                .name("railcc-gpu-watch".into())
+                .spawn(move || w.run(&s))
+                .map_err(|e| Error::io("starting the GPU peer watcher", &e))?
         };
         Ok(ProcGpu {
             gpu,
@@ -572,6 +581,7 @@ impl ProcGpu {
     pub fn abort_with(&self, why: Error) {
         let first = self.broken.lock().get_or_insert(why).clone();
         self.gpu.abort_kernels();
+        self.release_deferred();
         self.table.report_broken(self.rank, &first.to_string());
     }
 
@@ -585,6 +595,14 @@ impl ProcGpu {
                 .transport(crate::NAME)
         });
         self.gpu.abort_kernels();
+        self.release_deferred();
+    }
+
+    /// Lets every stream waiting for a deferred call go (a broken communicator's).
+    fn release_deferred(&self) {
+        if let Some(d) = &self.defer {
+            d.release().all();
+        }
     }
 
     fn check_alive(&self) -> Result<()> {
@@ -1009,7 +1027,7 @@ impl Drop for ProcGpu {
             std::mem::forget(self.gpu.clone());
         }
         if let Some(d) = self.defer.take() {
-            d.release(&self.gpu, settled);
+            d.free(&self.gpu, settled);
         }
         // Before the GPU's context can go with the `gpu` field.
         if self.gpu.bind().is_ok() {

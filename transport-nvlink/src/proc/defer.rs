@@ -22,13 +22,13 @@
 use super::{meet_peers, Share};
 use crate::plan::{enqueue, Kernel, Peers};
 use crate::table::{ShmTable, CALL_DEPTH};
-use crossbeam_channel::{Receiver, Sender, TryRecvError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::Mutex;
 use railcc_core::call::CollArgs;
 use railcc_core::{Error, ErrorKind, Result};
 use railcc_cuda::gpu::{copy_async, create_stream, destroy_stream, GpuCtx, Marker, Stream};
 use railcc_cuda::hostsync::Flags;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -36,6 +36,8 @@ use std::time::{Duration, Instant};
 /// How long the launcher polls for the next call before it sleeps: a call enqueued within
 /// it is taken without a futex wake.
 const SPIN: Duration = Duration::from_micros(200);
+/// How often an idle launcher looks for a release to write on its stream.
+const IDLE: Duration = Duration::from_millis(20);
 
 /// What the word holds once the launcher failed: far past any waiting call (the waits
 /// compare cyclically, and at most CALL_DEPTH calls wait at once).
@@ -68,21 +70,57 @@ pub(super) struct Parts {
     pub timeout_ns: u64,
 }
 
+/// The word the callers' streams wait on, and how to let them all go once the communicator
+/// breaks (whoever sees the break first: the launcher, the peer watcher, an abort).
+pub(super) struct Release {
+    /// Word 0: the last call whose kernel the launcher's stream has passed.
+    done: Arc<Flags>,
+    /// The last call handed to the launcher.
+    last: AtomicU64,
+    released: AtomicBool,
+}
+
+impl Release {
+    /// Lets every stream waiting for a call handed to the launcher go on (their outputs are
+    /// undefined: the communicator is broken). The launcher writes the word once more on its
+    /// stream too, after its earlier writes, which would otherwise lower it again.
+    pub fn all(&self) {
+        self.released.store(true, Ordering::Release);
+        self.store_ahead();
+    }
+
+    fn ahead(&self) -> u32 {
+        (self.last.load(Ordering::Acquire) as u32).wrapping_add(RELEASE_AHEAD)
+    }
+
+    fn store_ahead(&self) {
+        self.done.store(0, self.ahead());
+    }
+}
+
 /// The launcher of one communicator's deferred calls.
 pub(super) struct Deferred {
     tx: Option<Sender<Job>>,
     /// Calls handed to the launcher whose peers it has not met yet.
     pending: Arc<AtomicU64>,
-    /// Word 0: the last call whose kernel the launcher's stream has passed.
-    done: Arc<Flags>,
+    release: Arc<Release>,
     /// The launcher's stream (as an address: a stream handle is not `Send`).
     stream: usize,
     thread: Option<JoinHandle<()>>,
+    /// How long a close waits for the launcher (the communicator's timeout).
+    timeout: Duration,
+    /// The launcher did not stop within `timeout`: what it uses stays allocated.
+    stuck: bool,
 }
 
 impl Deferred {
     /// Starts the launcher (its stream and word made in `parts.gpu`'s context).
     pub fn start(parts: Parts) -> Result<Deferred> {
+        let (local, limit) = parts.gpu.reserve_stack()?;
+        tracing::debug!(
+            "rank {}: the kernels use at most {local} local bytes a thread; the stack limit was {limit}",
+            parts.rank
+        );
         let stream = create_stream(&parts.gpu)?;
         let done = match Flags::new_current(1) {
             Ok(f) => Arc::new(f),
@@ -94,11 +132,18 @@ impl Deferred {
         };
         let (tx, rx) = crossbeam_channel::unbounded();
         let pending = Arc::new(AtomicU64::new(0));
+        let release = Arc::new(Release {
+            done,
+            last: AtomicU64::new(0),
+            released: AtomicBool::new(false),
+        });
+        let timeout = Duration::from_nanos(parts.timeout_ns);
         let launcher = Launcher {
             parts,
             pending: pending.clone(),
-            done: done.clone(),
+            release: release.clone(),
             stream: stream as usize,
+            stream_released: false,
         };
         let thread = std::thread::Builder::new()
             .name("railcc-gpu-defer".into())
@@ -107,10 +152,17 @@ impl Deferred {
         Ok(Deferred {
             tx: Some(tx),
             pending,
-            done,
+            release,
             stream: stream as usize,
             thread: Some(thread),
+            timeout,
+            stuck: false,
         })
+    }
+
+    /// What lets the waiting streams go when the communicator breaks.
+    pub fn release(&self) -> Arc<Release> {
+        self.release.clone()
     }
 
     /// Whether the launcher has met the peers of every call handed to it.
@@ -156,25 +208,36 @@ impl Deferred {
         copy_out: Option<(u64, u64, usize)>,
         deadline: Instant,
     ) -> Result<()> {
-        let inputs = Marker::in_current()?;
-        // SAFETY: the caller's stream; the marker and word are of this context.
-        unsafe {
-            inputs.record(stream)?;
-            self.done.wait_geq_on(stream, 0, call as u32)?;
-            if let Some((dst, src, len)) = copy_out {
-                copy_async(
-                    dst,
-                    src,
-                    len,
-                    stream,
-                    "cuMemcpyAsync (out of the bounce buffer)",
-                )?;
-            }
-        }
         let tx = self.tx.as_ref().ok_or_else(|| {
             Error::new(ErrorKind::Aborted, "the GPU call launcher has stopped")
                 .transport(crate::NAME)
         })?;
+        let inputs = Marker::in_current()?;
+        // SAFETY: the caller's stream; the marker is of this context.
+        unsafe { inputs.record(stream) }?;
+        // From here the stream may wait for this call: any failure releases it.
+        self.release.last.fetch_max(call, Ordering::AcqRel);
+        // SAFETY: the caller's stream; the word is of this context; the bounce buffer and
+        // the receive buffer hold `len` bytes (the caller's contract).
+        let queued = unsafe {
+            self.release
+                .done
+                .wait_geq_on(stream, 0, call as u32)
+                .and_then(|()| match copy_out {
+                    Some((dst, src, len)) => copy_async(
+                        dst,
+                        src,
+                        len,
+                        stream,
+                        "cuMemcpyAsync (out of the bounce buffer)",
+                    ),
+                    None => Ok(()),
+                })
+        };
+        if let Err(e) = queued {
+            self.release.all();
+            return Err(e);
+        }
         self.pending.fetch_add(1, Ordering::AcqRel);
         let job = Job {
             call,
@@ -188,8 +251,7 @@ impl Deferred {
         tx.send(job).map_err(|_| {
             self.pending.fetch_sub(1, Ordering::AcqRel);
             // The wait is on the stream already: release it (the communicator breaks).
-            self.done
-                .store(0, (call as u32).wrapping_add(RELEASE_AHEAD));
+            self.release.all();
             Error::new(ErrorKind::Aborted, "the GPU call launcher has stopped")
                 .transport(crate::NAME)
         })
@@ -198,23 +260,37 @@ impl Deferred {
     /// Stops the launcher once it has launched (or failed) every call handed to it: a
     /// close's first step (the calls' peers are waited for to their deadlines, as the
     /// caller's thread would have; an aborted communicator fails them at once).
+    /// If it is still busy after the communicator's timeout (stuck in a driver call), it is
+    /// left running and what it uses stays allocated.
     pub fn stop(&mut self) {
         self.tx.take();
-        if let Some(h) = self.thread.take() {
-            let _ = h.join();
+        let Some(h) = self.thread.take() else { return };
+        let deadline = Instant::now().checked_add(self.timeout);
+        while !h.is_finished() {
+            if deadline.is_some_and(|d| Instant::now() > d) {
+                tracing::warn!(
+                    "the GPU call launcher did not stop within {:?}: left running, with what it uses",
+                    self.timeout
+                );
+                self.release.all();
+                self.stuck = true;
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
+        let _ = h.join();
     }
 
     /// Frees the stream and the word, once the GPU has passed every call (`settled`), or
     /// leaves them allocated.
-    pub fn release(mut self, gpu: &GpuCtx, settled: bool) {
+    pub fn free(mut self, gpu: &GpuCtx, settled: bool) {
         self.stop();
-        if settled {
+        if settled && !self.stuck {
             // SAFETY: made by create_stream on this GPU; the launcher, its one user, has
             // stopped.
             let _ = unsafe { destroy_stream(gpu, self.stream as Stream) };
         } else {
-            std::mem::forget(self.done.clone());
+            std::mem::forget(self.release.clone());
         }
     }
 }
@@ -228,24 +304,49 @@ impl Drop for Deferred {
 struct Launcher {
     parts: Parts,
     pending: Arc<AtomicU64>,
-    done: Arc<Flags>,
+    release: Arc<Release>,
     stream: usize,
+    /// Whether the released word was written on the launcher's stream too.
+    stream_released: bool,
 }
 
 impl Launcher {
-    fn run(self, rx: &Receiver<Job>) {
+    fn run(mut self, rx: &Receiver<Job>) {
         if let Err(e) = self.parts.gpu.bind() {
-            self.fail(e, 0);
+            self.fail(e);
         }
-        while let Some(job) = next(rx) {
+        loop {
+            let job = match next(rx) {
+                Next::Job(j) => j,
+                Next::Idle => {
+                    self.release_on_stream();
+                    continue;
+                }
+                Next::Gone => break,
+            };
             let call = job.call;
             tracing::debug!("rank {}: launcher took call {call}", self.parts.rank);
             if let Err(e) = self.launch(job) {
                 tracing::debug!("rank {}: launcher failed call {call}: {e}", self.parts.rank);
-                self.fail(e, call);
+                self.fail(e);
             }
+            self.release_on_stream();
             self.pending.fetch_sub(1, Ordering::AcqRel);
         }
+        self.release_on_stream();
+    }
+
+    /// Once released (`Release::all`), writes the word on this stream after its earlier
+    /// writes, once, and stores it again.
+    fn release_on_stream(&mut self) {
+        if self.stream_released || !self.release.released.load(Ordering::Acquire) {
+            return;
+        }
+        self.stream_released = true;
+        let ahead = self.release.ahead();
+        // SAFETY: our stream of this context.
+        let _ = unsafe { self.release.done.write_on(self.stream as Stream, 0, ahead) };
+        self.release.store_ahead();
     }
 
     /// Meets `job`'s peers and launches its kernel on the launcher's stream, after the
@@ -288,15 +389,15 @@ impl Launcher {
                 &peers,
                 p.timeout_ns,
             )?;
-            self.done.write_on(stream, 0, job.call as u32)?;
+            self.release.done.write_on(stream, 0, job.call as u32)?;
         }
         tracing::debug!("rank {}: launcher enqueued call {}", p.rank, job.call);
         Ok(())
     }
 
     /// Breaks the communicator with `why` (the host's other ranks hear it) and releases every
-    /// stream waiting for a call up to CALL_DEPTH past `call`.
-    fn fail(&self, why: Error, call: u64) {
+    /// waiting stream.
+    fn fail(&self, why: Error) {
         let p = &self.parts;
         let first = p
             .broken
@@ -305,24 +406,33 @@ impl Launcher {
             .clone();
         p.gpu.abort_kernels();
         p.table.report_broken(p.rank, &first.to_string());
-        let ahead = (call as u32).wrapping_add(RELEASE_AHEAD);
-        self.done.store(0, ahead);
-        // After the stream's earlier writes too, which would otherwise lower it again.
-        // SAFETY: our stream of this context.
-        let _ = unsafe { self.done.write_on(self.stream as Stream, 0, ahead) };
+        self.release.all();
         const _: () = assert!(CALL_DEPTH < RELEASE_AHEAD as u64);
     }
 }
 
-/// The next job: polled for [`SPIN`], then waited for; None once the sender is gone.
-fn next(rx: &Receiver<Job>) -> Option<Job> {
+enum Next {
+    Job(Job),
+    /// Nothing for a while: a chance to see a release.
+    Idle,
+    Gone,
+}
+
+/// The next job: polled for [`SPIN`], then waited for up to [`IDLE`].
+fn next(rx: &Receiver<Job>) -> Next {
     let until = Instant::now() + SPIN;
     loop {
         match rx.try_recv() {
-            Ok(j) => return Some(j),
-            Err(TryRecvError::Disconnected) => return None,
+            Ok(j) => return Next::Job(j),
+            Err(TryRecvError::Disconnected) => return Next::Gone,
             Err(TryRecvError::Empty) if Instant::now() < until => std::hint::spin_loop(),
-            Err(TryRecvError::Empty) => return rx.recv().ok(),
+            Err(TryRecvError::Empty) => {
+                return match rx.recv_timeout(IDLE) {
+                    Ok(j) => Next::Job(j),
+                    Err(RecvTimeoutError::Timeout) => Next::Idle,
+                    Err(RecvTimeoutError::Disconnected) => Next::Gone,
+                };
+            }
         }
     }
 }
