@@ -23,7 +23,11 @@
 #      and -G 3: the capture path), then HSDP and FSDP on one host of 4 GPUs, railcc with and
 #      without it against NCCL, two runs each, interleaved; then, if time is left, the
 #      recover part with it on (a killed rank while calls are deferred).
-# Usage: bash bench/compare/gpu-x4-s18.sh a|b|c|d|e
+#   f  (seventeenth session) part a found RAILCC_GPU_NET_RING=16 1.2-1.5x the default 8 at
+#      16-64 MB on 2 x 1: the same at 4 MB-1 GB, bf16 and float, two rounds alternating,
+#      before it may become the default (the pinned budget stays 28 MiB: pieces are cut
+#      smaller). 2 x 2 (nccl-tests with NCCL_HOSTID) still to add.
+# Usage: bash bench/compare/gpu-x4-s18.sh a|b|c|d|e|f
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -93,6 +97,19 @@ case ${1:-} in
       OUT=$L RAILCC_GPU_DEFER=1 TEST_GPU_PARTS=recover timeout $(left 570) bash scripts/test-gpu.sh 2>&1 | grep -E "^(PASS|FAIL|SKIP|      )|test-gpu:" | cut -c1-200
     fi
     ;;
-  *) echo "usage: $0 a|b|c|d|e"; exit 2 ;;
+  f)
+    export RAILCC_TIMEOUT_MS=30000 NCCL_SOCKET_IFNAME=lo RAILCC_SOCKET_IFNAME=lo
+    for round in 1 2; do
+      for v in default RAILCC_GPU_NET_RING=16; do
+        for d in bfloat16 float; do
+          f="$L/ring-$round-${v%%=*}-$d.log"
+          timeout $(left 560) env ${v/default/RAILCC_GPU_NET_TRACE=0} $PWD/.device/bin/railcc bench all_reduce --device cuda --per-process --gpu-net \
+            --ranks 2 -d $d -b 4M -e 1G -f 4 -n 8 -w 2 -c 1 > "$f" 2>&1
+          echo "== $v $d round $round: exit $?"; grep -E "^ +[0-9]|wrong|FAIL" "$f" | awk '{printf "  %10s %9s us %6s GB/s\n", $1, $6, $8}'
+        done
+      done
+    done
+    ;;
+  *) echo "usage: $0 a|b|c|d|e|f"; exit 2 ;;
 esac
 session_end "$1"
