@@ -179,10 +179,7 @@ impl Watch {
             if let Some((r, p)) = self.peers.iter().find(|(_, p)| !p.alive()) {
                 if self.closing.load(Ordering::Relaxed) {
                     tracing::debug!("rank {} exited while this rank closed", self.name(*r));
-                    self.gpu.abort_kernels();
-                    if let Some(r) = &self.release {
-                        r.all();
-                    }
+                    stop_gpu_work(&self.gpu, self.release.as_deref());
                     return;
                 }
                 let e = Error::new(
@@ -234,10 +231,7 @@ impl Watch {
     fn break_with(&self, e: Error, report: bool) {
         tracing::warn!("{e}");
         let first = self.broken.lock().get_or_insert(e).clone();
-        self.gpu.abort_kernels();
-        if let Some(r) = &self.release {
-            r.all();
-        }
+        stop_gpu_work(&self.gpu, self.release.as_deref());
         if report {
             self.table.report_broken(self.me, &first.to_string());
         }
@@ -509,7 +503,7 @@ impl ProcGpu {
                 broken: broken.clone(),
                 table: table.clone(),
                 closing: closing.clone(),
-                release: defer.as_ref().map(|d| d.release()),
+                release: defer.as_ref().map(|d| d.release().clone()),
             };
             let s = stop.clone();
             std::thread::Builder::new()
@@ -580,8 +574,7 @@ impl ProcGpu {
     /// break too, hearing the first failure (`why` unless one came before).
     pub fn abort_with(&self, why: Error) {
         let first = self.broken.lock().get_or_insert(why).clone();
-        self.gpu.abort_kernels();
-        self.release_deferred();
+        self.stop_gpu_work();
         self.table.report_broken(self.rank, &first.to_string());
     }
 
@@ -594,15 +587,11 @@ impl ProcGpu {
                 .rank(self.own_name)
                 .transport(crate::NAME)
         });
-        self.gpu.abort_kernels();
-        self.release_deferred();
+        self.stop_gpu_work();
     }
 
-    /// Lets every stream waiting for a deferred call go (a broken communicator's).
-    fn release_deferred(&self) {
-        if let Some(d) = &self.defer {
-            d.release().all();
-        }
+    fn stop_gpu_work(&self) {
+        stop_gpu_work(&self.gpu, self.defer.as_ref().map(|d| &**d.release()));
     }
 
     fn check_alive(&self) -> Result<()> {
@@ -924,6 +913,16 @@ struct Bounce {
     desc: Option<BufDesc>,
     last: Option<usize>,
     retired: Vec<DevBuf>,
+}
+
+/// What a broken communicator does on this GPU, whoever saw the break (the watcher, an
+/// abort, a failed call, the deferred launcher): its kernels stop waiting, and every stream
+/// waiting for a deferred call goes on.
+fn stop_gpu_work(gpu: &GpuCtx, release: Option<&defer::Release>) {
+    gpu.abort_kernels();
+    if let Some(r) = release {
+        r.all();
+    }
 }
 
 /// The shape a rank publishes for a call it failed before its entry was ready.

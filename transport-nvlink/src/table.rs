@@ -398,7 +398,7 @@ impl ShmTable {
 
 /// Spins, then sleeps, until `ready()`; Err(Some(e)) when `broken` says so, Err(None) at the
 /// deadline.
-fn wait_until(
+pub(crate) fn wait_until(
     deadline: Instant,
     broken: &dyn Fn() -> Option<Error>,
     ready: impl Fn() -> bool,
@@ -436,6 +436,16 @@ mod tests {
     use super::*;
     use railcc_cuda::ipc::HANDLE_BYTES;
 
+    /// A new table for `nranks` and a second mapping of it, as two ranks' processes have
+    /// them; its name (unlinked: only these mappings reach it).
+    fn two_mappings(tag: &str, nranks: usize) -> (ShmTable, ShmTable, String) {
+        let name = format!("/railcc-test-{tag}{}", std::process::id());
+        let a = ShmTable::open(&name, nranks, true).unwrap();
+        let b = ShmTable::open(&name, nranks, false).unwrap();
+        ShmTable::unlink(&name);
+        (a, b, name)
+    }
+
     fn desc(b: u8) -> BufDesc {
         BufDesc {
             kind: 0,
@@ -448,10 +458,7 @@ mod tests {
 
     #[test]
     fn the_first_failure_reported_reaches_every_mapping_and_later_ones_do_not() {
-        let name = format!("/railcc-test-broken-{}", std::process::id());
-        let a = ShmTable::open(&name, 3, true).unwrap();
-        let b = ShmTable::open(&name, 3, false).unwrap();
-        ShmTable::unlink(&name);
+        let (a, b, _) = two_mappings("broken-", 3);
         assert_eq!((b.broken(), b.claimed()), (None, None));
         let long = format!("rank 3 exited: {}é", "x".repeat(BROKEN_TEXT));
         assert!(a.report_broken(1, &long));
@@ -465,10 +472,7 @@ mod tests {
 
     #[test]
     fn table_passes_entries_between_mappings() {
-        let name = format!("/railcc-test-{}", std::process::id());
-        let a = ShmTable::open(&name, 2, true).unwrap();
-        let b = ShmTable::open(&name, 2, false).unwrap();
-        ShmTable::unlink(&name);
+        let (a, b, name) = two_mappings("", 2);
         let deadline = Instant::now() + Duration::from_secs(5);
         for call in 1..=5u64 {
             a.publish(call, 0, [call; 5], [desc(1), desc(2)]);
@@ -495,10 +499,7 @@ mod tests {
 
     #[test]
     fn a_rank_publishes_at_most_call_depth_calls_ahead_of_a_peers_reading() {
-        let name = format!("/railcc-test-depth-{}", std::process::id());
-        let a = ShmTable::open(&name, 2, true).unwrap();
-        let b = ShmTable::open(&name, 2, false).unwrap();
-        ShmTable::unlink(&name);
+        let (a, b, _) = two_mappings("depth-", 2);
         let soon = || Instant::now() + Duration::from_millis(50);
         // Rank 0 publishes CALL_DEPTH calls that rank 1 has not read: each its own slot.
         for call in 1..=CALL_DEPTH {
@@ -540,10 +541,7 @@ mod tests {
 
     #[test]
     fn mailbox_passes_messages_in_order_and_bounds_the_backlog() {
-        let name = format!("/railcc-test-mail-{}", std::process::id());
-        let a = ShmTable::open(&name, 3, true).unwrap();
-        let b = ShmTable::open(&name, 3, false).unwrap();
-        ShmTable::unlink(&name);
+        let (a, b, _) = two_mappings("mail-", 3);
         let later = || Instant::now() + Duration::from_secs(5);
         for k in 1..=MAIL_DEPTH {
             a.post(2, 1, k, (k * 10, desc(k as u8)), later(), &|| None)

@@ -19,9 +19,9 @@
 //! every waiting stream: the calls' outputs are undefined, and the error comes back from the
 //! next call and from `ncclCommGetAsyncError`, as NCCL's asynchronous errors do.
 
-use super::{meet_peers, Share};
+use super::{meet_peers, stop_gpu_work, Share};
 use crate::plan::{enqueue, Kernel, Peers};
-use crate::table::{ShmTable, CALL_DEPTH};
+use crate::table::{wait_until, ShmTable, CALL_DEPTH};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::Mutex;
 use railcc_core::call::CollArgs;
@@ -42,6 +42,7 @@ const IDLE: Duration = Duration::from_millis(20);
 /// What the word holds once the launcher failed: far past any waiting call (the waits
 /// compare cyclically, and at most CALL_DEPTH calls wait at once).
 const RELEASE_AHEAD: u32 = 1 << 30;
+const _: () = assert!(CALL_DEPTH < RELEASE_AHEAD as u64);
 
 /// One call for the launcher.
 struct Job {
@@ -161,8 +162,8 @@ impl Deferred {
     }
 
     /// What lets the waiting streams go when the communicator breaks.
-    pub fn release(&self) -> Arc<Release> {
-        self.release.clone()
+    pub fn release(&self) -> &Arc<Release> {
+        &self.release
     }
 
     /// Whether the launcher has met the peers of every call handed to it.
@@ -173,20 +174,15 @@ impl Deferred {
     /// Waits (to the deadline) until the launcher is [`Deferred::idle`]: before a call meets
     /// its peers on the caller's thread (calls meet their peers in order).
     pub fn wait_idle(&self, deadline: Instant, broken: &dyn Fn() -> Option<Error>) -> Result<()> {
-        while !self.idle() {
-            if let Some(e) = broken() {
-                return Err(e);
-            }
-            if Instant::now() > deadline {
-                return Err(Error::new(
+        wait_until(deadline, broken, || self.idle()).map_err(|e| {
+            e.unwrap_or_else(|| {
+                Error::new(
                     ErrorKind::Timeout,
                     "the GPU call launcher did not meet its calls' peers in time",
                 )
-                .transport(crate::NAME));
-            }
-            std::thread::sleep(Duration::from_micros(20));
-        }
-        Ok(())
+                .transport(crate::NAME)
+            })
+        })
     }
 
     /// Enqueues call `call`'s side on the caller's `stream` (its inputs marked, a wait for its
@@ -404,10 +400,8 @@ impl Launcher {
             .lock()
             .get_or_insert_with(|| why.rank(p.own_name))
             .clone();
-        p.gpu.abort_kernels();
+        stop_gpu_work(&p.gpu, Some(&self.release));
         p.table.report_broken(p.rank, &first.to_string());
-        self.release.all();
-        const _: () = assert!(CALL_DEPTH < RELEASE_AHEAD as u64);
     }
 }
 
