@@ -344,7 +344,7 @@ config! {
     gpu_net_chunk_bytes: usize = 4 * 1024 * 1024, "RAILCC_GPU_NET_CHUNK_BYTES";
     /// Pieces of a GPU network call in flight (the staging ring's depth): the
     /// copies in run this far ahead of the network. 2 to 16.
-    gpu_net_ring: usize = 8, "RAILCC_GPU_NET_RING";
+    gpu_net_ring: usize = 16, "RAILCC_GPU_NET_RING";
     /// Pinned staging bytes a communicator's GPU network calls may hold (send and receive
     /// slots of its one ring, which every stream's calls share in turn); pieces are cut to
     /// fit, and the ring is made at init.

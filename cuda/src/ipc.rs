@@ -5,7 +5,7 @@
 
 use crate::driver::check;
 use cudarc::driver::sys;
-use railcc_core::Result;
+use railcc_core::{Error, ErrorKind, Result};
 use std::collections::HashMap;
 
 pub const HANDLE_BYTES: usize = 64;
@@ -80,8 +80,11 @@ pub struct Imports {
 }
 
 impl Imports {
-    /// `d` (exported by `peer`) as an address in the current context.
-    pub fn map(&mut self, peer: usize, d: &BufDesc) -> Result<u64> {
+    /// `d` (exported by `peer`) as an address in the current context. `may_close`: a stale
+    /// mapping in the way may be closed here. cuIpcCloseMemHandle waits for the device, so a
+    /// thread that work on this device waits for (the deferred launcher) must pass false:
+    /// it gets an error instead of a deadlock (its peers never publish such buffers then).
+    pub fn map(&mut self, peer: usize, d: &BufDesc, may_close: bool) -> Result<u64> {
         if let Some((h, mapped, _)) = self.open.get(&(peer, d.base)) {
             if *h == d.handle {
                 return Ok(mapped + d.offset);
@@ -95,6 +98,16 @@ impl Imports {
             })
             .map(|(k, _)| *k)
             .collect();
+        if !stale.is_empty() && !may_close {
+            return Err(Error::new(
+                ErrorKind::Protocol,
+                format!(
+                    "rank {peer} published an allocation at 0x{:x} over one of its own mapped here before; closing that mapping would wait for the device",
+                    d.base
+                ),
+            )
+            .peer(peer));
+        }
         for k in stale {
             if let Some((_, old, _)) = self.open.remove(&k) {
                 // SAFETY: `old` was returned by cuIpcOpenMemHandle and is closed once.

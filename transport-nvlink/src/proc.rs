@@ -260,6 +260,9 @@ struct Hello {
     /// Sends and receives up to this many bytes by `p2p_ll` (0: none): both ends of a
     /// message must classify it alike.
     p2p_ll: u32,
+    /// This rank defers calls (`RAILCC_GPU_DEFER`): then no rank shows its peers an
+    /// allocation over one they may have mapped (`Share`'s `keep_mappings`).
+    defer: bool,
     proc: Proc,
     /// Proves this rank's descriptor messages (fdpass.rs) to its peers.
     token: u64,
@@ -281,6 +284,7 @@ impl Hello {
         v.extend_from_slice(&self.ag_copy.to_le_bytes());
         v.extend_from_slice(&self.ar_copy.to_le_bytes());
         v.extend_from_slice(&self.p2p_ll.to_le_bytes());
+        v.push(self.defer as u8);
         for s in [&self.host, &self.shm] {
             v.extend_from_slice(&(s.len() as u16).to_le_bytes());
             v.extend_from_slice(s.as_bytes());
@@ -305,7 +309,8 @@ impl Hello {
         let (push_min_blocks, push_slot) = (word(HANDLE_BYTES + 32)?, word(HANDLE_BYTES + 36)?);
         let (ag_copy, ar_copy) = (word64(HANDLE_BYTES + 40)?, word64(HANDLE_BYTES + 48)?);
         let p2p_ll = word(HANDLE_BYTES + 56)?;
-        let mut at = HANDLE_BYTES + 60;
+        let defer = *b.get(HANDLE_BYTES + 60)? != 0;
+        let mut at = HANDLE_BYTES + 61;
         let mut s = [String::new(), String::new()];
         for x in s.iter_mut() {
             let n = u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?) as usize;
@@ -326,6 +331,7 @@ impl Hello {
             ag_copy,
             ar_copy,
             p2p_ll,
+            defer,
             proc: Proc { pid, start },
             token,
         })
@@ -395,6 +401,7 @@ impl ProcGpu {
                     ag_copy: settings.ag_copy_bytes as u64,
                     ar_copy: settings.ar_copy_bytes as u64,
                     p2p_ll: settings.p2p_ll_bytes.min(railcc_cuda::p2p_ll::MAX_BYTES) as u32,
+                    defer: settings.defer,
                     proc: Proc::me(),
                     token,
                 }
@@ -438,7 +445,9 @@ impl ProcGpu {
                 });
             }
             let tokens = hellos.iter().map(|h| h.token).collect();
-            Ok((table, syncs, Share::new(rank, gpu.clone(), post, tokens)?))
+            let keep_mappings = hellos.iter().any(|h| h.defer);
+            let share = Share::new(rank, gpu.clone(), post, tokens, keep_mappings)?;
+            Ok((table, syncs, share))
         })();
         let ((table, syncs, share), _) = agree(opened, exchange, &name, |_| Vec::new())?;
         if rank == 0 {
@@ -743,6 +752,7 @@ impl ProcGpu {
             call,
             shape,
             (send, recv),
+            true,
             deadline,
             &broken,
         )?;
@@ -863,7 +873,23 @@ impl ProcGpu {
                 "rank {}: bounce buffer of {bytes} bytes for buffers peers cannot map",
                 self.rank
             );
-            let new = self.gpu.alloc(bytes)?;
+            let mut new = self.gpu.alloc(bytes)?;
+            // Not where an allocation peers mapped was (see `Share`'s `keep_mappings`): the
+            // rejected ones are kept, so the next try lands elsewhere.
+            let mut tries = 0;
+            while self.share.lock().overlaps_shown(new.ptr, bytes as u64) {
+                tries += 1;
+                if tries > 8 {
+                    return Err(Error::new(
+                        ErrorKind::Unsupported,
+                        format!("no bounce buffer of {bytes} bytes away from memory peers mapped before, in 8 tries"),
+                    )
+                    .rank(self.rank)
+                    .transport(crate::NAME));
+                }
+                b.retired
+                    .push(std::mem::replace(&mut new, self.gpu.alloc(bytes)?));
+            }
             b.desc = Some(export(new.ptr)?);
             // The old one stays until the communicator goes: work in flight or a captured
             // graph may still use it, and freeing would wait for the whole device.
@@ -932,7 +958,7 @@ const FAILED_SHAPE: [u64; 5] = [u64::MAX; 5];
 /// `shape`, and maps the peers' buffers: every rank's send and receive buffer as this GPU
 /// addresses them (`bufs`: this rank's own). The table is read without `share`'s lock, so a
 /// late peer does not hold up this rank's next export (`defer.rs` meets peers on another
-/// thread).
+/// thread, with `may_close` false: see [`Share::map`]).
 #[allow(clippy::too_many_arguments)]
 fn meet_peers(
     table: &ShmTable,
@@ -941,6 +967,7 @@ fn meet_peers(
     call: u64,
     shape: [u64; 5],
     (send, recv): (u64, u64),
+    may_close: bool,
     deadline: Instant,
     broken: &dyn Fn() -> Option<Error>,
 ) -> Result<(Vec<u64>, Vec<u64>)> {
@@ -977,8 +1004,8 @@ fn meet_peers(
     let (mut ins, mut outs) = (vec![send; n], vec![recv; n]);
     let mut share = share.lock();
     for (p, bufs) in entries {
-        ins[p] = share.map(p, &bufs[0], deadline, broken)?;
-        outs[p] = share.map(p, &bufs[1], deadline, broken)?;
+        ins[p] = share.map(p, &bufs[0], may_close, deadline, broken)?;
+        outs[p] = share.map(p, &bufs[1], may_close, deadline, broken)?;
     }
     Ok((ins, outs))
 }
@@ -1054,13 +1081,16 @@ mod tests {
             ag_copy: 1 << 26,
             ar_copy: 1 << 27,
             p2p_ll: 1 << 20,
+            defer: true,
             proc: Proc { pid: 42, start: 7 },
             token: 99,
         };
         let bytes = h.encode();
         assert!(Hello::decode(&bytes[..70]).is_none());
-        // Cut inside the last settings word (p2p_ll, ending 60 bytes past the handle).
+        // Cut inside the last settings word (p2p_ll, ending 60 bytes past the handle), and
+        // before the defer byte.
         assert!(Hello::decode(&bytes[..8 + HANDLE_BYTES + 59]).is_none());
+        assert!(Hello::decode(&bytes[..8 + HANDLE_BYTES + 60]).is_none());
         let d = Hello::decode(&bytes).unwrap();
         assert_eq!(
             (d.host, d.shm, d.blocks, d.sync, d.proc, d.token),
@@ -1075,9 +1105,20 @@ mod tests {
                 d.push_slot,
                 d.ag_copy,
                 d.ar_copy,
-                d.p2p_ll
+                d.p2p_ll,
+                d.defer
             ),
-            (65536, 8, 1 << 24, 24, 172032, 1 << 26, 1 << 27, 1 << 20)
+            (
+                65536,
+                8,
+                1 << 24,
+                24,
+                172032,
+                1 << 26,
+                1 << 27,
+                1 << 20,
+                true
+            )
         );
     }
 

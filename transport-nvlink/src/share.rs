@@ -92,6 +92,34 @@ fn read_loop(post: Arc<FdPost>, inbox: Shared, gpu: Arc<GpuCtx>, stop: Arc<Atomi
     }
 }
 
+/// Allocations whose handles peers got: (base, end, buffer id).
+#[derive(Default)]
+struct Shown(Vec<(u64, u64, u64)>);
+
+impl Shown {
+    /// Past this many, no new allocation is shown (bounded; slower, never stale).
+    const MAX: usize = 4096;
+
+    /// Whether allocation `p` may be shown to peers: it was before, or it overlaps none
+    /// shown (then it is recorded).
+    fn take(&mut self, p: Piece) -> bool {
+        if self.0.iter().any(|&(b, _, id)| b == p.base && id == p.id) {
+            return true;
+        }
+        if self.overlaps(p.base, p.size) || self.0.len() >= Self::MAX {
+            return false;
+        }
+        self.0.push((p.base, p.end(), p.id));
+        true
+    }
+
+    fn overlaps(&self, base: u64, size: u64) -> bool {
+        self.0
+            .iter()
+            .any(|&(b, e, _)| b < base + size.max(1) && base < e)
+    }
+}
+
 /// One rank's side of buffer sharing on its host.
 pub struct Share {
     rank: usize,
@@ -104,10 +132,19 @@ pub struct Share {
     sent: HashMap<u64, (u64, u64)>,
     posted: u64,
     legacy: Imports,
-    /// Our legacy IPC handles: allocation base to (buffer id, descriptor at the base). The
-    /// driver's buffer id tells a new allocation at the same base apart; taken once, the
-    /// handle costs no driver call on later calls.
-    handles: HashMap<u64, (u64, BufDesc)>,
+    /// Our legacy IPC handles: allocation base to (buffer id, descriptor at the base, or
+    /// None for one peers must not map: see `keep_mappings`). The driver's buffer id tells a
+    /// new allocation at the same base apart; taken once, the handle costs no driver call on
+    /// later calls.
+    handles: HashMap<u64, (u64, Option<BufDesc>)>,
+    /// Some rank defers calls (`RAILCC_GPU_DEFER`): its launcher maps peers' buffers while
+    /// streams of its device wait for it, and there a stale mapping cannot be closed
+    /// (cuIpcCloseMemHandle waits for the device). So an allocation of ours over a range
+    /// peers may have mapped before (freed and made again at the same address) is never
+    /// shown to peers: its data goes through the bounce buffer instead.
+    keep_mappings: bool,
+    /// With `keep_mappings`, every allocation whose handle peers got.
+    shown: Shown,
     /// Allocations whose path was logged.
     told: HashSet<u64>,
     /// Descriptors cannot reach some peer (another network namespace): VMM buffers are
@@ -119,7 +156,13 @@ pub struct Share {
 impl Share {
     /// `post` bound under the communicator's name; `tokens` every rank's (from the
     /// bootstrap). Starts the reader thread.
-    pub fn new(rank: usize, gpu: Arc<GpuCtx>, post: FdPost, tokens: Vec<u64>) -> Result<Share> {
+    pub fn new(
+        rank: usize,
+        gpu: Arc<GpuCtx>,
+        post: FdPost,
+        tokens: Vec<u64>,
+        keep_mappings: bool,
+    ) -> Result<Share> {
         let nranks = tokens.len();
         let post = Arc::new(post);
         let inbox: Shared = Arc::new((
@@ -152,10 +195,36 @@ impl Share {
             posted: 0,
             legacy: Imports::default(),
             handles: HashMap::new(),
+            keep_mappings,
+            shown: Shown::default(),
             told: HashSet::new(),
             no_fds: false,
             reader: Some((stop, reader)),
         })
+    }
+
+    /// With `keep_mappings`: whether allocation `p` lies over another whose handle peers got
+    /// (then it is never shown to them); otherwise records it as shown. Past 4096 recorded
+    /// allocations every new one counts as shown before (bounced): slower, never stale.
+    fn shown_before(&mut self, p: Piece) -> bool {
+        if !self.keep_mappings || self.shown.take(p) {
+            return false;
+        }
+        tracing::info!(
+            "rank {}: allocation 0x{:x} ({} bytes) lies where one peers mapped was, or past {} allocations: its data goes through the bounce buffer while calls are deferred",
+            self.rank,
+            p.base,
+            p.size,
+            Shown::MAX
+        );
+        true
+    }
+
+    /// Whether `[base, base + size)` overlaps an allocation whose handle peers got (with
+    /// `keep_mappings`; never otherwise): memory this rank allocates for peers to map (its
+    /// bounce buffer) must not lie there either.
+    pub fn overlaps_shown(&self, base: u64, size: u64) -> bool {
+        self.keep_mappings && self.shown.overlaps(base, size)
     }
 
     /// Logs `how` for the allocation at `key` once.
@@ -206,7 +275,11 @@ impl Share {
                 let base = match self.handles.get(&at.piece.base) {
                     Some((id, d)) if *id == at.piece.id => *d,
                     _ => {
-                        let d = ipc::export_in(at.piece.base, at.piece.base, at.piece.size)?;
+                        let d = if self.shown_before(at.piece) {
+                            None
+                        } else {
+                            Some(ipc::export_in(at.piece.base, at.piece.base, at.piece.size)?)
+                        };
                         if self.handles.len() >= 4096 {
                             self.handles.clear(); // bounded: freed allocations linger here
                         }
@@ -214,9 +287,9 @@ impl Share {
                         d
                     }
                 };
-                Ok(Some(BufDesc {
+                Ok(base.map(|b| BufDesc {
                     offset: ptr - at.piece.base,
-                    ..base
+                    ..b
                 }))
             }
             Sharing::None => Ok(None),
@@ -278,11 +351,13 @@ impl Share {
         }
     }
 
-    /// Peer `peer`'s buffer `d` as an address in this process.
+    /// Peer `peer`'s buffer `d` as an address in this process; `may_close` as for
+    /// [`Imports::map`] (false on the deferred launcher).
     pub fn map(
         &mut self,
         peer: usize,
         d: &BufDesc,
+        may_close: bool,
         deadline: Instant,
         broken: &dyn Fn() -> Option<Error>,
     ) -> Result<u64> {
@@ -290,7 +365,7 @@ impl Share {
             return Ok(0); // an empty range (`Share::export`): nothing is read
         }
         match d.kind {
-            KIND_LEGACY => self.legacy.map(peer, d),
+            KIND_LEGACY => self.legacy.map(peer, d, may_close),
             KIND_VMM => {
                 let mut need = [0u8; 8];
                 need.copy_from_slice(&d.handle[..8]);
@@ -336,5 +411,65 @@ impl Drop for Share {
             stop.store(true, Ordering::Relaxed);
             let _ = h.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_allocation_over_one_shown_before_is_never_shown() {
+        let mut s = Shown::default();
+        let a = Piece {
+            base: 0x1000,
+            size: 0x1000,
+            id: 1,
+        };
+        assert!(s.take(a), "a first allocation is shown");
+        assert!(s.take(a), "and again on later calls");
+        // Freed and made again at the same address: a new buffer id.
+        assert!(!s.take(Piece { id: 2, ..a }));
+        // Overlapping the end, or inside; one just past it is fine.
+        assert!(!s.take(Piece {
+            base: 0x1800,
+            size: 0x1000,
+            id: 3
+        }));
+        assert!(!s.take(Piece {
+            base: 0x1100,
+            size: 0x10,
+            id: 4
+        }));
+        assert!(s.take(Piece {
+            base: 0x2000,
+            size: 0x1000,
+            id: 5
+        }));
+        assert!(s.overlaps(0x2fff, 1) && !s.overlaps(0x3000, 0x100));
+        assert!(s.overlaps(0x0f00, 0x200) && !s.overlaps(0x0f00, 0x100));
+    }
+
+    #[test]
+    fn past_the_bound_no_new_allocation_is_shown() {
+        let mut s = Shown::default();
+        for i in 0..Shown::MAX as u64 {
+            assert!(s.take(Piece {
+                base: i << 20,
+                size: 1 << 20,
+                id: i
+            }));
+        }
+        let shown = Piece {
+            base: 7 << 20,
+            size: 1 << 20,
+            id: 7,
+        };
+        assert!(s.take(shown), "one shown before still is");
+        assert!(!s.take(Piece {
+            base: 1 << 40,
+            size: 1 << 20,
+            id: 1 << 20
+        }));
     }
 }

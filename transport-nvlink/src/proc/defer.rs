@@ -360,6 +360,7 @@ impl Launcher {
             job.call,
             job.shape,
             job.bufs,
+            false,
             job.deadline,
             &broken,
         )?;

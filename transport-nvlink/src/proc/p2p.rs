@@ -370,7 +370,10 @@ impl ProcGpu {
                     .rank(me)
                     .transport(crate::NAME));
                 }
-                let src = self.share.lock().map(o.peer, &desc, deadline, &broken)?;
+                let src = self
+                    .share
+                    .lock()
+                    .map(o.peer, &desc, true, deadline, &broken)?;
                 if batch {
                     msgs.push(p2p_many::RecvMsg {
                         src,
