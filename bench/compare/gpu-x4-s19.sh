@@ -12,7 +12,10 @@
 #      all_reduce on 2 emulated hosts x 2 GPUs under mpirun, railcc at 16 and at 8 against
 #      NCCL with 4 threads x 4 sockets, 1 MB-1 GB, two rounds; then the idle return time on
 #      2 x 2 with the new default (bench/experiments/return_time.sh).
-# Usage: bash bench/compare/gpu-x4-s19.sh a|b
+#   c  part a's HSDP and FSDP runs with RAILCC_GPU_DEFER=1 hung (no step in 90 s, no error):
+#      one FSDP run of 10 steps with it on, a 20 s deadline and the launcher's debug lines
+#      (RAILCC_LOG), each thread's wait channel 35 s in; each rank's last lines.
+# Usage: bash bench/compare/gpu-x4-s19.sh a|b|c
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -62,17 +65,34 @@ case ${1:-} in
       for v in ring16 ring8 nccl; do
         f="$L/x2-$round-$v.log"
         case $v in
-          ring16) timeout $(left 330) env RAILCC_GPU_NET_RING=16 LD_LIBRARY_PATH="$PWD/.device/lib:/usr/local/cuda/lib64" $MPI4 $AS_HOST $NTM/build/all_reduce_perf $P > "$f" 2>&1 ;;
-          ring8) timeout $(left 330) env RAILCC_GPU_NET_RING=8 LD_LIBRARY_PATH="$PWD/.device/lib:/usr/local/cuda/lib64" $MPI4 $AS_HOST $NTM/build/all_reduce_perf $P > "$f" 2>&1 ;;
-          nccl) timeout $(left 330) env NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 LD_LIBRARY_PATH="$NCCL_HOME/lib:/usr/local/cuda/lib64" $MPI4 $AS_HOST $NTM/build/all_reduce_perf $P > "$f" 2>&1 ;;
+          ring16) timeout $(left ${B_NCCL:-330}) env RAILCC_GPU_NET_RING=16 LD_LIBRARY_PATH="$PWD/.device/lib:/usr/local/cuda/lib64" $MPI4 $AS_HOST $NTM/build/all_reduce_perf $P > "$f" 2>&1 ;;
+          ring8) timeout $(left ${B_NCCL:-330}) env RAILCC_GPU_NET_RING=8 LD_LIBRARY_PATH="$PWD/.device/lib:/usr/local/cuda/lib64" $MPI4 $AS_HOST $NTM/build/all_reduce_perf $P > "$f" 2>&1 ;;
+          nccl) timeout $(left ${B_NCCL:-330}) env NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4 LD_LIBRARY_PATH="$NCCL_HOME/lib:/usr/local/cuda/lib64" $MPI4 $AS_HOST $NTM/build/all_reduce_perf $P > "$f" 2>&1 ;;
         esac
         echo "== $v round $round: exit $?"
         grep -E "^ +[0-9]+ +[0-9]+ " "$f" | awk '{printf "  %10s %10s us %7s GB/s busbw\n", $1, $6, $8}'
       done
     done
     echo "== after $(( $(date +%s) - T0 )) s"
-    OUT=$L RT_PER=2 timeout $(left 570) bash bench/experiments/return_time.sh
+    OUT=$L RT_PER=2 timeout $(left ${B_END:-570}) bash bench/experiments/return_time.sh
     ;;
-  *) echo "usage: $0 a|b"; exit 2 ;;
+  c)
+    export NCCL_SOCKET_IFNAME=lo PYTHONUNBUFFERED=1
+    RAILCC_GPU_DEFER=1 RAILCC_TIMEOUT_MS=20000 RAILCC_LOG=railcc_transport_nvlink=debug,railcc_nccl=debug LD_PRELOAD=$PWD/.device/lib/libnccl.so.2 \
+      timeout -k 5 60 python3 -m torch.distributed.run --nproc_per_node 4 --master_addr 127.0.0.1 --master_port 29711 \
+      bench/torch/step.py --mode fsdp --out "$L/step" --label defer-diag --steps 10 > "$L/fsdp-defer.log" 2>&1 &
+    sleep 35
+    for p in $(pgrep -f "bench/torch/step.py" | head -6); do
+      echo "== pid $p $(tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -m1 '^RANK=')"
+      for t in /proc/$p/task/*; do echo "$(cat $t/comm) $(cat $t/wchan) $(awk '{print $3}' $t/stat)"; done | sort | uniq -c | sort -rn | head -12
+    done > "$L/threads.txt" 2>&1
+    wait
+    sed 's/\x1b\[[0-9;]*m//g' "$L/fsdp-defer.log" > "$L/fsdp-defer.clean"
+    grep -c "deferred" "$L/fsdp-defer.clean"
+    grep -E "ERROR|WARN|error|stops" "$L/fsdp-defer.clean" | grep -v "experiment whose" | cut -c1-260 | head -12
+    for r in 0 1 2 3; do echo "== rank $r"; grep -E "rank $r[:,) ]" "$L/fsdp-defer.clean" | cut -c1-200 | tail -8; done
+    cat "$L/threads.txt" | head -70
+    ;;
+  *) echo "usage: $0 a|b|c"; exit 2 ;;
 esac
 session_end "$1"

@@ -127,8 +127,8 @@ pub(crate) fn finish_init(comm: *const Comm, id: &railcc_core::bootstrap::Unique
     match r {
         Ok((b, boot)) => {
             let _ = c.boot.set(boot);
+            crate::route_events();
             if crate::debug().informs() {
-                crate::route_events();
                 let path = match &b {
                     Backend::Local(clique) => clique.ready().map_or_else(
                         |e| e.to_string(),

@@ -149,11 +149,21 @@ pub(crate) fn log_line(msg: &str) {
 
 /// At NCCL_DEBUG=INFO, routes railcc's own info and warning events (the way each buffer
 /// reaches peers, bounce buffers, dead peers) into libnccl's messages; once per process, and
-/// only where the program has no tracing subscriber of its own.
+/// only where the program has no tracing subscriber of its own. `RAILCC_LOG` (a tracing
+/// filter, as for the `railcc` binary) instead writes the events it selects to stderr,
+/// timestamped, whatever NCCL_DEBUG says: for debugging railcc under a program.
 pub(crate) fn route_events() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        if debug().informs() {
+        let filter = railcc_core::config::log_filter()
+            .and_then(|f| tracing_subscriber::EnvFilter::try_new(f).ok());
+        if let Some(f) = filter {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(f)
+                .with_ansi(false)
+                .with_writer(std::io::stderr)
+                .try_init();
+        } else if debug().informs() {
             let _ = tracing_subscriber::fmt()
                 .with_max_level(tracing::Level::INFO)
                 .without_time()
