@@ -15,7 +15,13 @@
 #   c  part a's HSDP and FSDP runs with RAILCC_GPU_DEFER=1 hung (no step in 90 s, no error):
 #      one FSDP run of 10 steps with it on, a 20 s deadline and the launcher's debug lines
 #      (RAILCC_LOG), each thread's wait channel 35 s in; each rank's last lines.
-# Usage: bash bench/compare/gpu-x4-s19.sh a|b|c
+#   d  part c found the deferred launcher's enqueue blocked on the host while the caller's
+#      stream waited for it (PyTorch's many streams). RAILCC_GPU_STAGE_BYTES (proc/stage.rs)
+#      takes the other way: a fixed stage every peer maps at init, so a call that fits goes
+#      on the caller's stream at once with no meeting on the host. The bench's per-process
+#      checks with it (2 and 4 ranks, -G 3), then HSDP and FSDP on one host: railcc with and
+#      without it against NCCL, two runs each, interleaved.
+# Usage: bash bench/compare/gpu-x4-s19.sh a|b|c|d
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -93,6 +99,29 @@ case ${1:-} in
     for r in 0 1 2 3; do echo "== rank $r"; grep -E "rank $r[:,) ]" "$L/fsdp-defer.clean" | cut -c1-200 | tail -8; done
     cat "$L/threads.txt" | head -70
     ;;
-  *) echo "usage: $0 a|b|c"; exit 2 ;;
+  d)
+    source bench/compare/tables.sh
+    okc=0 badc=0
+    for run in "all_reduce 2 0" "all_gather 2 0" "reduce_scatter 2 0" "all_reduce 2 3" "reduce_scatter 2 3" \
+      "all_reduce 4 0" "all_gather 4 0" "reduce_scatter 4 0" "broadcast 4 0"; do
+      read -r c nr g <<< "$run"
+      [ "$badc" = 0 ] || continue
+      f="$L/stage-$c-$nr-G$g.log"
+      timeout -k 5 60 env RAILCC_GPU_STAGE_BYTES=67108864 RAILCC_TIMEOUT_MS=10000 $R bench $c --device cuda --per-process --ranks $nr -b 8 -e 64M -f 8 \
+        -d float,bfloat16,int8 -o sum,max -n 6 -w 2 -G $g --offset 8 > "$f" 2>&1
+      rc=$? tables=$(grep -c "Out of bounds values" "$f") oks=$(grep -c "Out of bounds values : 0 OK" "$f")
+      wrong=$(wrong_rows "$f") rows=$(table_rows "$f")
+      if [ $rc = 0 ] && [ "$tables" -gt 0 ] && [ "$oks" = "$tables" ] && [ "$wrong" = 0 ] && [ "$rows" -gt 0 ]; then okc=$((okc+1)); v=PASS; else badc=$((badc+1)); v=FAIL; fi
+      echo "$v  stage bench $c --per-process --ranks $nr -G $g: exit $rc, $oks of $tables tables OK $rows rows, $wrong wrong"
+      [ $v = PASS ] || sed 's/\x1b\[[0-9;]*m//g' "$f" | grep -vE "^\s*$" | cut -c1-220 | tail -8
+    done
+    echo "== stage checks: $okc passed, $badc failed; after $(( $(date +%s) - T0 )) s"
+    [ "$badc" = 0 ] || { session_end "$1"; exit 1; }
+    grep -h "^ *1048576 \|^ *16777216 " "$L/stage-all_reduce-2-G0.log" | head -4
+    OUT=$L/host STEP_LAYOUTS=host STEP_MODES="hsdp fsdp" STEP_RUNS=2 STEP_LIMIT=90 STEP_LIBS="railcc nccl" \
+      STEP_EXTRA="stage:RAILCC_GPU_STAGE_BYTES=67108864" STEP_ARGS="--steps 30" \
+      timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/host.txt" | grep -v "^  "
+    ;;
+  *) echo "usage: $0 a|b|c|d"; exit 2 ;;
 esac
 session_end "$1"

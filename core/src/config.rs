@@ -383,9 +383,17 @@ config! {
     /// 1: a collective of one process per GPU whose peers have not all published their
     /// buffers yet returns at once (as NCCL's does): its stream waits for a launcher thread
     /// that meets the peers and launches the kernel on a stream of its own. 0: the call waits
-    /// on the host for its peers, then launches on the caller's stream. An experiment: its
-    /// first GPU run (seventeenth session) hung at the first call; leave it unset.
+    /// on the host for its peers, then launches on the caller's stream. An experiment: it
+    /// hangs under PyTorch (the launcher's enqueue blocks while the caller's stream waits for
+    /// it, eighteenth session); leave it unset.
     gpu_defer: u8 = 0, "RAILCC_GPU_DEFER";
+    /// One process per GPU: bytes of device memory each rank sets aside at init for a fixed
+    /// staging buffer every peer maps once (0: none). An all_reduce, all_gather or
+    /// reduce_scatter whose send and receive data fit is copied through it and launched at
+    /// once on the caller's stream, without waiting on the host for its peers (as NCCL's
+    /// calls return); a thread checks the peers' calls match behind it. The communicator
+    /// takes every rank's least. An experiment (eighteenth session).
+    gpu_stage_bytes: usize = 0, "RAILCC_GPU_STAGE_BYTES";
     /// The GPU this rank's data lives on (libnccl and the GPU paths set it; -1: none): its
     /// rails between hosts are the NICs nearest that GPU (`railcc topo`), as rail-optimised
     /// clusters are wired, instead of those nearest the rank's NUMA node.

@@ -152,3 +152,14 @@ pub fn open(handle: &[u8; HANDLE_BYTES]) -> Result<u64> {
     )?;
     Ok(p)
 }
+
+/// Closes a mapping [`open`] returned (in the current context).
+///
+/// # Safety
+/// `mapped` came from [`open`], is closed once, and no work still reads it.
+pub unsafe fn close(mapped: u64) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let _ = sys::cuIpcCloseMemHandle(mapped);
+    }
+}

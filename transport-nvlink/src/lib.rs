@@ -81,6 +81,9 @@ pub struct Settings {
     /// One process per GPU: a collective whose peers are not all there yet returns at once,
     /// launched by a thread of its own (`proc/defer.rs`).
     pub defer: bool,
+    /// One process per GPU: each rank's fixed staging buffer that peers map at init, for
+    /// calls that then need no meeting on the host (`proc/stage.rs`; 0: none).
+    pub stage_bytes: usize,
 }
 
 impl Settings {

@@ -41,6 +41,7 @@ use std::time::{Duration, Instant};
 mod defer;
 mod p2p;
 mod p2p_small;
+mod stage;
 pub use p2p::P2p;
 use p2p::STAGE_SLOT_BYTES;
 
@@ -54,8 +55,14 @@ pub struct ProcGpu {
     /// Dropped by hand at close (`Drop`): left allocated, with the peers' buffers it maps,
     /// when the last call's kernels outlive the close.
     share: ManuallyDrop<Arc<Mutex<Share>>>,
-    /// The launcher of calls that return before their peers arrive (`RAILCC_GPU_DEFER`).
+    /// The launcher of calls that return before their peers arrive (`RAILCC_GPU_DEFER`),
+    /// which also checks the calls made through the fixed stage.
     defer: Option<defer::Deferred>,
+    /// Calls are deferred (`RAILCC_GPU_DEFER`), not only checked.
+    defer_calls: bool,
+    /// Every rank's fixed stage (`RAILCC_GPU_STAGE_BYTES`, `stage.rs`). Dropped by hand at
+    /// close, as `share`.
+    fixed: Option<stage::FixedStage>,
     /// Where the data of buffers no peer can map goes through (made and grown on use), and
     /// the stream that used it last.
     bounce: Mutex<Bounce>,
@@ -263,6 +270,9 @@ struct Hello {
     /// This rank defers calls (`RAILCC_GPU_DEFER`): then no rank shows its peers an
     /// allocation over one they may have mapped (`Share`'s `keep_mappings`).
     defer: bool,
+    /// This rank's fixed stage (`stage.rs`): its IPC handle and size (0: none).
+    stage: [u8; HANDLE_BYTES],
+    stage_bytes: u64,
     proc: Proc,
     /// Proves this rank's descriptor messages (fdpass.rs) to its peers.
     token: u64,
@@ -285,6 +295,8 @@ impl Hello {
         v.extend_from_slice(&self.ar_copy.to_le_bytes());
         v.extend_from_slice(&self.p2p_ll.to_le_bytes());
         v.push(self.defer as u8);
+        v.extend_from_slice(&self.stage);
+        v.extend_from_slice(&self.stage_bytes.to_le_bytes());
         for s in [&self.host, &self.shm] {
             v.extend_from_slice(&(s.len() as u16).to_le_bytes());
             v.extend_from_slice(s.as_bytes());
@@ -310,7 +322,12 @@ impl Hello {
         let (ag_copy, ar_copy) = (word64(HANDLE_BYTES + 40)?, word64(HANDLE_BYTES + 48)?);
         let p2p_ll = word(HANDLE_BYTES + 56)?;
         let defer = *b.get(HANDLE_BYTES + 60)? != 0;
-        let mut at = HANDLE_BYTES + 61;
+        let stage: [u8; HANDLE_BYTES] = b
+            .get(HANDLE_BYTES + 61..2 * HANDLE_BYTES + 61)?
+            .try_into()
+            .ok()?;
+        let stage_bytes = word64(2 * HANDLE_BYTES + 61)?;
+        let mut at = 2 * HANDLE_BYTES + 69;
         let mut s = [String::new(), String::new()];
         for x in s.iter_mut() {
             let n = u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?) as usize;
@@ -332,6 +349,8 @@ impl Hello {
             ar_copy,
             p2p_ll,
             defer,
+            stage,
+            stage_bytes,
             proc: Proc { pid, start },
             token,
         })
@@ -379,15 +398,23 @@ impl ProcGpu {
             } else {
                 None
             };
-            Ok((gpu, sync, blocks, table))
+            let stage = match settings.stage_bytes {
+                0 => None,
+                bytes => {
+                    let buf = gpu.alloc(bytes)?;
+                    let desc = export(buf.ptr)?;
+                    Some((buf, desc.handle))
+                }
+            };
+            Ok((gpu, sync, blocks, table, stage))
         });
         let name = |x: usize| names.and_then(|n| n.get(x).copied()).unwrap_or(x);
         let secret = railcc_core::auth::Secret::random()?.0;
         let token = u64::from_le_bytes([
             secret[0], secret[1], secret[2], secret[3], secret[4], secret[5], secret[6], secret[7],
         ]);
-        let ((gpu, _, _, table0), hellos) =
-            agree(setup, exchange, &name, |(_, sync, blocks, _)| {
+        let ((gpu, _, _, table0, own_stage), hellos) =
+            agree(setup, exchange, &name, |(_, sync, blocks, _, stage)| {
                 Hello {
                     host: railcc_core::netif::hostname(),
                     sync: sync.handle,
@@ -402,6 +429,8 @@ impl ProcGpu {
                     ar_copy: settings.ar_copy_bytes as u64,
                     p2p_ll: settings.p2p_ll_bytes.min(railcc_cuda::p2p_ll::MAX_BYTES) as u32,
                     defer: settings.defer,
+                    stage: stage.as_ref().map_or([0; HANDLE_BYTES], |s| s.1),
+                    stage_bytes: stage.as_ref().map_or(0, |s| s.0.bytes as u64),
                     proc: Proc::me(),
                     token,
                 }
@@ -447,9 +476,35 @@ impl ProcGpu {
             let tokens = hellos.iter().map(|h| h.token).collect();
             let keep_mappings = hellos.iter().any(|h| h.defer);
             let share = Share::new(rank, gpu.clone(), post, tokens, keep_mappings)?;
-            Ok((table, syncs, share))
+            // Every rank's fixed stage, where every rank has one (the least size).
+            let stage_bytes = hellos.iter().map(|h| h.stage_bytes).min().unwrap_or(0);
+            let mut stages = None;
+            if let (Some((own, _)), true) = (own_stage, stage_bytes > 0) {
+                let (mut at, mut opened) = (Vec::with_capacity(nranks), Vec::new());
+                for (r, h) in hellos.iter().enumerate() {
+                    if r == rank {
+                        at.push(own.ptr);
+                        continue;
+                    }
+                    match open(&h.stage) {
+                        Ok(m) => {
+                            at.push(m);
+                            opened.push(m);
+                        }
+                        Err(e) => {
+                            // SAFETY: opened just now; nothing reads them yet.
+                            opened
+                                .iter()
+                                .for_each(|&m| unsafe { railcc_cuda::ipc::close(m) });
+                            return Err(e.peer(r));
+                        }
+                    }
+                }
+                stages = Some(stage::FixedStage::new(own, stage_bytes, at, opened));
+            }
+            Ok((table, syncs, share, stages))
         })();
-        let ((table, syncs, share), _) = agree(opened, exchange, &name, |_| Vec::new())?;
+        let ((table, syncs, share, fixed), _) = agree(opened, exchange, &name, |_| Vec::new())?;
         if rank == 0 {
             ShmTable::unlink(&hellos[0].shm);
         }
@@ -485,10 +540,19 @@ impl ProcGpu {
         let own_name = name(rank);
         let all_names: Vec<usize> = (0..nranks).map(name).collect();
         let share = Arc::new(Mutex::new(share));
-        let defer = if settings.defer {
+        if settings.defer {
             tracing::warn!(
-                "rank {rank}: RAILCC_GPU_DEFER=1 is an experiment whose first GPU run hung at its first call (bench/results/issue31/return-time-design.md §6); leave it unset"
+                "rank {rank}: RAILCC_GPU_DEFER=1 is an experiment that hangs under PyTorch (bench/results/issue31/return-time-design.md §7); leave it unset"
             );
+        }
+        if let Some(f) = &fixed {
+            tracing::info!(
+                "rank {rank}: calls whose data fit {} bytes go through a fixed stage, without waiting for their peers on the host (RAILCC_GPU_STAGE_BYTES)",
+                f.bytes()
+            );
+        }
+        // The launcher also checks the peers' entries of calls made through the stage.
+        let defer = if settings.defer || fixed.is_some() {
             Some(defer::Deferred::start(defer::Parts {
                 gpu: gpu.clone(),
                 table: table.clone(),
@@ -528,6 +592,8 @@ impl ProcGpu {
             table,
             share: ManuallyDrop::new(share),
             defer,
+            defer_calls: settings.defer,
+            fixed,
             bounce: Mutex::new(Bounce::default()),
             stages: Mutex::new(std::collections::HashMap::new()),
             calls: AtomicU64::new(0),
@@ -697,6 +763,18 @@ impl ProcGpu {
         let (send_len, recv_len) = (a.send_elems() as u64 * es, a.recv_elems() as u64 * es);
         let deadline = Instant::now() + self.timeout;
         let broken = || self.async_error();
+        if let (Some(f), Some(d)) = (&self.fixed, &self.defer) {
+            let stream = stream_of(c.stream);
+            if let Some(at) = stage::layout(a.coll, send_len, recv_len, f.bytes()) {
+                // SAFETY: the caller's stream of this GPU (this function's contract).
+                if !unsafe { is_capturing(&self.gpu, stream) }? {
+                    // SAFETY: this function's contract.
+                    return unsafe {
+                        self.staged(c, call, f, d, at, (send_len, recv_len), published, clock)
+                    };
+                }
+            }
+        }
         let exported = {
             let mut share = self.share.lock();
             (
@@ -725,7 +803,7 @@ impl ProcGpu {
         *published = true;
         self.trace.lap(clock, "coll export+publish");
         let k = choose(&a, &self.choice);
-        if let Some(d) = &self.defer {
+        if let Some(d) = self.defer.as_ref().filter(|_| self.defer_calls) {
             // Deferred unless every peer is there and no earlier call still waits for its
             // peers (calls meet their peers in order); never under capture (the graph must
             // hold the kernel).
@@ -743,6 +821,10 @@ impl ProcGpu {
                 tracing::debug!("rank {}: call {call} deferred", self.rank);
                 return Ok(k.launch());
             }
+            d.wait_idle(deadline, &broken)?;
+        } else if let Some(d) = &self.defer {
+            // The launcher reads the peers' entries of earlier calls (made through the fixed
+            // stage) first: calls meet their peers in order.
             d.wait_idle(deadline, &broken)?;
         }
         let (ins, outs) = meet_peers(
@@ -789,6 +871,75 @@ impl ProcGpu {
             })
         }?;
         self.trace.lap(clock, "coll launch");
+        Ok(launch)
+    }
+
+    /// Call `call` through the fixed stage `f` (laid out as `at`): published for the
+    /// launcher's check, then copied in, launched and copied out on the caller's stream at
+    /// once, with every rank's stage as its buffers (`stage.rs`).
+    ///
+    /// # Safety
+    /// As for [`ProcGpu::collective`]; `c.stream` not being captured.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn staged(
+        &self,
+        c: &Call,
+        call: u64,
+        f: &stage::FixedStage,
+        d: &defer::Deferred,
+        at: stage::Layout,
+        (send_len, recv_len): (u64, u64),
+        published: &mut bool,
+        clock: &mut Option<Instant>,
+    ) -> Result<Launch> {
+        let (a, n) = (c.args, self.nranks);
+        let deadline = Instant::now() + self.timeout;
+        let broken = || self.async_error();
+        let shape = a.to_words();
+        self.table.wait_free(call, self.rank, deadline, &broken)?;
+        self.table
+            .publish(call, self.rank, shape, [BufDesc::EMPTY; 2]);
+        *published = true;
+        d.check(call, shape, deadline)?;
+        self.trace.lap(clock, "coll staged publish");
+        let k = choose(&a, &self.choice);
+        let ins: Vec<u64> = (0..n).map(|r| f.of(r) + at.send).collect();
+        let outs: Vec<u64> = (0..n).map(|r| f.of(r) + at.recv).collect();
+        let peers = Peers {
+            ins: &ins,
+            outs: &outs,
+            syncs: &self.syncs,
+        };
+        let stream = stream_of(c.stream);
+        let me = self.rank;
+        let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
+        // SAFETY: every stage is device memory mapped here at init, of `f.bytes()`, which
+        // holds the layout; the caller vouches for its buffers and stream.
+        let launch = unsafe {
+            self.kernel_order.lock().run_eager(&self.gpu, c.stream, || {
+                if send_len > 0 {
+                    copy_async(
+                        ins[me],
+                        c.send,
+                        send_len as usize,
+                        stream,
+                        "cuMemcpyAsync (into the fixed stage)",
+                    )?;
+                }
+                let launch = enqueue(&self.gpu, stream, me, &a, k, &peers, timeout_ns)?;
+                if recv_len > 0 {
+                    copy_async(
+                        c.recv,
+                        outs[me],
+                        recv_len as usize,
+                        stream,
+                        "cuMemcpyAsync (out of the fixed stage)",
+                    )?;
+                }
+                Ok(launch)
+            })
+        }?;
+        self.trace.lap(clock, "coll staged launch");
         Ok(launch)
     }
 
@@ -971,6 +1122,26 @@ fn meet_peers(
     deadline: Instant,
     broken: &dyn Fn() -> Option<Error>,
 ) -> Result<(Vec<u64>, Vec<u64>)> {
+    let entries = read_peers(table, (rank, n), call, shape, deadline, broken)?;
+    let (mut ins, mut outs) = (vec![send; n], vec![recv; n]);
+    let mut share = share.lock();
+    for (p, bufs) in entries {
+        ins[p] = share.map(p, &bufs[0], may_close, deadline, broken)?;
+        outs[p] = share.map(p, &bufs[1], may_close, deadline, broken)?;
+    }
+    Ok((ins, outs))
+}
+
+/// Reads every peer's entry of `call` (waiting to `deadline`) and checks it against this
+/// rank's `shape`: each peer's buffers, as published.
+fn read_peers(
+    table: &ShmTable,
+    (rank, n): (usize, usize),
+    call: u64,
+    shape: [u64; 5],
+    deadline: Instant,
+    broken: &dyn Fn() -> Option<Error>,
+) -> Result<Vec<(usize, [BufDesc; 2])>> {
     let mut entries = Vec::with_capacity(n);
     for p in (0..n).filter(|&p| p != rank) {
         let (theirs, bufs) = table
@@ -1001,13 +1172,7 @@ fn meet_peers(
         entries.push((p, bufs));
     }
     tracing::debug!("rank {rank}: read every peer's entry of GPU call {call}");
-    let (mut ins, mut outs) = (vec![send; n], vec![recv; n]);
-    let mut share = share.lock();
-    for (p, bufs) in entries {
-        ins[p] = share.map(p, &bufs[0], may_close, deadline, broken)?;
-        outs[p] = share.map(p, &bufs[1], may_close, deadline, broken)?;
-    }
-    Ok((ins, outs))
+    Ok(entries)
 }
 
 impl Drop for ProcGpu {
@@ -1051,7 +1216,12 @@ impl Drop for ProcGpu {
             drop(b);
             std::mem::forget(self.table.clone());
             std::mem::forget(self.gpu.clone());
+            if let Some(f) = self.fixed.take() {
+                f.leak();
+            }
         }
+        // Closes the peers' stages and frees this rank's (the kernels have settled).
+        drop(self.fixed.take());
         if let Some(d) = self.defer.take() {
             d.free(&self.gpu, settled);
         }
@@ -1082,6 +1252,8 @@ mod tests {
             ar_copy: 1 << 27,
             p2p_ll: 1 << 20,
             defer: true,
+            stage: [9; HANDLE_BYTES],
+            stage_bytes: 1 << 26,
             proc: Proc { pid: 42, start: 7 },
             token: 99,
         };
@@ -1091,11 +1263,14 @@ mod tests {
         // before the defer byte.
         assert!(Hello::decode(&bytes[..8 + HANDLE_BYTES + 59]).is_none());
         assert!(Hello::decode(&bytes[..8 + HANDLE_BYTES + 60]).is_none());
+        // And inside the stage's size.
+        assert!(Hello::decode(&bytes[..8 + 2 * HANDLE_BYTES + 68]).is_none());
         let d = Hello::decode(&bytes).unwrap();
         assert_eq!(
             (d.host, d.shm, d.blocks, d.sync, d.proc, d.token),
             (h.host, h.shm, 132, h.sync, h.proc, 99)
         );
+        assert_eq!((d.stage, d.stage_bytes), ([9; HANDLE_BYTES], 1 << 26));
         assert_eq!(
             (
                 d.ll_max,

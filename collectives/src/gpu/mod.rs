@@ -49,5 +49,6 @@ pub fn settings(cfg: &Config) -> Settings {
         p2p_ll_bytes: cfg.gpu_p2p_ll_bytes.min(railcc_cuda::p2p_ll::MAX_BYTES),
         host_trace: cfg.gpu_host_trace != 0,
         defer: cfg.gpu_defer != 0,
+        stage_bytes: cfg.gpu_stage_bytes,
     }
 }

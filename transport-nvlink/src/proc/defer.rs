@@ -19,7 +19,7 @@
 //! every waiting stream: the calls' outputs are undefined, and the error comes back from the
 //! next call and from `ncclCommGetAsyncError`, as NCCL's asynchronous errors do.
 
-use super::{meet_peers, stop_gpu_work, Share};
+use super::{meet_peers, read_peers, stop_gpu_work, Share};
 use crate::plan::{enqueue, Kernel, Peers};
 use crate::table::{wait_until, ShmTable, CALL_DEPTH};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -47,14 +47,20 @@ const _: () = assert!(CALL_DEPTH < RELEASE_AHEAD as u64);
 /// One call for the launcher.
 struct Job {
     call: u64,
-    args: CollArgs,
     shape: [u64; 5],
+    deadline: Instant,
+    /// What to launch once the peers are met; None: a call already launched through the
+    /// fixed stage (`stage.rs`), whose peers' entries are only checked against its shape.
+    launch: Option<LaunchJob>,
+}
+
+struct LaunchJob {
+    args: CollArgs,
     /// This rank's send and receive buffers (or its bounce buffer's parts).
     bufs: (u64, u64),
     kernel: Kernel,
     /// The caller's stream's work before the call (the inputs are ready after it).
     inputs: Marker,
-    deadline: Instant,
 }
 
 /// What the launcher thread works with: the communicator's shared parts.
@@ -237,12 +243,14 @@ impl Deferred {
         self.pending.fetch_add(1, Ordering::AcqRel);
         let job = Job {
             call,
-            args,
             shape,
-            bufs,
-            kernel,
-            inputs,
             deadline,
+            launch: Some(LaunchJob {
+                args,
+                bufs,
+                kernel,
+                inputs,
+            }),
         };
         tx.send(job).map_err(|_| {
             self.pending.fetch_sub(1, Ordering::AcqRel);
@@ -250,6 +258,28 @@ impl Deferred {
             self.release.all();
             Error::new(ErrorKind::Aborted, "the GPU call launcher has stopped")
                 .transport(crate::NAME)
+        })
+    }
+
+    /// Hands call `call`, launched through the fixed stage, to the launcher, which reads its
+    /// peers' entries in call order and breaks the communicator if one differs from `shape`
+    /// (the call's error then comes back asynchronously, as NCCL's do).
+    pub fn check(&self, call: u64, shape: [u64; 5], deadline: Instant) -> Result<()> {
+        let stopped = || {
+            Error::new(ErrorKind::Aborted, "the GPU call launcher has stopped")
+                .transport(crate::NAME)
+        };
+        let tx = self.tx.as_ref().ok_or_else(stopped)?;
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        let job = Job {
+            call,
+            shape,
+            deadline,
+            launch: None,
+        };
+        tx.send(job).map_err(|_| {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            stopped()
         })
     }
 
@@ -353,13 +383,26 @@ impl Launcher {
             return Err(e);
         }
         let broken = || p.broken.lock().clone();
+        let Some(l) = job.launch else {
+            read_peers(
+                &p.table,
+                (p.rank, p.nranks),
+                job.call,
+                job.shape,
+                job.deadline,
+                &broken,
+            )?;
+            p.table.finished(job.call, p.rank);
+            tracing::debug!("rank {}: launcher checked call {}", p.rank, job.call);
+            return Ok(());
+        };
         let (ins, outs) = meet_peers(
             &p.table,
             &p.share,
             (p.rank, p.nranks),
             job.call,
             job.shape,
-            job.bufs,
+            l.bufs,
             false,
             job.deadline,
             &broken,
@@ -376,13 +419,13 @@ impl Launcher {
         // (meet_peers) and the caller vouched for its own until its stream passes the call,
         // which waits for the word written after the kernel.
         unsafe {
-            job.inputs.wait(stream)?;
+            l.inputs.wait(stream)?;
             enqueue(
                 &p.gpu,
                 stream,
                 p.rank,
-                &job.args,
-                job.kernel,
+                &l.args,
+                l.kernel,
                 &peers,
                 p.timeout_ns,
             )?;
