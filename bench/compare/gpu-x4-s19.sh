@@ -21,7 +21,9 @@
 #      on the caller's stream at once with no meeting on the host. The bench's per-process
 #      checks with it (2 and 4 ranks, -G 3), then HSDP and FSDP on one host: railcc with and
 #      without it against NCCL, two runs each, interleaved.
-# Usage: bash bench/compare/gpu-x4-s19.sh a|b|c|d
+#   e  the stage on 2 emulated hosts x 2 GPUs: HSDP with RAILCC_GPU_STAGE_BYTES against
+#      NCCL with 4 threads x 4 sockets (its better setting), two runs each, interleaved.
+# Usage: bash bench/compare/gpu-x4-s19.sh a|b|c|d|e
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -122,6 +124,11 @@ case ${1:-} in
       STEP_EXTRA="stage:RAILCC_GPU_STAGE_BYTES=67108864" STEP_ARGS="--steps 30" \
       timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/host.txt" | grep -v "^  "
     ;;
-  *) echo "usage: $0 a|b|c|d"; exit 2 ;;
+  e)
+    OUT=$L/x2 STEP_LAYOUTS=2x2 STEP_MODES=hsdp STEP_RUNS=2 STEP_LIMIT=80 STEP_LIBS="nccl-4x4" \
+      STEP_EXTRA="stage:RAILCC_GPU_STAGE_BYTES=67108864" STEP_ARGS="--steps 30" \
+      timeout $(left 270) bash bench/torch/step.sh 2>&1 | tee "$L/x2.txt" | grep -v "^  "
+    ;;
+  *) echo "usage: $0 a|b|c|d|e"; exit 2 ;;
 esac
 session_end "$1"
