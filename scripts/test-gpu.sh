@@ -41,10 +41,16 @@
 #         one off), one process and --per-process, every dtype and op, --offset 8, --fill
 #         random, -G 3, and at 3 blocks (many tiles a block: the slots' reuse);
 #         TEST_GPU_PUSH_CHECKS picks some of "blocks3 offset random graphs".
+#  mismatch mismatched counts and dtypes across 2 ranks fail on both, naming the difference,
+#         the stream finishing, with and without the fixed stage
+#         (nccl-compat/tests/mismatch/mismatch.sh);
+#  stage  the bench's per-process checks with RAILCC_GPU_STAGE_BYTES=67108864 (calls through
+#         the fixed stage, proc/stage.rs): all_reduce, all_gather, reduce_scatter, 2 ranks and
+#         every GPU, every dtype and op, --offset 8, random inputs, -G 3.
 # A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
 # exit status 1 if any failed. Without a CUDA driver: a SKIP line, exit 0.
-# TEST_GPU_PARTS="unit bench nccl p2pbatch p2pll register shared shrink split config alloc recover" picks parts (one 10-minute device call may not hold them all),
+# TEST_GPU_PARTS="unit bench nccl p2pbatch p2pll register shared shrink split config alloc recover mismatch stage" picks parts (one 10-minute device call may not hold them all),
 # TEST_GPU_COLLS the bench's collectives, TEST_GPU_P2PBATCH_BINS and TEST_GPU_SHARED_BINS those
 # parts' nccl-tests, RAILCC_BIN another railcc binary;
 # logs under $OUT (default /tmp/out): test-gpu.log (every line of every check).
@@ -69,7 +75,7 @@ source bench/compare/tables.sh
 R=${RAILCC_BIN:-$R}   # another railcc binary (to see a broken build fail these checks)
 export RAILCC_TIMEOUT_MS=30000
 NG=${NG:-$(nvidia-smi -L | wc -l)}
-PARTS=${TEST_GPU_PARTS:-unit bench push nccl p2pbatch p2pll register shared shrink split config alloc recover}
+PARTS=${TEST_GPU_PARTS:-unit bench push nccl p2pbatch p2pll register shared shrink split config alloc recover mismatch stage}
 # TEST_GPU_WAYS: the bench and push parts run one process driving every GPU (one) and one
 # process per GPU (per-process); default both.
 MODES=$(echo "${TEST_GPU_WAYS:-one per-process}" | sed 's/per-process/--per-process/')
@@ -338,6 +344,24 @@ case " $PARTS " in *" alloc "*)
   timeout 900 bash nccl-compat/tests/torch/alloc.sh > /tmp/test-gpu-torch-alloc.log 2>&1
   verdict "alloc: PyTorch's allocators through torchrun, railcc and NCCL (nccl-compat/tests/torch/alloc.sh)" $? /tmp/test-gpu-torch-alloc.log notable
   grep -E "^(PASS|FAIL|      )" /tmp/test-gpu-torch-alloc.log
+;; esac
+
+case " $PARTS " in *" mismatch "*)
+  timeout 400 bash nccl-compat/tests/mismatch/mismatch.sh > /tmp/test-gpu-mismatch.log 2>&1
+  verdict "mismatch: counts and dtypes that differ across ranks, with and without the fixed stage (nccl-compat/tests/mismatch/mismatch.sh)" $? /tmp/test-gpu-mismatch.log notable
+  grep -E "^(PASS|FAIL|      )" /tmp/test-gpu-mismatch.log
+;; esac
+
+case " $PARTS " in *" stage "*)
+  for c in all_reduce all_gather reduce_scatter; do
+    for nr in 2 $NG; do
+      check "bench $c --per-process --ranks $nr with the fixed stage: every dtype and op, 8 B-32 MB, --offset 8" \
+        env RAILCC_GPU_STAGE_BYTES=67108864 $R bench $c --device cuda --per-process --ranks $nr -b 8 -e 32M -f 8 -d all -o all -n 1 -w 0 -r 1 --offset 8
+      [ "$nr" = "$NG" ] && break
+    done
+    check "bench $c --per-process with the fixed stage: --fill random, -G 3, 4100 B-8 MB" \
+      env RAILCC_GPU_STAGE_BYTES=67108864 $R bench $c --device cuda --per-process -b 4100 -e 8M -f 16 -d float,bfloat16 -o sum,avg -n 4 -w 1 -G 3 -r 1 --fill random
+  done
 ;; esac
 
 case " $PARTS " in *" recover "*)
