@@ -479,6 +479,11 @@ impl ProcGpu {
             // Every rank's fixed stage, where every rank has one (the least size).
             let stage_bytes = hellos.iter().map(|h| h.stage_bytes).min().unwrap_or(0);
             let mut stages = None;
+            if own_stage.is_some() && stage_bytes == 0 {
+                tracing::info!(
+                    "rank {rank}: a peer has RAILCC_GPU_STAGE_BYTES=0: no fixed stage for this communicator"
+                );
+            }
             if let (Some((own, _)), true) = (own_stage, stage_bytes > 0) {
                 let (mut at, mut opened) = (Vec::with_capacity(nranks), Vec::new());
                 for (r, h) in hellos.iter().enumerate() {
@@ -552,8 +557,8 @@ impl ProcGpu {
             );
         }
         // The launcher also checks the peers' entries of calls made through the stage.
-        let defer = if settings.defer || fixed.is_some() {
-            Some(defer::Deferred::start(defer::Parts {
+        let started = if settings.defer || fixed.is_some() {
+            defer::Deferred::start(defer::Parts {
                 gpu: gpu.clone(),
                 table: table.clone(),
                 share: share.clone(),
@@ -563,9 +568,17 @@ impl ProcGpu {
                 own_name,
                 syncs: syncs.clone(),
                 timeout_ns: settings.timeout_ns(),
-            })?)
+            })
+            .map(Some)
         } else {
-            None
+            Ok(None)
+        };
+        // Where any rank starts a launcher (every rank knows from the hellos), they agree it
+        // started: one that failed must not leave its peers' staged kernels waiting for it.
+        let defer = if fixed.is_some() || hellos.iter().any(|h| h.defer) {
+            agree(started, exchange, &name, |_| Vec::new())?.0
+        } else {
+            started?
         };
         let watcher = {
             let w = Watch {
@@ -895,7 +908,8 @@ impl ProcGpu {
         let (a, n) = (c.args, self.nranks);
         let deadline = Instant::now() + self.timeout;
         let broken = || self.async_error();
-        let shape = a.to_words();
+        let mut shape = a.to_words();
+        shape[4] |= STAGED_BIT;
         self.table.wait_free(call, self.rank, deadline, &broken)?;
         self.table
             .publish(call, self.rank, shape, [BufDesc::EMPTY; 2]);
@@ -1024,23 +1038,7 @@ impl ProcGpu {
                 "rank {}: bounce buffer of {bytes} bytes for buffers peers cannot map",
                 self.rank
             );
-            let mut new = self.gpu.alloc(bytes)?;
-            // Not where an allocation peers mapped was (see `Share`'s `keep_mappings`): the
-            // rejected ones are kept, so the next try lands elsewhere.
-            let mut tries = 0;
-            while self.share.lock().overlaps_shown(new.ptr, bytes as u64) {
-                tries += 1;
-                if tries > 8 {
-                    return Err(Error::new(
-                        ErrorKind::Unsupported,
-                        format!("no bounce buffer of {bytes} bytes away from memory peers mapped before, in 8 tries"),
-                    )
-                    .rank(self.rank)
-                    .transport(crate::NAME));
-                }
-                b.retired
-                    .push(std::mem::replace(&mut new, self.gpu.alloc(bytes)?));
-            }
+            let new = self.alloc_for_peers(bytes, Some(&mut b.retired))?;
             b.desc = Some(export(new.ptr)?);
             // The old one stays until the communicator goes: work in flight or a captured
             // graph may still use it, and freeing would wait for the whole device.
@@ -1049,6 +1047,30 @@ impl ProcGpu {
             }
         }
         Ok(b.buf.as_ref().map_or(0, |d| d.ptr))
+    }
+
+    /// `bytes` of device memory for peers to map, not where an allocation peers mapped was
+    /// (see `Share`'s `keep_mappings`: their stale mapping could not be closed). The rejected
+    /// tries are held until a try lands elsewhere, then kept in `keep` (graphs or work in
+    /// flight may use them) or freed.
+    fn alloc_for_peers(&self, bytes: usize, keep: Option<&mut Vec<DevBuf>>) -> Result<DevBuf> {
+        let mut rejected = Vec::new();
+        let mut new = self.gpu.alloc(bytes)?;
+        while self.share.lock().overlaps_shown(new.ptr, bytes as u64) {
+            if rejected.len() >= 8 {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    format!("no buffer of {bytes} bytes for peers away from memory they mapped before, in 8 tries"),
+                )
+                .rank(self.rank)
+                .transport(crate::NAME));
+            }
+            rejected.push(std::mem::replace(&mut new, self.gpu.alloc(bytes)?));
+        }
+        if let Some(k) = keep {
+            k.append(&mut rejected);
+        }
+        Ok(new)
     }
 
     /// The descriptor peers map for `at`, an address in the bounce buffer.
@@ -1105,6 +1127,27 @@ fn stop_gpu_work(gpu: &GpuCtx, release: Option<&defer::Release>) {
 /// The shape a rank publishes for a call it failed before its entry was ready.
 const FAILED_SHAPE: [u64; 5] = [u64::MAX; 5];
 
+/// Set in a published shape's root word for a call made through the fixed stage (its entry
+/// carries no buffers): every rank must have made it so, or the call is a mismatch, never a
+/// kernel run on the empty buffers of a rank that staged it (one rank capturing a graph and
+/// another not would otherwise differ silently).
+const STAGED_BIT: u64 = 1 << 63;
+
+/// A published shape for an error; `mixed`: one side of the mismatch made the call through
+/// the fixed stage and the other did not, which the text then says.
+fn describe_shape(mut w: [u64; 5], mixed: bool) -> String {
+    let staged = w[4] & STAGED_BIT != 0;
+    w[4] &= !STAGED_BIT;
+    let what = CollArgs::describe_words(w);
+    match (mixed, staged) {
+        (false, _) => what,
+        (true, true) => format!("{what} through the fixed stage"),
+        (true, false) => format!(
+            "{what} on its own buffers (not through the fixed stage: under a graph capture, or too large)"
+        ),
+    }
+}
+
 /// Reads every peer's entry of `call` (waiting to `deadline`), checks it against this rank's
 /// `shape`, and maps the peers' buffers: every rank's send and receive buffer as this GPU
 /// addresses them (`bufs`: this rank's own). The table is read without `share`'s lock, so a
@@ -1157,12 +1200,13 @@ fn read_peers(
             .transport(crate::NAME));
         }
         if theirs != shape {
+            let mixed = (theirs[4] ^ shape[4]) & STAGED_BIT != 0;
             return Err(Error::new(
                 ErrorKind::Mismatch,
                 format!(
                     "GPU call {call}: rank {p} called {}, rank {rank} called {}",
-                    CollArgs::describe_words(theirs),
-                    CollArgs::describe_words(shape)
+                    describe_shape(theirs, mixed),
+                    describe_shape(shape, mixed)
                 ),
             )
             .peer(p)
@@ -1235,6 +1279,41 @@ impl Drop for ProcGpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mismatch_says_when_one_rank_went_through_the_stage_and_one_did_not() {
+        let a = CollArgs {
+            coll: CollKind::AllReduce,
+            count: 1024,
+            dtype: railcc_core::DataType::F32,
+            op: railcc_core::ReduceOp::Sum,
+            root: 0,
+            nranks: 2,
+        };
+        let plain = a.to_words();
+        let mut staged = plain;
+        staged[4] |= STAGED_BIT;
+        assert_ne!(plain, staged, "the flag tells them apart");
+        let mixed = (plain[4] ^ staged[4]) & STAGED_BIT != 0;
+        assert!(mixed);
+        let (p, s) = (describe_shape(plain, mixed), describe_shape(staged, mixed));
+        assert!(
+            p.contains("not through the fixed stage") && p.contains("root 0"),
+            "{p}"
+        );
+        assert!(
+            s.ends_with("through the fixed stage") && s.contains("root 0"),
+            "{s}"
+        );
+        // Two staged calls of different counts: the counts, no word about the stage.
+        let mut other = staged;
+        other[3] = 2048;
+        let t = describe_shape(other, false);
+        assert!(
+            t.contains("2048") && !t.contains("stage") && t.contains("root 0"),
+            "{t}"
+        );
+    }
 
     #[test]
     fn hello_round_trips() {

@@ -370,10 +370,10 @@ impl ProcGpu {
                     .rank(me)
                     .transport(crate::NAME));
                 }
-                let src = self
-                    .share
-                    .lock()
-                    .map(o.peer, &desc, true, deadline, &broken)?;
+                let src =
+                    self.share
+                        .lock()
+                        .map(o.peer, &desc, !self.defer_calls, deadline, &broken)?;
                 if batch {
                     msgs.push(p2p_many::RecvMsg {
                         src,
@@ -506,7 +506,7 @@ impl ProcGpu {
         let (b, desc) = match stages.entry(o.peer) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
-                let b = self.gpu.alloc((STAGE_SLOT_STRIDE * STAGE_SLOTS) as usize)?;
+                let b = self.alloc_for_peers((STAGE_SLOT_STRIDE * STAGE_SLOTS) as usize, None)?;
                 let desc = export(b.ptr)?;
                 e.insert((b, desc))
             }
