@@ -18,7 +18,7 @@
 
 use crate::fdpass::FdPost;
 use crate::order::KernelOrder;
-use crate::plan::{choose, clamp_blocks, enqueue, Choice, Launch, Peers};
+use crate::plan::{choose, clamp_blocks, enqueue, Choice, Kernel, Launch, Peers};
 use crate::share::Share;
 use crate::table::ShmTable;
 use crate::Settings;
@@ -917,21 +917,27 @@ impl ProcGpu {
         d.check(call, shape, deadline)?;
         self.trace.lap(clock, "coll staged publish");
         let k = choose(&a, &self.choice);
-        let ins: Vec<u64> = (0..n).map(|r| f.of(r) + at.send).collect();
-        let outs: Vec<u64> = (0..n).map(|r| f.of(r) + at.recv).collect();
+        let me = self.rank;
+        let mut ins: Vec<u64> = (0..n).map(|r| f.of(r) + at.send).collect();
+        let mut outs: Vec<u64> = (0..n).map(|r| f.of(r) + at.recv).collect();
+        // The low-latency kernel reads and writes this rank's own buffers alone (the peers'
+        // data comes through the sync areas' scratch): it needs no copies, only no meeting.
+        let own = matches!(k, Kernel::Ll { .. });
+        if own {
+            (ins[me], outs[me]) = (c.send, c.recv);
+        }
         let peers = Peers {
             ins: &ins,
             outs: &outs,
             syncs: &self.syncs,
         };
         let stream = stream_of(c.stream);
-        let me = self.rank;
         let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
         // SAFETY: every stage is device memory mapped here at init, of `f.bytes()`, which
         // holds the layout; the caller vouches for its buffers and stream.
         let launch = unsafe {
             self.kernel_order.lock().run_eager(&self.gpu, c.stream, || {
-                if send_len > 0 {
+                if send_len > 0 && !own {
                     copy_async(
                         ins[me],
                         c.send,
@@ -941,7 +947,7 @@ impl ProcGpu {
                     )?;
                 }
                 let launch = enqueue(&self.gpu, stream, me, &a, k, &peers, timeout_ns)?;
-                if recv_len > 0 {
+                if recv_len > 0 && !own {
                     copy_async(
                         c.recv,
                         outs[me],
