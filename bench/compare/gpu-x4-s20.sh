@@ -7,7 +7,7 @@
 #      stage: the bench's per-process checks through it), then what it costs per size:
 #      nccl-tests all_reduce, all_gather, reduce_scatter under mpirun -np 4 through railcc's
 #      libnccl with and without it, against NCCL (NCCL_DEBUG=INFO: its channels), 8 B-64 MB.
-#   b  steps on one host of 4 GPUs with the stage against NCCL: DDP, FSDP, HSDP, two runs
+#   b  steps on one host of 4 GPUs with the stage against NCCL: DDP and FSDP (HSDP ran in s19), two runs
 #      each, interleaved, NCCL's channel count logged.
 #   c, d  the GPU suite's parts not run on recent code: c: shared shrink split config;
 #      d: p2pbatch p2pll register alloc.
@@ -39,7 +39,7 @@ case ${1:-} in
     done
     ;;
   b)
-    OUT=$L/host STEP_LAYOUTS=host STEP_MODES="ddp fsdp hsdp" STEP_RUNS=2 STEP_LIMIT=80 STEP_LIBS="railcc nccl" \
+    OUT=$L/host STEP_LAYOUTS=host STEP_MODES="ddp fsdp" STEP_RUNS=2 STEP_LIMIT=80 STEP_LIBS="railcc nccl" \
       STEP_EXTRA="stage:RAILCC_GPU_STAGE_BYTES=67108864" STEP_ARGS="--steps 30" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
       timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/host.txt" | grep -v "^  "
     grep -h -m3 -oE "[0-9]+ coll channels.*" "$L"/host/step-nccl-* 2>/dev/null | sort | uniq -c | head -4
