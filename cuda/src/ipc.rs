@@ -110,10 +110,9 @@ impl Imports {
         }
         for k in stale {
             if let Some((_, old, _)) = self.open.remove(&k) {
-                // SAFETY: `old` was returned by cuIpcOpenMemHandle and is closed once.
-                unsafe {
-                    let _ = sys::cuIpcCloseMemHandle(old);
-                }
+                // SAFETY: `old` came from `open` and is closed once; the caller (may_close)
+                // vouches that nothing it waits for still reads it.
+                unsafe { close(old) };
             }
         }
         let mapped = open(&d.handle).map_err(|e| e.peer(peer))?;
@@ -125,10 +124,8 @@ impl Imports {
 impl Drop for Imports {
     fn drop(&mut self) {
         for (_, (_, p, _)) in self.open.drain() {
-            // SAFETY: each mapping came from cuIpcOpenMemHandle and is closed once.
-            unsafe {
-                let _ = sys::cuIpcCloseMemHandle(p);
-            }
+            // SAFETY: each mapping came from `open` and is closed once.
+            unsafe { close(p) };
         }
     }
 }

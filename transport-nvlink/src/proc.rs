@@ -568,6 +568,7 @@ impl ProcGpu {
                 own_name,
                 syncs: syncs.clone(),
                 timeout_ns: settings.timeout_ns(),
+                launches: settings.defer,
             })
             .map(Some)
         } else {
@@ -678,6 +679,11 @@ impl ProcGpu {
         self.stop_gpu_work();
     }
 
+    /// The communicator's timeout as the kernels take it.
+    fn timeout_ns(&self) -> u64 {
+        self.timeout.as_nanos().min(u64::MAX as u128) as u64
+    }
+
     fn stop_gpu_work(&self) {
         stop_gpu_work(&self.gpu, self.defer.as_ref().map(|d| &**d.release()));
     }
@@ -778,12 +784,13 @@ impl ProcGpu {
         let broken = || self.async_error();
         if let (Some(f), Some(d)) = (&self.fixed, &self.defer) {
             let stream = stream_of(c.stream);
-            if let Some(at) = stage::layout(a.coll, send_len, recv_len, f.bytes()) {
+            if let Some(at) = stage::recv_offset(a.coll, send_len, recv_len, f.bytes()) {
                 // SAFETY: the caller's stream of this GPU (this function's contract).
                 if !unsafe { is_capturing(&self.gpu, stream) }? {
+                    let lens = (send_len, recv_len);
                     // SAFETY: this function's contract.
                     return unsafe {
-                        self.staged(c, call, f, d, at, (send_len, recv_len), published, clock)
+                        self.staged(c, call, (f, d), at, lens, deadline, published, clock)
                     };
                 }
             }
@@ -862,7 +869,7 @@ impl ProcGpu {
             outs: &outs,
             syncs: &self.syncs,
         };
-        let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
+        let timeout_ns = self.timeout_ns();
         // SAFETY: the peers' buffers and sync areas are mapped into this context by IPC; the
         // caller vouches for its own buffers and stream; the bounce buffer and the caller's
         // receive buffer hold the copy out's `len` bytes.
@@ -887,9 +894,10 @@ impl ProcGpu {
         Ok(launch)
     }
 
-    /// Call `call` through the fixed stage `f` (laid out as `at`): published for the
-    /// launcher's check, then copied in, launched and copied out on the caller's stream at
-    /// once, with every rank's stage as its buffers (`stage.rs`).
+    /// Call `call` through the fixed stage `f` (its receive part at `recv_at`, its send part
+    /// at the start): published for the launcher `d`'s check, then copied in, launched and
+    /// copied out on the caller's stream at once, with every rank's stage as its buffers
+    /// (`stage.rs`).
     ///
     /// # Safety
     /// As for [`ProcGpu::collective`]; `c.stream` not being captured.
@@ -898,15 +906,14 @@ impl ProcGpu {
         &self,
         c: &Call,
         call: u64,
-        f: &stage::FixedStage,
-        d: &defer::Deferred,
-        at: stage::Layout,
+        (f, d): (&stage::FixedStage, &defer::Deferred),
+        recv_at: u64,
         (send_len, recv_len): (u64, u64),
+        deadline: Instant,
         published: &mut bool,
         clock: &mut Option<Instant>,
     ) -> Result<Launch> {
         let (a, n) = (c.args, self.nranks);
-        let deadline = Instant::now() + self.timeout;
         let broken = || self.async_error();
         let mut shape = a.to_words();
         shape[4] |= STAGED_BIT;
@@ -918,8 +925,8 @@ impl ProcGpu {
         self.trace.lap(clock, "coll staged publish");
         let k = choose(&a, &self.choice);
         let me = self.rank;
-        let mut ins: Vec<u64> = (0..n).map(|r| f.of(r) + at.send).collect();
-        let mut outs: Vec<u64> = (0..n).map(|r| f.of(r) + at.recv).collect();
+        let mut ins: Vec<u64> = (0..n).map(|r| f.of(r)).collect();
+        let mut outs: Vec<u64> = (0..n).map(|r| f.of(r) + recv_at).collect();
         // The low-latency kernel reads and writes this rank's own buffers alone (the peers'
         // data comes through the sync areas' scratch): it needs no copies, only no meeting.
         let own = matches!(k, Kernel::Ll { .. });
@@ -932,7 +939,7 @@ impl ProcGpu {
             syncs: &self.syncs,
         };
         let stream = stream_of(c.stream);
-        let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
+        let timeout_ns = self.timeout_ns();
         // SAFETY: every stage is device memory mapped here at init, of `f.bytes()`, which
         // holds the layout; the caller vouches for its buffers and stream.
         let launch = unsafe {

@@ -220,11 +220,11 @@ impl Share {
         true
     }
 
-    /// Whether `[base, base + size)` overlaps an allocation whose handle peers got (with
-    /// `keep_mappings`; never otherwise): memory this rank allocates for peers to map (its
-    /// bounce buffer) must not lie there either.
+    /// Whether `[base, base + size)` overlaps an allocation whose handle peers got (recorded
+    /// only with `keep_mappings`; never otherwise): memory this rank allocates for peers to
+    /// map (its bounce buffer) must not lie there either.
     pub fn overlaps_shown(&self, base: u64, size: u64) -> bool {
-        self.keep_mappings && self.shown.overlaps(base, size)
+        self.shown.overlaps(base, size)
     }
 
     /// Logs `how` for the allocation at `key` once.

@@ -75,6 +75,9 @@ pub(super) struct Parts {
     pub own_name: usize,
     pub syncs: Vec<u64>,
     pub timeout_ns: u64,
+    /// Calls are deferred and launched here (`RAILCC_GPU_DEFER`), not only checked (the
+    /// fixed stage's calls): only then is the stack limit raised at start.
+    pub launches: bool,
 }
 
 /// The word the callers' streams wait on, and how to let them all go once the communicator
@@ -123,11 +126,13 @@ pub(super) struct Deferred {
 impl Deferred {
     /// Starts the launcher (its stream and word made in `parts.gpu`'s context).
     pub fn start(parts: Parts) -> Result<Deferred> {
-        let (local, limit) = parts.gpu.reserve_stack()?;
-        tracing::debug!(
-            "rank {}: the kernels use at most {local} local bytes a thread; the stack limit was {limit}",
-            parts.rank
-        );
+        if parts.launches {
+            let (local, limit) = parts.gpu.reserve_stack()?;
+            tracing::debug!(
+                "rank {}: the kernels use at most {local} local bytes a thread; the stack limit was {limit}",
+                parts.rank
+            );
+        }
         let stream = create_stream(&parts.gpu)?;
         let done = match Flags::new_current(1) {
             Ok(f) => Arc::new(f),

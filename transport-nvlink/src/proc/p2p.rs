@@ -99,7 +99,7 @@ impl ProcGpu {
         }
         let deadline = Instant::now() + self.timeout;
         let broken = || self.async_error();
-        let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
+        let timeout_ns = self.timeout_ns();
         let areas = |p: usize| (self.gpu.sync.ptr, self.syncs[p]);
         let step = |o: &P2p, s: P2pStep, lag: u64| {
             // SAFETY: both areas live for the communicator's life (the peer's mapped by IPC).

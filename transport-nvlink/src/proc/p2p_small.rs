@@ -137,7 +137,7 @@ impl ProcGpu {
             bytes: o.bytes as u64,
         };
         let launches = p2p_ll::plan(&ops.iter().map(|o| (o.send, msg(o))).collect::<Vec<_>>());
-        let timeout_ns = self.timeout.as_nanos().min(u64::MAX as u128) as u64;
+        let timeout_ns = self.timeout_ns();
         let n = launches.len();
         for (i, (sends, recvs, paired)) in launches.iter().enumerate() {
             // The own copies with the last launch: after every receive of the round.

@@ -34,16 +34,10 @@ pub(super) struct FixedStage {
     opened: Vec<u64>,
 }
 
-/// Where a call's send and receive data lie in a stage: offsets of each.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Layout {
-    pub send: u64,
-    pub recv: u64,
-}
-
-/// The layout of a call of `send_len` and `recv_len` bytes in a stage of `bytes`, or None
-/// when it does not fit or the collective does not go through stages.
-pub(super) fn layout(coll: CollKind, send_len: u64, recv_len: u64, bytes: u64) -> Option<Layout> {
+/// Where a call of `send_len` and `recv_len` bytes lies in a stage of `bytes`: its send
+/// part at the start, its receive part at the returned offset (256-byte aligned); None when
+/// it does not fit or the collective does not go through stages.
+pub(super) fn recv_offset(coll: CollKind, send_len: u64, recv_len: u64, bytes: u64) -> Option<u64> {
     if !matches!(
         coll,
         CollKind::AllReduce | CollKind::AllGather | CollKind::ReduceScatter
@@ -51,7 +45,7 @@ pub(super) fn layout(coll: CollKind, send_len: u64, recv_len: u64, bytes: u64) -
         return None;
     }
     let recv = send_len.checked_next_multiple_of(256)?;
-    (recv.checked_add(recv_len)? <= bytes).then_some(Layout { send: 0, recv })
+    (recv.checked_add(recv_len)? <= bytes).then_some(recv)
 }
 
 impl FixedStage {
@@ -96,23 +90,16 @@ mod tests {
 
     #[test]
     fn a_call_fits_its_send_part_then_its_receive_part_aligned() {
-        let l = layout(CollKind::AllGather, 1000, 4000, 8192).unwrap();
         assert_eq!(
-            l,
-            Layout {
-                send: 0,
-                recv: 1024
-            }
+            recv_offset(CollKind::AllGather, 1000, 4000, 8192),
+            Some(1024)
         );
         // Exactly full, one byte over, and no send part.
-        assert!(layout(CollKind::ReduceScatter, 4096, 4096, 8192).is_some());
-        assert!(layout(CollKind::ReduceScatter, 4096, 4097, 8192).is_none());
-        assert_eq!(
-            layout(CollKind::AllReduce, 0, 0, 8192),
-            Some(Layout { send: 0, recv: 0 })
-        );
+        assert!(recv_offset(CollKind::ReduceScatter, 4096, 4096, 8192).is_some());
+        assert!(recv_offset(CollKind::ReduceScatter, 4096, 4097, 8192).is_none());
+        assert_eq!(recv_offset(CollKind::AllReduce, 0, 0, 8192), Some(0));
         // Only these three collectives; and no overflow on absurd sizes.
-        assert!(layout(CollKind::Broadcast, 8, 8, 8192).is_none());
-        assert!(layout(CollKind::AllReduce, u64::MAX - 10, 8, u64::MAX).is_none());
+        assert!(recv_offset(CollKind::Broadcast, 8, 8, 8192).is_none());
+        assert!(recv_offset(CollKind::AllReduce, u64::MAX - 10, 8, u64::MAX).is_none());
     }
 }
