@@ -1,7 +1,7 @@
 /* Mismatched calls across ranks give an error on every rank, never a hang (the developers'
  * guide: "mismatched counts or dtypes across ranks ... a clear error"), checked by
  * mismatch.sh on a GPU machine with and without RAILCC_GPU_STAGE_BYTES. Ranks are processes
- * the script starts; the unique id travels through a file in DIR.
+ * the script starts; the unique id travels through a file in DIR (../share_id.h).
  *
  *   mismatch RANK DIR count|dtype
  *     2 ranks. One checked all_reduce of 1 MiB of floats (every rank's sum), then the
@@ -34,29 +34,8 @@ static double now(void) {
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-static ncclUniqueId share_id(const char* dir) {
-  char path[512], tmp[520];
-  snprintf(path, sizeof path, "%s/id", dir);
-  ncclUniqueId id;
-  if (rank == 0) {
-    CHECK(ncclGetUniqueId(&id) == ncclSuccess);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE* f = fopen(tmp, "wb");
-    CHECK(f && fwrite(&id, sizeof id, 1, f) == 1 && fclose(f) == 0);
-    CHECK(rename(tmp, path) == 0);
-    return id;
-  }
-  for (int i = 0; i < 6000; i++) {
-    FILE* f = fopen(path, "rb");
-    if (f) {
-      size_t got = fread(&id, sizeof id, 1, f);
-      fclose(f);
-      if (got == 1) return id;
-    }
-    usleep(10000);
-  }
-  FAIL("no id %s after 60 s", path);
-}
+static const char* dir;
+#include "../share_id.h"
 
 /* Polls the stream and the communicator's asynchronous error for up to `limit` seconds.
  * Returns 1 once the stream is done, and sets *err to the first non-success error seen. */
@@ -80,12 +59,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   rank = atoi(argv[1]);
-  const char* dir = argv[2];
+  dir = argv[2];
   const char* what = argv[3];
   int ngpu = 0;
   CHECK(cudaGetDeviceCount(&ngpu) == cudaSuccess && ngpu > 0);
   CHECK(cudaSetDevice(rank % ngpu) == cudaSuccess);
-  ncclUniqueId id = share_id(dir);
+  ncclUniqueId id = share_id(0, rank == 0);
   ncclComm_t comm;
   CHECK(ncclCommInitRank(&comm, 2, id, rank) == ncclSuccess);
   cudaStream_t s;

@@ -43,30 +43,7 @@ static double realtime(void) {
   return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-/* Rank 0 writes the id of generation `gen`; the others wait for it (60 s at most). */
-static ncclUniqueId share_id(int gen, int creator) {
-  char path[512], tmp[520];
-  snprintf(path, sizeof path, "%s/id.%d", dir, gen);
-  ncclUniqueId id;
-  if (creator) {
-    CHECK(ncclGetUniqueId(&id) == ncclSuccess);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE* f = fopen(tmp, "wb");
-    CHECK(f && fwrite(&id, sizeof id, 1, f) == 1 && fclose(f) == 0);
-    CHECK(rename(tmp, path) == 0);
-    return id;
-  }
-  for (int i = 0; i < 6000; i++) {
-    FILE* f = fopen(path, "rb");
-    if (f) {
-      size_t got = fread(&id, sizeof id, 1, f);
-      fclose(f);
-      if (got == 1) return id;
-    }
-    usleep(10000);
-  }
-  FAIL("no id %s after 60 s", path);
-}
+#include "../share_id.h"
 
 static float* device_filled(float v) {
   float* h = malloc(COUNT * sizeof(float));
