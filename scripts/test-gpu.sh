@@ -353,6 +353,10 @@ case " $PARTS " in *" mismatch "*)
 ;; esac
 
 case " $PARTS " in *" stage "*)
+  # Without the stage: all-reduces small enough for the low-latency kernel launch without a
+  # meeting (RAILCC_GPU_LL_NO_WAIT, on by default), the rest meet their peers as before.
+  check "bench all_reduce --per-process --ranks $NG, no stage (low-latency calls without a meeting): every dtype and op, 8 B-1 MB, --offset 8" \
+    $R bench all_reduce --device cuda --per-process --ranks $NG -b 8 -e 1M -f 8 -d all -o all -n 2 -w 0 -r 1 --offset 8
   for c in all_reduce all_gather reduce_scatter; do
     for nr in 2 $NG; do
       check "bench $c --per-process --ranks $nr with the fixed stage: every dtype and op, 8 B-32 MB, --offset 8" \

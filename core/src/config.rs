@@ -394,6 +394,12 @@ config! {
     /// calls return); a thread checks the peers' calls match behind it. The communicator
     /// takes every rank's least. An experiment (eighteenth session).
     gpu_stage_bytes: usize = 0, "RAILCC_GPU_STAGE_BYTES";
+    /// One process per GPU: an all_reduce small enough for the low-latency kernel (which
+    /// touches only its own buffers and the areas mapped at init) is launched at once on the
+    /// caller's stream, without waiting on the host for its peers; a thread checks the peers'
+    /// calls match behind it (an error is then asynchronous, as NCCL's). 0: it waits on the
+    /// host like larger calls. Every rank must have it on.
+    gpu_ll_no_wait: u8 = 1, "RAILCC_GPU_LL_NO_WAIT";
     /// The GPU this rank's data lives on (libnccl and the GPU paths set it; -1: none): its
     /// rails between hosts are the NICs nearest that GPU (`railcc topo`), as rail-optimised
     /// clusters are wired, instead of those nearest the rank's NUMA node.

@@ -330,15 +330,18 @@ __device__ __forceinline__ void wait_at_least(volatile unsigned long long* p, un
     if ((++spins & 1023u) == 0 && aborted(sync)) return;
   }
 }
-// Every block waits until every peer's inputs are ready (its kernel has started).
-__device__ void arrive_ready(Ptrs syncs, int n, int me, unsigned long long epoch, unsigned long long timeout_ns) {
-  if (n == 1) return;
+// Every block waits until every peer's inputs are ready (its kernel has started). True (in
+// every thread of the block) when the waits were stopped (an abort, a dead peer, a timeout):
+// the caller then skips its data phase, so a kernel left on a stream after an abort writes
+// no peer's memory (a peer may have freed it), and goes straight to arrive_done.
+__device__ bool arrive_ready(Ptrs syncs, int n, int me, unsigned long long epoch, unsigned long long timeout_ns) {
+  if (n == 1) return false;
   unsigned long long t0 = now_ns();
   if (blockIdx.x == 0 && threadIdx.x < n && threadIdx.x != me)
     ((volatile unsigned long long*)syncs.p[threadIdx.x])[me] = epoch;
   if (threadIdx.x < n && threadIdx.x != me)
     wait_at_least((volatile unsigned long long*)syncs.p[me] + threadIdx.x, epoch, t0, timeout_ns, syncs.p[me]);
-  __syncthreads();
+  return __syncthreads_or(threadIdx.x == 0 && aborted(syncs.p[me]));
 }
 // Each block tells every peer it is done with their memory; block 0 waits for every block of
 // every peer, so this kernel ends only when nobody reads our inputs or writes our outputs.
@@ -498,7 +501,7 @@ fn dtype_source(dt: DataType, fam: Family, ops: &[ReduceOp]) -> String {
 extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, int n, Ptrs outs, int n_out, unsigned long long begin, unsigned long long end, int avg_n, Ptrs syncs, int n_gpus, int me, unsigned long long timeout_ns, int wide) {{
   typedef {t} T;
   const unsigned long long epoch = call_epoch(syncs.p[me]);
-  arrive_ready(syncs, n_gpus, me, epoch, timeout_ns);
+  if (arrive_ready(syncs, n_gpus, me, epoch, timeout_ns)) {{ arrive_done(syncs, n_gpus, me, epoch, timeout_ns); return; }}
   const int V = 16 / sizeof(T);
   unsigned long long tid = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
   unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;

@@ -120,7 +120,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const {t}* in, Pt
   const int V = 16 / sizeof(T);
   const unsigned long long area = areas.p[me];
   const unsigned long long epoch = call_epoch(area);
-  arrive_ready(areas, n, me, epoch, timeout_ns);
+  if (arrive_ready(areas, n, me, epoch, timeout_ns)) {{ arrive_done(areas, n, me, epoch, timeout_ns); return; }}
   const unsigned long long base = epoch << 32;
   const unsigned long long tiles = (per + tile - 1) / tile;
   const unsigned int blk = blockIdx.x, nb = gridDim.x;

@@ -100,7 +100,7 @@ pub fn kernel_source(dt: DataType, op: ReduceOp) -> String {
 extern "C" __global__ void __launch_bounds__({THREADS}) {name}(Ptrs ins, int n, Ptrs outs, int n_out, unsigned long long begin, unsigned long long end, int avg_n, Ptrs syncs, int n_gpus, int me, unsigned long long timeout_ns, unsigned long long tile, int bulk_out) {{
   typedef {t} T;
   const unsigned long long epoch = call_epoch(syncs.p[me]);
-  arrive_ready(syncs, n_gpus, me, epoch, timeout_ns);
+  if (arrive_ready(syncs, n_gpus, me, epoch, timeout_ns)) {{ arrive_done(syncs, n_gpus, me, epoch, timeout_ns); return; }}
   unsigned long long tail = begin;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(128) unsigned char tma_buf[];

@@ -84,6 +84,9 @@ pub struct Settings {
     /// One process per GPU: each rank's fixed staging buffer that peers map at init, for
     /// calls that then need no meeting on the host (`proc/stage.rs`; 0: none).
     pub stage_bytes: usize,
+    /// One process per GPU: low-latency all-reduces launch without waiting on the host for
+    /// their peers (`proc/stage.rs`'s path with no stage); every rank must have it on.
+    pub ll_no_wait: bool,
 }
 
 impl Settings {

@@ -184,6 +184,25 @@ pub const PUSH_MIN_BLOCKS: u32 = 128;
 /// 1.03-1.2x NCCL (README), not yet.
 pub const PUSH_MIN_GPUS: usize = 4;
 
+/// Which buffers of the other ranks GPU `g`'s part of a `coll` call with kernel `k` reaches:
+/// (their inputs, their outputs). A rank's buffer no peer reaches may stay the caller's own
+/// where peers cannot map it (the fixed stage copies only the others: `proc/stage.rs`).
+/// Read off [`enqueue`] and [`spec`]: the low-latency kernel sends through the sync areas'
+/// scratch; the push kernel and the all-gathers read only their own input; the bulk
+/// reduce-scatter writes only its own output.
+pub fn reach(k: Kernel, coll: CollKind) -> (bool, bool) {
+    match k {
+        Kernel::Ll { .. } => (false, false),
+        Kernel::Push { .. } | Kernel::CopyGather => (false, true),
+        Kernel::CopyAllReduce { .. } => (true, true),
+        Kernel::Bulk { .. } => match coll {
+            CollKind::ReduceScatter => (true, false),
+            CollKind::AllGather => (false, true),
+            _ => (true, true),
+        },
+    }
+}
+
 /// Every rank's buffers and sync area of one call, as the launching GPU addresses them: the
 /// same addresses under peer access (one process), mappings of CUDA IPC handles (one process
 /// per GPU).
@@ -432,6 +451,39 @@ mod tests {
                 assert_eq!(next, count as u64);
             }
         }
+    }
+
+    #[test]
+    fn reach_says_what_the_bulk_kernel_touches_on_peers() {
+        // Rank h's input at h << 20, its output at (h + 8) << 20: which rank a spec's
+        // address belongs to is its high bits.
+        let (ins, outs): (Vec<u64>, Vec<u64>) = (0..4u64).map(|h| (h << 20, (h + 8) << 20)).unzip();
+        let owner = |p: u64| (p >> 20) as usize % 8;
+        let bulk = Kernel::Bulk {
+            blocks: 1,
+            wide: false,
+            tma: 0,
+        };
+        for coll in [
+            CollKind::AllReduce,
+            CollKind::ReduceScatter,
+            CollKind::AllGather,
+        ] {
+            for g in 0..4 {
+                let s = spec(coll, g, &ins, &outs, 64, DataType::F32, 0).unwrap();
+                let peer_ins = s.ins.iter().any(|&p| owner(p) != g);
+                let peer_outs = s.outs.iter().any(|&p| owner(p) != g);
+                assert_eq!(
+                    reach(bulk, coll),
+                    (peer_ins, peer_outs),
+                    "{coll:?} on GPU {g}"
+                );
+            }
+        }
+        assert_eq!(
+            reach(Kernel::Ll { blocks: 1 }, CollKind::AllReduce),
+            (false, false)
+        );
     }
 
     #[test]

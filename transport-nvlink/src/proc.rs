@@ -18,7 +18,7 @@
 
 use crate::fdpass::FdPost;
 use crate::order::KernelOrder;
-use crate::plan::{choose, clamp_blocks, enqueue, Choice, Kernel, Launch, Peers};
+use crate::plan::{choose, clamp_blocks, enqueue, reach, Choice, Kernel, Launch, Peers};
 use crate::share::Share;
 use crate::table::ShmTable;
 use crate::Settings;
@@ -63,6 +63,9 @@ pub struct ProcGpu {
     /// Every rank's fixed stage (`RAILCC_GPU_STAGE_BYTES`, `stage.rs`). Dropped by hand at
     /// close, as `share`.
     fixed: Option<stage::FixedStage>,
+    /// Low-latency all-reduces launch without a meeting (`RAILCC_GPU_LL_NO_WAIT` on every
+    /// rank), checked behind them by the launcher as the stage's calls are.
+    ll_no_wait: bool,
     /// Where the data of buffers no peer can map goes through (made and grown on use), and
     /// the stream that used it last.
     bounce: Mutex<Bounce>,
@@ -246,6 +249,7 @@ impl Watch {
 }
 
 /// What each rank tells the others at init.
+#[derive(Clone)]
 struct Hello {
     host: String,
     sync: [u8; HANDLE_BYTES],
@@ -270,6 +274,9 @@ struct Hello {
     /// This rank defers calls (`RAILCC_GPU_DEFER`): then no rank shows its peers an
     /// allocation over one they may have mapped (`Share`'s `keep_mappings`).
     defer: bool,
+    /// This rank launches low-latency all-reduces without a meeting (`RAILCC_GPU_LL_NO_WAIT`):
+    /// the communicator does where every rank does. Shares the defer flag's byte (bit 1).
+    ll_no_wait: bool,
     /// This rank's fixed stage (`stage.rs`): its IPC handle and size (0: none).
     stage: [u8; HANDLE_BYTES],
     stage_bytes: u64,
@@ -294,7 +301,7 @@ impl Hello {
         v.extend_from_slice(&self.ag_copy.to_le_bytes());
         v.extend_from_slice(&self.ar_copy.to_le_bytes());
         v.extend_from_slice(&self.p2p_ll.to_le_bytes());
-        v.push(self.defer as u8);
+        v.push(self.defer as u8 | (self.ll_no_wait as u8) << 1);
         v.extend_from_slice(&self.stage);
         v.extend_from_slice(&self.stage_bytes.to_le_bytes());
         for s in [&self.host, &self.shm] {
@@ -321,7 +328,8 @@ impl Hello {
         let (push_min_blocks, push_slot) = (word(HANDLE_BYTES + 32)?, word(HANDLE_BYTES + 36)?);
         let (ag_copy, ar_copy) = (word64(HANDLE_BYTES + 40)?, word64(HANDLE_BYTES + 48)?);
         let p2p_ll = word(HANDLE_BYTES + 56)?;
-        let defer = *b.get(HANDLE_BYTES + 60)? != 0;
+        let flags = *b.get(HANDLE_BYTES + 60)?;
+        let (defer, ll_no_wait) = (flags & 1 != 0, flags & 2 != 0);
         let stage: [u8; HANDLE_BYTES] = b
             .get(HANDLE_BYTES + 61..2 * HANDLE_BYTES + 61)?
             .try_into()
@@ -349,6 +357,7 @@ impl Hello {
             ar_copy,
             p2p_ll,
             defer,
+            ll_no_wait,
             stage,
             stage_bytes,
             proc: Proc { pid, start },
@@ -429,6 +438,7 @@ impl ProcGpu {
                     ar_copy: settings.ar_copy_bytes as u64,
                     p2p_ll: settings.p2p_ll_bytes.min(railcc_cuda::p2p_ll::MAX_BYTES) as u32,
                     defer: settings.defer,
+                    ll_no_wait: settings.ll_no_wait,
                     stage: stage.as_ref().map_or([0; HANDLE_BYTES], |s| s.1),
                     stage_bytes: stage.as_ref().map_or(0, |s| s.0.bytes as u64),
                     proc: Proc::me(),
@@ -524,6 +534,8 @@ impl ProcGpu {
         let ag_copy_bytes = hellos.iter().map(|h| h.ag_copy).min().unwrap_or(0) as usize;
         let ar_copy_bytes = hellos.iter().map(|h| h.ar_copy).min().unwrap_or(0) as usize;
         let p2p_ll_bytes = hellos.iter().map(|h| h.p2p_ll).min().unwrap_or(0) as usize;
+        // Without a meeting only where every rank does so (each decides alike from this).
+        let ll_no_wait = ll_max_bytes > 0 && hellos.iter().all(|h| h.ll_no_wait);
         let broken = Arc::new(Mutex::new(None));
         // Peers whose process this one can see (another pid namespace hides them): watched.
         let peers: Vec<(usize, Proc)> = hellos
@@ -556,8 +568,9 @@ impl ProcGpu {
                 f.bytes()
             );
         }
-        // The launcher also checks the peers' entries of calls made through the stage.
-        let started = if settings.defer || fixed.is_some() {
+        // The launcher also checks the peers' entries of calls made without a meeting.
+        let unmet = fixed.is_some() || ll_no_wait;
+        let started = if settings.defer || unmet {
             defer::Deferred::start(defer::Parts {
                 gpu: gpu.clone(),
                 table: table.clone(),
@@ -576,7 +589,7 @@ impl ProcGpu {
         };
         // Where any rank starts a launcher (every rank knows from the hellos), they agree it
         // started: one that failed must not leave its peers' staged kernels waiting for it.
-        let defer = if fixed.is_some() || hellos.iter().any(|h| h.defer) {
+        let defer = if unmet || hellos.iter().any(|h| h.defer) {
             agree(started, exchange, &name, |_| Vec::new())?.0
         } else {
             started?
@@ -608,6 +621,7 @@ impl ProcGpu {
             defer,
             defer_calls: settings.defer,
             fixed,
+            ll_no_wait,
             bounce: Mutex::new(Bounce::default()),
             stages: Mutex::new(std::collections::HashMap::new()),
             calls: AtomicU64::new(0),
@@ -782,17 +796,19 @@ impl ProcGpu {
         let (send_len, recv_len) = (a.send_elems() as u64 * es, a.recv_elems() as u64 * es);
         let deadline = Instant::now() + self.timeout;
         let broken = || self.async_error();
-        if let (Some(f), Some(d)) = (&self.fixed, &self.defer) {
+        if let Some(d) = &self.defer {
+            // Without a meeting: through the fixed stage where the call fits, or on its own
+            // buffers where the low-latency kernel takes it.
+            let fits = self.fixed.as_ref().and_then(|f| {
+                stage::recv_offset(a.coll, send_len, recv_len, f.bytes()).map(|at| (f, at))
+            });
+            let ll = self.ll_no_wait && matches!(choose(&a, &self.choice), Kernel::Ll { .. });
             let stream = stream_of(c.stream);
-            if let Some(at) = stage::recv_offset(a.coll, send_len, recv_len, f.bytes()) {
-                // SAFETY: the caller's stream of this GPU (this function's contract).
-                if !unsafe { is_capturing(&self.gpu, stream) }? {
-                    let lens = (send_len, recv_len);
-                    // SAFETY: this function's contract.
-                    return unsafe {
-                        self.staged(c, call, (f, d), at, lens, deadline, published, clock)
-                    };
-                }
+            // SAFETY: the caller's stream of this GPU (this function's contract).
+            if (fits.is_some() || ll) && !unsafe { is_capturing(&self.gpu, stream) }? {
+                let lens = (send_len, recv_len);
+                // SAFETY: this function's contract.
+                return unsafe { self.unmet(c, call, d, fits, lens, deadline, published, clock) };
             }
         }
         let exported = {
@@ -894,20 +910,22 @@ impl ProcGpu {
         Ok(launch)
     }
 
-    /// Call `call` through the fixed stage `f` (its receive part at `recv_at`, its send part
-    /// at the start): published for the launcher `d`'s check, then copied in, launched and
-    /// copied out on the caller's stream at once, with every rank's stage as its buffers
-    /// (`stage.rs`).
+    /// Call `call` without a meeting on the host: published for the launcher `d`'s check,
+    /// then launched on the caller's stream at once. Its buffers that peers reach go through
+    /// the fixed stage `stage` (`(f, recv_at)`: its receive part at `recv_at`, its send part
+    /// at the start; `stage.rs`), copied in before the kernel and out after it; those no peer
+    /// reaches stay the caller's (all of them for the low-latency kernel, which may then
+    /// run with no stage).
     ///
     /// # Safety
     /// As for [`ProcGpu::collective`]; `c.stream` not being captured.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn staged(
+    unsafe fn unmet(
         &self,
         c: &Call,
         call: u64,
-        (f, d): (&stage::FixedStage, &defer::Deferred),
-        recv_at: u64,
+        d: &defer::Deferred,
+        stage: Option<(&stage::FixedStage, u64)>,
         (send_len, recv_len): (u64, u64),
         deadline: Instant,
         published: &mut bool,
@@ -922,16 +940,35 @@ impl ProcGpu {
             .publish(call, self.rank, shape, [BufDesc::EMPTY; 2]);
         *published = true;
         d.check(call, shape, deadline)?;
-        self.trace.lap(clock, "coll staged publish");
+        self.trace.lap(clock, "coll unmet publish");
         let k = choose(&a, &self.choice);
         let me = self.rank;
-        let mut ins: Vec<u64> = (0..n).map(|r| f.of(r)).collect();
-        let mut outs: Vec<u64> = (0..n).map(|r| f.of(r) + recv_at).collect();
-        // The low-latency kernel reads and writes this rank's own buffers alone (the peers'
-        // data comes through the sync areas' scratch): it needs no copies, only no meeting.
-        let own = matches!(k, Kernel::Ll { .. });
-        if own {
-            (ins[me], outs[me]) = (c.send, c.recv);
+        // Which of this rank's buffers its peers' kernels reach: only those go through the
+        // stage (the low-latency kernel's peers' data comes through the sync areas' scratch).
+        let (peer_ins, peer_outs) = reach(k, a.coll);
+        let (mut ins, mut outs) = match stage {
+            Some((f, at)) => (
+                (0..n).map(|r| f.of(r)).collect::<Vec<u64>>(),
+                (0..n).map(|r| f.of(r) + at).collect::<Vec<u64>>(),
+            ),
+            None if !peer_ins && !peer_outs => (vec![0; n], vec![0; n]),
+            None => {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    format!(
+                        "{}: call {call} without a meeting needs the fixed stage",
+                        a.coll.name()
+                    ),
+                )
+                .rank(self.own_name)
+                .transport(crate::NAME))
+            }
+        };
+        if !peer_ins {
+            ins[me] = c.send;
+        }
+        if !peer_outs {
+            outs[me] = c.recv;
         }
         let peers = Peers {
             ins: &ins,
@@ -944,7 +981,7 @@ impl ProcGpu {
         // holds the layout; the caller vouches for its buffers and stream.
         let launch = unsafe {
             self.kernel_order.lock().run_eager(&self.gpu, c.stream, || {
-                if send_len > 0 && !own {
+                if send_len > 0 && peer_ins {
                     copy_async(
                         ins[me],
                         c.send,
@@ -954,7 +991,7 @@ impl ProcGpu {
                     )?;
                 }
                 let launch = enqueue(&self.gpu, stream, me, &a, k, &peers, timeout_ns)?;
-                if recv_len > 0 && !own {
+                if recv_len > 0 && peer_outs {
                     copy_async(
                         c.recv,
                         outs[me],
@@ -966,7 +1003,7 @@ impl ProcGpu {
                 Ok(launch)
             })
         }?;
-        self.trace.lap(clock, "coll staged launch");
+        self.trace.lap(clock, "coll unmet launch");
         Ok(launch)
     }
 
@@ -1140,23 +1177,26 @@ fn stop_gpu_work(gpu: &GpuCtx, release: Option<&defer::Release>) {
 /// The shape a rank publishes for a call it failed before its entry was ready.
 const FAILED_SHAPE: [u64; 5] = [u64::MAX; 5];
 
-/// Set in a published shape's root word for a call made through the fixed stage (its entry
-/// carries no buffers): every rank must have made it so, or the call is a mismatch, never a
-/// kernel run on the empty buffers of a rank that staged it (one rank capturing a graph and
-/// another not would otherwise differ silently).
+/// Set in a published shape's root word for a call made without a meeting (through the
+/// fixed stage or on the low-latency kernel; its entry carries no buffers): every rank must
+/// have made it so, or the call is a mismatch, never a kernel run on the empty buffers of a
+/// rank that staged it (one rank capturing a graph and another not would otherwise differ
+/// silently).
 const STAGED_BIT: u64 = 1 << 63;
 
-/// A published shape for an error; `mixed`: one side of the mismatch made the call through
-/// the fixed stage and the other did not, which the text then says.
+/// A published shape for an error; `mixed`: one side of the mismatch made the call without a
+/// meeting and the other met its peers, which the text then says.
 fn describe_shape(mut w: [u64; 5], mixed: bool) -> String {
     let staged = w[4] & STAGED_BIT != 0;
     w[4] &= !STAGED_BIT;
     let what = CollArgs::describe_words(w);
     match (mixed, staged) {
         (false, _) => what,
-        (true, true) => format!("{what} through the fixed stage"),
+        (true, true) => format!(
+            "{what} without meeting its peers (through the fixed stage or the low-latency kernel)"
+        ),
         (true, false) => format!(
-            "{what} on its own buffers (not through the fixed stage: under a graph capture, or too large)"
+            "{what} meeting its peers on the host (under a graph capture, or too large for the fixed stage)"
         ),
     }
 }
@@ -1311,11 +1351,13 @@ mod tests {
         assert!(mixed);
         let (p, s) = (describe_shape(plain, mixed), describe_shape(staged, mixed));
         assert!(
-            p.contains("not through the fixed stage") && p.contains("root 0"),
+            p.contains("meeting its peers on the host (under a graph capture")
+                && p.contains("root 0"),
             "{p}"
         );
         assert!(
-            s.ends_with("through the fixed stage") && s.contains("root 0"),
+            s.contains("without meeting its peers (through the fixed stage")
+                && s.contains("root 0"),
             "{s}"
         );
         // Two staged calls of different counts: the counts, no word about the stage.
@@ -1323,7 +1365,7 @@ mod tests {
         other[3] = 2048;
         let t = describe_shape(other, false);
         assert!(
-            t.contains("2048") && !t.contains("stage") && t.contains("root 0"),
+            t.contains("2048") && !t.contains("meet") && t.contains("root 0"),
             "{t}"
         );
     }
@@ -1344,12 +1386,18 @@ mod tests {
             ar_copy: 1 << 27,
             p2p_ll: 1 << 20,
             defer: true,
+            ll_no_wait: false,
             stage: [9; HANDLE_BYTES],
             stage_bytes: 1 << 26,
             proc: Proc { pid: 42, start: 7 },
             token: 99,
         };
         let bytes = h.encode();
+        let flipped = Hello {
+            defer: false,
+            ll_no_wait: true,
+            ..h.clone()
+        };
         assert!(Hello::decode(&bytes[..70]).is_none());
         // Cut inside the last settings word (p2p_ll, ending 60 bytes past the handle), and
         // before the defer byte.
@@ -1363,6 +1411,10 @@ mod tests {
             (h.host, h.shm, 132, h.sync, h.proc, 99)
         );
         assert_eq!((d.stage, d.stage_bytes), ([9; HANDLE_BYTES], 1 << 26));
+        assert_eq!((d.defer, d.ll_no_wait), (true, false));
+        // The two flags share a byte: each comes back alone.
+        let e = Hello::decode(&flipped.encode()).unwrap();
+        assert_eq!((e.defer, e.ll_no_wait), (false, true));
         assert_eq!(
             (
                 d.ll_max,

@@ -50,5 +50,6 @@ pub fn settings(cfg: &Config) -> Settings {
         host_trace: cfg.gpu_host_trace != 0,
         defer: cfg.gpu_defer != 0,
         stage_bytes: cfg.gpu_stage_bytes,
+        ll_no_wait: cfg.gpu_ll_no_wait != 0,
     }
 }

@@ -3,10 +3,11 @@
  * mismatch.sh on a GPU machine with and without RAILCC_GPU_STAGE_BYTES. Ranks are processes
  * the script starts; the unique id travels through a file in DIR (../share_id.h).
  *
- *   mismatch RANK DIR count|dtype
+ *   mismatch RANK DIR count|dtype [BASE]
  *     2 ranks. One checked all_reduce of 1 MiB of floats (every rank's sum), then the
  *     mismatched call: "count" rank 1 passes twice rank 0's count; "dtype" rank 1 passes
- *     bfloat16 (ncclBfloat16) for the same bytes. Where the call itself fails (the usual
+ *     bfloat16 (ncclBfloat16) for the same bytes; rank 0 passes BASE floats (default 256 Ki; 1024
+ *     is small enough for the low-latency kernel, whose calls launch without a meeting). Where the call itself fails (the usual
  *     path) that is the error; where it returns (a call through the fixed stage, whose peers'
  *     entries are checked behind it), ncclCommGetAsyncError must turn non-success within
  *     10 s while the stream is polled, and the next all_reduce must fail. Either way the
@@ -54,8 +55,13 @@ static int poll_done(ncclComm_t comm, cudaStream_t s, double limit, ncclResult_t
 }
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    fprintf(stderr, "usage: mismatch RANK DIR count|dtype\n");
+  if (argc != 4 && argc != 5) {
+    fprintf(stderr, "usage: mismatch RANK DIR count|dtype [BASE]\n");
+    return 2;
+  }
+  size_t base = argc == 5 ? (size_t)atol(argv[4]) : COUNT;
+  if (base == 0 || base > COUNT) {
+    fprintf(stderr, "mismatch: BASE must be 1 to %d floats\n", COUNT);
     return 2;
   }
   rank = atoi(argv[1]);
@@ -80,12 +86,12 @@ int main(int argc, char** argv) {
   for (int i = 0; i < COUNT; i++)
     if (h[i] != 3.0f + 2.0f * (float)(i % 7)) FAIL("the good all_reduce: element %d is %g", i, h[i]);
   /* The mismatched call. */
-  size_t count = COUNT;
+  size_t count = base;
   ncclDataType_t dt = ncclFloat;
   if (strcmp(what, "count") == 0) {
-    if (rank == 1) count = 2 * COUNT;
+    if (rank == 1) count = 2 * base;
   } else if (strcmp(what, "dtype") == 0) {
-    if (rank == 1) { dt = ncclBfloat16; count = 2 * COUNT; }
+    if (rank == 1) { dt = ncclBfloat16; count = 2 * base; }
   } else {
     FAIL("unknown case %s", what);
   }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On a GPU machine: mismatched calls across 2 ranks (mismatch.c says what each does) give an
 # error naming the difference on every rank within 10 s, the stream finishing; with the usual
-# path and with the fixed stage (RAILCC_GPU_STAGE_BYTES, where the error is asynchronous).
+# path and with the fixed stage (RAILCC_GPU_STAGE_BYTES, where the error is asynchronous), and
+# for calls small enough for the low-latency kernel, with and without RAILCC_GPU_LL_NO_WAIT
+# (its calls launch without a meeting: the error is asynchronous).
 # Prepare with bench/compare/gpu-prepare.sh; carry .device. One PASS/FAIL line per case; exit 1
 # if any failed. Logs: $OUT/mismatch-<case>.log.
 set -uo pipefail
@@ -16,12 +18,17 @@ gcc -O1 -I nccl-compat/include -I /usr/local/cuda/include nccl-compat/tests/mism
   || { echo "FAIL mismatch: build"; exit 1; }
 export LD_LIBRARY_PATH="$work:$LD_LIBRARY_PATH"
 FAILS=0
-for stage in 0 67108864; do
+# way: "stage<bytes>" (a 1 MiB call) or "ll<0|1>" (a 4 KiB call, RAILCC_GPU_LL_NO_WAIT).
+for way in stage0 stage67108864 ll0 ll1; do
+  case $way in
+    stage*) env=(RAILCC_GPU_STAGE_BYTES=${way#stage}) base=262144 ;;
+    ll*) env=(RAILCC_GPU_LL_NO_WAIT=${way#ll}) base=1024 ;;
+  esac
   for what in count dtype; do
-    name="$what-stage$stage" d=$(mktemp -d)
-    RAILCC_GPU_STAGE_BYTES=$stage timeout -k 5 60 "$work/mismatch" 1 "$d" "$what" > "$d/rank1.log" 2>&1 &
+    name="$what-$way" d=$(mktemp -d)
+    env "${env[@]}" timeout -k 5 60 "$work/mismatch" 1 "$d" "$what" $base > "$d/rank1.log" 2>&1 &
     p1=$!
-    RAILCC_GPU_STAGE_BYTES=$stage timeout -k 5 60 "$work/mismatch" 0 "$d" "$what" > "$d/rank0.log" 2>&1
+    env "${env[@]}" timeout -k 5 60 "$work/mismatch" 0 "$d" "$what" $base > "$d/rank0.log" 2>&1
     rc0=$?
     wait $p1; rc1=$?
     cat "$d"/rank?.log > "$OUT/mismatch-$name.log"
