@@ -8,9 +8,10 @@
 #      recover parts; then nccl-tests under mpirun -np 4 through railcc's libnccl against
 #      NCCL (NCCL_DEBUG=INFO: its channels): all_reduce with LL_NO_WAIT 0 / 1 / 1 and the
 #      low-latency kernel to 256 KiB; all_gather and reduce_scatter with and without the stage.
+#   c  a's nccl-tests alone (and -g 4 all_reduce, one process).
 #   b  steps on one host of 4 GPUs, DDP and FSDP: railcc (its default), railcc with the stage,
 #      NCCL; two runs each, interleaved.
-# Usage: bash bench/compare/gpu-x4-s21.sh a|b
+# Usage: bash bench/compare/gpu-x4-s21.sh a|b|c
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -19,15 +20,18 @@ case ${1:-} in
   a)
     OUT=$L TEST_GPU_PARTS="mismatch stage recover" timeout 360 bash scripts/test-gpu.sh 2>&1 | grep -E "^(PASS|FAIL|SKIP|      )|test-gpu:" | cut -c1-200
     echo "== after $(( $(date +%s) - T0 )) s"
-    nccl_tests_build $NTM 1 || { echo "FAIL  nccl-tests build (MPI)"; tail /tmp/nccl-build-1.log; }
+    ;;&
+  a|c)
+    nccl_tests_build_both >/dev/null 2>&1 || echo "FAIL  nccl-tests build"
     NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
     MPI4="mpirun -np 4 --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x RAILCC_GPU_STAGE_BYTES -x RAILCC_GPU_LL_NO_WAIT -x RAILCC_GPU_LL_MAX_BYTES -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS"
     P="-b 8 -e 64M -f 8 -n 20 -w 5 -c 1 -g 1"
     run_nt() {   # $1 binary, $2 label, rest: env
       local b=$1 v=$2; shift 2
-      local f="$L/np4-$b-$v.log" lib="$PWD/.device/lib"
-      [ "$v" = nccl ] && lib=$NCCL_HOME/lib
-      env RAILCC_GPU_STAGE_BYTES=0 RAILCC_GPU_LL_NO_WAIT=1 RAILCC_GPU_LL_MAX_BYTES=65536 NCCL_DEBUG=WARN NCCL_DEBUG_SUBSYS=INIT "$@" LD_LIBRARY_PATH="$lib:/usr/local/cuda/lib64" timeout 90 $MPI4 $NTM/build/${b}_perf $P > "$f" 2>&1
+      local f="$L/np4-$b-$v.log" lib="$PWD/.device/lib" how="$MPI4 $NTM/build/${b}_perf $P"
+      [ "${v%-g4}" = nccl ] && lib=$NCCL_HOME/lib
+      case $v in *-g4) f="$L/g4-$b-$v.log" how="$NT/build/${b}_perf ${P% -g 1} -g 4" ;; esac
+      env RAILCC_GPU_STAGE_BYTES=0 RAILCC_GPU_LL_NO_WAIT=1 RAILCC_GPU_LL_MAX_BYTES=65536 NCCL_DEBUG=WARN NCCL_DEBUG_SUBSYS=INIT "$@" LD_LIBRARY_PATH="$lib:/usr/local/cuda/lib64" timeout 90 $how > "$f" 2>&1
       echo "== $b $v: exit $?, $(grep -c 'Out of bounds values : 0 OK' "$f") OK table(s)"
       grep -E "^ +[0-9]+ +[0-9]+ " "$f" | awk '{printf "  %10s %10s us %7s GB/s busbw #wrong %s\n", $1, $6, $8, $9}'
     }
@@ -38,6 +42,9 @@ case ${1:-} in
       run_nt all_reduce nccl NCCL_DEBUG=INFO
     done
     grep -m1 -oE "[0-9]+ coll channels.*" "$L/np4-all_reduce-nccl.log"
+    for v in default ll256k nccl; do
+      case $v in ll256k) run_nt all_reduce $v-g4 RAILCC_GPU_LL_MAX_BYTES=262144 ;; *) run_nt all_reduce $v-g4 ;; esac
+    done
     for b in reduce_scatter all_gather; do
       run_nt $b default
       run_nt $b stage RAILCC_GPU_STAGE_BYTES=67108864
@@ -50,6 +57,6 @@ case ${1:-} in
       timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/host.txt" | grep -v "^  "
     grep -h -m3 -oE "[0-9]+ coll channels.*" "$L"/host/step-nccl-* 2>/dev/null | sort | uniq -c | head -4
     ;;
-  *) echo "usage: $0 a|b"; exit 2 ;;
+  *) echo "usage: $0 a|b|c"; exit 2 ;;
 esac
 session_end "$1"

@@ -323,25 +323,30 @@ __device__ __forceinline__ void stop_waits(unsigned long long sync, unsigned int
   if (a != 0 && *(volatile unsigned int*)a == 0) *(volatile unsigned int*)a = code;
 }
 __device__ __forceinline__ void timed_out(unsigned long long sync) { stop_waits(sync, ABORT_TIMED_OUT); }
-__device__ __forceinline__ void wait_at_least(volatile unsigned long long* p, unsigned long long epoch, unsigned long long t0, unsigned long long timeout_ns, unsigned long long sync) {
+// True when the wait was stopped (a timeout, an abort), false when the word arrived.
+__device__ __forceinline__ bool wait_at_least(volatile unsigned long long* p, unsigned long long epoch, unsigned long long t0, unsigned long long timeout_ns, unsigned long long sync) {
   unsigned int spins = 0;
   while (*p < epoch) {
-    if (now_ns() - t0 > timeout_ns) { timed_out(sync); return; } // a peer never arrived
-    if ((++spins & 1023u) == 0 && aborted(sync)) return;
+    if (now_ns() - t0 > timeout_ns) { timed_out(sync); return true; } // a peer never arrived
+    if ((++spins & 1023u) == 0 && aborted(sync)) return true;
   }
+  return false;
 }
 // Every block waits until every peer's inputs are ready (its kernel has started). True (in
-// every thread of the block) when the waits were stopped (an abort, a dead peer, a timeout):
-// the caller then skips its data phase, so a kernel left on a stream after an abort writes
-// no peer's memory (a peer may have freed it), and goes straight to arrive_done.
+// every thread of the block) when a wait was stopped (an abort, a dead peer, a timeout)
+// before its peer arrived: the caller then skips its data phase, so a kernel waiting on a
+// stream at an abort writes no peer's memory (a peer may have freed it), and goes straight
+// to arrive_done. Only a stopped wait reads the abort word: that read crosses PCIe (mapped
+// host memory), and one per block at every kernel's start cost 2-3x at 2-16 MB (measured).
 __device__ bool arrive_ready(Ptrs syncs, int n, int me, unsigned long long epoch, unsigned long long timeout_ns) {
   if (n == 1) return false;
   unsigned long long t0 = now_ns();
   if (blockIdx.x == 0 && threadIdx.x < n && threadIdx.x != me)
     ((volatile unsigned long long*)syncs.p[threadIdx.x])[me] = epoch;
+  bool stopped = false;
   if (threadIdx.x < n && threadIdx.x != me)
-    wait_at_least((volatile unsigned long long*)syncs.p[me] + threadIdx.x, epoch, t0, timeout_ns, syncs.p[me]);
-  return __syncthreads_or(threadIdx.x == 0 && aborted(syncs.p[me]));
+    stopped = wait_at_least((volatile unsigned long long*)syncs.p[me] + threadIdx.x, epoch, t0, timeout_ns, syncs.p[me]);
+  return __syncthreads_or(stopped);
 }
 // Each block tells every peer it is done with their memory; block 0 waits for every block of
 // every peer, so this kernel ends only when nobody reads our inputs or writes our outputs.
