@@ -22,15 +22,16 @@ case ${1:-} in
     echo "== after $(( $(date +%s) - T0 )) s"
     ;;&
   a|c)
+    N=$(nvidia-smi -L | wc -l)   # 4 on the x4 kinds; 2 where only those are lent
     nccl_tests_build_both >/dev/null 2>&1 || echo "FAIL  nccl-tests build"
     NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
-    MPI4="mpirun -np 4 --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x RAILCC_GPU_STAGE_BYTES -x RAILCC_GPU_LL_NO_WAIT -x RAILCC_GPU_LL_MAX_BYTES -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS"
+    MPI4="mpirun -np $N --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x RAILCC_GPU_STAGE_BYTES -x RAILCC_GPU_LL_NO_WAIT -x RAILCC_GPU_LL_MAX_BYTES -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS"
     P="-b 8 -e 64M -f 8 -n 20 -w 5 -c 1 -g 1"
     run_nt() {   # $1 binary, $2 label, rest: env
       local b=$1 v=$2; shift 2
-      local f="$L/np4-$b-$v.log" lib="$PWD/.device/lib" how="$MPI4 $NTM/build/${b}_perf $P"
+      local f="$L/np$N-$b-$v.log" lib="$PWD/.device/lib" how="$MPI4 $NTM/build/${b}_perf $P"
       [ "${v%-g4}" = nccl ] && lib=$NCCL_HOME/lib
-      case $v in *-g4) f="$L/g4-$b-$v.log" how="$NT/build/${b}_perf ${P% -g 1} -g 4" ;; esac
+      case $v in *-g4) f="$L/g4-$b-$v.log" how="$NT/build/${b}_perf ${P% -g 1} -g $N" ;; esac
       env RAILCC_GPU_STAGE_BYTES=0 RAILCC_GPU_LL_NO_WAIT=1 RAILCC_GPU_LL_MAX_BYTES=65536 NCCL_DEBUG=WARN NCCL_DEBUG_SUBSYS=INIT "$@" LD_LIBRARY_PATH="$lib:/usr/local/cuda/lib64" timeout 90 $how > "$f" 2>&1
       echo "== $b $v: exit $?, $(grep -c 'Out of bounds values : 0 OK' "$f") OK table(s)"
       grep -E "^ +[0-9]+ +[0-9]+ " "$f" | awk '{printf "  %10s %10s us %7s GB/s busbw #wrong %s\n", $1, $6, $8, $9}'
@@ -41,7 +42,7 @@ case ${1:-} in
       run_nt all_reduce ll256k RAILCC_GPU_LL_MAX_BYTES=262144
       run_nt all_reduce nccl NCCL_DEBUG=INFO
     done
-    grep -m1 -oE "[0-9]+ coll channels.*" "$L/np4-all_reduce-nccl.log"
+    grep -m1 -oE "[0-9]+ coll channels.*" "$L/np$N-all_reduce-nccl.log"
     for v in default ll256k nccl; do
       case $v in ll256k) run_nt all_reduce $v-g4 RAILCC_GPU_LL_MAX_BYTES=262144 ;; *) run_nt all_reduce $v-g4 ;; esac
     done
