@@ -201,8 +201,10 @@ config! {
     /// ~/.cache/railcc; "off": compile in every process.
     cache_dir: String = String::new(), "RAILCC_CACHE_DIR";
     /// GPU all-reduces up to this many bytes per rank use the low-latency kernel (one exchange,
-    /// no barriers); larger ones the bulk kernel. 0 disables it; at most 524288.
-    gpu_ll_max_bytes: usize = 65536, "RAILCC_GPU_LL_MAX_BYTES";
+    /// no barriers); larger ones the bulk kernel. 0 disables it; at most 524288. 256 KiB: with
+    /// its calls launched without a meeting it read 7.9-12.8 us at 256 KiB against the bulk
+    /// kernel's 13.1-24.0 (2 and 4 H200s, nineteenth session; it was 64 KiB).
+    gpu_ll_max_bytes: usize = 262144, "RAILCC_GPU_LL_MAX_BYTES";
     /// 1: the bulk GPU kernel loads every input's data of two 16-byte vectors at once before
     /// reducing (more reads in flight: on 4 x H100 at 24 blocks 0.79x -> 0.89x NCCL's busbw at
     /// 1 GB, no loss at 132); 0: one input at a time; 2: as 1, and on compute capability 9.0
