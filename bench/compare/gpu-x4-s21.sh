@@ -9,9 +9,12 @@
 #      NCCL (NCCL_DEBUG=INFO: its channels): all_reduce with LL_NO_WAIT 0 / 1 / 1 and the
 #      low-latency kernel to 256 KiB; all_gather and reduce_scatter with and without the stage.
 #   c  a's nccl-tests alone (and -g 4 all_reduce, one process).
-#   b  steps on one host of 4 GPUs, DDP and FSDP: railcc (its default), railcc with the stage,
-#      NCCL; two runs each, interleaved.
-# Usage: bash bench/compare/gpu-x4-s21.sh a|b|c
+#   d  issue 30's nccl-tests rows on this host's GPUs (2 or 4): all_reduce 8 B-1 GB,
+#      all_gather and reduce_scatter 16 MB-1 GB, railcc default and at 24 blocks against NCCL;
+#      sendrecv and alltoall 1-256 MB; -g N and mpirun -np N.
+#   b  steps on one host of 4 GPUs, DDP and FSDP: railcc (its default), railcc at NCCL's 24
+#      blocks, NCCL; two runs each, interleaved.
+# Usage: bash bench/compare/gpu-x4-s21.sh a|b|c|d
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -52,12 +55,38 @@ case ${1:-} in
       run_nt $b nccl
     done
     ;;
+  d)
+    # Issue 30's nccl-tests acceptance rows on this host's GPUs, railcc at its default blocks
+    # and at NCCL's channel count (24, read below from NCCL_DEBUG=INFO), -g N and mpirun.
+    N=$(nvidia-smi -L | wc -l)
+    nccl_tests_build_both >/dev/null 2>&1 || echo "FAIL  nccl-tests build"
+    MPIN="mpirun -np $N --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x RAILCC_GPU_MAX_BLOCKS -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS"
+    nt() {   # $1 binary, $2 way (g|mpi), $3 lib (railcc|b24|nccl), $4 sizes
+      local b=$1 w=$2 v=$3 lib="$PWD/.device/lib" blocks=0 f="$L/d-$1-$2-$3.log" how
+      [ "$v" = nccl ] && lib=$NCCL_HOME/lib
+      [ "$v" = b24 ] && blocks=24
+      case $w in g) how="$NT/build/${b}_perf -g $N" ;; mpi) how="$MPIN $NTM/build/${b}_perf -g 1" ;; esac
+      env RAILCC_GPU_MAX_BLOCKS=$blocks NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT LD_LIBRARY_PATH="$lib:/usr/local/cuda/lib64" \
+        timeout 120 $how $4 -n 20 -w 5 -c 1 > "$f" 2>&1
+      echo "== $b $w $v: exit $?, $(grep -c 'Out of bounds values : 0 OK' "$f") OK table(s)$( [ $v = nccl ] && grep -m1 -oE ' [0-9]+ coll channels' "$f")"
+      grep -E "^ +[0-9]+ +[0-9]+ " "$f" | awk '{printf "  %10s %10s us %7s GB/s busbw #wrong %s\n", $1, $6, $8, $9}'
+    }
+    for w in g mpi; do
+      for v in railcc b24 nccl; do nt all_reduce $w $v "-b 8 -e 1G -f 8"; done
+      for b in all_gather reduce_scatter; do
+        for v in railcc b24 nccl; do nt $b $w $v "-b 16M -e 1G -f 4"; done
+      done
+      for b in sendrecv alltoall; do
+        for v in railcc nccl; do nt $b $w $v "-b 1M -e 256M -f 16"; done
+      done
+    done
+    ;;
   b)
-    OUT=$L/host STEP_LAYOUTS=host STEP_MODES="ddp fsdp" STEP_RUNS=2 STEP_LIMIT=80 STEP_LIBS="railcc nccl" \
-      STEP_EXTRA="stage:RAILCC_GPU_STAGE_BYTES=67108864" STEP_ARGS="--steps 30" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
+    OUT=$L/host STEP_LAYOUTS=host STEP_MODES="ddp fsdp" STEP_RUNS=2 STEP_LIMIT=80 STEP_LIBS="railcc railcc-b24 nccl" \
+      STEP_ARGS="--steps 30" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
       timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/host.txt" | grep -v "^  "
     grep -h -m3 -oE "[0-9]+ coll channels.*" "$L"/host/step-nccl-* 2>/dev/null | sort | uniq -c | head -4
     ;;
-  *) echo "usage: $0 a|b|c"; exit 2 ;;
+  *) echo "usage: $0 a|b|c|d"; exit 2 ;;
 esac
 session_end "$1"
