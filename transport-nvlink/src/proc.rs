@@ -799,10 +799,12 @@ impl ProcGpu {
         if let Some(d) = &self.defer {
             // Without a meeting: through the fixed stage where the call fits, or on its own
             // buffers where the low-latency kernel takes it.
+            let k = choose(&a, &self.choice);
             let fits = self.fixed.as_ref().and_then(|f| {
-                stage::recv_offset(a.coll, send_len, recv_len, f.bytes()).map(|at| (f, at))
+                let lens = (send_len, recv_len);
+                stage::recv_offset(a.coll, lens, reach(k, a.coll), f.bytes()).map(|at| (f, at))
             });
-            let ll = self.ll_no_wait && matches!(choose(&a, &self.choice), Kernel::Ll { .. });
+            let ll = self.ll_no_wait && matches!(k, Kernel::Ll { .. });
             let stream = stream_of(c.stream);
             // SAFETY: the caller's stream of this GPU (this function's contract).
             if (fits.is_some() || ll) && !unsafe { is_capturing(&self.gpu, stream) }? {

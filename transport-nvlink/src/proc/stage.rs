@@ -11,7 +11,8 @@
 //! How: the send data is copied to the start of this rank's stage, the kernel runs with every
 //! rank's stage as its inputs and (after the send part, 256-byte aligned) outputs, and the
 //! receive part is copied out after it; all on the caller's stream, in the communicator's
-//! kernel order. Every rank lays a call out alike from its shape, so matching calls agree;
+//! kernel order. A part no peer's kernel reaches (`plan::reach`) is neither copied nor given
+//! room: the kernel uses the caller's buffer for it. Every rank lays a call out alike from its shape, so matching calls agree;
 //! the launcher thread (`defer.rs`) reads the peers' table entries behind the call and breaks
 //! the communicator if one differs. A mismatched peer's kernel stays inside every stage (each
 //! rank checks its own call fits, and every stage has the communicator's size), so a
@@ -36,16 +37,24 @@ pub(super) struct FixedStage {
 
 /// Where a call of `send_len` and `recv_len` bytes lies in a stage of `bytes`: its send
 /// part at the start, its receive part at the returned offset (256-byte aligned); None when
-/// it does not fit or the collective does not go through stages.
-pub(super) fn recv_offset(coll: CollKind, send_len: u64, recv_len: u64, bytes: u64) -> Option<u64> {
+/// it does not fit or the collective does not go through stages. `(ins, outs)`: whether its
+/// kernel reaches the peers' inputs and outputs (`plan::reach`); a part no peer reaches stays
+/// the caller's and takes no room (a reduce-scatter's output; an all-gather's or the push
+/// all-reduce's input: a DDP bucket of 32 MiB then fits a stage of 64).
+pub(super) fn recv_offset(
+    coll: CollKind,
+    (send_len, recv_len): (u64, u64),
+    (ins, outs): (bool, bool),
+    bytes: u64,
+) -> Option<u64> {
     if !matches!(
         coll,
         CollKind::AllReduce | CollKind::AllGather | CollKind::ReduceScatter
     ) {
         return None;
     }
-    let recv = send_len.checked_next_multiple_of(256)?;
-    (recv.checked_add(recv_len)? <= bytes).then_some(recv)
+    let recv = if ins { send_len } else { 0 }.checked_next_multiple_of(256)?;
+    (recv.checked_add(if outs { recv_len } else { 0 })? <= bytes).then_some(recv)
 }
 
 impl FixedStage {
@@ -90,16 +99,36 @@ mod tests {
 
     #[test]
     fn a_call_fits_its_send_part_then_its_receive_part_aligned() {
+        let both = (true, true);
         assert_eq!(
-            recv_offset(CollKind::AllGather, 1000, 4000, 8192),
+            recv_offset(CollKind::AllGather, (1000, 4000), both, 8192),
             Some(1024)
         );
         // Exactly full, one byte over, and no send part.
-        assert!(recv_offset(CollKind::ReduceScatter, 4096, 4096, 8192).is_some());
-        assert!(recv_offset(CollKind::ReduceScatter, 4096, 4097, 8192).is_none());
-        assert_eq!(recv_offset(CollKind::AllReduce, 0, 0, 8192), Some(0));
+        assert!(recv_offset(CollKind::ReduceScatter, (4096, 4096), both, 8192).is_some());
+        assert!(recv_offset(CollKind::ReduceScatter, (4096, 4097), both, 8192).is_none());
+        assert_eq!(
+            recv_offset(CollKind::AllReduce, (0, 0), both, 8192),
+            Some(0)
+        );
         // Only these three collectives; and no overflow on absurd sizes.
-        assert!(recv_offset(CollKind::Broadcast, 8, 8, 8192).is_none());
-        assert!(recv_offset(CollKind::AllReduce, u64::MAX - 10, 8, u64::MAX).is_none());
+        assert!(recv_offset(CollKind::Broadcast, (8, 8), both, 8192).is_none());
+        assert!(recv_offset(CollKind::AllReduce, (u64::MAX - 10, 8), both, u64::MAX).is_none());
+    }
+
+    #[test]
+    fn a_part_no_peer_reaches_takes_no_room() {
+        // The push all-reduce (only outputs reached): 6 KiB in and out fit 8 KiB.
+        assert_eq!(
+            recv_offset(CollKind::AllReduce, (6144, 6144), (false, true), 8192),
+            Some(0)
+        );
+        assert!(recv_offset(CollKind::AllReduce, (6144, 6144), (true, true), 8192).is_none());
+        // A reduce-scatter (only inputs reached): its whole send part, no receive part.
+        assert_eq!(
+            recv_offset(CollKind::ReduceScatter, (8192, 2048), (true, false), 8192),
+            Some(8192)
+        );
+        assert!(recv_offset(CollKind::ReduceScatter, (8193, 1), (true, false), 8192).is_none());
     }
 }
