@@ -13,7 +13,8 @@
 #      all_gather and reduce_scatter 16 MB-1 GB, railcc default and at 24 blocks against NCCL;
 #      sendrecv and alltoall 1-256 MB; -g N and mpirun -np N.
 #   b  steps on one host of 4 GPUs, DDP and FSDP: railcc (its default), railcc at NCCL's 24
-#      blocks, NCCL; two runs each, interleaved.
+#      blocks, railcc with the 64 MiB stage (now room only for the parts peers reach), NCCL;
+#      two runs each, interleaved.
 # Usage: bash bench/compare/gpu-x4-s21.sh a|b|c|d
 set -u
 cd "$(dirname "$0")/../.."
@@ -83,7 +84,7 @@ case ${1:-} in
     ;;
   b)
     OUT=$L/host STEP_LAYOUTS=host STEP_MODES="ddp fsdp" STEP_RUNS=2 STEP_LIMIT=80 STEP_LIBS="railcc railcc-b24 nccl" \
-      STEP_ARGS="--steps 30" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
+      STEP_EXTRA="stage:RAILCC_GPU_STAGE_BYTES=67108864" STEP_ARGS="--steps 30" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
       timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/host.txt" | grep -v "^  "
     grep -h -m3 -oE "[0-9]+ coll channels.*" "$L"/host/step-nccl-* 2>/dev/null | sort | uniq -c | head -4
     ;;
