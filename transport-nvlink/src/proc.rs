@@ -935,14 +935,6 @@ impl ProcGpu {
     ) -> Result<Launch> {
         let (a, n) = (c.args, self.nranks);
         let broken = || self.async_error();
-        let mut shape = a.to_words();
-        shape[4] |= STAGED_BIT;
-        self.table.wait_free(call, self.rank, deadline, &broken)?;
-        self.table
-            .publish(call, self.rank, shape, [BufDesc::EMPTY; 2]);
-        *published = true;
-        d.check(call, shape, deadline)?;
-        self.trace.lap(clock, "coll unmet publish");
         let k = choose(&a, &self.choice);
         let me = self.rank;
         // Which of this rank's buffers its peers' kernels reach: only those go through the
@@ -972,6 +964,14 @@ impl ProcGpu {
         if !peer_outs {
             outs[me] = c.recv;
         }
+        let mut shape = a.to_words();
+        shape[4] |= STAGED_BIT;
+        self.table.wait_free(call, self.rank, deadline, &broken)?;
+        self.table
+            .publish(call, self.rank, shape, [BufDesc::EMPTY; 2]);
+        *published = true;
+        d.check(call, shape, deadline)?;
+        self.trace.lap(clock, "coll unmet publish");
         let peers = Peers {
             ins: &ins,
             outs: &outs,
