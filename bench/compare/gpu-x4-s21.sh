@@ -12,10 +12,11 @@
 #   d  issue 30's nccl-tests rows on this host's GPUs (2 or 4): all_reduce 8 B-1 GB,
 #      all_gather and reduce_scatter 16 MB-1 GB, railcc default and at 24 blocks against NCCL;
 #      sendrecv and alltoall 1-256 MB; -g N and mpirun -np N.
+#   p  DDP and FSDP steps under torch.profiler, railcc and NCCL (where the step's time goes).
 #   b  steps on one host of 4 GPUs, DDP and FSDP: railcc (its default), railcc at NCCL's 24
 #      blocks, railcc with the 64 MiB stage (now room only for the parts peers reach), NCCL;
 #      two runs each, interleaved.
-# Usage: bash bench/compare/gpu-x4-s21.sh a|b|c|d
+# Usage: bash bench/compare/gpu-x4-s21.sh a|b|c|d|p
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -82,12 +83,19 @@ case ${1:-} in
       done
     done
     ;;
+  p)
+    # Where a step's time goes: DDP and FSDP, railcc (default) and NCCL, 10 timed steps then 5
+    # under torch.profiler (kernels by device time, the collectives' host calls), one run each.
+    OUT=$L/prof STEP_LAYOUTS=host STEP_MODES="ddp fsdp" STEP_RUNS=1 STEP_LIMIT=60 STEP_LIBS="railcc nccl" \
+      STEP_ARGS="--steps 10 --profile 5" timeout $(left 230) bash bench/torch/step.sh 2>&1 | tee "$L/prof.txt" | grep "^step:"
+    grep -h "^profile:" "$L"/prof/step-*.log | cut -c1-170
+    ;;
   b)
     OUT=$L/host STEP_LAYOUTS=host STEP_MODES="ddp fsdp" STEP_RUNS=2 STEP_LIMIT=80 STEP_LIBS="railcc railcc-b24 nccl" \
       STEP_EXTRA="stage:RAILCC_GPU_STAGE_BYTES=67108864" STEP_ARGS="--steps 30" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
       timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/host.txt" | grep -v "^  "
     grep -h -m3 -oE "[0-9]+ coll channels.*" "$L"/host/step-nccl-* 2>/dev/null | sort | uniq -c | head -4
     ;;
-  *) echo "usage: $0 a|b|c|d"; exit 2 ;;
+  *) echo "usage: $0 a|b|c|d|p"; exit 2 ;;
 esac
 session_end "$1"

@@ -48,6 +48,13 @@ def parse():
     p.add_argument("--bucket-mb", type=float, default=25.0, help="overlap ddp: bucket size")
     p.add_argument("--small-sizes", default="8,65536,1048576", help="small: bytes per all_reduce")
     p.add_argument("--cpu", action="store_true")
+    p.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        help="ddp/fsdp/hsdp: after the timed steps, this many more under torch.profiler; rank 0 prints "
+        "where the device time went (kernels by total time) and the host time of the collectives' calls",
+    )
     return p.parse_args()
 
 
@@ -80,6 +87,38 @@ def hosts_and_local():
 def sync(dev):
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
+
+
+def profile_steps(a, dev, rank, net, opt, x, y):
+    """`a.profile` more steps under torch.profiler; rank 0 prints the kernels by device time and
+    the collectives' host calls (how long the caller's thread spent in them): whether a
+    library's step loses in its kernels or on the host."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    sync(dev)
+    t0 = time.perf_counter()
+    with profile(activities=acts) as prof:
+        for _ in range(a.profile):
+            out = net(x)
+            loss = nn.functional.cross_entropy(out.float().reshape(-1, a.vocab), y.reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        sync(dev)
+    wall = (time.perf_counter() - t0) * 1e3 / a.profile
+    if rank != 0:
+        return
+    ev = prof.key_averages()
+    dev_us = lambda e: getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))
+    kernels = sorted((e for e in ev if dev_us(e) > 0), key=dev_us, reverse=True)
+    total = sum(dev_us(e) for e in kernels)
+    print(f"profile: {a.label} {a.mode}: {a.profile} steps, {wall:.2f} ms a step (profiled), "
+          f"device time {total / 1e3 / a.profile:.2f} ms a step", flush=True)
+    for e in kernels[:12]:
+        print(f"profile:   device {dev_us(e) / 1e3 / a.profile:8.3f} ms/step {e.count / a.profile:6.1f} calls/step  {e.key[:90]}", flush=True)
+    for e in sorted((e for e in ev if "nccl" in e.key.lower() or "c10d" in e.key.lower()), key=lambda e: -e.cpu_time_total)[:8]:
+        print(f"profile:   host   {e.cpu_time_total / 1e3 / a.profile:8.3f} ms/step {e.count / a.profile:6.1f} calls/step  {e.key[:90]}", flush=True)
 
 
 def train(a, dev, rank, world):
@@ -122,6 +161,8 @@ def train(a, dev, rank, world):
         losses.append(float(loss.detach()))
         if i >= a.warmup:
             times.append(dt * 1e3)
+    if a.profile > 0:
+        profile_steps(a, dev, rank, net, opt, x, y)
     return {
         "median_ms": statistics.median(times),
         # Issue 31's figure is the median of 10 steps; with --steps past 10 both are kept.
