@@ -87,7 +87,7 @@ case ${1:-} in
     # Where a step's time goes: DDP and FSDP, railcc (default) and NCCL, 10 timed steps then 5
     # under torch.profiler (kernels by device time, the collectives' host calls), one run each.
     OUT=$L/prof STEP_LAYOUTS=host STEP_MODES="ddp fsdp" STEP_RUNS=1 STEP_LIMIT=60 STEP_LIBS="railcc nccl" \
-      STEP_ARGS="--steps 10 --profile 5" timeout $(left 230) bash bench/torch/step.sh 2>&1 | tee "$L/prof.txt" | grep "^step:"
+      STEP_ARGS="--steps 10 --profile 5" timeout $(left 160) bash bench/torch/step.sh 2>&1 | tee "$L/prof.txt" | grep "^step:"
     grep -h "^profile:" "$L"/prof/step-*.log | cut -c1-170
     ;;
   b)
