@@ -400,7 +400,8 @@ config! {
     /// touches only its own buffers and the areas mapped at init) is launched at once on the
     /// caller's stream, without waiting on the host for its peers; a thread checks the peers'
     /// calls match behind it (an error is then asynchronous, as NCCL's). 0: it waits on the
-    /// host like larger calls. Every rank must have it on.
+    /// host like larger calls (unless the fixed stage is on, which takes them unmet too).
+    /// Every rank must have it on.
     gpu_ll_no_wait: u8 = 1, "RAILCC_GPU_LL_NO_WAIT";
     /// The GPU this rank's data lives on (libnccl and the GPU paths set it; -1: none): its
     /// rails between hosts are the NICs nearest that GPU (`railcc topo`), as rail-optimised

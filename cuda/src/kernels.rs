@@ -336,8 +336,10 @@ __device__ __forceinline__ bool wait_at_least(volatile unsigned long long* p, un
 // every thread of the block) when a wait was stopped (an abort, a dead peer, a timeout)
 // before its peer arrived: the caller then skips its data phase, so a kernel waiting on a
 // stream at an abort writes no peer's memory (a peer may have freed it), and goes straight
-// to arrive_done. Only a stopped wait reads the abort word: that read crosses PCIe (mapped
-// host memory), and one per block at every kernel's start cost 2-3x at 2-16 MB (measured).
+// to arrive_done (a kernel whose peers wait on its own flags sets them first: push.rs). Only
+// a stopped wait reads the abort word: that read crosses PCIe (mapped host memory), and one
+// per block at every kernel's start cost 2-3x at 2-16 MB (measured). The copy-engine paths
+// (copies.rs) are enqueued by the host before their barrier kernel runs: they still copy.
 __device__ bool arrive_ready(Ptrs syncs, int n, int me, unsigned long long epoch, unsigned long long timeout_ns) {
   if (n == 1) return false;
   unsigned long long t0 = now_ns();

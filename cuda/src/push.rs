@@ -120,7 +120,18 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const {t}* in, Pt
   const int V = 16 / sizeof(T);
   const unsigned long long area = areas.p[me];
   const unsigned long long epoch = call_epoch(area);
-  if (arrive_ready(areas, n, me, epoch, timeout_ns)) {{ arrive_done(areas, n, me, epoch, timeout_ns); return; }}
+  if (arrive_ready(areas, n, me, epoch, timeout_ns)) {{
+    // Stopped (an abort): this block sends nothing, so it marks every tile of this call posted
+    // and freed for the peers' same block; a peer that passed its ready wait would otherwise
+    // wait on them for ever (an abort is not told to the peers). Below the next call's values.
+    if (threadIdx.x < n && threadIdx.x != me) {{
+      volatile unsigned long long* f = (volatile unsigned long long*)(areas.p[threadIdx.x] + {flags}ull);
+      f[me * {maxb} + blockIdx.x] = (epoch << 32) | 0xffffffffull;
+      f[{fw} + me * {maxb} + blockIdx.x] = (epoch << 32) | 0xffffffffull;
+    }}
+    arrive_done(areas, n, me, epoch, timeout_ns);
+    return;
+  }}
   const unsigned long long base = epoch << 32;
   const unsigned long long tiles = (per + tile - 1) / tile;
   const unsigned int blk = blockIdx.x, nb = gridDim.x;
