@@ -13,13 +13,19 @@
  *     before the kill must be unchanged.
  *     Last line: "recover: rank R: recovered by MODE: 100 all_reduce ok, matmul ok, tensors
  *     unchanged" or "recover: rank R: FAIL ...".
- *   recover abort RANK 2 DIR
- *     2 ranks; rank 1's stream is held 10 s by a host function, so rank 0's all_reduce kernel
- *     waits for a peer on the GPU. After 1 s another thread of rank 0 calls ncclCommAbort.
- *     Rank 0 prints how long ncclCommAbort took and how long its stream took to finish after
- *     it was called, then runs a cuBLAS matrix product (the context is still usable).
+ *   recover abort RANK N DIR
+ *     N ranks; the streams of ranks 1..N-1 are held 10 s by a host function, so rank 0's
+ *     all_reduce kernel waits for its peers on the GPU. After 1 s another thread of rank 0
+ *     calls ncclCommAbort. Rank 0 prints how long ncclCommAbort took and how long its stream
+ *     took to finish after it was called, then runs a cuBLAS matrix product (the context is
+ *     still usable), and stays alive until every other rank's stream finished (30 s at most),
+ *     so they cannot lean on its death being noticed. Ranks 1..N-1 then run their part of the
+ *     call, which rank 0's aborted kernel never did (the result is garbage, as NCCL's): each
+ *     prints how long its stream took after the hold ended; it must not wait for ever on
+ *     flags the aborted kernel skipped (the push kernel's tiles: cuda/src/push.rs).
  *     Last line on rank 0: "recover: rank 0: abort returned after X s, stream done after Y s,
- *     matmul ok" or "recover: rank 0: FAIL ...". */
+ *     matmul ok, peers done" or "recover: rank 0: FAIL ..."; on the others "recover: rank R:
+ *     stream done X s after its hold". */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <pthread.h>
@@ -174,20 +180,28 @@ static void* aborter(void* arg) {
   abort_returned = realtime();
   return NULL;
 }
-static void CUDART_CB hold(void* arg) { (void)arg; sleep(10); }
+static double held_until;
+static void CUDART_CB hold(void* arg) { (void)arg; sleep(10); held_until = realtime(); }
 
 static void abort_mode(void) {
   ncclUniqueId id = share_id(0, rank == 0);
-  CHECK(ncclCommInitRank(&abort_comm, 2, id, rank) == ncclSuccess);
+  CHECK(ncclCommInitRank(&abort_comm, nranks, id, rank) == ncclSuccess);
   cudaStream_t s;
   CHECK(cudaStreamCreate(&s) == cudaSuccess);
   float* buf = device_filled(rank + 1);
-  if (rank == 1) {
-    /* The kernel of rank 1 starts 10 s late: rank 0's waits on the GPU meanwhile. */
+  char path[512];
+  if (rank > 0) {
+    /* The kernels of ranks 1..N-1 start 10 s late: rank 0's waits on the GPU meanwhile. */
     CHECK(cudaLaunchHostFunc(s, hold, NULL) == cudaSuccess);
     ncclAllReduce(buf, buf, COUNT, ncclFloat, ncclSum, abort_comm, s);
-    cudaStreamSynchronize(s);
-    printf("recover: rank 1: done\n");
+    cudaError_t q = cudaStreamSynchronize(s);
+    double done = realtime();
+    if (q != cudaSuccess) FAIL("the stream failed: %s", cudaGetErrorString(q));
+    printf("recover: rank %d: stream done %.3f s after its hold\n", rank, done - held_until);
+    fflush(stdout);
+    snprintf(path, sizeof path, "%s/done-%d", dir, rank);
+    FILE* f = fopen(path, "w");
+    if (f) fclose(f);
     return;
   }
   pthread_t t;
@@ -198,13 +212,24 @@ static void abort_mode(void) {
   pthread_join(t, NULL);
   if (q != cudaSuccess) FAIL("the stream failed after the abort: %s", cudaGetErrorString(q));
   if (!matmul_ok()) FAIL("matmul after the abort");
-  printf("recover: rank 0: abort returned after %.3f s, stream done after %.3f s, matmul ok\n",
-         abort_returned - abort_called, done - abort_called);
+  /* Alive until every peer's stream finished: a dead rank 0 would release them anyway. */
+  int peers_done = 0;
+  for (int i = 0; i < 300 && peers_done < nranks - 1; i++) {
+    peers_done = 0;
+    for (int r = 1; r < nranks; r++) {
+      snprintf(path, sizeof path, "%s/done-%d", dir, r);
+      peers_done += access(path, F_OK) == 0;
+    }
+    if (peers_done < nranks - 1) usleep(100000);
+  }
+  printf("recover: rank 0: abort returned after %.3f s, stream done after %.3f s, matmul ok, %s\n",
+         abort_returned - abort_called, done - abort_called,
+         peers_done == nranks - 1 ? "peers done" : "peers not done after 30 s");
   fflush(stdout);
 }
 
 int main(int argc, char** argv) {
-  if (argc < 5) { fprintf(stderr, "usage: recover kill|abort RANK N DIR [shrink|reinit]\n"); return 2; }
+  if (argc < 5) { fprintf(stderr, "usage: recover kill RANK N DIR shrink|reinit, or recover abort RANK N DIR\n"); return 2; }
   rank = atoi(argv[2]);
   nranks = atoi(argv[3]);
   dir = argv[4];
@@ -213,6 +238,6 @@ int main(int argc, char** argv) {
   CHECK(cudaSetDevice(rank % ngpu) == cudaSuccess);
   if (strcmp(argv[1], "kill") == 0 && argc > 5) kill_mode(argv[5]);
   else if (strcmp(argv[1], "abort") == 0) abort_mode();
-  else { fprintf(stderr, "usage: recover kill|abort RANK N DIR [shrink|reinit]\n"); return 2; }
+  else { fprintf(stderr, "usage: recover kill RANK N DIR shrink|reinit, or recover abort RANK N DIR\n"); return 2; }
   return 0;
 }

@@ -8,11 +8,13 @@
 #                     run 100 checked all_reduces, a matrix product, and find a buffer made
 #                     before the kill unchanged. LAYOUT: host (one host) or 2x2 (two emulated
 #                     hosts of 2 ranks, RAILCC_HOSTID/NCCL_HOSTID).
-#   abort             2 ranks; rank 0's kernel waits for rank 1 (held 10 s); ncclCommAbort from
-#                     another thread must return, and the stream finish, within 1 s; then a
-#                     matrix product runs.
+#   abort[:N[:push]]  N ranks (2); rank 0's kernel waits for the others (held 10 s);
+#                     ncclCommAbort from another thread must return, and the stream finish,
+#                     within 1 s; then a matrix product runs, and the others' streams must
+#                     finish within 5 s of their hold with rank 0 alive (its aborted kernel
+#                     must not leave them waiting). push: on the push kernel (4 GPUs or more).
 # Prepare with bench/compare/gpu-prepare.sh; carry .device. RECOVER_CASES picks cases (default
-# "kill:host:shrink kill:host:reinit kill:2x2:shrink kill:2x2:reinit abort"). One PASS/FAIL
+# "kill:host:shrink kill:host:reinit kill:2x2:shrink kill:2x2:reinit abort abort:4:push"). One PASS/FAIL
 # line per case; exit 1 if any failed. Logs: $OUT/recover-<case>.log.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
@@ -71,31 +73,54 @@ kill_case() {
   rm -rf "$d"
 }
 
+# abort_case N [push]: rank 0 aborts while its kernel waits for ranks 1..N-1, whose kernels
+# start 10 s later and must then finish (within 5 s of their hold) with rank 0 still alive;
+# "push": every all_reduce on the push kernel (its per-tile flags; 4 GPUs or more).
 abort_case() {
-  local d
+  local n=$1 how=${2:-} d r name=abort pids=()
+  [ -n "$how" ] && name="abort-$how-$n"
   d=$(mktemp -d)
-  timeout -k 5 60 "$work/recover" abort 1 2 "$d" > "$d/rank1.log" 2>&1 &
-  local p1=$!
-  timeout -k 5 60 "$work/recover" abort 0 2 "$d" > "$d/rank0.log" 2>&1
-  wait $p1
-  cat "$d"/rank?.log > "$OUT/recover-abort.log"
-  local line a s
+  local env=()
+  [ "$how" = push ] && env=(RAILCC_GPU_AR_PUSH_BYTES=1)
+  for r in $(seq 1 $((n - 1))); do
+    env "${env[@]}" timeout -k 5 60 "$work/recover" abort $r $n "$d" > "$d/rank$r.log" 2>&1 &
+    pids+=($!)
+  done
+  env "${env[@]}" timeout -k 5 60 "$work/recover" abort 0 $n "$d" > "$d/rank0.log" 2>&1
+  for r in "${pids[@]}"; do wait "$r"; done
+  cat "$d"/rank?.log > "$OUT/recover-$name.log"
+  local line a s why="" t
   line=$(grep -m1 "^recover: rank 0: abort returned" "$d/rank0.log")
   a=$(sed -n 's/.*abort returned after \([0-9.]*\) s.*/\1/p' <<< "$line")
   s=$(sed -n 's/.*stream done after \([0-9.]*\) s.*/\1/p' <<< "$line")
-  if [ -n "$a" ] && [ -n "$s" ] && python3 -c "import sys; sys.exit(0 if $a < 1.0 and $s < 1.0 else 1)"; then
-    pass "recover abort: ncclCommAbort from another thread returned after $a s, the waiting stream finished after $s s, a matrix product ran"
+  if [ -z "$a" ] || [ -z "$s" ] || ! python3 -c "import sys; sys.exit(0 if $a < 1.0 and $s < 1.0 else 1)"; then
+    why="; ${line:-$(grep -m1 FAIL "$d/rank0.log" || echo 'no verdict line on rank 0')}"
+  fi
+  for r in $(seq 1 $((n - 1))); do
+    t=$(sed -n "s/^recover: rank $r: stream done \([0-9.]*\) s after its hold.*/\1/p" "$d/rank$r.log")
+    if [ -z "$t" ]; then why="$why; rank $r: $(grep -m1 FAIL "$d/rank$r.log" || echo 'its stream never finished (60 s)')"
+    elif ! python3 -c "import sys; sys.exit(0 if $t < 5.0 else 1)"; then why="$why; rank $r's stream finished $t s after its hold"
+    fi
+  done
+  if [ -z "$why" ]; then
+    pass "recover $name: ncclCommAbort from another thread returned after $a s, the waiting stream finished after $s s, a matrix product ran; $((n - 1)) late peers finished their part"
   else
-    fail "recover abort: ${line:-$(grep -m1 FAIL "$d/rank0.log" || echo 'no verdict line')}"
+    fail "recover $name:${why#;}"
   fi
   rm -rf "$d"
 }
 
-for c in ${RECOVER_CASES:-kill:host:shrink kill:host:reinit kill:2x2:shrink kill:2x2:reinit abort}; do
+NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
+for c in ${RECOVER_CASES:-kill:host:shrink kill:host:reinit kill:2x2:shrink kill:2x2:reinit abort abort:4:push}; do
   IFS=: read -r what a b <<< "$c"
   case $what in
     kill) kill_case "$a" "$b" ;;
-    abort) abort_case ;;
+    abort)
+      if [ "$b" = push ] && [ "$NGPU" -lt 4 ]; then
+        echo "SKIP  recover abort-push: $NGPU GPUs, the push kernel runs on 4 or more (nothing counted)"
+      else
+        abort_case "${a:-2}" "$b"
+      fi ;;
   esac
 done
 rm -rf "$work"
