@@ -42,11 +42,12 @@
 #         random, -G 3, and at 3 blocks (many tiles a block: the slots' reuse);
 #         TEST_GPU_PUSH_CHECKS picks some of "blocks3 offset random graphs".
 #  mismatch mismatched counts and dtypes across 2 ranks fail on both, naming the difference,
-#         the stream finishing, with and without the fixed stage
-#         (nccl-compat/tests/mismatch/mismatch.sh);
-#  stage  the bench's per-process checks with RAILCC_GPU_STAGE_BYTES=67108864 (calls through
-#         the fixed stage, proc/stage.rs): all_reduce, all_gather, reduce_scatter, 2 ranks and
-#         every GPU, every dtype and op, --offset 8, random inputs, -G 3.
+#         the stream finishing, with and without the fixed stage, and at the low-latency
+#         size with and without RAILCC_GPU_LL_NO_WAIT (nccl-compat/tests/mismatch/mismatch.sh);
+#  stage  the bench's per-process all_reduce on every GPU at the low-latency sizes with the
+#         default (no meeting), then its checks with RAILCC_GPU_STAGE_BYTES=67108864 (calls
+#         through the fixed stage, proc/stage.rs): all_reduce, all_gather, reduce_scatter, 2
+#         ranks and every GPU, every dtype and op, --offset 8, random inputs, -G 3.
 # A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
 # exit status 1 if any failed. Without a CUDA driver: a SKIP line, exit 0.
