@@ -14,6 +14,8 @@
  *                                    ncclCommInitRankConfig with maxCTAs 8 and commName
  *                                    "ctas-test" (one process: in a group), a 256 MB
  *                                    all_reduce checked; the script reads NCCL_DEBUG=INFO.
+ * CONFIG_COUNT sets the floats of the timeout, late and run calls (default 1 Mi; 1024 is
+ * small enough for the low-latency kernel, whose calls launch without waiting on the host).
  * A call that returned and whose stream finished can still have failed: the communicator's
  * asynchronous error (ncclCommGetAsyncError, as PyTorch's watchdog asks) counts too.
  * Prints "config_env: <mode> <what>: ok|failed after X.X s: reason|completed after X.X s";
@@ -169,6 +171,8 @@ static void per_process(const char* what) {
 int main(int argc, char** argv) {
   if (argc < 3) { fprintf(stderr, "usage: config_env inproc|mpi timeout|late|run|ctas [HOLD_S]\n"); return 2; }
   hold_s = argc > 3 ? atoi(argv[3]) : 8;
+  const char* count = getenv("CONFIG_COUNT");
+  if (count && atoi(count) > 0 && atoi(count) <= (1 << 20)) COUNT = atoi(count);
   if (strcmp(argv[1], "mpi") == 0) {
     MPI_Init(&argc, &argv);
     per_process(argv[2]);

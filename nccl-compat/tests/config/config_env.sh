@@ -8,6 +8,9 @@
 #   late     RAILCC_TIMEOUT_MS unset and a peer LATE_S (default 70) s late, both ways of
 #            running at once: each call completes, checked (libnccl waits as NCCL: no deadline,
 #            issue 29; an older build failed at its 60 s default);
+#            timeout and late also under mpirun with a 4 KiB call (CONFIG_COUNT=1024: the
+#            low-latency kernel, launched without waiting on the host; its timeout comes back
+#            as the asynchronous error);
 #   cache    RAILCC_CACHE_DIR=off: a checked all_reduce runs and no kernel cache appears (not
 #            under $HOME/.cache/railcc, not as a folder named "off"); with the variable unset
 #            the same run fills $HOME/.cache/railcc (so the check can see a cache at all);
@@ -23,7 +26,8 @@ cp "${LIB:-.device/lib}/libnccl.so.2" "$work/" && ln -s libnccl.so.2 "$work/libn
 mpicc -I nccl-compat/include -I /usr/local/cuda/include nccl-compat/tests/config/config_env.c \
   -L "$work" -lnccl -L /usr/local/cuda/lib64 -lcudart -o "$work/config_env" || { echo "FAIL config_env: build"; exit 1; }
 export LD_LIBRARY_PATH="$work:/usr/local/cuda/lib64"
-MPI="mpirun -np 2 --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x HOME"
+MPI="mpirun -np 2 --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x RAILCC_CACHE_DIR -x RAILCC_TIMEOUT_MS -x HOME -x CONFIG_COUNT"
+export CONFIG_COUNT=1048576
 FAILS=0
 pass() { echo "PASS  $1"; }
 fail() { echo "FAIL  $1"; FAILS=$((FAILS + 1)); }
@@ -48,15 +52,18 @@ export RAILCC_CACHE_DIR="$work/cache" RAILCC_TIMEOUT_MS=2000
 judge_timeout "timeout: one process driving 2 GPUs, RAILCC_TIMEOUT_MS=2000, a peer 8 s late" "$work/inproc-timeout.log"
 ( cd "$work" && timeout 60 $MPI ./config_env mpi timeout 8 ) > "$work/mpi-timeout.log" 2>&1
 judge_timeout "timeout: one process per GPU (mpirun -np 2), RAILCC_TIMEOUT_MS=2000, a peer 8 s late" "$work/mpi-timeout.log"
+( cd "$work" && CONFIG_COUNT=1024 timeout 60 $MPI ./config_env mpi timeout 8 ) > "$work/mpi-timeout-small.log" 2>&1
+judge_timeout "timeout: one process per GPU (mpirun -np 2), a 4 KiB call (no wait on the host), RAILCC_TIMEOUT_MS=2000, a peer 8 s late" "$work/mpi-timeout-small.log"
 
 # No deadline by default: both ways of running at once, to spend the wait once.
 unset RAILCC_TIMEOUT_MS
 LATE_S=${LATE_S:-70}
 ( cd "$work" && timeout $((LATE_S + 90)) ./config_env inproc late "$LATE_S" ) > "$work/inproc-late.log" 2>&1 &
+( cd "$work" && CONFIG_COUNT=1024 timeout $((LATE_S + 90)) ${MPI/-x RAILCC_TIMEOUT_MS/} ./config_env mpi late "$LATE_S" ) > "$work/mpi-small-late.log" 2>&1 &
 ( cd "$work" && timeout $((LATE_S + 90)) ${MPI/-x RAILCC_TIMEOUT_MS/} ./config_env mpi late "$LATE_S" ) > "$work/mpi-late.log" 2>&1
 wait
-for m in inproc mpi; do
-  line=$(grep -m1 "^config_env: $m late: " "$work/$m-late.log")
+for m in inproc mpi mpi-small; do
+  line=$(grep -m1 "^config_env: ${m%-small} late: " "$work/$m-late.log")
   echo "      ${line:-no verdict line}"
   case $line in
     *"completed after "*" s ok") pass "late: $m, no RAILCC_TIMEOUT_MS, a peer $LATE_S s late: ${line#*: late: }" ;;
