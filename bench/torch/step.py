@@ -89,6 +89,16 @@ def sync(dev):
         torch.cuda.synchronize(dev)
 
 
+def one_step(a, net, opt, x, y):
+    """One training step (forward, loss, backward, optimizer); its loss."""
+    out = net(x)
+    loss = nn.functional.cross_entropy(out.float().reshape(-1, a.vocab), y.reshape(-1))
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
 def profile_steps(a, dev, rank, net, opt, x, y):
     """`a.profile` more steps under torch.profiler; rank 0 prints the kernels by device time and
     the collectives' host calls (how long the caller's thread spent in them): whether a
@@ -100,11 +110,7 @@ def profile_steps(a, dev, rank, net, opt, x, y):
     t0 = time.perf_counter()
     with profile(activities=acts) as prof:
         for _ in range(a.profile):
-            out = net(x)
-            loss = nn.functional.cross_entropy(out.float().reshape(-1, a.vocab), y.reshape(-1))
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            one_step(a, net, opt, x, y)
         sync(dev)
     wall = (time.perf_counter() - t0) * 1e3 / a.profile
     if rank != 0:
@@ -151,11 +157,7 @@ def train(a, dev, rank, world):
     for i in range(a.warmup + a.steps):
         sync(dev)
         t0 = time.perf_counter()
-        out = net(x)
-        loss = nn.functional.cross_entropy(out.float().reshape(-1, a.vocab), y.reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = one_step(a, net, opt, x, y)
         sync(dev)
         dt = time.perf_counter() - t0
         losses.append(float(loss.detach()))

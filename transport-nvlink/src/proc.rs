@@ -796,21 +796,21 @@ impl ProcGpu {
         let (send_len, recv_len) = (a.send_elems() as u64 * es, a.recv_elems() as u64 * es);
         let deadline = Instant::now() + self.timeout;
         let broken = || self.async_error();
+        let k = choose(&a, &self.choice);
         if let Some(d) = &self.defer {
             // Without a meeting: through the fixed stage where the call fits, or on its own
             // buffers where the low-latency kernel takes it.
-            let k = choose(&a, &self.choice);
+            let lens = (send_len, recv_len);
             let fits = self.fixed.as_ref().and_then(|f| {
-                let lens = (send_len, recv_len);
                 stage::recv_offset(a.coll, lens, reach(k, a.coll), f.bytes()).map(|at| (f, at))
             });
             let ll = self.ll_no_wait && matches!(k, Kernel::Ll { .. });
             let stream = stream_of(c.stream);
             // SAFETY: the caller's stream of this GPU (this function's contract).
             if (fits.is_some() || ll) && !unsafe { is_capturing(&self.gpu, stream) }? {
-                let lens = (send_len, recv_len);
+                let at = (k, fits);
                 // SAFETY: this function's contract.
-                return unsafe { self.unmet(c, call, d, fits, lens, deadline, published, clock) };
+                return unsafe { self.unmet(c, call, d, at, lens, deadline, published, clock) };
             }
         }
         let exported = {
@@ -840,7 +840,6 @@ impl ProcGpu {
         self.table.publish(call, self.rank, shape, mine);
         *published = true;
         self.trace.lap(clock, "coll export+publish");
-        let k = choose(&a, &self.choice);
         if let Some(d) = self.defer.as_ref().filter(|_| self.defer_calls) {
             // Deferred unless every peer is there and no earlier call still waits for its
             // peers (calls meet their peers in order); never under capture (the graph must
@@ -913,8 +912,8 @@ impl ProcGpu {
     }
 
     /// Call `call` without a meeting on the host: published for the launcher `d`'s check,
-    /// then launched on the caller's stream at once. Its buffers that peers reach go through
-    /// the fixed stage `stage` (`(f, recv_at)`: its receive part at `recv_at`, its send part
+    /// then launched with kernel `k` on the caller's stream at once. Its buffers that peers
+    /// reach go through the fixed stage `stage` (`(f, recv_at)`: its receive part at `recv_at`, its send part
     /// at the start; `stage.rs`), copied in before the kernel and out after it; those no peer
     /// reaches stay the caller's (all of them for the low-latency kernel, which may then
     /// run with no stage).
@@ -927,7 +926,7 @@ impl ProcGpu {
         c: &Call,
         call: u64,
         d: &defer::Deferred,
-        stage: Option<(&stage::FixedStage, u64)>,
+        (k, stage): (Kernel, Option<(&stage::FixedStage, u64)>),
         (send_len, recv_len): (u64, u64),
         deadline: Instant,
         published: &mut bool,
@@ -935,7 +934,6 @@ impl ProcGpu {
     ) -> Result<Launch> {
         let (a, n) = (c.args, self.nranks);
         let broken = || self.async_error();
-        let k = choose(&a, &self.choice);
         let me = self.rank;
         // Which of this rank's buffers its peers' kernels reach: only those go through the
         // stage (the low-latency kernel's peers' data comes through the sync areas' scratch).

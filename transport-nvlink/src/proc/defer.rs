@@ -44,6 +44,11 @@ const IDLE: Duration = Duration::from_millis(20);
 const RELEASE_AHEAD: u32 = 1 << 30;
 const _: () = assert!(CALL_DEPTH < RELEASE_AHEAD as u64);
 
+/// The error of a call handed to a launcher that has stopped.
+fn stopped() -> Error {
+    Error::new(ErrorKind::Aborted, "the GPU call launcher has stopped").transport(crate::NAME)
+}
+
 /// One call for the launcher.
 struct Job {
     call: u64,
@@ -215,10 +220,9 @@ impl Deferred {
         copy_out: Option<(u64, u64, usize)>,
         deadline: Instant,
     ) -> Result<()> {
-        let tx = self.tx.as_ref().ok_or_else(|| {
-            Error::new(ErrorKind::Aborted, "the GPU call launcher has stopped")
-                .transport(crate::NAME)
-        })?;
+        if self.tx.is_none() {
+            return Err(stopped());
+        }
         let inputs = Marker::in_current()?;
         // SAFETY: the caller's stream; the marker is of this context.
         unsafe { inputs.record(stream) }?;
@@ -245,42 +249,41 @@ impl Deferred {
             self.release.all();
             return Err(e);
         }
-        self.pending.fetch_add(1, Ordering::AcqRel);
-        let job = Job {
-            call,
-            shape,
-            deadline,
-            launch: Some(LaunchJob {
-                args,
-                bufs,
-                kernel,
-                inputs,
-            }),
+        let launch = LaunchJob {
+            args,
+            bufs,
+            kernel,
+            inputs,
         };
-        tx.send(job).map_err(|_| {
-            self.pending.fetch_sub(1, Ordering::AcqRel);
-            // The wait is on the stream already: release it (the communicator breaks).
-            self.release.all();
-            Error::new(ErrorKind::Aborted, "the GPU call launcher has stopped")
-                .transport(crate::NAME)
-        })
+        self.hand(call, shape, deadline, Some(launch))
+            .inspect_err(|_| {
+                // The wait is on the stream already: release it (the communicator breaks).
+                self.release.all();
+            })
     }
 
     /// Hands call `call`, launched through the fixed stage, to the launcher, which reads its
     /// peers' entries in call order and breaks the communicator if one differs from `shape`
     /// (the call's error then comes back asynchronously, as NCCL's do).
     pub fn check(&self, call: u64, shape: [u64; 5], deadline: Instant) -> Result<()> {
-        let stopped = || {
-            Error::new(ErrorKind::Aborted, "the GPU call launcher has stopped")
-                .transport(crate::NAME)
-        };
+        self.hand(call, shape, deadline, None)
+    }
+
+    /// Counts call `call` as pending and sends it to the launcher.
+    fn hand(
+        &self,
+        call: u64,
+        shape: [u64; 5],
+        deadline: Instant,
+        launch: Option<LaunchJob>,
+    ) -> Result<()> {
         let tx = self.tx.as_ref().ok_or_else(stopped)?;
         self.pending.fetch_add(1, Ordering::AcqRel);
         let job = Job {
             call,
             shape,
             deadline,
-            launch: None,
+            launch,
         };
         tx.send(job).map_err(|_| {
             self.pending.fetch_sub(1, Ordering::AcqRel);
