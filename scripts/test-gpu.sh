@@ -48,10 +48,15 @@
 #         default (no meeting), then its checks with RAILCC_GPU_STAGE_BYTES=67108864 (calls
 #         through the fixed stage, proc/stage.rs): all_reduce, all_gather, reduce_scatter, 2
 #         ranks and every GPU, every dtype and op, --offset 8, random inputs, -G 3.
+#  late   the bench's per-process checks with RAILCC_GPU_LATE_ARGS=1 (kernels enqueued
+#         before their peers arrive, their arguments written later, proc/late.rs): every
+#         collective on every GPU and all_reduce on 2, every dtype and op, 8 B-32 MB,
+#         --offset 8; random inputs with -G 3 (captured calls take the usual path between
+#         late ones); then mismatch's late cases and recover's abort and kill cases with it.
 # A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
 # exit status 1 if any failed. Without a CUDA driver: a SKIP line, exit 0.
-# TEST_GPU_PARTS="unit bench nccl p2pbatch p2pll register shared shrink split config alloc recover mismatch stage" picks parts (one 10-minute device call may not hold them all),
+# TEST_GPU_PARTS="unit bench nccl p2pbatch p2pll register shared shrink split config alloc recover mismatch stage late" picks parts (one 10-minute device call may not hold them all),
 # TEST_GPU_COLLS the bench's collectives, TEST_GPU_P2PBATCH_BINS and TEST_GPU_SHARED_BINS those
 # parts' nccl-tests, RAILCC_BIN another railcc binary;
 # logs under $OUT (default /tmp/out): test-gpu.log (every line of every check).
@@ -76,7 +81,7 @@ source bench/compare/tables.sh
 R=${RAILCC_BIN:-$R}   # another railcc binary (to see a broken build fail these checks)
 export RAILCC_TIMEOUT_MS=30000
 NG=${NG:-$(nvidia-smi -L | wc -l)}
-PARTS=${TEST_GPU_PARTS:-unit bench push nccl p2pbatch p2pll register shared shrink split config alloc recover mismatch stage}
+PARTS=${TEST_GPU_PARTS:-unit bench push nccl p2pbatch p2pll register shared shrink split config alloc recover mismatch stage late}
 # TEST_GPU_WAYS: the bench and push parts run one process driving every GPU (one) and one
 # process per GPU (per-process); default both.
 MODES=$(echo "${TEST_GPU_WAYS:-one per-process}" | sed 's/per-process/--per-process/')
@@ -367,6 +372,24 @@ case " $PARTS " in *" stage "*)
     check "bench $c --per-process with the fixed stage: --fill random, -G 3, 4100 B-8 MB" \
       env RAILCC_GPU_STAGE_BYTES=67108864 $R bench $c --device cuda --per-process -b 4100 -e 8M -f 16 -d float,bfloat16 -o sum,avg -n 4 -w 1 -G 3 -r 1 --fill random
   done
+;; esac
+
+case " $PARTS " in *" late "*)
+  late=(env RAILCC_GPU_LATE_ARGS=1)
+  for c in all_reduce all_gather reduce_scatter broadcast reduce; do
+    check "bench $c --per-process --ranks $NG with late kernel arguments: every dtype and op, 8 B-32 MB, --offset 8" \
+      "${late[@]}" $R bench $c --device cuda --per-process --ranks $NG -b 8 -e 32M -f 8 -d all -o all -n 1 -w 0 -r 1 --offset 8
+    check "bench $c --per-process with late kernel arguments: --fill random, -G 3, 4100 B-8 MB" \
+      "${late[@]}" $R bench $c --device cuda --per-process -b 4100 -e 8M -f 16 -d float,bfloat16 -o sum,avg -n 4 -w 1 -G 3 -r 1 --fill random
+  done
+  check "bench all_reduce --per-process --ranks 2 with late kernel arguments: every dtype and op, 8 B-32 MB, --offset 8" \
+    "${late[@]}" $R bench all_reduce --device cuda --per-process --ranks 2 -b 8 -e 32M -f 8 -d all -o all -n 1 -w 0 -r 1 --offset 8
+  MISMATCH_WAYS=late timeout 200 bash nccl-compat/tests/mismatch/mismatch.sh > /tmp/test-gpu-mismatch.log 2>&1
+  verdict "mismatch with late kernel arguments: counts and dtypes that differ across ranks (nccl-compat/tests/mismatch/mismatch.sh)" $? /tmp/test-gpu-mismatch.log notable
+  grep -E "^(PASS|FAIL|      )" /tmp/test-gpu-mismatch.log
+  RAILCC_GPU_LATE_ARGS=1 RECOVER_CASES="${LATE_RECOVER_CASES:-abort:4 kill:host:shrink}" timeout 400 bash nccl-compat/tests/recover/recover.sh > /tmp/test-gpu-recover.log 2>&1
+  verdict "recover with late kernel arguments: a killed rank, ncclCommAbort while kernels wait (nccl-compat/tests/recover/recover.sh)" $? /tmp/test-gpu-recover.log notable
+  grep -E "^(PASS|FAIL|      )" /tmp/test-gpu-recover.log
 ;; esac
 
 case " $PARTS " in *" recover "*)

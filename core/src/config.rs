@@ -403,6 +403,13 @@ config! {
     /// host like larger calls (unless the fixed stage is on, which takes them unmet too).
     /// Every rank must have it on.
     gpu_ll_no_wait: u8 = 1, "RAILCC_GPU_LL_NO_WAIT";
+    /// One process per GPU: a call on the bulk kernel is enqueued at once on the caller's
+    /// stream, its kernel waiting on the GPU for its arguments, which a thread writes once
+    /// it has met the peers (as NCCL's calls return at once and wait on the GPU). All-reduces
+    /// and all-gathers then take the bulk kernel (not the push kernel or the copy engines).
+    /// Every rank must have it on; not with RAILCC_GPU_DEFER. An experiment (twentieth
+    /// session).
+    gpu_late_args: u8 = 0, "RAILCC_GPU_LATE_ARGS";
     /// The GPU this rank's data lives on (libnccl and the GPU paths set it; -1: none): its
     /// rails between hosts are the NICs nearest that GPU (`railcc topo`), as rail-optimised
     /// clusters are wired, instead of those nearest the rank's NUMA node.

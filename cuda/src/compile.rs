@@ -525,6 +525,12 @@ mod nvrtc_tests {
                             (fam == Family::Bulk && m.ops.contains(&ReduceOp::Sum))
                                 .then(|| scale_name(dt)),
                         )
+                        .chain(
+                            m.ops
+                                .iter()
+                                .filter(|_| fam == Family::Bulk)
+                                .map(|&op| crate::kernels::late_kernel_name(dt, op)),
+                        )
                         .collect(),
                     None => DataType::ALL
                         .iter()
@@ -535,6 +541,7 @@ mod nvrtc_tests {
                             ]
                         })
                         .chain(P2P_KERNELS.iter().map(|n| n.to_string()))
+                        .chain([crate::late::FETCH_KERNEL.to_string()])
                         .collect(),
                 };
                 for n in names {

@@ -4,7 +4,9 @@
 use crate::compile;
 use crate::driver::{available, check, device, nvrtc_available};
 use crate::hostsync::Flags;
-use crate::kernels::{kernel_name, scale_name, Family, AREA_BYTES, SYNC_ABORT_OFFSET};
+use crate::kernels::{
+    kernel_name, late_kernel_name, scale_name, Family, AREA_BYTES, SYNC_ABORT_OFFSET,
+};
 use cudarc::driver::sys;
 use railcc_core::{DataType, Error, ErrorKind, ReduceOp, Result};
 use std::collections::HashMap;
@@ -60,6 +62,10 @@ pub struct GpuCtx {
     pub sync: DevBuf,
     pub stream: sys::CUstream,
     funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
+    /// The bulk kernel's late form (late.rs).
+    late_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
+    /// late.rs's fetch kernel.
+    late_fetch: Option<sys::CUfunction>,
     ll_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     push_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     /// The TMA bulk kernels (tma.rs), once [`GpuCtx::load_tma`] loaded them; else empty.
@@ -153,6 +159,8 @@ impl GpuCtx {
             },
             stream,
             funcs: HashMap::new(),
+            late_funcs: HashMap::new(),
+            late_fetch: None,
             ll_funcs: HashMap::new(),
             push_funcs: HashMap::new(),
             tma_funcs: HashMap::new(),
@@ -310,7 +318,11 @@ impl GpuCtx {
             Some((dt, fam)) => {
                 for &op in &m.ops {
                     match fam {
-                        Family::Bulk => self.funcs.insert((dt, op), get(kernel_name(dt, op))?),
+                        Family::Bulk => {
+                            self.late_funcs
+                                .insert((dt, op), get(late_kernel_name(dt, op))?);
+                            self.funcs.insert((dt, op), get(kernel_name(dt, op))?)
+                        }
                         Family::Ll => self
                             .ll_funcs
                             .insert((dt, op), get(crate::ll::kernel_name(dt, op))?),
@@ -353,6 +365,7 @@ impl GpuCtx {
                     .iter()
                     .map(|n| get(n.to_string()))
                     .collect::<Result<_>>()?;
+                self.late_fetch = Some(get(crate::late::FETCH_KERNEL.to_string())?);
                 self.barrier_funcs = crate::copies::BARRIER_KERNELS
                     .iter()
                     .map(|n| get(n.to_string()))
@@ -419,6 +432,22 @@ impl GpuCtx {
         })
     }
 
+    /// The bulk kernel's late form (late.rs).
+    pub fn late_func(&self, dt: DataType, op: ReduceOp) -> Result<sys::CUfunction> {
+        self.late_funcs.get(&(dt, op)).copied().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Unsupported,
+                "no late-argument bulk kernel for dtype/op",
+            )
+        })
+    }
+
+    /// late.rs's fetch kernel.
+    pub fn late_fetch_func(&self) -> Result<sys::CUfunction> {
+        self.late_fetch
+            .ok_or_else(|| Error::new(ErrorKind::Unsupported, "no late-argument fetch kernel"))
+    }
+
     /// p2p kernel `i` of kernels::P2P_KERNELS.
     pub fn p2p_func(&self, i: usize) -> Result<sys::CUfunction> {
         self.p2p_funcs
@@ -483,7 +512,12 @@ impl GpuCtx {
     pub fn blocks_per_sm(&self, threads: u32) -> Result<u32> {
         self.bind()?;
         let mut least = i32::MAX;
-        for &f in self.funcs.values().chain(self.push_funcs.values()) {
+        let all = self
+            .funcs
+            .values()
+            .chain(self.late_funcs.values())
+            .chain(self.push_funcs.values());
+        for &f in all {
             let mut per_sm = 1;
             // SAFETY: valid out-pointer and a loaded function.
             check(
@@ -517,7 +551,9 @@ impl GpuCtx {
             .chain(self.push_funcs.values())
             .chain(self.tma_funcs.values())
             .chain(self.p2p_funcs.iter())
-            .chain(self.barrier_funcs.iter());
+            .chain(self.barrier_funcs.iter())
+            .chain(self.late_funcs.values())
+            .chain(self.late_fetch.iter());
         for &f in all {
             let mut local = 0i32;
             // SAFETY: valid out-pointer and a loaded function of this context.

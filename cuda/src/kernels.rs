@@ -168,6 +168,27 @@ pub fn kernel_name(dt: DataType, op: ReduceOp) -> String {
     format!("ar_{}_{}", dt.name(), op.name())
 }
 
+/// The bulk kernel's late form (late.rs): its inputs, outputs and range from the device slot
+/// at `late`, whose token must be `token` (else a failed or stopped fetch: no data phase).
+pub fn late_kernel_name(dt: DataType, op: ReduceOp) -> String {
+    format!("arl_{}_{}", dt.name(), op.name())
+}
+
+/// The late form's first statements: its arguments from the slot (late.rs's layout).
+const LATE_PROLOGUE: &str = r#"  const unsigned long long* s = (const unsigned long long*)late;
+  const bool bad = s[0] != (unsigned long long)token;
+  Ptrs ins, outs;
+#pragma unroll
+  for (int r = 0; r < 8; r++) { ins.p[r] = s[8 + r]; outs.p[r] = s[16 + r]; }
+  const int n = (int)(s[2] & 0xffffffffull), n_out = (int)(s[2] >> 32);
+  const unsigned long long begin = s[3], end = s[4];"#;
+
+/// The late form's source, for late.rs's test.
+#[cfg(test)]
+pub(crate) fn late_kernel_source_for_test() -> String {
+    LATE_PROLOGUE.to_string()
+}
+
 /// The kernel families of one dtype, each its own module ([`modules`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
@@ -226,12 +247,13 @@ pub fn modules() -> Vec<Module> {
         dtype: None,
         ops: Vec::new(),
         src: format!(
-            "{helpers}{}{}{}{}{}",
+            "{helpers}{}{}{}{}{}{}",
             p2p_source(),
             crate::p2p_many::SOURCE,
             crate::p2p_ll::source(),
             crate::check::source(),
-            crate::copies::SOURCE
+            crate::copies::SOURCE,
+            crate::late::SOURCE
         ),
     }];
     v.extend(family_modules(
@@ -502,13 +524,25 @@ fn dtype_source(dt: DataType, fam: Family, ops: &[ReduceOp]) -> String {
         let vec = vec_name(dt, op);
         let elem = element_source(dt, op);
         s.push_str(&vec_source(dt, op));
-        // 16-byte vector loop over the aligned middle, scalar loop for the ends.
-        s.push_str(&format!(
+        // The kernel with its arguments as parameters, and its late form (late.rs), which
+        // reads them from a device slot: the same body.
+        let late = late_kernel_name(dt, op);
+        for (head, skip) in [
+            (
+                format!("{name}(Ptrs ins, int n, Ptrs outs, int n_out, unsigned long long begin, unsigned long long end, "),
+                "",
+            ),
+            (format!("{late}(unsigned long long late, unsigned int token, "), " || bad"),
+        ] {
+            let prologue = if skip.is_empty() { "" } else { LATE_PROLOGUE };
+            // 16-byte vector loop over the aligned middle, scalar loop for the ends.
+            s.push_str(&format!(
             r#"
-extern "C" __global__ void __launch_bounds__(512) {name}(Ptrs ins, int n, Ptrs outs, int n_out, unsigned long long begin, unsigned long long end, int avg_n, Ptrs syncs, int n_gpus, int me, unsigned long long timeout_ns, int wide) {{
+extern "C" __global__ void __launch_bounds__(512) {head}int avg_n, Ptrs syncs, int n_gpus, int me, unsigned long long timeout_ns, int wide) {{
   typedef {t} T;
+{prologue}
   const unsigned long long epoch = call_epoch(syncs.p[me]);
-  if (arrive_ready(syncs, n_gpus, me, epoch, timeout_ns)) {{ arrive_done(syncs, n_gpus, me, epoch, timeout_ns); return; }}
+  if (arrive_ready(syncs, n_gpus, me, epoch, timeout_ns){skip}) {{ arrive_done(syncs, n_gpus, me, epoch, timeout_ns); return; }}
   const int V = 16 / sizeof(T);
   unsigned long long tid = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
   unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
@@ -564,7 +598,8 @@ for (int r = 0; r < n_out; r++) ((uint4*)outs.p[r])[j] = x;
   arrive_done(syncs, n_gpus, me, epoch, timeout_ns);
 }}
 "#
-        ));
+            ));
+        }
     }
     if ops.contains(&ReduceOp::Sum) {
         s.push_str(&scale_source(dt));

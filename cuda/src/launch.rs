@@ -130,6 +130,54 @@ pub unsafe fn launch(
     }
 }
 
+/// Enqueues GPU `me`'s bulk kernel in its late form (late.rs) on `stream`: its `n_in` inputs,
+/// outputs and range are read from the device slot `slot` once its token is `token`.
+///
+/// # Safety
+/// `slot` a device slot of this GPU's sync area that a fetch earlier on `stream` fills;
+/// what it will hold obeys [`launch`]'s contract; `shape.syncs` as for [`launch`].
+pub unsafe fn launch_late(
+    gpu: &GpuCtx,
+    stream: sys::CUstream,
+    me: usize,
+    n_in: usize,
+    (slot, token): (u64, u32),
+    shape: &CallShape<'_>,
+) -> Result<()> {
+    gpu.bind()?;
+    // A single input is a copy: the plain sum kernel, as `launch` takes.
+    let kop = if n_in == 1 { ReduceOp::Sum } else { shape.op };
+    let f = gpu.late_func(shape.dt, kop)?;
+    let (mut late, mut tok, mut psync) = (slot, token, ptrs(shape.syncs));
+    let mut avg_n = shape.avg_n;
+    let mut n_gpus = shape.syncs.len() as i32;
+    let mut me_i = me as i32;
+    let mut timeout = shape.timeout_ns;
+    let mut wide = i32::from(shape.wide);
+    let mut params: [*mut c_void; 8] = [
+        &mut late as *mut u64 as *mut c_void,
+        &mut tok as *mut u32 as *mut c_void,
+        &mut avg_n as *mut i32 as *mut c_void,
+        &mut psync as *mut Ptrs as *mut c_void,
+        &mut n_gpus as *mut i32 as *mut c_void,
+        &mut me_i as *mut i32 as *mut c_void,
+        &mut timeout as *mut u64 as *mut c_void,
+        &mut wide as *mut i32 as *mut c_void,
+    ];
+    // SAFETY: the parameters match the late kernel's signature (kernels.rs) and live across
+    // the call; the caller vouches for the slot and the pointers it will hold.
+    unsafe {
+        enqueue(
+            f,
+            shape.blocks,
+            THREADS,
+            stream,
+            &mut params,
+            "cuLaunchKernel (late arguments)",
+        )
+    }
+}
+
 /// A step of a send or receive between processes (kernels::P2P_KERNELS, in order).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum P2pStep {

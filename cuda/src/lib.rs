@@ -34,6 +34,7 @@ pub mod gpu;
 pub mod hostsync;
 pub mod ipc;
 pub mod kernels;
+pub mod late;
 pub mod launch;
 pub mod ll;
 pub mod netcopy;

@@ -87,6 +87,9 @@ pub struct Settings {
     /// One process per GPU: low-latency all-reduces launch without waiting on the host for
     /// their peers (`proc/stage.rs`'s path with no stage); every rank must have it on.
     pub ll_no_wait: bool,
+    /// One process per GPU: bulk-kernel calls enqueued before their peers arrive, their
+    /// kernels' arguments written later (`proc/late.rs`); every rank must have it on.
+    pub late_args: bool,
 }
 
 impl Settings {

@@ -18,7 +18,7 @@
 
 use crate::fdpass::FdPost;
 use crate::order::KernelOrder;
-use crate::plan::{choose, clamp_blocks, enqueue, reach, Choice, Kernel, Launch, Peers};
+use crate::plan::{self, choose, clamp_blocks, enqueue, reach, Choice, Kernel, Launch, Peers};
 use crate::share::Share;
 use crate::table::ShmTable;
 use crate::Settings;
@@ -39,6 +39,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 mod defer;
+mod late;
 mod p2p;
 mod p2p_small;
 mod stage;
@@ -66,6 +67,8 @@ pub struct ProcGpu {
     /// Low-latency all-reduces launch without a meeting (`RAILCC_GPU_LL_NO_WAIT` on every
     /// rank), checked behind them by the launcher as the stage's calls are.
     ll_no_wait: bool,
+    /// The slots of late kernel arguments, where every rank has them (`late.rs`).
+    late: Option<Arc<late::LateSlots>>,
     /// Where the data of buffers no peer can map goes through (made and grown on use), and
     /// the stream that used it last.
     bounce: Mutex<Bounce>,
@@ -277,6 +280,9 @@ struct Hello {
     /// This rank launches low-latency all-reduces without a meeting (`RAILCC_GPU_LL_NO_WAIT`):
     /// the communicator does where every rank does. Shares the defer flag's byte (bit 1).
     ll_no_wait: bool,
+    /// This rank enqueues bulk-kernel calls before their peers arrive (`RAILCC_GPU_LATE_ARGS`,
+    /// `late.rs`): the communicator does where every rank does and none defers (bit 2).
+    late_args: bool,
     /// This rank's fixed stage (`stage.rs`): its IPC handle and size (0: none).
     stage: [u8; HANDLE_BYTES],
     stage_bytes: u64,
@@ -301,7 +307,7 @@ impl Hello {
         v.extend_from_slice(&self.ag_copy.to_le_bytes());
         v.extend_from_slice(&self.ar_copy.to_le_bytes());
         v.extend_from_slice(&self.p2p_ll.to_le_bytes());
-        v.push(self.defer as u8 | (self.ll_no_wait as u8) << 1);
+        v.push(self.defer as u8 | (self.ll_no_wait as u8) << 1 | (self.late_args as u8) << 2);
         v.extend_from_slice(&self.stage);
         v.extend_from_slice(&self.stage_bytes.to_le_bytes());
         for s in [&self.host, &self.shm] {
@@ -329,7 +335,7 @@ impl Hello {
         let (ag_copy, ar_copy) = (word64(HANDLE_BYTES + 40)?, word64(HANDLE_BYTES + 48)?);
         let p2p_ll = word(HANDLE_BYTES + 56)?;
         let flags = *b.get(HANDLE_BYTES + 60)?;
-        let (defer, ll_no_wait) = (flags & 1 != 0, flags & 2 != 0);
+        let (defer, ll_no_wait, late_args) = (flags & 1 != 0, flags & 2 != 0, flags & 4 != 0);
         let stage: [u8; HANDLE_BYTES] = b
             .get(HANDLE_BYTES + 61..2 * HANDLE_BYTES + 61)?
             .try_into()
@@ -358,6 +364,7 @@ impl Hello {
             p2p_ll,
             defer,
             ll_no_wait,
+            late_args,
             stage,
             stage_bytes,
             proc: Proc { pid, start },
@@ -439,6 +446,7 @@ impl ProcGpu {
                     p2p_ll: settings.p2p_ll_bytes.min(railcc_cuda::p2p_ll::MAX_BYTES) as u32,
                     defer: settings.defer,
                     ll_no_wait: settings.ll_no_wait,
+                    late_args: settings.late_args,
                     stage: stage.as_ref().map_or([0; HANDLE_BYTES], |s| s.1),
                     stage_bytes: stage.as_ref().map_or(0, |s| s.0.bytes as u64),
                     proc: Proc::me(),
@@ -484,7 +492,9 @@ impl ProcGpu {
                 });
             }
             let tokens = hellos.iter().map(|h| h.token).collect();
-            let keep_mappings = hellos.iter().any(|h| h.defer);
+            // A launcher that maps peers' buffers (defer, late arguments) may never close a
+            // mapping a waiting kernel may read (`Share`).
+            let keep_mappings = hellos.iter().any(|h| h.defer || h.late_args);
             let share = Share::new(rank, gpu.clone(), post, tokens, keep_mappings)?;
             // Every rank's fixed stage, where every rank has one (the least size).
             let stage_bytes = hellos.iter().map(|h| h.stage_bytes).min().unwrap_or(0);
@@ -536,6 +546,14 @@ impl ProcGpu {
         let p2p_ll_bytes = hellos.iter().map(|h| h.p2p_ll).min().unwrap_or(0) as usize;
         // Without a meeting only where every rank does so (each decides alike from this).
         let ll_no_wait = ll_max_bytes > 0 && hellos.iter().all(|h| h.ll_no_wait);
+        // Late arguments only where every rank asks and none defers (the two launch apart).
+        let late_args = hellos.iter().all(|h| h.late_args && !h.defer);
+        let late = if late_args {
+            gpu.bind()?;
+            Some(Arc::new(late::LateSlots::new()?))
+        } else {
+            None
+        };
         let broken = Arc::new(Mutex::new(None));
         // Peers whose process this one can see (another pid namespace hides them): watched.
         let peers: Vec<(usize, Proc)> = hellos
@@ -569,7 +587,7 @@ impl ProcGpu {
             );
         }
         // The launcher also checks the peers' entries of calls made without a meeting.
-        let unmet = fixed.is_some() || ll_no_wait;
+        let unmet = fixed.is_some() || ll_no_wait || late_args;
         let started = if settings.defer || unmet {
             defer::Deferred::start(defer::Parts {
                 gpu: gpu.clone(),
@@ -581,7 +599,8 @@ impl ProcGpu {
                 own_name,
                 syncs: syncs.clone(),
                 timeout_ns: settings.timeout_ns(),
-                launches: settings.defer,
+                launches: settings.defer || late_args,
+                late: late.clone(),
             })
             .map(Some)
         } else {
@@ -622,6 +641,7 @@ impl ProcGpu {
             defer_calls: settings.defer,
             fixed,
             ll_no_wait,
+            late,
             bounce: Mutex::new(Bounce::default()),
             stages: Mutex::new(std::collections::HashMap::new()),
             calls: AtomicU64::new(0),
@@ -629,15 +649,17 @@ impl ProcGpu {
             own_name,
             names: all_names,
             timeout: settings.timeout,
+            // Late arguments reach only the bulk kernel: the push kernel's and the copy
+            // engines' calls need their peers' addresses when enqueued.
             choice: Choice {
                 ll_max_bytes,
                 wide: settings.wide_loads,
-                tma: settings.tma,
-                push_bytes,
+                tma: if late_args { 0 } else { settings.tma },
+                push_bytes: if late_args { 0 } else { push_bytes },
                 push_min_blocks,
                 push_slot,
-                ag_copy_bytes,
-                ar_copy_bytes,
+                ag_copy_bytes: if late_args { 0 } else { ag_copy_bytes },
+                ar_copy_bytes: if late_args { 0 } else { ar_copy_bytes },
                 min_blocks,
                 max_blocks,
             },
@@ -840,6 +862,22 @@ impl ProcGpu {
         self.table.publish(call, self.rank, shape, mine);
         *published = true;
         self.trace.lap(clock, "coll export+publish");
+        if let (Some(d), Some(slots), Kernel::Bulk { blocks, wide, .. }) =
+            (&self.defer, &self.late, k)
+        {
+            // With late arguments: the kernel is enqueued now and waits on the GPU for the
+            // launcher to write its peers' addresses; never under capture (a graph would
+            // replay the slot's one call).
+            // SAFETY: the caller's stream of this GPU (this function's contract).
+            if !unsafe { is_capturing(&self.gpu, stream) }? {
+                let late = (d, slots.as_ref(), blocks, wide);
+                let copy_out = out.filter(|_| !no_recv);
+                // SAFETY: this function's contract; not capturing (asked above).
+                unsafe { self.late_launch(c, call, late, (send, recv), copy_out, deadline) }?;
+                self.trace.lap(clock, "coll late launch");
+                return Ok(k.launch());
+            }
+        }
         if let Some(d) = self.defer.as_ref().filter(|_| self.defer_calls) {
             // Deferred unless every peer is there and no earlier call still waits for its
             // peers (calls meet their peers in order); never under capture (the graph must
@@ -1005,6 +1043,83 @@ impl ProcGpu {
         }?;
         self.trace.lap(clock, "coll unmet launch");
         Ok(launch)
+    }
+
+    /// Call `call`, published with buffers `bufs`, with late arguments (`late.rs`): hands it
+    /// to the launcher `d`, which writes its kernel's arguments into its slot once it has met
+    /// the peers, and enqueues on the caller's stream, in the kernel order, the slot's fetch,
+    /// the bulk kernel's late form (`blocks`, `wide`) and `copy_out` of the bounce buffer.
+    ///
+    /// # Safety
+    /// As for [`ProcGpu::collective`]; `c.stream` not being captured.
+    unsafe fn late_launch(
+        &self,
+        c: &Call,
+        call: u64,
+        (d, slots, blocks, wide): (&defer::Deferred, &late::LateSlots, u32, bool),
+        bufs: (u64, u64),
+        copy_out: Option<(u64, u64, usize)>,
+        deadline: Instant,
+    ) -> Result<()> {
+        let (a, n, me) = (c.args, self.nranks, self.rank);
+        // The part's counts and range from the call's shape alone (distinct stand-in
+        // addresses: only the launcher knows the peers').
+        let (ins, outs): (Vec<u64>, Vec<u64>) = (0..n as u64).map(|i| (2 * i, 2 * i + 1)).unzip();
+        let part = plan::spec(a.coll, me, &ins, &outs, a.count, a.dtype, a.root)?;
+        let host = slots.host_slot(call)?;
+        let dev = railcc_cuda::late::dev_slot(self.gpu.sync.ptr, call);
+        let token = late::token(call);
+        let timeout_ns = self.timeout_ns();
+        let shape = railcc_cuda::launch::CallShape {
+            dt: a.dtype,
+            op: a.op,
+            syncs: &self.syncs,
+            avg_n: n as i32,
+            blocks,
+            timeout_ns,
+            wide,
+            tma: 0,
+        };
+        d.late(
+            call,
+            a.to_words(),
+            deadline,
+            defer::LateJob { args: a, bufs },
+        )?;
+        let stream = stream_of(c.stream);
+        // SAFETY: both slots live as long as the communicator, whose close waits for its
+        // kernels; the caller vouches for its buffers and stream, the launcher for the peers'
+        // (mapped before it writes the slot).
+        unsafe {
+            self.kernel_order.lock().run_eager(&self.gpu, c.stream, || {
+                railcc_cuda::late::fetch(
+                    &self.gpu,
+                    stream,
+                    (host, dev),
+                    token,
+                    self.gpu.sync.ptr,
+                    timeout_ns,
+                )?;
+                railcc_cuda::launch::launch_late(
+                    &self.gpu,
+                    stream,
+                    me,
+                    part.ins.len(),
+                    (dev, token),
+                    &shape,
+                )?;
+                if let Some((dst, src, len)) = copy_out {
+                    copy_async(
+                        dst,
+                        src,
+                        len,
+                        stream,
+                        "cuMemcpyAsync (out of the bounce buffer)",
+                    )?;
+                }
+                Ok(())
+            })
+        }
     }
 
     /// Moves a call's buffers into this rank's bounce buffer (cudaMalloc memory, which peers
@@ -1313,6 +1428,7 @@ impl Drop for ProcGpu {
             drop(b);
             std::mem::forget(self.table.clone());
             std::mem::forget(self.gpu.clone());
+            std::mem::forget(self.late.clone());
             if let Some(f) = self.fixed.take() {
                 f.leak();
             }
@@ -1387,6 +1503,7 @@ mod tests {
             p2p_ll: 1 << 20,
             defer: true,
             ll_no_wait: false,
+            late_args: false,
             stage: [9; HANDLE_BYTES],
             stage_bytes: 1 << 26,
             proc: Proc { pid: 42, start: 7 },
@@ -1396,6 +1513,11 @@ mod tests {
         let flipped = Hello {
             defer: false,
             ll_no_wait: true,
+            ..h.clone()
+        };
+        let late = Hello {
+            defer: false,
+            late_args: true,
             ..h.clone()
         };
         assert!(Hello::decode(&bytes[..70]).is_none());
@@ -1411,10 +1533,12 @@ mod tests {
             (h.host, h.shm, 132, h.sync, h.proc, 99)
         );
         assert_eq!((d.stage, d.stage_bytes), ([9; HANDLE_BYTES], 1 << 26));
-        assert_eq!((d.defer, d.ll_no_wait), (true, false));
-        // The two flags share a byte: each comes back alone.
+        assert_eq!((d.defer, d.ll_no_wait, d.late_args), (true, false, false));
+        // The three flags share a byte: each comes back alone.
         let e = Hello::decode(&flipped.encode()).unwrap();
-        assert_eq!((e.defer, e.ll_no_wait), (false, true));
+        assert_eq!((e.defer, e.ll_no_wait, e.late_args), (false, true, false));
+        let l = Hello::decode(&late.encode()).unwrap();
+        assert_eq!((l.defer, l.ll_no_wait, l.late_args), (false, false, true));
         assert_eq!(
             (
                 d.ll_max,

@@ -51,5 +51,6 @@ pub fn settings(cfg: &Config) -> Settings {
         defer: cfg.gpu_defer != 0,
         stage_bytes: cfg.gpu_stage_bytes,
         ll_no_wait: cfg.gpu_ll_no_wait != 0,
+        late_args: cfg.gpu_late_args != 0,
     }
 }

@@ -3,7 +3,8 @@
 # error naming the difference on every rank within 10 s, the stream finishing; with the usual
 # path and with the fixed stage (RAILCC_GPU_STAGE_BYTES, where the error is asynchronous), and
 # for calls small enough for the low-latency kernel, with and without RAILCC_GPU_LL_NO_WAIT
-# (its calls launch without a meeting: the error is asynchronous).
+# (its calls launch without a meeting: the error is asynchronous), and with late kernel
+# arguments (RAILCC_GPU_LATE_ARGS).
 # Prepare with bench/compare/gpu-prepare.sh; carry .device. One PASS/FAIL line per case; exit 1
 # if any failed. Logs: $OUT/mismatch-<case>.log.
 set -uo pipefail
@@ -18,11 +19,14 @@ gcc -O1 -I nccl-compat/include -I /usr/local/cuda/include nccl-compat/tests/mism
   || { echo "FAIL mismatch: build"; exit 1; }
 export LD_LIBRARY_PATH="$work:$LD_LIBRARY_PATH"
 FAILS=0
-# way: "stage<bytes>" (a 1 MiB call) or "ll<0|1>" (a 4 KiB call, RAILCC_GPU_LL_NO_WAIT).
-for way in stage0 stage67108864 ll0 ll1; do
+# way: "stage<bytes>" (a 1 MiB call), "ll<0|1>" (a 4 KiB call, RAILCC_GPU_LL_NO_WAIT) or
+# "late" (a 1 MiB call with RAILCC_GPU_LATE_ARGS=1: the error is asynchronous). MISMATCH_WAYS
+# picks some.
+for way in ${MISMATCH_WAYS:-stage0 stage67108864 ll0 ll1 late}; do
   case $way in
     stage*) env=(RAILCC_GPU_STAGE_BYTES=${way#stage}) base=262144 ;;
     ll*) env=(RAILCC_GPU_LL_NO_WAIT=${way#ll}) base=1024 ;;
+    late) env=(RAILCC_GPU_LATE_ARGS=1) base=262144 ;;
   esac
   for what in count dtype; do
     name="$what-$way" d=$(mktemp -d)

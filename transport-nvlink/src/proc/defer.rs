@@ -19,8 +19,9 @@
 //! every waiting stream: the calls' outputs are undefined, and the error comes back from the
 //! next call and from `ncclCommGetAsyncError`, as NCCL's asynchronous errors do.
 
+use super::late::LateSlots;
 use super::{meet_peers, read_peers, stop_gpu_work, Share};
-use crate::plan::{enqueue, Kernel, Peers};
+use crate::plan::{enqueue, spec, Kernel, Peers};
 use crate::table::{wait_until, ShmTable, CALL_DEPTH};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::Mutex;
@@ -54,9 +55,25 @@ struct Job {
     call: u64,
     shape: [u64; 5],
     deadline: Instant,
-    /// What to launch once the peers are met; None: a call already launched through the
-    /// fixed stage (`stage.rs`), whose peers' entries are only checked against its shape.
-    launch: Option<LaunchJob>,
+    work: Work,
+}
+
+/// What the launcher does with a call once its peers' entries are there.
+enum Work {
+    /// Only checks them against its shape: a call launched without a meeting (`stage.rs`).
+    Check,
+    /// Meets the peers and launches the kernel (`RAILCC_GPU_DEFER`).
+    Launch(LaunchJob),
+    /// Meets the peers and writes the kernel's arguments into the call's slot, where its
+    /// kernel, already enqueued, finds them (`late.rs`).
+    Late(LateJob),
+}
+
+/// A call whose kernel waits for its arguments (`late.rs`).
+pub(super) struct LateJob {
+    pub args: CollArgs,
+    /// This rank's send and receive buffers (or its bounce buffer's parts).
+    pub bufs: (u64, u64),
 }
 
 struct LaunchJob {
@@ -80,9 +97,12 @@ pub(super) struct Parts {
     pub own_name: usize,
     pub syncs: Vec<u64>,
     pub timeout_ns: u64,
-    /// Calls are deferred and launched here (`RAILCC_GPU_DEFER`), not only checked (the
-    /// fixed stage's calls): only then is the stack limit raised at start.
+    /// Calls are deferred and launched here (`RAILCC_GPU_DEFER`), or their kernels wait for
+    /// arguments written here (`RAILCC_GPU_LATE_ARGS`), not only checked (the fixed stage's
+    /// calls): only then is the stack limit raised at start.
     pub launches: bool,
+    /// The slots of late arguments (`RAILCC_GPU_LATE_ARGS`).
+    pub late: Option<Arc<LateSlots>>,
 }
 
 /// The word the callers' streams wait on, and how to let them all go once the communicator
@@ -161,6 +181,7 @@ impl Deferred {
             release: release.clone(),
             stream: stream as usize,
             stream_released: false,
+            late_last: [None; CALL_DEPTH as usize],
         };
         let thread = std::thread::Builder::new()
             .name("railcc-gpu-defer".into())
@@ -255,7 +276,7 @@ impl Deferred {
             kernel,
             inputs,
         };
-        self.hand(call, shape, deadline, Some(launch))
+        self.hand(call, shape, deadline, Work::Launch(launch))
             .inspect_err(|_| {
                 // The wait is on the stream already: release it (the communicator breaks).
                 self.release.all();
@@ -266,24 +287,24 @@ impl Deferred {
     /// peers' entries in call order and breaks the communicator if one differs from `shape`
     /// (the call's error then comes back asynchronously, as NCCL's do).
     pub fn check(&self, call: u64, shape: [u64; 5], deadline: Instant) -> Result<()> {
-        self.hand(call, shape, deadline, None)
+        self.hand(call, shape, deadline, Work::Check)
+    }
+
+    /// Hands call `call`, whose kernel is enqueued and waits for its arguments in its slot
+    /// (`late.rs`), to the launcher, which meets its peers in call order and writes them.
+    pub fn late(&self, call: u64, shape: [u64; 5], deadline: Instant, job: LateJob) -> Result<()> {
+        self.hand(call, shape, deadline, Work::Late(job))
     }
 
     /// Counts call `call` as pending and sends it to the launcher.
-    fn hand(
-        &self,
-        call: u64,
-        shape: [u64; 5],
-        deadline: Instant,
-        launch: Option<LaunchJob>,
-    ) -> Result<()> {
+    fn hand(&self, call: u64, shape: [u64; 5], deadline: Instant, work: Work) -> Result<()> {
         let tx = self.tx.as_ref().ok_or_else(stopped)?;
         self.pending.fetch_add(1, Ordering::AcqRel);
         let job = Job {
             call,
             shape,
             deadline,
-            launch,
+            work,
         };
         tx.send(job).map_err(|_| {
             self.pending.fetch_sub(1, Ordering::AcqRel);
@@ -342,6 +363,8 @@ struct Launcher {
     stream: usize,
     /// Whether the released word was written on the launcher's stream too.
     stream_released: bool,
+    /// Per late slot, the last call written there (`late.rs`).
+    late_last: [Option<u64>; CALL_DEPTH as usize],
 }
 
 impl Launcher {
@@ -360,7 +383,11 @@ impl Launcher {
             };
             let call = job.call;
             tracing::debug!("rank {}: launcher took call {call}", self.parts.rank);
-            if let Err(e) = self.launch(job) {
+            let r = match job.work {
+                Work::Late(l) => self.late(call, job.shape, job.deadline, l),
+                work => self.launch(Job { work, ..job }),
+            };
+            if let Err(e) = r {
                 tracing::debug!("rank {}: launcher failed call {call}: {e}", self.parts.rank);
                 self.fail(e);
             }
@@ -391,7 +418,7 @@ impl Launcher {
             return Err(e);
         }
         let broken = || p.broken.lock().clone();
-        let Some(l) = job.launch else {
+        let Work::Launch(l) = job.work else {
             read_peers(
                 &p.table,
                 (p.rank, p.nranks),
@@ -440,6 +467,51 @@ impl Launcher {
             self.release.done.write_on(stream, 0, job.call as u32)?;
         }
         tracing::debug!("rank {}: launcher enqueued call {}", p.rank, job.call);
+        Ok(())
+    }
+
+    /// Meets a late call's peers and writes its kernel's arguments into its slot; on a
+    /// failure, marks the slot failed (the communicator breaks: `run` calls `fail`).
+    fn late(&mut self, call: u64, shape: [u64; 5], deadline: Instant, l: LateJob) -> Result<()> {
+        let p = &self.parts;
+        let Some(slots) = p.late.clone() else {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "a call with late arguments on a communicator without their slots",
+            )
+            .transport(crate::NAME));
+        };
+        let previous = self.late_last[(call % CALL_DEPTH) as usize].replace(call);
+        let broken = || p.broken.lock().clone();
+        let met = (|| {
+            if let Some(e) = broken() {
+                return Err(e);
+            }
+            let (ins, outs) = meet_peers(
+                &p.table,
+                &p.share,
+                (p.rank, p.nranks),
+                call,
+                shape,
+                l.bufs,
+                false,
+                deadline,
+                &broken,
+            )?;
+            p.table.finished(call, p.rank);
+            let a = &l.args;
+            spec(a.coll, p.rank, &ins, &outs, a.count, a.dtype, a.root)
+        })();
+        let filled = match &met {
+            Ok(s) => slots.fill(call, previous, Some(s), deadline, &broken),
+            Err(_) => Ok(()),
+        };
+        if met.is_err() || filled.is_err() {
+            let _ = slots.fill(call, None, None, deadline, &broken);
+        }
+        met?;
+        filled?;
+        tracing::debug!("rank {}: launcher wrote call {call}'s arguments", p.rank);
         Ok(())
     }
 

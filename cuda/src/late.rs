@@ -1,0 +1,173 @@
+//! Late kernel arguments: a bulk kernel enqueued before its peers' buffer addresses are known
+//! (`RAILCC_GPU_LATE_ARGS`, railcc_transport_nvlink's `proc/late.rs`).
+//!
+//! Why: a call of one process per GPU needs its peers' buffers mapped before its kernel can
+//! be launched, so without this the caller's thread waits on the host for the slowest peer
+//! (0.9-1.4 ms a call in DDP and FSDP steps on 4 x H200, `step.py --profile`), while NCCL's
+//! calls return at once and wait on the GPU.
+//!
+//! How: the caller enqueues two kernels on its stream and returns. [`FETCH_KERNEL`], one
+//! block, polls a slot in mapped pinned host memory until the launcher thread has met the
+//! peers and written the call's arguments there ([`SLOT_WORDS`] u64 words, layout below), then
+//! copies them into this GPU's sync area ([`DEV_OFFSET`]) and acknowledges the slot. The bulk
+//! kernel's late form (`kernels.rs`, `arl_<dtype>_<op>`) reads its inputs, outputs and range
+//! from there. Only one thread reads host memory: one such read per block at a kernel's start
+//! cost 2-3x at 2-16 MB (measured, nineteenth session). The stream's work after the call
+//! waits for it as for any kernel; the launcher makes no stream call (a stream waiting on a
+//! host thread that itself enqueues work hung under PyTorch, `return-time-design.md` §7).
+//!
+//! A slot, u64 words: 0 the token (low half: the call number's low 32 bits; high half: 1 if
+//! the launcher failed the call, written before the token), 1 the GPU's acknowledgement (low
+//! half: the token it copied), 2 the input and output counts (low, high half), 3 and 4 the
+//! element range, 8-15 the inputs, 16-23 the outputs.
+
+use crate::gpu::GpuCtx;
+use crate::kernels::{MAX_PEERS, SYNC_BYTES};
+use crate::launch::{enqueue, Spec};
+use cudarc::driver::sys;
+use railcc_core::{Error, Result};
+use std::ffi::c_void;
+
+/// u64 words of a slot (host and device alike).
+pub const SLOT_WORDS: usize = 32;
+/// Device slots in each GPU's sync area: the communicator's kernels run one after another
+/// (the kernel order), so the next call's fetch never overwrites a slot a kernel still reads;
+/// a few make that hold by a margin.
+pub const DEV_SLOTS: usize = 8;
+/// Where the device slots start in the sync area: after the sync words, before the push
+/// kernel's flags.
+pub const DEV_OFFSET: usize = SYNC_BYTES.div_ceil(256) * 256;
+const _: () = assert!(DEV_OFFSET + DEV_SLOTS * SLOT_WORDS * 8 <= crate::push::FLAGS_OFFSET);
+const _: () = assert!(16 + MAX_PEERS <= SLOT_WORDS && 8 + MAX_PEERS <= 16);
+/// The fetch kernel (in the common module).
+pub const FETCH_KERNEL: &str = "late_fetch";
+/// u32 words of a slot, as the host writes them (`hostsync::Flags` holds u32 words).
+pub const SLOT_U32: usize = 2 * SLOT_WORDS;
+/// Host-side u32 word indices within a slot.
+pub const TOKEN: usize = 0;
+pub const FAILED: usize = 1;
+pub const ACK: usize = 2;
+/// The first u32 word after the token and acknowledgement: what [`args_words`] fills.
+pub const ARGS: usize = 4;
+
+/// CUDA source of the fetch kernel (after kernels.rs' helpers).
+pub const SOURCE: &str = r#"
+// Late arguments (late.rs): one block of 32 threads. Thread 0 polls the host slot for this
+// call's token (stopping at an abort or the deadline, as every wait does); then the block
+// copies the slot into the device slot, and thread 0 acknowledges it in the host slot. A
+// failed or stopped fetch leaves the device slot's token 0: the bulk kernel skips its data.
+extern "C" __global__ void late_fetch(unsigned long long host, unsigned long long dev, unsigned int token, unsigned long long sync, unsigned long long timeout_ns) {
+  volatile unsigned long long* h = (volatile unsigned long long*)host;
+  volatile unsigned long long* d = (volatile unsigned long long*)dev;
+  __shared__ int ok;
+  if (threadIdx.x == 0) {
+    unsigned long long t0 = now_ns();
+    unsigned int spins = 0;
+    int got = 0;
+    for (;;) {
+      unsigned long long w = h[0];
+      if ((unsigned int)w == token) { got = (w >> 32) == 0 ? 1 : 0; break; }
+      if (now_ns() - t0 > timeout_ns) { timed_out(sync); break; }
+      if ((++spins & 1023u) == 0 && aborted(sync)) break;
+    }
+    __threadfence_system();
+    ok = got;
+  }
+  __syncthreads();
+  if (ok && threadIdx.x > 0 && threadIdx.x < 32) d[threadIdx.x] = h[threadIdx.x];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    d[0] = ok ? (unsigned long long)token : 0ull;
+    __threadfence_system();
+    ((volatile unsigned int*)host)[2] = token;
+  }
+}
+"#;
+
+/// The slot's words from u32 word [`ARGS`] on for `s`: counts, range, inputs, outputs.
+pub fn args_words(s: &Spec) -> Result<Vec<u32>> {
+    if s.ins.len() > MAX_PEERS || s.outs.len() > MAX_PEERS {
+        return Err(Error::invalid(format!(
+            "late arguments: {} inputs and {} outputs (at most {MAX_PEERS})",
+            s.ins.len(),
+            s.outs.len()
+        )));
+    }
+    let mut w = [0u64; SLOT_WORDS];
+    w[2] = s.ins.len() as u64 | (s.outs.len() as u64) << 32;
+    (w[3], w[4]) = s.range;
+    w[8..8 + s.ins.len()].copy_from_slice(&s.ins);
+    w[16..16 + s.outs.len()].copy_from_slice(&s.outs);
+    Ok(w[ARGS / 2..]
+        .iter()
+        .flat_map(|v| [*v as u32, (*v >> 32) as u32])
+        .collect())
+}
+
+/// The device slot of call `call` in the sync area at `sync`.
+pub fn dev_slot(sync: u64, call: u64) -> u64 {
+    sync + (DEV_OFFSET + (call as usize % DEV_SLOTS) * SLOT_WORDS * 8) as u64
+}
+
+/// Enqueues the fetch of call `token`'s arguments from host slot `host` (its device address)
+/// into device slot `dev` on `stream`.
+///
+/// # Safety
+/// `host` is a slot of mapped pinned memory and `dev` a slot of `sync`, this GPU's sync area,
+/// both live until the stream passes the kernel; `stream` a live stream of `gpu`, current.
+pub unsafe fn fetch(
+    gpu: &GpuCtx,
+    stream: sys::CUstream,
+    (host, dev): (u64, u64),
+    token: u32,
+    sync: u64,
+    timeout_ns: u64,
+) -> Result<()> {
+    let f = gpu.late_fetch_func()?;
+    let (mut h, mut d, mut t, mut s, mut to) = (host, dev, token, sync, timeout_ns);
+    let mut params: [*mut c_void; 5] = [
+        &mut h as *mut u64 as *mut c_void,
+        &mut d as *mut u64 as *mut c_void,
+        &mut t as *mut u32 as *mut c_void,
+        &mut s as *mut u64 as *mut c_void,
+        &mut to as *mut u64 as *mut c_void,
+    ];
+    // SAFETY: the parameters match late_fetch's signature and live across the call; the
+    // caller vouches for the slots.
+    unsafe { enqueue(f, 1, 32, stream, &mut params, "cuLaunchKernel (late fetch)") }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_holds_the_spec_where_the_kernels_read_it() {
+        let s = Spec {
+            ins: vec![0x1_0000_0010, 0x2_0000_0020],
+            outs: vec![0x3_0000_0030],
+            range: (5, 0x1_0000_0007),
+        };
+        let w = args_words(&s).expect("fits");
+        assert_eq!(w.len(), SLOT_U32 - ARGS);
+        let u64_at = |i: usize| w[2 * i - ARGS] as u64 | (w[2 * i + 1 - ARGS] as u64) << 32;
+        assert_eq!(u64_at(2), 2 | 1 << 32);
+        assert_eq!((u64_at(3), u64_at(4)), s.range);
+        assert_eq!((u64_at(8), u64_at(9), u64_at(10)), (s.ins[0], s.ins[1], 0));
+        assert_eq!((u64_at(16), u64_at(17)), (s.outs[0], 0));
+        let src = crate::kernels::late_kernel_source_for_test();
+        for read in ["s[2]", "s[3]", "s[4]", "s[8 + r]", "s[16 + r]"] {
+            assert!(src.contains(read), "the late bulk kernel reads {read}");
+        }
+        assert!(SOURCE.contains("((volatile unsigned int*)host)[2] = token"));
+        assert_eq!(ACK, 2);
+        let too_many = Spec {
+            ins: vec![0; MAX_PEERS + 1],
+            outs: vec![],
+            range: (0, 0),
+        };
+        assert!(args_words(&too_many).is_err());
+        assert_ne!(dev_slot(0, 1), dev_slot(0, 2));
+        assert_eq!(dev_slot(0, 0), dev_slot(0, DEV_SLOTS as u64));
+    }
+}

@@ -1,0 +1,94 @@
+//! Calls whose kernel is enqueued before its peers arrive, with its arguments written later
+//! (`RAILCC_GPU_LATE_ARGS`; the GPU side is `railcc_cuda::late`).
+//!
+//! Why: a bulk-kernel call needs its peers' buffer addresses, which differ call by call, so
+//! without this the caller's thread waits on the host for the slowest peer before it can
+//! launch: 0.9-1.4 ms a call in DDP and FSDP steps on 4 x H200, where NCCL's calls return
+//! at once and wait on the GPU (`bench/results/issue31/return-time-design.md` §8).
+//!
+//! How: the caller publishes its buffers as usual, enqueues the fetch kernel and the bulk
+//! kernel's late form on its stream (in the kernel order), hands the call to the launcher
+//! thread (`defer.rs`) and returns. The launcher meets the peers in call order, maps their
+//! buffers, and writes the call's arguments into the call's slot of mapped pinned memory
+//! ([`LateSlots::fill`]), where the fetch kernel finds them. Unlike `RAILCC_GPU_DEFER` the
+//! launcher makes no stream call; its one driver call is the IPC or VMM open of an
+//! allocation not mapped before. A slot is reused every `CALL_DEPTH` calls, once the GPU has
+//! acknowledged its previous call. On a failure the launcher marks the slot failed (the
+//! kernels skip their data) and breaks the communicator, which stops every wait.
+
+use crate::table::{wait_until, CALL_DEPTH};
+use railcc_core::{Error, ErrorKind, Result};
+use railcc_cuda::hostsync::Flags;
+use railcc_cuda::late::{args_words, ACK, ARGS, FAILED, SLOT_U32, TOKEN};
+use railcc_cuda::launch::Spec;
+use std::time::Instant;
+
+/// A call's token: the low 32 bits of its number (the GPU compares 32-bit tokens).
+pub(super) fn token(call: u64) -> u32 {
+    call as u32
+}
+
+/// One communicator's [`CALL_DEPTH`] host slots, in mapped pinned memory of its GPU's context.
+pub(super) struct LateSlots {
+    flags: Flags,
+}
+
+impl LateSlots {
+    /// The slots, in the context current on this thread.
+    pub fn new() -> Result<LateSlots> {
+        Ok(LateSlots {
+            flags: Flags::new_current(CALL_DEPTH as usize * SLOT_U32)?,
+        })
+    }
+
+    fn first(call: u64) -> usize {
+        (call % CALL_DEPTH) as usize * SLOT_U32
+    }
+
+    /// Call `call`'s slot as the GPU addresses it.
+    pub fn host_slot(&self, call: u64) -> Result<u64> {
+        self.flags.dev_ptr(Self::first(call))
+    }
+
+    /// Writes call `call`'s arguments `spec` (None: the call failed) into its slot, once the
+    /// GPU has acknowledged the slot's previous call `previous` (None: no late call used it
+    /// since the communicator began). A failure is written at once: the communicator is
+    /// breaking, and every wait stops.
+    pub fn fill(
+        &self,
+        call: u64,
+        previous: Option<u64>,
+        spec: Option<&Spec>,
+        deadline: Instant,
+        broken: &dyn Fn() -> Option<Error>,
+    ) -> Result<()> {
+        let at = Self::first(call);
+        let Some(spec) = spec else {
+            self.flags.store(at + FAILED, 1);
+            self.flags.store(at + TOKEN, token(call));
+            return Ok(());
+        };
+        let words = args_words(spec)?;
+        if let Some(p) = previous {
+            wait_until(deadline, broken, || self.flags.load(at + ACK) == token(p)).map_err(
+                |e| {
+                    e.unwrap_or_else(|| {
+                        Error::new(
+                            ErrorKind::Timeout,
+                            format!(
+                                "GPU call {p}'s kernel did not take its late arguments in time"
+                            ),
+                        )
+                        .transport(crate::NAME)
+                    })
+                },
+            )?;
+        }
+        // SAFETY: the GPU reads these words only after it sees this call's token, stored
+        // below; its fetch of the slot's previous call is over (acknowledged above).
+        unsafe { self.flags.write(at + ARGS, &words) }?;
+        self.flags.store(at + FAILED, 0);
+        self.flags.store(at + TOKEN, token(call));
+        Ok(())
+    }
+}
