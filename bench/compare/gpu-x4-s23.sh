@@ -7,8 +7,8 @@
 #   b  where a step's time goes, railcc (default), railcc-late and NCCL: DDP and FSDP, 10
 #      timed steps then 5 under torch.profiler; then nccl-tests under mpirun -np N,
 #      all_reduce, all_gather and reduce_scatter 1 MB-256 MB, railcc default, late, NCCL.
-#   c  steps on one host of 4 GPUs, DDP and FSDP: railcc, railcc-late, NCCL, three runs each,
-#      interleaved.
+#   c  steps on one host of 4 GPUs, DDP and FSDP: railcc, railcc-late, railcc-late at NCCL's 24
+#      blocks, NCCL; two runs each (STEP_RUNS), interleaved.
 # Usage: bash bench/compare/gpu-x4-s23.sh a|b|c
 set -u
 cd "$(dirname "$0")/../.."
@@ -42,8 +42,9 @@ case ${1:-} in
     done
     ;;
   c)
-    OUT=$L/host STEP_LAYOUTS=host STEP_MODES="ddp fsdp" STEP_RUNS=3 STEP_LIMIT=80 STEP_LIBS="railcc nccl" \
-      STEP_EXTRA="late:RAILCC_GPU_LATE_ARGS=1" STEP_ARGS="--steps 30" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
+    OUT=$L/host STEP_LAYOUTS=host STEP_MODES="ddp fsdp" STEP_RUNS=${STEP_RUNS:-2} STEP_LIMIT=80 STEP_LIBS="railcc nccl" \
+      STEP_EXTRA="late:RAILCC_GPU_LATE_ARGS=1 late24:RAILCC_GPU_LATE_ARGS=1,RAILCC_GPU_MAX_BLOCKS=24" \
+      STEP_ARGS="--steps 30" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
       timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/host.txt" | grep -v "^  "
     ;;
   *) echo "usage: $0 a|b|c"; exit 2 ;;
