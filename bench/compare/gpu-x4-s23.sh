@@ -9,7 +9,10 @@
 #      all_reduce, all_gather and reduce_scatter 1 MB-256 MB, railcc default, late, NCCL.
 #   c  steps on one host of 4 GPUs, DDP and FSDP: railcc, railcc-late, railcc-late at NCCL's 24
 #      blocks, NCCL; two runs each (STEP_RUNS), interleaved.
-# Usage: bash bench/compare/gpu-x4-s23.sh a|b|c
+#   d  after the change that exports only the buffers peers reach: the suite's bench part
+#      (--per-process), late, stage and mismatch parts.
+#   e  steps, DDP and FSDP: railcc-late and NCCL, three runs each, interleaved.
+# Usage: bash bench/compare/gpu-x4-s23.sh a|b|c|d|e
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -47,6 +50,15 @@ case ${1:-} in
       STEP_ARGS="--steps 30" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
       timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/host.txt" | grep -v "^  "
     ;;
-  *) echo "usage: $0 a|b|c"; exit 2 ;;
+  d)
+    OUT=$L TEST_GPU_PARTS="bench late stage mismatch" TEST_GPU_WAYS=per-process TEST_GPU_CHECK_LIMIT=120 \
+      timeout $(left 570) bash scripts/test-gpu.sh 2>&1 | grep -E "^(PASS|FAIL|SKIP)|test-gpu:" | cut -c1-200
+    ;;
+  e)
+    OUT=$L/host STEP_LAYOUTS=host STEP_MODES="ddp fsdp" STEP_RUNS=3 STEP_LIMIT=80 STEP_LIBS="nccl" \
+      STEP_EXTRA="late:RAILCC_GPU_LATE_ARGS=1" STEP_ARGS="--steps 30" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
+      timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/host.txt" | grep -v "^  "
+    ;;
+  *) echo "usage: $0 a|b|c|d|e"; exit 2 ;;
 esac
 session_end "$1"

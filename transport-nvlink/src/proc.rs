@@ -835,11 +835,21 @@ impl ProcGpu {
                 return unsafe { self.unmet(c, call, d, at, lens, deadline, published, clock) };
             }
         }
+        // Only the buffers peers' kernels reach are shown to them (`plan::reach`): the rest
+        // need no export, nor the bounce buffer where peers could not map them (the
+        // low-latency kernel's, under a capture or without RAILCC_GPU_LL_NO_WAIT: when
+        // mappings are kept, a buffer over one shown before would need the bounce buffer,
+        // which a capture cannot grow).
+        let (peer_ins, peer_outs) = reach(k, a.coll);
         let exported = {
             let mut share = self.share.lock();
+            let mut shown = |reached: bool, buf: u64, len: u64| match reached {
+                true => share.export(buf, len, deadline, &broken),
+                false => Ok(Some(BufDesc::EMPTY)),
+            };
             (
-                share.export(send, send_len, deadline, &broken)?,
-                share.export(c.recv, recv_len, deadline, &broken)?,
+                shown(peer_ins, send, send_len)?,
+                shown(peer_outs, c.recv, recv_len)?,
             )
         };
         let stream = stream_of(c.stream);
