@@ -7,7 +7,7 @@ use crate::driver::{available, check, device};
 use cudarc::driver::sys;
 use railcc_core::{Error, ErrorKind, Result};
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// One GPU's primary context, retained for the life of this value (no kernels, no NVRTC).
 pub struct Ctx {
@@ -166,6 +166,24 @@ impl Flags {
             // SAFETY: as in load.
             unsafe { AtomicU32::from_ptr(p) }.store(v, Ordering::Release);
         }
+    }
+
+    /// Writes words `i` (low half) and `i + 1` (high half) as one 8-byte store, so a GPU that
+    /// reads them as one u64 never sees one without the other; earlier host writes are
+    /// visible to the GPU before it. `i` must be even (the pair 8-byte aligned).
+    pub fn store_u64(&self, i: usize, v: u64) -> Result<()> {
+        if !i.is_multiple_of(2) || i + 1 >= self.words {
+            return Err(Error::invalid(format!(
+                "flag pair {i} of {}: not an aligned pair inside the allocation",
+                self.words
+            )));
+        }
+        let p = self.at(i)? as *mut u64;
+        // SAFETY: words i and i + 1 lie in our allocation (checked), which is page-aligned
+        // pinned memory, so an even word index is 8-byte aligned; the GPU reads it at any
+        // time, so the store is atomic.
+        unsafe { AtomicU64::from_ptr(p) }.store(v, Ordering::Release);
+        Ok(())
     }
 
     /// Enqueues "word i = v" on `stream`, after the work before it.

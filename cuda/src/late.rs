@@ -16,8 +16,8 @@
 //! waits for it as for any kernel; the launcher makes no stream call (a stream waiting on a
 //! host thread that itself enqueues work hung under PyTorch, `return-time-design.md` §7).
 //!
-//! A slot, u64 words: 0 the token (low half: the call number's low 32 bits; high half: 1 if
-//! the launcher failed the call, written before the token), 1 the GPU's acknowledgement (low
+//! A slot, u64 words: 0 the token (low half: the call number's low 32 bits, never 0; high
+//! half: 1 if the launcher failed the call; one 8-byte store), 1 the GPU's acknowledgement (low
 //! half: the token it copied), 2 the input and output counts (low, high half), 3 and 4 the
 //! element range, 8-15 the inputs, 16-23 the outputs.
 
@@ -55,7 +55,7 @@ pub const SOURCE: &str = r#"
 // Late arguments (late.rs): one block of 32 threads. Thread 0 polls the host slot for this
 // call's token (stopping at an abort or the deadline, as every wait does); then the block
 // copies the slot into the device slot, and thread 0 acknowledges it in the host slot. A
-// failed or stopped fetch leaves the device slot's token 0: the bulk kernel skips its data.
+// failed or stopped fetch marks the device slot's token failed: the bulk kernel skips its data.
 extern "C" __global__ void late_fetch(unsigned long long host, unsigned long long dev, unsigned int token, unsigned long long sync, unsigned long long timeout_ns) {
   volatile unsigned long long* h = (volatile unsigned long long*)host;
   volatile unsigned long long* d = (volatile unsigned long long*)dev;
@@ -77,7 +77,8 @@ extern "C" __global__ void late_fetch(unsigned long long host, unsigned long lon
   if (ok && threadIdx.x > 0 && threadIdx.x < 32) d[threadIdx.x] = h[threadIdx.x];
   __syncthreads();
   if (threadIdx.x == 0) {
-    d[0] = ok ? (unsigned long long)token : 0ull;
+    // A failed fetch's word never equals a token (its high half is set).
+    d[0] = ok ? (unsigned long long)token : ((unsigned long long)token | (1ull << 32));
     __threadfence_system();
     ((volatile unsigned int*)host)[2] = token;
   }

@@ -548,12 +548,6 @@ impl ProcGpu {
         let ll_no_wait = ll_max_bytes > 0 && hellos.iter().all(|h| h.ll_no_wait);
         // Late arguments only where every rank asks and none defers (the two launch apart).
         let late_args = hellos.iter().all(|h| h.late_args && !h.defer);
-        let late = if late_args {
-            gpu.bind()?;
-            Some(Arc::new(late::LateSlots::new()?))
-        } else {
-            None
-        };
         let broken = Arc::new(Mutex::new(None));
         // Peers whose process this one can see (another pid namespace hides them): watched.
         let peers: Vec<(usize, Proc)> = hellos
@@ -588,8 +582,17 @@ impl ProcGpu {
         }
         // The launcher also checks the peers' entries of calls made without a meeting.
         let unmet = fixed.is_some() || ll_no_wait || late_args;
-        let started = if settings.defer || unmet {
-            defer::Deferred::start(defer::Parts {
+        // The late slots with the launcher: a rank that cannot make them fails the agreement
+        // below with its peers, as one whose launcher did not start.
+        let late = match late_args {
+            true => gpu
+                .bind()
+                .and_then(|()| late::LateSlots::new())
+                .map(|s| Some(Arc::new(s))),
+            false => Ok(None),
+        };
+        let started = late.and_then(|late| match settings.defer || unmet {
+            true => defer::Deferred::start(defer::Parts {
                 gpu: gpu.clone(),
                 table: table.clone(),
                 share: share.clone(),
@@ -602,13 +605,12 @@ impl ProcGpu {
                 launches: settings.defer || late_args,
                 late: late.clone(),
             })
-            .map(Some)
-        } else {
-            Ok(None)
-        };
+            .map(|d| (Some(d), late)),
+            false => Ok((None, late)),
+        });
         // Where any rank starts a launcher (every rank knows from the hellos), they agree it
         // started: one that failed must not leave its peers' staged kernels waiting for it.
-        let defer = if unmet || hellos.iter().any(|h| h.defer) {
+        let (defer, late) = if unmet || hellos.iter().any(|h| h.defer) {
             agree(started, exchange, &name, |_| Vec::new())?.0
         } else {
             started?

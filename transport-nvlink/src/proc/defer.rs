@@ -517,15 +517,20 @@ impl Launcher {
 
     /// Breaks the communicator with `why` (the host's other ranks hear it) and releases every
     /// waiting stream.
+    /// A communicator already broken is not reported again: an abort (`ProcGpu::abort`, as
+    /// NCCL's) does not tell the peers, and the launcher's pending calls failing behind it
+    /// must not either.
     fn fail(&self, why: Error) {
         let p = &self.parts;
-        let first = p
-            .broken
-            .lock()
-            .get_or_insert_with(|| why.rank(p.own_name))
-            .clone();
+        let (first, was_broken) = {
+            let mut b = p.broken.lock();
+            let was = b.is_some();
+            (b.get_or_insert_with(|| why.rank(p.own_name)).clone(), was)
+        };
         stop_gpu_work(&p.gpu, Some(&self.release));
-        p.table.report_broken(p.rank, &first.to_string());
+        if !was_broken {
+            p.table.report_broken(p.rank, &first.to_string());
+        }
     }
 }
 

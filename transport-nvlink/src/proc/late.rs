@@ -23,9 +23,11 @@ use railcc_cuda::late::{args_words, ACK, ARGS, FAILED, SLOT_U32, TOKEN};
 use railcc_cuda::launch::Spec;
 use std::time::Instant;
 
-/// A call's token: the low 32 bits of its number (the GPU compares 32-bit tokens).
+/// A call's token: the low 32 bits of its number (the GPU compares 32-bit tokens), never 0
+/// (a device slot whose fetch failed holds no valid token): call 2^32 k takes 1, which no
+/// other call of its slot (numbers 0 mod `CALL_DEPTH`) has.
 pub(super) fn token(call: u64) -> u32 {
-    call as u32
+    (call as u32).max(1)
 }
 
 /// One communicator's [`CALL_DEPTH`] host slots, in mapped pinned memory of its GPU's context.
@@ -63,10 +65,14 @@ impl LateSlots {
         broken: &dyn Fn() -> Option<Error>,
     ) -> Result<()> {
         let at = Self::first(call);
+        // The failed flag and the token in one store: the GPU reads both as one u64.
+        let mark = |failed: u64| {
+            self.flags
+                .store_u64(at + TOKEN, failed << 32 | u64::from(token(call)))
+        };
+        const _: () = assert!(TOKEN.is_multiple_of(2) && FAILED == TOKEN + 1);
         let Some(spec) = spec else {
-            self.flags.store(at + FAILED, 1);
-            self.flags.store(at + TOKEN, token(call));
-            return Ok(());
+            return mark(1);
         };
         let words = args_words(spec)?;
         if let Some(p) = previous {
@@ -87,8 +93,24 @@ impl LateSlots {
         // SAFETY: the GPU reads these words only after it sees this call's token, stored
         // below; its fetch of the slot's previous call is over (acknowledged above).
         unsafe { self.flags.write(at + ARGS, &words) }?;
-        self.flags.store(at + FAILED, 0);
-        self.flags.store(at + TOKEN, token(call));
-        Ok(())
+        mark(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_is_never_zero_and_never_repeats_within_its_slot_across_the_wrap() {
+        assert_eq!(token(5), 5);
+        assert_eq!(token(1 << 32), 1, "the wrap takes 1, not 0");
+        // The calls of slot 0 around the wrap: every token differs from its neighbours'
+        // (the GPU tells a slot's calls apart by their tokens).
+        let slot0: Vec<u32> = (0..4)
+            .map(|k| token((1u64 << 32) - 2 * CALL_DEPTH + k * CALL_DEPTH))
+            .collect();
+        assert!(slot0.iter().all(|&t| t != 0), "{slot0:?}");
+        assert!(slot0.windows(2).all(|w| w[0] != w[1]), "{slot0:?}");
     }
 }
