@@ -52,7 +52,9 @@
 #         before their peers arrive, their arguments written later, proc/late.rs): every
 #         collective on every GPU and all_reduce on 2, every dtype and op, 8 B-32 MB,
 #         --offset 8; random inputs with -G 3 (captured calls take the usual path between
-#         late ones); then mismatch's late cases and recover's abort and kill cases with it.
+#         late ones); =2 (the push kernel's late form too) on all_reduce, also at 3 blocks with
+#         every all-reduce pushed; then mismatch's late cases and recover's abort and kill
+#         cases with it.
 # A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
 # exit status 1 if any failed. Without a CUDA driver: a SKIP line, exit 0.
@@ -384,6 +386,11 @@ case " $PARTS " in *" late "*)
   done
   check "bench all_reduce --per-process --ranks 2 with late kernel arguments: every dtype and op, 8 B-32 MB, --offset 8" \
     "${late[@]}" $R bench all_reduce --device cuda --per-process --ranks 2 -b 8 -e 32M -f 8 -d all -o all -n 1 -w 0 -r 1 --offset 8
+  # =2: the push kernel's late form too (all-reduces from 16 MiB on 4 GPUs or more).
+  check "bench all_reduce --per-process --ranks $NG with late arguments on the push kernel too (=2): every dtype and op, 1 KB-64 MB, --offset 8" \
+    env RAILCC_GPU_LATE_ARGS=2 $R bench all_reduce --device cuda --per-process --ranks $NG -b 1K -e 64M -f 8 -d all -o all -n 1 -w 0 -r 1 --offset 8
+  check "bench all_reduce --per-process with late arguments on the push kernel too (=2): --fill random, 3 blocks, float and bfloat16, 1 KB-64 MB" \
+    env RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_AR_PUSH_BYTES=1 RAILCC_GPU_PUSH_MIN_BLOCKS=1 RAILCC_GPU_LL_MAX_BYTES=0 RAILCC_GPU_MAX_BLOCKS=3 $R bench all_reduce --device cuda --per-process -b 1K -e 64M -f 8 -d float,bfloat16 -o sum,avg -n 2 -w 1 -r 1 --fill random
   MISMATCH_WAYS=late timeout 200 bash nccl-compat/tests/mismatch/mismatch.sh > /tmp/test-gpu-mismatch.log 2>&1
   verdict "mismatch with late kernel arguments: counts and dtypes that differ across ranks (nccl-compat/tests/mismatch/mismatch.sh)" $? /tmp/test-gpu-mismatch.log notable
   grep -E "^(PASS|FAIL|      )" /tmp/test-gpu-mismatch.log

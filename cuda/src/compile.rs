@@ -525,12 +525,11 @@ mod nvrtc_tests {
                             (fam == Family::Bulk && m.ops.contains(&ReduceOp::Sum))
                                 .then(|| scale_name(dt)),
                         )
-                        .chain(
-                            m.ops
-                                .iter()
-                                .filter(|_| fam == Family::Bulk)
-                                .map(|&op| crate::kernels::late_kernel_name(dt, op)),
-                        )
+                        .chain(m.ops.iter().filter_map(|&op| match fam {
+                            Family::Bulk => Some(crate::kernels::late_kernel_name(dt, op)),
+                            Family::Push => Some(crate::push::late_kernel_name(dt, op)),
+                            _ => None,
+                        }))
                         .collect(),
                     None => DataType::ALL
                         .iter()

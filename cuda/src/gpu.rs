@@ -68,6 +68,8 @@ pub struct GpuCtx {
     late_fetch: Option<sys::CUfunction>,
     ll_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     push_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
+    /// The push kernel's late form (push.rs, late.rs).
+    push_late_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     /// The TMA bulk kernels (tma.rs), once [`GpuCtx::load_tma`] loaded them; else empty.
     tma_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     /// Whether the GPU can run them: compute capability 9.0 or later and `tma::SMEM_BYTES` of
@@ -163,6 +165,7 @@ impl GpuCtx {
             late_fetch: None,
             ll_funcs: HashMap::new(),
             push_funcs: HashMap::new(),
+            push_late_funcs: HashMap::new(),
             tma_funcs: HashMap::new(),
             tma_ok,
             cc: (major, minor),
@@ -326,9 +329,12 @@ impl GpuCtx {
                         Family::Ll => self
                             .ll_funcs
                             .insert((dt, op), get(crate::ll::kernel_name(dt, op))?),
-                        Family::Push => self
-                            .push_funcs
-                            .insert((dt, op), get(crate::push::kernel_name(dt, op))?),
+                        Family::Push => {
+                            self.push_late_funcs
+                                .insert((dt, op), get(crate::push::late_kernel_name(dt, op))?);
+                            self.push_funcs
+                                .insert((dt, op), get(crate::push::kernel_name(dt, op))?)
+                        }
                         Family::Tma => {
                             let f = get(crate::tma::kernel_name(dt, op))?;
                             use sys::CUfunction_attribute as F;
@@ -442,6 +448,16 @@ impl GpuCtx {
         })
     }
 
+    /// The push kernel's late form (`RAILCC_GPU_LATE_ARGS=2`).
+    pub fn push_late_func(&self, dt: DataType, op: ReduceOp) -> Result<sys::CUfunction> {
+        self.push_late_funcs.get(&(dt, op)).copied().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Unsupported,
+                "no late-argument push all-reduce kernel for dtype/op",
+            )
+        })
+    }
+
     /// late.rs's fetch kernel.
     pub fn late_fetch_func(&self) -> Result<sys::CUfunction> {
         self.late_fetch
@@ -516,7 +532,8 @@ impl GpuCtx {
             .funcs
             .values()
             .chain(self.late_funcs.values())
-            .chain(self.push_funcs.values());
+            .chain(self.push_funcs.values())
+            .chain(self.push_late_funcs.values());
         for &f in all {
             let mut per_sm = 1;
             // SAFETY: valid out-pointer and a loaded function.
@@ -553,6 +570,7 @@ impl GpuCtx {
             .chain(self.p2p_funcs.iter())
             .chain(self.barrier_funcs.iter())
             .chain(self.late_funcs.values())
+            .chain(self.push_late_funcs.values())
             .chain(self.late_fetch.iter());
         for &f in all {
             let mut local = 0i32;

@@ -108,20 +108,53 @@ __device__ __forceinline__ void push_copy(unsigned char* dst, const unsigned cha
 /// CUDA source of the push all-reduce for one dtype and op (uses kernels.rs's helpers and
 /// [`COMMON_SOURCE`]).
 pub fn kernel_source(dt: DataType, op: ReduceOp) -> String {
+    // The kernel with the outputs as a parameter, and its late form (late.rs), which reads
+    // them from a device slot (`RAILCC_GPU_LATE_ARGS=2`): the same body.
+    let name = kernel_name(dt, op);
+    let late = late_kernel_name(dt, op);
+    let (t, ..) = ctype(dt);
+    [
+        (format!("{name}(const {t}* in, Ptrs outs, "), "", ""),
+        (
+            format!("{late}(const {t}* in, unsigned long long late, unsigned int token, "),
+            LATE_PROLOGUE,
+            " || bad",
+        ),
+    ]
+    .iter()
+    .map(|(head, prologue, skip)| kernel_body(dt, op, head, prologue, skip))
+    .collect()
+}
+
+/// The late form's first statements: the outputs from the slot (late.rs's layout).
+const LATE_PROLOGUE: &str = r#"  const unsigned long long* s = (const unsigned long long*)late;
+  const bool bad = s[0] != (unsigned long long)token;
+  Ptrs outs;
+#pragma unroll
+  for (int r = 0; r < 8; r++) outs.p[r] = s[16 + r];"#;
+
+/// The push kernel's late form (`RAILCC_GPU_LATE_ARGS=2`): its outputs from a device slot.
+pub fn late_kernel_name(dt: DataType, op: ReduceOp) -> String {
+    format!("pushl_{}_{}", dt.name(), op.name())
+}
+
+/// One form of the push kernel: its name and first parameters `head`, its first statements
+/// `prologue`, and `skip`, what else sends it straight to its end after the ready barrier.
+fn kernel_body(dt: DataType, op: ReduceOp, head: &str, prologue: &str, skip: &str) -> String {
     let (t, acc, ld, st) = ctype(dt);
     let expr = op_expr(op, dt);
     let avg = avg_step(dt, op);
-    let name = kernel_name(dt, op);
     let (flags, fw, scratch, maxb) = (FLAGS_OFFSET, FLAG_WORDS, SCRATCH_OFFSET, MAX_BLOCKS);
     format!(
         r#"
-extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const {t}* in, Ptrs outs, unsigned long long count, unsigned long long per, Ptrs areas, int n, int me, int avg_n, unsigned long long tile, unsigned long long timeout_ns) {{
+extern "C" __global__ void __launch_bounds__({THREADS}) {head}unsigned long long count, unsigned long long per, Ptrs areas, int n, int me, int avg_n, unsigned long long tile, unsigned long long timeout_ns) {{
   typedef {t} T;
+{prologue}
   const int V = 16 / sizeof(T);
   const unsigned long long area = areas.p[me];
   const unsigned long long epoch = call_epoch(area);
-  if (arrive_ready(areas, n, me, epoch, timeout_ns)) {{
-    // Stopped (an abort): this block sends nothing, so it marks every tile of this call posted
+  if (arrive_ready(areas, n, me, epoch, timeout_ns){skip}) {{
+    // Stopped (an abort, or a late fetch that failed): this block sends nothing, so it marks every tile of this call posted
     // and freed for the peers' same block; a peer that passed its ready wait would otherwise
     // wait on them for ever (an abort is not told to the peers). Below the next call's values.
     if (threadIdx.x < n && threadIdx.x != me) {{
@@ -232,12 +265,22 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(const {t}* in, Pt
     )
 }
 
+/// Where a push kernel finds every GPU's output.
+#[derive(Clone, Copy)]
+pub enum Outs<'a> {
+    /// `outs[h]`: GPU h's, as the launching GPU addresses it.
+    Now(&'a [u64]),
+    /// In the device slot `slot` once its token is `token` (late.rs), filled by a fetch
+    /// earlier on the stream.
+    Late { slot: u64, token: u32 },
+}
+
 /// Enqueues GPU `me`'s push all-reduce of `count` elements from `input` into every GPU's
-/// output (`outs[h]`: GPU h's, as `gpu` addresses it) with `blocks` blocks and `slot_bytes`
-/// slots, both from [`shape`] (the same on every GPU of the call).
+/// output (`outs`) with `blocks` blocks and `slot_bytes` slots, both from [`shape`] (the same
+/// on every GPU of the call).
 ///
 /// # Safety
-/// `input` and every `outs[h]` must be device memory `gpu` can address holding `count`
+/// `input` and every output must be device memory `gpu` can address holding `count`
 /// elements; `areas[h]` must be GPU h's area (kernels.rs `AREA_BYTES`) as `gpu` addresses it;
 /// all live until the stream passes this kernel; every GPU of the call launches its part.
 #[allow(clippy::too_many_arguments)]
@@ -246,7 +289,7 @@ pub unsafe fn launch(
     stream: sys::CUstream,
     me: usize,
     input: u64,
-    outs: &[u64],
+    outs: Outs<'_>,
     count: usize,
     dt: DataType,
     op: ReduceOp,
@@ -254,21 +297,36 @@ pub unsafe fn launch(
     (blocks, slot_bytes): (u32, usize),
     timeout_ns: u64,
 ) -> Result<()> {
-    debug_assert!(areas.len() <= MAX_PEERS && outs.len() == areas.len());
+    debug_assert!(areas.len() <= MAX_PEERS);
     debug_assert!(
         blocks <= MAX_BLOCKS && areas.len() * blocks as usize * DEPTH * slot_bytes <= SCRATCH_BYTES
     );
     gpu.bind()?;
-    let f = gpu.push_func(dt, op)?;
-    let (mut i, mut po, mut pa) = (input, ptrs(outs), ptrs(areas));
+    let (mut i, mut pa) = (input, ptrs(areas));
     let mut cnt = count as u64;
     let mut per = segment_len(count, dt, areas.len()) as u64;
     let (mut n, mut me_i, mut avg_n) = (areas.len() as i32, me as i32, areas.len() as i32);
     let mut tile = (slot_bytes / dt.size()) as u64;
     let mut timeout = timeout_ns;
-    let mut params: [*mut c_void; 10] = [
+    let (f, mut po, (mut late, mut token)) = match outs {
+        Outs::Now(o) => {
+            debug_assert!(o.len() == areas.len());
+            (gpu.push_func(dt, op)?, ptrs(o), (0u64, 0u32))
+        }
+        Outs::Late { slot, token } => (gpu.push_late_func(dt, op)?, ptrs(&[]), (slot, token)),
+    };
+    // The outputs (one parameter), or the slot and its token (two): the rest alike.
+    let head: [*mut c_void; 2] = match outs {
+        Outs::Now(_) => [&mut po as *mut Ptrs as *mut c_void, std::ptr::null_mut()],
+        Outs::Late { .. } => [
+            &mut late as *mut u64 as *mut c_void,
+            &mut token as *mut u32 as *mut c_void,
+        ],
+    };
+    let mut params: [*mut c_void; 11] = [
         &mut i as *mut u64 as *mut c_void,
-        &mut po as *mut Ptrs as *mut c_void,
+        head[0],
+        head[1],
         &mut cnt as *mut u64 as *mut c_void,
         &mut per as *mut u64 as *mut c_void,
         &mut pa as *mut Ptrs as *mut c_void,
@@ -278,15 +336,23 @@ pub unsafe fn launch(
         &mut tile as *mut u64 as *mut c_void,
         &mut timeout as *mut u64 as *mut c_void,
     ];
-    // SAFETY: the parameters match the kernel's signature and live across the call; the caller
-    // vouches for the pointers.
+    let params: &mut [*mut c_void] = match outs {
+        // Without the slot's second parameter: the outputs, then the rest.
+        Outs::Now(_) => {
+            params.copy_within(3.., 2);
+            &mut params[..10]
+        }
+        Outs::Late { .. } => &mut params[..],
+    };
+    // SAFETY: the parameters match the kernel's signature (the form chosen above) and live
+    // across the call; the caller vouches for the pointers.
     unsafe {
         enqueue(
             f,
             blocks,
             THREADS,
             stream,
-            &mut params,
+            params,
             "cuLaunchKernel (push all-reduce)",
         )
     }

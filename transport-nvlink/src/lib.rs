@@ -90,6 +90,8 @@ pub struct Settings {
     /// One process per GPU: bulk-kernel calls enqueued before their peers arrive, their
     /// kernels' arguments written later (`proc/late.rs`); every rank must have it on.
     pub late_args: bool,
+    /// ... and all-reduces on the push kernel take its late form (`RAILCC_GPU_LATE_ARGS=2`).
+    pub late_push: bool,
 }
 
 impl Settings {

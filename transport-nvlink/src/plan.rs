@@ -246,7 +246,7 @@ pub unsafe fn enqueue(
                     stream,
                     g,
                     p.ins[g],
-                    p.outs,
+                    push::Outs::Now(p.outs),
                     a.count,
                     a.dtype,
                     a.op,

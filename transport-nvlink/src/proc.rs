@@ -69,6 +69,8 @@ pub struct ProcGpu {
     ll_no_wait: bool,
     /// The slots of late kernel arguments, where every rank has them (`late.rs`).
     late: Option<Arc<late::LateSlots>>,
+    /// ... which the push kernel's all-reduces take too (`RAILCC_GPU_LATE_ARGS=2`).
+    late_push: bool,
     /// Where the data of buffers no peer can map goes through (made and grown on use), and
     /// the stream that used it last.
     bounce: Mutex<Bounce>,
@@ -283,6 +285,8 @@ struct Hello {
     /// This rank enqueues bulk-kernel calls before their peers arrive (`RAILCC_GPU_LATE_ARGS`,
     /// `late.rs`): the communicator does where every rank does and none defers (bit 2).
     late_args: bool,
+    /// ... and all-reduces on the push kernel too (`RAILCC_GPU_LATE_ARGS=2`, bit 3).
+    late_push: bool,
     /// This rank's fixed stage (`stage.rs`): its IPC handle and size (0: none).
     stage: [u8; HANDLE_BYTES],
     stage_bytes: u64,
@@ -307,7 +311,12 @@ impl Hello {
         v.extend_from_slice(&self.ag_copy.to_le_bytes());
         v.extend_from_slice(&self.ar_copy.to_le_bytes());
         v.extend_from_slice(&self.p2p_ll.to_le_bytes());
-        v.push(self.defer as u8 | (self.ll_no_wait as u8) << 1 | (self.late_args as u8) << 2);
+        v.push(
+            self.defer as u8
+                | (self.ll_no_wait as u8) << 1
+                | (self.late_args as u8) << 2
+                | (self.late_push as u8) << 3,
+        );
         v.extend_from_slice(&self.stage);
         v.extend_from_slice(&self.stage_bytes.to_le_bytes());
         for s in [&self.host, &self.shm] {
@@ -335,7 +344,8 @@ impl Hello {
         let (ag_copy, ar_copy) = (word64(HANDLE_BYTES + 40)?, word64(HANDLE_BYTES + 48)?);
         let p2p_ll = word(HANDLE_BYTES + 56)?;
         let flags = *b.get(HANDLE_BYTES + 60)?;
-        let (defer, ll_no_wait, late_args) = (flags & 1 != 0, flags & 2 != 0, flags & 4 != 0);
+        let (defer, ll_no_wait) = (flags & 1 != 0, flags & 2 != 0);
+        let (late_args, late_push) = (flags & 4 != 0, flags & 8 != 0);
         let stage: [u8; HANDLE_BYTES] = b
             .get(HANDLE_BYTES + 61..2 * HANDLE_BYTES + 61)?
             .try_into()
@@ -365,6 +375,7 @@ impl Hello {
             defer,
             ll_no_wait,
             late_args,
+            late_push,
             stage,
             stage_bytes,
             proc: Proc { pid, start },
@@ -447,6 +458,7 @@ impl ProcGpu {
                     defer: settings.defer,
                     ll_no_wait: settings.ll_no_wait,
                     late_args: settings.late_args,
+                    late_push: settings.late_push,
                     stage: stage.as_ref().map_or([0; HANDLE_BYTES], |s| s.1),
                     stage_bytes: stage.as_ref().map_or(0, |s| s.0.bytes as u64),
                     proc: Proc::me(),
@@ -548,6 +560,7 @@ impl ProcGpu {
         let ll_no_wait = ll_max_bytes > 0 && hellos.iter().all(|h| h.ll_no_wait);
         // Late arguments only where every rank asks and none defers (the two launch apart).
         let late_args = hellos.iter().all(|h| h.late_args && !h.defer);
+        let late_push = late_args && hellos.iter().all(|h| h.late_push);
         let broken = Arc::new(Mutex::new(None));
         // Peers whose process this one can see (another pid namespace hides them): watched.
         let peers: Vec<(usize, Proc)> = hellos
@@ -644,6 +657,7 @@ impl ProcGpu {
             fixed,
             ll_no_wait,
             late,
+            late_push,
             bounce: Mutex::new(Bounce::default()),
             stages: Mutex::new(std::collections::HashMap::new()),
             calls: AtomicU64::new(0),
@@ -657,7 +671,11 @@ impl ProcGpu {
                 ll_max_bytes,
                 wide: settings.wide_loads,
                 tma: if late_args { 0 } else { settings.tma },
-                push_bytes: if late_args { 0 } else { push_bytes },
+                push_bytes: if late_args && !late_push {
+                    0
+                } else {
+                    push_bytes
+                },
                 push_min_blocks,
                 push_slot,
                 ag_copy_bytes: if late_args { 0 } else { ag_copy_bytes },
@@ -874,15 +892,18 @@ impl ProcGpu {
         self.table.publish(call, self.rank, shape, mine);
         *published = true;
         self.trace.lap(clock, "coll export+publish");
-        if let (Some(d), Some(slots), Kernel::Bulk { blocks, wide, .. }) =
-            (&self.defer, &self.late, k)
-        {
+        let late_kernel = match k {
+            Kernel::Bulk { .. } => true,
+            Kernel::Push { .. } => self.late_push,
+            _ => false,
+        };
+        if let (Some(d), Some(slots), true) = (&self.defer, &self.late, late_kernel) {
             // With late arguments: the kernel is enqueued now and waits on the GPU for the
             // launcher to write its peers' addresses; never under capture (a graph would
             // replay the slot's one call).
             // SAFETY: the caller's stream of this GPU (this function's contract).
             if !unsafe { is_capturing(&self.gpu, stream) }? {
-                let late = (d, slots.as_ref(), blocks, wide);
+                let late = (d, slots.as_ref(), k);
                 let copy_out = out.filter(|_| !no_recv);
                 // SAFETY: this function's contract; not capturing (asked above).
                 unsafe { self.late_launch(c, call, late, (send, recv), copy_out, deadline) }?;
@@ -1060,7 +1081,8 @@ impl ProcGpu {
     /// Call `call`, published with buffers `bufs`, with late arguments (`late.rs`): hands it
     /// to the launcher `d`, which writes its kernel's arguments into its slot once it has met
     /// the peers, and enqueues on the caller's stream, in the kernel order, the slot's fetch,
-    /// the bulk kernel's late form (`blocks`, `wide`) and `copy_out` of the bounce buffer.
+    /// the late form of kernel `k` (the bulk kernel, or the push kernel, whose outputs come
+    /// late) and `copy_out` of the bounce buffer.
     ///
     /// # Safety
     /// As for [`ProcGpu::collective`]; `c.stream` not being captured.
@@ -1068,7 +1090,7 @@ impl ProcGpu {
         &self,
         c: &Call,
         call: u64,
-        (d, slots, blocks, wide): (&defer::Deferred, &late::LateSlots, u32, bool),
+        (d, slots, k): (&defer::Deferred, &late::LateSlots, Kernel),
         bufs: (u64, u64),
         copy_out: Option<(u64, u64, usize)>,
         deadline: Instant,
@@ -1082,16 +1104,6 @@ impl ProcGpu {
         let dev = railcc_cuda::late::dev_slot(self.gpu.sync.ptr, call);
         let token = late::token(call);
         let timeout_ns = self.timeout_ns();
-        let shape = railcc_cuda::launch::CallShape {
-            dt: a.dtype,
-            op: a.op,
-            syncs: &self.syncs,
-            avg_n: n as i32,
-            blocks,
-            timeout_ns,
-            wide,
-            tma: 0,
-        };
         d.late(
             call,
             a.to_words(),
@@ -1112,14 +1124,49 @@ impl ProcGpu {
                     self.gpu.sync.ptr,
                     timeout_ns,
                 )?;
-                railcc_cuda::launch::launch_late(
-                    &self.gpu,
-                    stream,
-                    me,
-                    part.ins.len(),
-                    (dev, token),
-                    &shape,
-                )?;
+                match k {
+                    Kernel::Push { blocks, slot } => railcc_cuda::push::launch(
+                        &self.gpu,
+                        stream,
+                        me,
+                        bufs.0,
+                        railcc_cuda::push::Outs::Late { slot: dev, token },
+                        a.count,
+                        a.dtype,
+                        a.op,
+                        &self.syncs,
+                        (blocks, slot),
+                        timeout_ns,
+                    )?,
+                    Kernel::Bulk { blocks, wide, .. } => {
+                        let shape = railcc_cuda::launch::CallShape {
+                            dt: a.dtype,
+                            op: a.op,
+                            syncs: &self.syncs,
+                            avg_n: n as i32,
+                            blocks,
+                            timeout_ns,
+                            wide,
+                            tma: 0,
+                        };
+                        railcc_cuda::launch::launch_late(
+                            &self.gpu,
+                            stream,
+                            me,
+                            part.ins.len(),
+                            (dev, token),
+                            &shape,
+                        )?
+                    }
+                    _ => {
+                        return Err(Error::new(
+                            ErrorKind::Unsupported,
+                            "late arguments take the bulk and push kernels only",
+                        )
+                        .rank(self.own_name)
+                        .transport(crate::NAME))
+                    }
+                }
                 if let Some((dst, src, len)) = copy_out {
                     copy_async(
                         dst,
@@ -1516,6 +1563,7 @@ mod tests {
             defer: true,
             ll_no_wait: false,
             late_args: false,
+            late_push: false,
             stage: [9; HANDLE_BYTES],
             stage_bytes: 1 << 26,
             proc: Proc { pid: 42, start: 7 },
@@ -1530,6 +1578,11 @@ mod tests {
         let late = Hello {
             defer: false,
             late_args: true,
+            ..h.clone()
+        };
+        let late_push = Hello {
+            defer: false,
+            late_push: true,
             ..h.clone()
         };
         assert!(Hello::decode(&bytes[..70]).is_none());
@@ -1551,6 +1604,9 @@ mod tests {
         assert_eq!((e.defer, e.ll_no_wait, e.late_args), (false, true, false));
         let l = Hello::decode(&late.encode()).unwrap();
         assert_eq!((l.defer, l.ll_no_wait, l.late_args), (false, false, true));
+        let lp = Hello::decode(&late_push.encode()).unwrap();
+        assert_eq!((lp.late_args, lp.late_push), (false, true));
+        assert!(!l.late_push);
         assert_eq!(
             (
                 d.ll_max,

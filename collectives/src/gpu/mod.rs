@@ -52,5 +52,6 @@ pub fn settings(cfg: &Config) -> Settings {
         stage_bytes: cfg.gpu_stage_bytes,
         ll_no_wait: cfg.gpu_ll_no_wait != 0,
         late_args: cfg.gpu_late_args != 0,
+        late_push: cfg.gpu_late_args >= 2,
     }
 }

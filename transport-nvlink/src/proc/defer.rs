@@ -503,7 +503,15 @@ impl Launcher {
             spec(a.coll, p.rank, &ins, &outs, a.count, a.dtype, a.root)
         })();
         let filled = match &met {
-            Ok(s) => slots.fill(call, previous, Some(s), deadline, &broken),
+            // The wait for the GPU to take the slot's previous call gets the communicator's
+            // timeout from now, not what is left of this call's: the GPU may be running
+            // up to CALL_DEPTH calls behind the host.
+            Ok(s) => {
+                let ack_by = Instant::now()
+                    .checked_add(Duration::from_nanos(p.timeout_ns))
+                    .unwrap_or(deadline);
+                slots.fill(call, previous, Some(s), ack_by, &broken)
+            }
             Err(_) => Ok(()),
         };
         if met.is_err() || filled.is_err() {
