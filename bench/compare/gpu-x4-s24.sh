@@ -4,19 +4,23 @@
 # (RAILCC_GPU_LATE_ARGS=2) and the review's fixes to late arguments without device time.
 # Logs under $OUT/logs, tarred to $OUT/logs-<part>.tgz.
 #   a  the GPU suite's late part (now with =2 on all_reduce, and at 3 blocks with every
-#      all-reduce pushed), then nccl-tests under mpirun -np N: all_reduce 1 MB-256 MB,
-#      railcc default, late (=1), late with the push kernel (=2), NCCL.
+#      all-reduce pushed); then TEST_GPU_PARTS=push (its per-process checks now on every
+#      GPU, its 3-block check now pushed: both untested since that change).
+#   n  nccl-tests under mpirun -np N: all_reduce 1 MB-256 MB, railcc default, late (=1),
+#      late with the push kernel (=2), NCCL.
 #   b  steps, DDP and FSDP: railcc default, late (=1), late (=2), NCCL; two runs each (STEP_RUNS),
 #      interleaved.
-# Usage: bash bench/compare/gpu-x4-s24.sh a|b
+# Usage: bash bench/compare/gpu-x4-s24.sh a|n|b
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
 session_begin
 case ${1:-} in
   a)
-    OUT=$L TEST_GPU_PARTS="late" TEST_GPU_CHECK_LIMIT=120 timeout $(left 330) bash scripts/test-gpu.sh 2>&1 \
+    OUT=$L TEST_GPU_PARTS="late push" TEST_GPU_CHECK_LIMIT=120 timeout $(left 570) bash scripts/test-gpu.sh 2>&1 \
       | grep -E "^(PASS|FAIL|SKIP|      )|test-gpu:" | cut -c1-200
+    ;;
+  n)
     N=$(nvidia-smi -L | wc -l)
     nccl_tests_build_both >/dev/null 2>&1 || echo "FAIL  nccl-tests build"
     NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
@@ -36,6 +40,6 @@ case ${1:-} in
       STEP_EXTRA="late:RAILCC_GPU_LATE_ARGS=1 late2:RAILCC_GPU_LATE_ARGS=2" STEP_ARGS="--steps 30" \
       NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/host.txt" | grep -v "^  "
     ;;
-  *) echo "usage: $0 a|b"; exit 2 ;;
+  *) echo "usage: $0 a|n|b"; exit 2 ;;
 esac
 session_end "$1"

@@ -665,8 +665,9 @@ impl ProcGpu {
             own_name,
             names: all_names,
             timeout: settings.timeout,
-            // Late arguments reach only the bulk kernel: the push kernel's and the copy
-            // engines' calls need their peers' addresses when enqueued.
+            // Late arguments reach the bulk kernel, and the push kernel where every rank has
+            // =2 (its late form); the copy engines' and the TMA form's calls need their
+            // peers' addresses when enqueued.
             choice: Choice {
                 ll_max_bytes,
                 wide: settings.wide_loads,
