@@ -18,7 +18,7 @@
 
 use crate::fdpass::FdPost;
 use crate::order::KernelOrder;
-use crate::plan::{self, choose, clamp_blocks, enqueue, reach, Choice, Kernel, Launch, Peers};
+use crate::plan::{choose, clamp_blocks, enqueue, reach, Choice, Kernel, Launch, Peers};
 use crate::share::Share;
 use crate::table::ShmTable;
 use crate::Settings;
@@ -967,15 +967,7 @@ impl ProcGpu {
                 let launch = enqueue(&self.gpu, stream, self.rank, &a, k, &peers, timeout_ns)?;
                 // Inside the order, so its marker comes after the copy out of the bounce
                 // buffer too: a close waits for it before freeing the buffer.
-                if let Some((dst, src, len)) = out.filter(|_| !no_recv) {
-                    copy_async(
-                        dst,
-                        src,
-                        len,
-                        stream,
-                        "cuMemcpyAsync (out of the bounce buffer)",
-                    )?;
-                }
+                copy_out_of_bounce(out.filter(|_| !no_recv), stream)?;
                 Ok(launch)
             })
         }?;
@@ -1077,109 +1069,6 @@ impl ProcGpu {
         }?;
         self.trace.lap(clock, "coll unmet launch");
         Ok(launch)
-    }
-
-    /// Call `call`, published with buffers `bufs`, with late arguments (`late.rs`): hands it
-    /// to the launcher `d`, which writes its kernel's arguments into its slot once it has met
-    /// the peers, and enqueues on the caller's stream, in the kernel order, the slot's fetch,
-    /// the late form of kernel `k` (the bulk kernel, or the push kernel, whose outputs come
-    /// late) and `copy_out` of the bounce buffer.
-    ///
-    /// # Safety
-    /// As for [`ProcGpu::collective`]; `c.stream` not being captured.
-    unsafe fn late_launch(
-        &self,
-        c: &Call,
-        call: u64,
-        (d, slots, k): (&defer::Deferred, &late::LateSlots, Kernel),
-        bufs: (u64, u64),
-        copy_out: Option<(u64, u64, usize)>,
-        deadline: Instant,
-    ) -> Result<()> {
-        let (a, n, me) = (c.args, self.nranks, self.rank);
-        // The part's counts and range from the call's shape alone (distinct stand-in
-        // addresses: only the launcher knows the peers').
-        let (ins, outs): (Vec<u64>, Vec<u64>) = (0..n as u64).map(|i| (2 * i, 2 * i + 1)).unzip();
-        let part = plan::spec(a.coll, me, &ins, &outs, a.count, a.dtype, a.root)?;
-        let host = slots.host_slot(call)?;
-        let dev = railcc_cuda::late::dev_slot(self.gpu.sync.ptr, call);
-        let token = late::token(call);
-        let timeout_ns = self.timeout_ns();
-        d.late(
-            call,
-            a.to_words(),
-            deadline,
-            defer::LateJob { args: a, bufs },
-        )?;
-        let stream = stream_of(c.stream);
-        // SAFETY: both slots live as long as the communicator, whose close waits for its
-        // kernels; the caller vouches for its buffers and stream, the launcher for the peers'
-        // (mapped before it writes the slot).
-        unsafe {
-            self.kernel_order.lock().run_eager(&self.gpu, c.stream, || {
-                railcc_cuda::late::fetch(
-                    &self.gpu,
-                    stream,
-                    (host, dev),
-                    token,
-                    self.gpu.sync.ptr,
-                    timeout_ns,
-                )?;
-                match k {
-                    Kernel::Push { blocks, slot } => railcc_cuda::push::launch(
-                        &self.gpu,
-                        stream,
-                        me,
-                        bufs.0,
-                        railcc_cuda::push::Outs::Late { slot: dev, token },
-                        a.count,
-                        a.dtype,
-                        a.op,
-                        &self.syncs,
-                        (blocks, slot),
-                        timeout_ns,
-                    )?,
-                    Kernel::Bulk { blocks, wide, .. } => {
-                        let shape = railcc_cuda::launch::CallShape {
-                            dt: a.dtype,
-                            op: a.op,
-                            syncs: &self.syncs,
-                            avg_n: n as i32,
-                            blocks,
-                            timeout_ns,
-                            wide,
-                            tma: 0,
-                        };
-                        railcc_cuda::launch::launch_late(
-                            &self.gpu,
-                            stream,
-                            me,
-                            part.ins.len(),
-                            (dev, token),
-                            &shape,
-                        )?
-                    }
-                    _ => {
-                        return Err(Error::new(
-                            ErrorKind::Unsupported,
-                            "late arguments take the bulk and push kernels only",
-                        )
-                        .rank(self.own_name)
-                        .transport(crate::NAME))
-                    }
-                }
-                if let Some((dst, src, len)) = copy_out {
-                    copy_async(
-                        dst,
-                        src,
-                        len,
-                        stream,
-                        "cuMemcpyAsync (out of the bounce buffer)",
-                    )?;
-                }
-                Ok(())
-            })
-        }
     }
 
     /// Moves a call's buffers into this rank's bounce buffer (cudaMalloc memory, which peers
@@ -1342,6 +1231,27 @@ struct Bounce {
 /// What a broken communicator does on this GPU, whoever saw the break (the watcher, an
 /// abort, a failed call, the deferred launcher): its kernels stop waiting, and every stream
 /// waiting for a deferred call goes on.
+/// Enqueues `out`, a copy out of the bounce buffer (dst, src, len), if any, on `stream`.
+///
+/// # Safety
+/// `stream` a live stream of the current context; both ranges hold `len` bytes until the
+/// stream passes the copy.
+unsafe fn copy_out_of_bounce(out: Option<(u64, u64, usize)>, stream: Stream) -> Result<()> {
+    match out {
+        // SAFETY: this function's contract.
+        Some((dst, src, len)) => unsafe {
+            copy_async(
+                dst,
+                src,
+                len,
+                stream,
+                "cuMemcpyAsync (out of the bounce buffer)",
+            )
+        },
+        None => Ok(()),
+    }
+}
+
 fn stop_gpu_work(gpu: &GpuCtx, release: Option<&defer::Release>) {
     gpu.abort_kernels();
     if let Some(r) = release {

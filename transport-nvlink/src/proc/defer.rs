@@ -20,14 +20,14 @@
 //! next call and from `ncclCommGetAsyncError`, as NCCL's asynchronous errors do.
 
 use super::late::LateSlots;
-use super::{meet_peers, read_peers, stop_gpu_work, Share};
+use super::{copy_out_of_bounce, meet_peers, read_peers, stop_gpu_work, Share};
 use crate::plan::{enqueue, spec, Kernel, Peers};
 use crate::table::{wait_until, ShmTable, CALL_DEPTH};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::Mutex;
 use railcc_core::call::CollArgs;
 use railcc_core::{Error, ErrorKind, Result};
-use railcc_cuda::gpu::{copy_async, create_stream, destroy_stream, GpuCtx, Marker, Stream};
+use railcc_cuda::gpu::{create_stream, destroy_stream, GpuCtx, Marker, Stream};
 use railcc_cuda::hostsync::Flags;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -255,16 +255,7 @@ impl Deferred {
             self.release
                 .done
                 .wait_geq_on(stream, 0, call as u32)
-                .and_then(|()| match copy_out {
-                    Some((dst, src, len)) => copy_async(
-                        dst,
-                        src,
-                        len,
-                        stream,
-                        "cuMemcpyAsync (out of the bounce buffer)",
-                    ),
-                    None => Ok(()),
-                })
+                .and_then(|()| copy_out_of_bounce(copy_out, stream))
         };
         if let Err(e) = queued {
             self.release.all();

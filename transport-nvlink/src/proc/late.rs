@@ -16,8 +16,12 @@
 //! acknowledged its previous call. On a failure the launcher marks the slot failed (the
 //! kernels skip their data) and breaks the communicator, which stops every wait.
 
+use super::{copy_out_of_bounce, defer, ProcGpu};
+use crate::plan::{self, Kernel};
 use crate::table::{wait_until, CALL_DEPTH};
+use railcc_core::call::Call;
 use railcc_core::{Error, ErrorKind, Result};
+use railcc_cuda::gpu::stream_of;
 use railcc_cuda::hostsync::Flags;
 use railcc_cuda::late::{args_words, ACK, ARGS, FAILED, SLOT_U32, TOKEN};
 use railcc_cuda::launch::Spec;
@@ -94,6 +98,102 @@ impl LateSlots {
         // below; its fetch of the slot's previous call is over (acknowledged above).
         unsafe { self.flags.write(at + ARGS, &words) }?;
         mark(0)
+    }
+}
+
+impl ProcGpu {
+    /// Call `call`, published with buffers `bufs`, with late arguments (`late.rs`): hands it
+    /// to the launcher `d`, which writes its kernel's arguments into its slot once it has met
+    /// the peers, and enqueues on the caller's stream, in the kernel order, the slot's fetch,
+    /// the late form of kernel `k` (the bulk kernel, or the push kernel, whose outputs come
+    /// late) and `copy_out` of the bounce buffer.
+    ///
+    /// # Safety
+    /// As for [`ProcGpu::collective`]; `c.stream` not being captured.
+    pub(super) unsafe fn late_launch(
+        &self,
+        c: &Call,
+        call: u64,
+        (d, slots, k): (&defer::Deferred, &LateSlots, Kernel),
+        bufs: (u64, u64),
+        copy_out: Option<(u64, u64, usize)>,
+        deadline: Instant,
+    ) -> Result<()> {
+        let (a, n, me) = (c.args, self.nranks, self.rank);
+        // The part's counts and range from the call's shape alone (distinct stand-in
+        // addresses: only the launcher knows the peers').
+        let (ins, outs): (Vec<u64>, Vec<u64>) = (0..n as u64).map(|i| (2 * i, 2 * i + 1)).unzip();
+        let part = plan::spec(a.coll, me, &ins, &outs, a.count, a.dtype, a.root)?;
+        let host = slots.host_slot(call)?;
+        let dev = railcc_cuda::late::dev_slot(self.gpu.sync.ptr, call);
+        let token = token(call);
+        let timeout_ns = self.timeout_ns();
+        d.late(
+            call,
+            a.to_words(),
+            deadline,
+            defer::LateJob { args: a, bufs },
+        )?;
+        let stream = stream_of(c.stream);
+        // SAFETY: both slots live as long as the communicator, whose close waits for its
+        // kernels; the caller vouches for its buffers and stream, the launcher for the peers'
+        // (mapped before it writes the slot).
+        unsafe {
+            self.kernel_order.lock().run_eager(&self.gpu, c.stream, || {
+                railcc_cuda::late::fetch(
+                    &self.gpu,
+                    stream,
+                    (host, dev),
+                    token,
+                    self.gpu.sync.ptr,
+                    timeout_ns,
+                )?;
+                match k {
+                    Kernel::Push { blocks, slot } => railcc_cuda::push::launch(
+                        &self.gpu,
+                        stream,
+                        me,
+                        bufs.0,
+                        railcc_cuda::push::Outs::Late { slot: dev, token },
+                        a.count,
+                        a.dtype,
+                        a.op,
+                        &self.syncs,
+                        (blocks, slot),
+                        timeout_ns,
+                    )?,
+                    Kernel::Bulk { blocks, wide, .. } => {
+                        let shape = railcc_cuda::launch::CallShape {
+                            dt: a.dtype,
+                            op: a.op,
+                            syncs: &self.syncs,
+                            avg_n: n as i32,
+                            blocks,
+                            timeout_ns,
+                            wide,
+                            tma: 0,
+                        };
+                        railcc_cuda::launch::launch_late(
+                            &self.gpu,
+                            stream,
+                            me,
+                            part.ins.len(),
+                            (dev, token),
+                            &shape,
+                        )?
+                    }
+                    _ => {
+                        return Err(Error::new(
+                            ErrorKind::Unsupported,
+                            "late arguments take the bulk and push kernels only",
+                        )
+                        .rank(self.own_name)
+                        .transport(crate::NAME))
+                    }
+                }
+                copy_out_of_bounce(copy_out, stream)
+            })
+        }
     }
 }
 
