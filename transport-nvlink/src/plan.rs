@@ -104,6 +104,22 @@ pub struct Choice {
     pub max_blocks: u32,
 }
 
+impl Choice {
+    /// This choice for calls with late arguments (`proc/late.rs`): only kernels that can take
+    /// their peers' addresses after they are enqueued, the bulk kernel and, with `push` (every
+    /// rank's `RAILCC_GPU_LATE_ARGS=2`), the push kernel; not the copy engines or the TMA
+    /// form. Every rank derives the same from the same agreed inputs.
+    pub fn for_late_args(self, push: bool) -> Choice {
+        Choice {
+            tma: 0,
+            push_bytes: if push { self.push_bytes } else { 0 },
+            ag_copy_bytes: 0,
+            ar_copy_bytes: 0,
+            ..self
+        }
+    }
+}
+
 /// The kernel and block count for call `a`: the low-latency kernel for all-reduces up to
 /// `ll_max_bytes` per rank (`RAILCC_GPU_LL_MAX_BYTES`, at most what its scratch holds), else
 /// the copy engines for all-gathers of at least `ag_copy_bytes` per rank, else
@@ -564,6 +580,46 @@ mod tests {
         );
         // A floor above the ceiling gives the ceiling.
         assert_eq!(choose(&ar(2), &choice(0, false, (16, 8))), bulk(8, false));
+    }
+
+    #[test]
+    fn late_arguments_take_only_the_bulk_kernel_and_with_push_the_push_kernel() {
+        let c = Choice {
+            push_bytes: 16 << 20,
+            ag_copy_bytes: 16 << 20,
+            ar_copy_bytes: 16 << 20,
+            tma: 2,
+            ..choice(65536, true, (0, 132))
+        };
+        let ag = CollArgs {
+            coll: CollKind::AllGather,
+            ..ar(1 << 24)
+        };
+        assert_eq!(choose(&ag, &c), Kernel::CopyGather);
+        assert!(matches!(choose(&ar(1 << 24), &c), Kernel::Push { .. }));
+        let late = c.for_late_args(false);
+        assert!(matches!(choose(&ag, &late), Kernel::Bulk { tma: 0, .. }));
+        assert!(matches!(
+            choose(&ar(1 << 24), &late),
+            Kernel::Bulk { tma: 0, .. }
+        ));
+        let late_push = c.for_late_args(true);
+        assert!(matches!(
+            choose(&ar(1 << 24), &late_push),
+            Kernel::Push { .. }
+        ));
+        assert!(matches!(
+            choose(&ag, &late_push),
+            Kernel::Bulk { tma: 0, .. }
+        ));
+        // Where the push kernel may not run (24 blocks), no copy-engine spread either.
+        let c24 = Choice {
+            max_blocks: 24,
+            ..late_push
+        };
+        assert!(matches!(choose(&ar(1 << 24), &c24), Kernel::Bulk { .. }));
+        // The low-latency kernel is unchanged.
+        assert!(matches!(choose(&ar(16), &late), Kernel::Ll { .. }));
     }
 
     #[test]

@@ -668,21 +668,23 @@ impl ProcGpu {
             // Late arguments reach the bulk kernel, and the push kernel where every rank has
             // =2 (its late form); the copy engines' and the TMA form's calls need their
             // peers' addresses when enqueued.
-            choice: Choice {
-                ll_max_bytes,
-                wide: settings.wide_loads,
-                tma: if late_args { 0 } else { settings.tma },
-                push_bytes: if late_args && !late_push {
-                    0
-                } else {
-                    push_bytes
-                },
-                push_min_blocks,
-                push_slot,
-                ag_copy_bytes: if late_args { 0 } else { ag_copy_bytes },
-                ar_copy_bytes: if late_args { 0 } else { ar_copy_bytes },
-                min_blocks,
-                max_blocks,
+            choice: {
+                let c = Choice {
+                    ll_max_bytes,
+                    wide: settings.wide_loads,
+                    tma: settings.tma,
+                    push_bytes,
+                    push_min_blocks,
+                    push_slot,
+                    ag_copy_bytes,
+                    ar_copy_bytes,
+                    min_blocks,
+                    max_blocks,
+                };
+                match late_args {
+                    true => c.for_late_args(late_push),
+                    false => c,
+                }
             },
             p2p_batch: settings.p2p_batch,
             p2p_fused: settings.p2p_fused,
