@@ -174,21 +174,6 @@ pub fn late_kernel_name(dt: DataType, op: ReduceOp) -> String {
     format!("arl_{}_{}", dt.name(), op.name())
 }
 
-/// The late form's first statements: its arguments from the slot (late.rs's layout).
-const LATE_PROLOGUE: &str = r#"  const unsigned long long* s = (const unsigned long long*)late;
-  const bool bad = s[0] != (unsigned long long)token;
-  Ptrs ins, outs;
-#pragma unroll
-  for (int r = 0; r < 8; r++) { ins.p[r] = s[8 + r]; outs.p[r] = s[16 + r]; }
-  const int n = (int)(s[2] & 0xffffffffull), n_out = (int)(s[2] >> 32);
-  const unsigned long long begin = s[3], end = s[4];"#;
-
-/// The late form's source, for late.rs's test.
-#[cfg(test)]
-pub(crate) fn late_kernel_source_for_test() -> String {
-    LATE_PROLOGUE.to_string()
-}
-
 /// The kernel families of one dtype, each its own module ([`modules`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Family {
@@ -527,14 +512,18 @@ fn dtype_source(dt: DataType, fam: Family, ops: &[ReduceOp]) -> String {
         // The kernel with its arguments as parameters, and its late form (late.rs), which
         // reads them from a device slot: the same body.
         let late = late_kernel_name(dt, op);
-        for (head, skip) in [
+        for (head, prologue, skip) in [
             (
                 format!("{name}(Ptrs ins, int n, Ptrs outs, int n_out, unsigned long long begin, unsigned long long end, "),
                 "",
+                "",
             ),
-            (format!("{late}(unsigned long long late, unsigned int token, "), " || bad"),
+            (
+                format!("{late}(unsigned long long late, unsigned int token, "),
+                crate::late::BULK_PROLOGUE,
+                " || bad",
+            ),
         ] {
-            let prologue = if skip.is_empty() { "" } else { LATE_PROLOGUE };
             // 16-byte vector loop over the aligned middle, scalar loop for the ends.
             s.push_str(&format!(
             r#"

@@ -50,6 +50,23 @@ pub const ACK: usize = 2;
 /// The first u32 word after the token and acknowledgement: what [`args_words`] fills.
 pub const ARGS: usize = 4;
 
+/// The first statements of the bulk kernel's late form (kernels.rs): its arguments from the
+/// device slot at `late`; `bad` where its token is not `token` (a failed or stopped fetch).
+pub const BULK_PROLOGUE: &str = r#"  const unsigned long long* s = (const unsigned long long*)late;
+  const bool bad = s[0] != (unsigned long long)token;
+  Ptrs ins, outs;
+#pragma unroll
+  for (int r = 0; r < 8; r++) { ins.p[r] = s[8 + r]; outs.p[r] = s[16 + r]; }
+  const int n = (int)(s[2] & 0xffffffffull), n_out = (int)(s[2] >> 32);
+  const unsigned long long begin = s[3], end = s[4];"#;
+
+/// The same for the push kernel's late form (push.rs): its outputs alone.
+pub const PUSH_PROLOGUE: &str = r#"  const unsigned long long* s = (const unsigned long long*)late;
+  const bool bad = s[0] != (unsigned long long)token;
+  Ptrs outs;
+#pragma unroll
+  for (int r = 0; r < 8; r++) outs.p[r] = s[16 + r];"#;
+
 /// CUDA source of the fetch kernel (after kernels.rs' helpers).
 pub const SOURCE: &str = r#"
 // Late arguments (late.rs): one block of 32 threads. Thread 0 polls the host slot for this
@@ -156,7 +173,7 @@ mod tests {
         assert_eq!((u64_at(3), u64_at(4)), s.range);
         assert_eq!((u64_at(8), u64_at(9), u64_at(10)), (s.ins[0], s.ins[1], 0));
         assert_eq!((u64_at(16), u64_at(17)), (s.outs[0], 0));
-        let src = crate::kernels::late_kernel_source_for_test();
+        let src = BULK_PROLOGUE;
         for read in ["s[2]", "s[3]", "s[4]", "s[8 + r]", "s[16 + r]"] {
             assert!(src.contains(read), "the late bulk kernel reads {read}");
         }

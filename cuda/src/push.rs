@@ -117,7 +117,7 @@ pub fn kernel_source(dt: DataType, op: ReduceOp) -> String {
         (format!("{name}(const {t}* in, Ptrs outs, "), "", ""),
         (
             format!("{late}(const {t}* in, unsigned long long late, unsigned int token, "),
-            LATE_PROLOGUE,
+            crate::late::PUSH_PROLOGUE,
             " || bad",
         ),
     ]
@@ -125,13 +125,6 @@ pub fn kernel_source(dt: DataType, op: ReduceOp) -> String {
     .map(|(head, prologue, skip)| kernel_body(dt, op, head, prologue, skip))
     .collect()
 }
-
-/// The late form's first statements: the outputs from the slot (late.rs's layout).
-const LATE_PROLOGUE: &str = r#"  const unsigned long long* s = (const unsigned long long*)late;
-  const bool bad = s[0] != (unsigned long long)token;
-  Ptrs outs;
-#pragma unroll
-  for (int r = 0; r < 8; r++) outs.p[r] = s[16 + r];"#;
 
 /// The push kernel's late form (`RAILCC_GPU_LATE_ARGS=2`): its outputs from a device slot.
 pub fn late_kernel_name(dt: DataType, op: ReduceOp) -> String {
