@@ -181,7 +181,6 @@ impl Deferred {
             release: release.clone(),
             stream: stream as usize,
             stream_released: false,
-            late_last: [None; CALL_DEPTH as usize],
         };
         let thread = std::thread::Builder::new()
             .name("railcc-gpu-defer".into())
@@ -354,8 +353,6 @@ struct Launcher {
     stream: usize,
     /// Whether the released word was written on the launcher's stream too.
     stream_released: bool,
-    /// Per late slot, the last call written there (`late.rs`).
-    late_last: [Option<u64>; CALL_DEPTH as usize],
 }
 
 impl Launcher {
@@ -463,16 +460,15 @@ impl Launcher {
 
     /// Meets a late call's peers and writes its kernel's arguments into its slot; on a
     /// failure, marks the slot failed (the communicator breaks: `run` calls `fail`).
-    fn late(&mut self, call: u64, shape: [u64; 5], deadline: Instant, l: LateJob) -> Result<()> {
+    fn late(&self, call: u64, shape: [u64; 5], deadline: Instant, l: LateJob) -> Result<()> {
         let p = &self.parts;
-        let Some(slots) = p.late.clone() else {
+        let Some(slots) = &p.late else {
             return Err(Error::new(
                 ErrorKind::Unsupported,
                 "a call with late arguments on a communicator without their slots",
             )
             .transport(crate::NAME));
         };
-        let previous = self.late_last[(call % CALL_DEPTH) as usize].replace(call);
         let broken = || p.broken.lock().clone();
         let met = (|| {
             if let Some(e) = broken() {
@@ -501,12 +497,12 @@ impl Launcher {
                 let ack_by = Instant::now()
                     .checked_add(Duration::from_nanos(p.timeout_ns))
                     .unwrap_or(deadline);
-                slots.fill(call, previous, Some(s), ack_by, &broken)
+                slots.fill(call, s, ack_by, &broken)
             }
             Err(_) => Ok(()),
         };
         if met.is_err() || filled.is_err() {
-            let _ = slots.fill(call, None, None, deadline, &broken);
+            let _ = slots.fail(call);
         }
         met?;
         filled?;

@@ -56,37 +56,27 @@ impl LateSlots {
         self.flags.dev_ptr(Self::first(call))
     }
 
-    /// Writes call `call`'s arguments `spec` (None: the call failed) into its slot, once the
-    /// GPU has acknowledged the slot's previous call `previous` (None: no late call used it
-    /// since the communicator began). A failure is written at once: the communicator is
-    /// breaking, and every wait stops.
+    /// Writes call `call`'s arguments `spec` into its slot, once the GPU has acknowledged the
+    /// slot's previous call (the token still in the slot; 0: none since the communicator
+    /// began), by `deadline`.
     pub fn fill(
         &self,
         call: u64,
-        previous: Option<u64>,
-        spec: Option<&Spec>,
+        spec: &Spec,
         deadline: Instant,
         broken: &dyn Fn() -> Option<Error>,
     ) -> Result<()> {
         let at = Self::first(call);
-        // The failed flag and the token in one store: the GPU reads both as one u64.
-        let mark = |failed: u64| {
-            self.flags
-                .store_u64(at + TOKEN, failed << 32 | u64::from(token(call)))
-        };
-        const _: () = assert!(TOKEN.is_multiple_of(2) && FAILED == TOKEN + 1);
-        let Some(spec) = spec else {
-            return mark(1);
-        };
         let words = args_words(spec)?;
-        if let Some(p) = previous {
-            wait_until(deadline, broken, || self.flags.load(at + ACK) == token(p)).map_err(
+        let previous = self.flags.load(at + TOKEN);
+        if previous != 0 {
+            wait_until(deadline, broken, || self.flags.load(at + ACK) == previous).map_err(
                 |e| {
                     e.unwrap_or_else(|| {
                         Error::new(
                             ErrorKind::Timeout,
                             format!(
-                                "GPU call {p}'s kernel did not take its late arguments in time"
+                                "GPU call {call}: the kernel of the slot's previous call (token {previous}) did not take its late arguments in time"
                             ),
                         )
                         .transport(crate::NAME)
@@ -97,7 +87,21 @@ impl LateSlots {
         // SAFETY: the GPU reads these words only after it sees this call's token, stored
         // below; its fetch of the slot's previous call is over (acknowledged above).
         unsafe { self.flags.write(at + ARGS, &words) }?;
-        mark(0)
+        self.mark(call, false)
+    }
+
+    /// Marks call `call` failed in its slot, at once: the communicator is breaking, and
+    /// every wait stops.
+    pub fn fail(&self, call: u64) -> Result<()> {
+        self.mark(call, true)
+    }
+
+    /// Stores call `call`'s token with its failed flag in one 8-byte store: the GPU reads
+    /// both as one u64.
+    fn mark(&self, call: u64, failed: bool) -> Result<()> {
+        const _: () = assert!(TOKEN.is_multiple_of(2) && FAILED == TOKEN + 1);
+        let word = u64::from(failed) << 32 | u64::from(token(call));
+        self.flags.store_u64(Self::first(call) + TOKEN, word)
     }
 }
 
