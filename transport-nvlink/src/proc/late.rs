@@ -105,6 +105,19 @@ impl LateSlots {
     }
 }
 
+/// The late form a call's kernel takes, with what its launch needs.
+enum LateForm {
+    Bulk {
+        blocks: u32,
+        wide: bool,
+        n_in: usize,
+    },
+    Push {
+        blocks: u32,
+        slot: usize,
+    },
+}
+
 impl ProcGpu {
     /// Call `call`, published with buffers `bufs`, with late arguments (`late.rs`): hands it
     /// to the launcher `d`, which writes its kernel's arguments into its slot once it has met
@@ -124,10 +137,30 @@ impl ProcGpu {
         deadline: Instant,
     ) -> Result<()> {
         let (a, n, me) = (c.args, self.nranks, self.rank);
-        // The part's counts and range from the call's shape alone (distinct stand-in
-        // addresses: only the launcher knows the peers').
-        let (ins, outs): (Vec<u64>, Vec<u64>) = (0..n as u64).map(|i| (2 * i, 2 * i + 1)).unzip();
-        let part = plan::spec(a.coll, me, &ins, &outs, a.count, a.dtype, a.root)?;
+        // Which late form, checked before the launcher takes the call.
+        let form = match k {
+            Kernel::Push { blocks, slot } => LateForm::Push { blocks, slot },
+            Kernel::Bulk { blocks, wide, .. } => {
+                // Its input count from the call's shape alone (distinct stand-in addresses:
+                // only the launcher knows the peers').
+                let (ins, outs): (Vec<u64>, Vec<u64>) =
+                    (0..n as u64).map(|i| (2 * i, 2 * i + 1)).unzip();
+                let part = plan::spec(a.coll, me, &ins, &outs, a.count, a.dtype, a.root)?;
+                LateForm::Bulk {
+                    blocks,
+                    wide,
+                    n_in: part.ins.len(),
+                }
+            }
+            _ => {
+                return Err(Error::new(
+                    ErrorKind::Unsupported,
+                    "late arguments take the bulk and push kernels only",
+                )
+                .rank(self.own_name)
+                .transport(crate::NAME))
+            }
+        };
         let host = slots.host_slot(call)?;
         let dev = railcc_cuda::late::dev_slot(self.gpu.sync.ptr, call);
         let token = token(call);
@@ -152,8 +185,8 @@ impl ProcGpu {
                     self.gpu.sync.ptr,
                     timeout_ns,
                 )?;
-                match k {
-                    Kernel::Push { blocks, slot } => railcc_cuda::push::launch(
+                match form {
+                    LateForm::Push { blocks, slot } => railcc_cuda::push::launch(
                         &self.gpu,
                         stream,
                         me,
@@ -166,7 +199,7 @@ impl ProcGpu {
                         (blocks, slot),
                         timeout_ns,
                     )?,
-                    Kernel::Bulk { blocks, wide, .. } => {
+                    LateForm::Bulk { blocks, wide, n_in } => {
                         let shape = railcc_cuda::launch::CallShape {
                             dt: a.dtype,
                             op: a.op,
@@ -181,18 +214,10 @@ impl ProcGpu {
                             &self.gpu,
                             stream,
                             me,
-                            part.ins.len(),
+                            n_in,
                             (dev, token),
                             &shape,
                         )?
-                    }
-                    _ => {
-                        return Err(Error::new(
-                            ErrorKind::Unsupported,
-                            "late arguments take the bulk and push kernels only",
-                        )
-                        .rank(self.own_name)
-                        .transport(crate::NAME))
                     }
                 }
                 copy_out_of_bounce(copy_out, stream)
