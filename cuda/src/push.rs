@@ -301,25 +301,31 @@ pub unsafe fn launch(
     let (mut n, mut me_i, mut avg_n) = (areas.len() as i32, me as i32, areas.len() as i32);
     let mut tile = (slot_bytes / dt.size()) as u64;
     let mut timeout = timeout_ns;
-    let (f, mut po, (mut late, mut token)) = match outs {
+    let (mut po, mut late, mut token): (Ptrs, u64, u32);
+    // The function, then its parameters before the count: the outputs (one), or the slot
+    // and its token (two); the rest alike.
+    let (f, head): (_, &[*mut c_void]) = match outs {
         Outs::Now(o) => {
             debug_assert!(o.len() == areas.len());
-            (gpu.push_func(dt, op)?, ptrs(o), (0u64, 0u32))
+            po = ptrs(o);
+            (
+                gpu.push_func(dt, op)?,
+                &[&mut po as *mut Ptrs as *mut c_void],
+            )
         }
-        Outs::Late { slot, token } => (gpu.push_late_func(dt, op)?, ptrs(&[]), (slot, token)),
+        Outs::Late { slot, token: t } => {
+            late = slot;
+            token = t;
+            (
+                gpu.push_late_func(dt, op)?,
+                &[
+                    &mut late as *mut u64 as *mut c_void,
+                    &mut token as *mut u32 as *mut c_void,
+                ],
+            )
+        }
     };
-    // The outputs (one parameter), or the slot and its token (two): the rest alike.
-    let head: [*mut c_void; 2] = match outs {
-        Outs::Now(_) => [&mut po as *mut Ptrs as *mut c_void, std::ptr::null_mut()],
-        Outs::Late { .. } => [
-            &mut late as *mut u64 as *mut c_void,
-            &mut token as *mut u32 as *mut c_void,
-        ],
-    };
-    let mut params: [*mut c_void; 11] = [
-        &mut i as *mut u64 as *mut c_void,
-        head[0],
-        head[1],
+    let tail: [*mut c_void; 8] = [
         &mut cnt as *mut u64 as *mut c_void,
         &mut per as *mut u64 as *mut c_void,
         &mut pa as *mut Ptrs as *mut c_void,
@@ -329,14 +335,12 @@ pub unsafe fn launch(
         &mut tile as *mut u64 as *mut c_void,
         &mut timeout as *mut u64 as *mut c_void,
     ];
-    let params: &mut [*mut c_void] = match outs {
-        // Without the slot's second parameter: the outputs, then the rest.
-        Outs::Now(_) => {
-            params.copy_within(3.., 2);
-            &mut params[..10]
-        }
-        Outs::Late { .. } => &mut params[..],
-    };
+    let mut params = [std::ptr::null_mut::<c_void>(); 11];
+    let used = 1 + head.len() + tail.len();
+    params[0] = &mut i as *mut u64 as *mut c_void;
+    params[1..1 + head.len()].copy_from_slice(head);
+    params[1 + head.len()..used].copy_from_slice(&tail);
+    let params = &mut params[..used];
     // SAFETY: the parameters match the kernel's signature (the form chosen above) and live
     // across the call; the caller vouches for the pointers.
     unsafe {
