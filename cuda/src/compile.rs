@@ -540,7 +540,6 @@ mod nvrtc_tests {
                             ]
                         })
                         .chain(P2P_KERNELS.iter().map(|n| n.to_string()))
-                        .chain([crate::late::FETCH_KERNEL.to_string()])
                         .collect(),
                 };
                 for n in names {

@@ -64,8 +64,6 @@ pub struct GpuCtx {
     funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     /// The bulk kernel's late form (late.rs).
     late_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
-    /// late.rs's fetch kernel.
-    late_fetch: Option<sys::CUfunction>,
     ll_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     push_funcs: HashMap<(DataType, ReduceOp), sys::CUfunction>,
     /// The push kernel's late form (push.rs, late.rs).
@@ -162,7 +160,6 @@ impl GpuCtx {
             stream,
             funcs: HashMap::new(),
             late_funcs: HashMap::new(),
-            late_fetch: None,
             ll_funcs: HashMap::new(),
             push_funcs: HashMap::new(),
             push_late_funcs: HashMap::new(),
@@ -371,7 +368,6 @@ impl GpuCtx {
                     .iter()
                     .map(|n| get(n.to_string()))
                     .collect::<Result<_>>()?;
-                self.late_fetch = Some(get(crate::late::FETCH_KERNEL.to_string())?);
                 self.barrier_funcs = crate::copies::BARRIER_KERNELS
                     .iter()
                     .map(|n| get(n.to_string()))
@@ -456,12 +452,6 @@ impl GpuCtx {
                 "no late-argument push all-reduce kernel for dtype/op",
             )
         })
-    }
-
-    /// late.rs's fetch kernel.
-    pub fn late_fetch_func(&self) -> Result<sys::CUfunction> {
-        self.late_fetch
-            .ok_or_else(|| Error::new(ErrorKind::Unsupported, "no late-argument fetch kernel"))
     }
 
     /// p2p kernel `i` of kernels::P2P_KERNELS.
@@ -570,8 +560,7 @@ impl GpuCtx {
             .chain(self.p2p_funcs.iter())
             .chain(self.barrier_funcs.iter())
             .chain(self.late_funcs.values())
-            .chain(self.push_late_funcs.values())
-            .chain(self.late_fetch.iter());
+            .chain(self.push_late_funcs.values());
         for &f in all {
             let mut local = 0i32;
             // SAFETY: valid out-pointer and a loaded function of this context.

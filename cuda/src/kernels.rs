@@ -168,8 +168,8 @@ pub fn kernel_name(dt: DataType, op: ReduceOp) -> String {
     format!("ar_{}_{}", dt.name(), op.name())
 }
 
-/// The bulk kernel's late form (late.rs): its inputs, outputs and range from the device slot
-/// at `late`, whose token must be `token` (else a failed or stopped fetch: no data phase).
+/// The bulk kernel's late form (late.rs): its inputs, outputs and range from call `token`'s
+/// late slot (no data phase where the launcher failed the call or a wait was stopped).
 pub fn late_kernel_name(dt: DataType, op: ReduceOp) -> String {
     format!("arl_{}_{}", dt.name(), op.name())
 }
@@ -232,13 +232,12 @@ pub fn modules() -> Vec<Module> {
         dtype: None,
         ops: Vec::new(),
         src: format!(
-            "{helpers}{}{}{}{}{}{}",
+            "{helpers}{}{}{}{}{}",
             p2p_source(),
             crate::p2p_many::SOURCE,
             crate::p2p_ll::source(),
             crate::check::source(),
-            crate::copies::SOURCE,
-            crate::late::SOURCE
+            crate::copies::SOURCE
         ),
     }];
     v.extend(family_modules(
@@ -425,6 +424,7 @@ __device__ __forceinline__ unsigned char f_e5m2(float f) {
 "#,
     );
     s.push_str(crate::push::COMMON_SOURCE);
+    s.push_str(crate::late::SOURCE);
     s
 }
 
@@ -519,7 +519,7 @@ fn dtype_source(dt: DataType, fam: Family, ops: &[ReduceOp]) -> String {
                 "",
             ),
             (
-                format!("{late}(unsigned long long late, unsigned int token, "),
+                format!("{late}({}", crate::late::PARAMS),
                 crate::late::BULK_PROLOGUE,
                 " || bad",
             ),

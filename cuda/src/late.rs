@@ -6,32 +6,33 @@
 //! (0.9-1.4 ms a call in DDP and FSDP steps on 4 x H200, `step.py --profile`), while NCCL's
 //! calls return at once and wait on the GPU.
 //!
-//! How: the caller enqueues two kernels on its stream and returns. [`FETCH_KERNEL`], one
-//! block, polls a slot in mapped pinned host memory until the launcher thread has met the
-//! peers and written the call's arguments there ([`SLOT_WORDS`] u64 words, layout below), then
-//! copies them into this GPU's sync area ([`DEV_OFFSET`]) and acknowledges the slot. The bulk
-//! kernel's late form (`kernels.rs`, `arl_<dtype>_<op>`) reads its inputs, outputs and range
-//! from there. Only one thread reads host memory: one such read per block at a kernel's start
-//! cost 2-3x at 2-16 MB (measured, nineteenth session). The stream's work after the call
-//! waits for it as for any kernel; the launcher makes no stream call (a stream waiting on a
-//! host thread that itself enqueues work hung under PyTorch, `return-time-design.md` §7).
+//! How: the caller enqueues the bulk kernel's late form (`kernels.rs`, `arl_<dtype>_<op>`;
+//! the push kernel's, `push.rs`, with `RAILCC_GPU_LATE_ARGS=2`) on its stream and returns. Its
+//! first statements ([`SOURCE`]'s `late_take`): thread 0 of block 0 polls a slot in mapped
+//! pinned host memory until the launcher thread has met the peers and written the call's
+//! arguments there ([`SLOT_WORDS`] u64 words, layout below); block 0 copies them into this
+//! GPU's sync area ([`DEV_OFFSET`]), publishes the token there last, and acknowledges the
+//! slot; the other blocks wait for that token in device memory. Only one thread reads host
+//! memory: one such read per block at a kernel's start cost 2-3x at 2-16 MB (measured,
+//! nineteenth session). Until the twenty-first session a separate one-block fetch kernel ran
+//! first: 5-6 us a call at 1 MB in nccl-tests, and one more launch on the caller's thread.
+//! The stream's work after the call waits for it as for any kernel; the launcher makes no
+//! stream call (a stream waiting on a host thread that itself enqueues work hung under
+//! PyTorch, `return-time-design.md` §7).
 //!
 //! A slot, u64 words: 0 the token (low half: the call number's low 32 bits, never 0; high
 //! half: 1 if the launcher failed the call; one 8-byte store), 1 the GPU's acknowledgement (low
 //! half: the token it copied), 2 the input and output counts (low, high half), 3 and 4 the
 //! element range, 8-15 the inputs, 16-23 the outputs.
 
-use crate::gpu::GpuCtx;
 use crate::kernels::{MAX_PEERS, SYNC_BYTES};
-use crate::launch::{enqueue, Spec};
-use cudarc::driver::sys;
+use crate::launch::Spec;
 use railcc_core::{Error, Result};
-use std::ffi::c_void;
 
 /// u64 words of a slot (host and device alike).
 pub const SLOT_WORDS: usize = 32;
 /// Device slots in each GPU's sync area: the communicator's kernels run one after another
-/// (the kernel order), so the next call's fetch never overwrites a slot a kernel still reads;
+/// (the kernel order), so a later call's block 0 never overwrites a slot a kernel still reads;
 /// a few make that hold by a margin.
 pub const DEV_SLOTS: usize = 8;
 /// Where the device slots start in the sync area: after the sync words, before the push
@@ -39,8 +40,6 @@ pub const DEV_SLOTS: usize = 8;
 pub const DEV_OFFSET: usize = SYNC_BYTES.div_ceil(256) * 256;
 const _: () = assert!(DEV_OFFSET + DEV_SLOTS * SLOT_WORDS * 8 <= crate::push::FLAGS_OFFSET);
 const _: () = assert!(16 + MAX_PEERS <= SLOT_WORDS && 8 + MAX_PEERS <= 16);
-/// The fetch kernel (in the common module).
-pub const FETCH_KERNEL: &str = "late_fetch";
 /// u32 words of a slot, as the host writes them (`hostsync::Flags` holds u32 words).
 pub const SLOT_U32: usize = 2 * SLOT_WORDS;
 /// Host-side u32 word indices within a slot.
@@ -50,10 +49,24 @@ pub const ACK: usize = 2;
 /// The first u32 word after the token and acknowledgement: what [`args_words`] fills.
 pub const ARGS: usize = 4;
 
+/// Where a late kernel finds its arguments: call `token`'s host slot `host` (its device
+/// address) and the device slot `dev` its block 0 copies it into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LateSlot {
+    pub host: u64,
+    pub dev: u64,
+    pub token: u32,
+}
+
+/// The late forms' first parameters (before each form's own), in this order.
+pub const PARAMS: &str =
+    "unsigned long long late_host, unsigned long long late, unsigned int token, ";
+
 /// The first statements of the bulk kernel's late form (kernels.rs): its arguments from the
-/// device slot at `late`; `bad` where its token is not `token` (a failed or stopped fetch).
-pub const BULK_PROLOGUE: &str = r#"  const unsigned long long* s = (const unsigned long long*)late;
-  const bool bad = s[0] != (unsigned long long)token;
+/// device slot at `late` once `late_take` has filled it; `bad` where the launcher failed the
+/// call or a wait was stopped.
+pub const BULK_PROLOGUE: &str = r#"  const bool bad = !late_take(late_host, late, token, syncs.p[me], timeout_ns);
+  const volatile unsigned long long* s = (const volatile unsigned long long*)late;
   Ptrs ins, outs;
 #pragma unroll
   for (int r = 0; r < 8; r++) { ins.p[r] = s[8 + r]; outs.p[r] = s[16 + r]; }
@@ -61,44 +74,53 @@ pub const BULK_PROLOGUE: &str = r#"  const unsigned long long* s = (const unsign
   const unsigned long long begin = s[3], end = s[4];"#;
 
 /// The same for the push kernel's late form (push.rs): its outputs alone.
-pub const PUSH_PROLOGUE: &str = r#"  const unsigned long long* s = (const unsigned long long*)late;
-  const bool bad = s[0] != (unsigned long long)token;
+pub const PUSH_PROLOGUE: &str = r#"  const bool bad = !late_take(late_host, late, token, areas.p[me], timeout_ns);
+  const volatile unsigned long long* s = (const volatile unsigned long long*)late;
   Ptrs outs;
 #pragma unroll
   for (int r = 0; r < 8; r++) outs.p[r] = s[16 + r];"#;
 
-/// CUDA source of the fetch kernel (after kernels.rs' helpers).
+/// CUDA source of `late_take` (in kernels.rs' helpers, which every bulk and push module has).
 pub const SOURCE: &str = r#"
-// Late arguments (late.rs): one block of 32 threads. Thread 0 polls the host slot for this
-// call's token (stopping at an abort or the deadline, as every wait does); then the block
-// copies the slot into the device slot, and thread 0 acknowledges it in the host slot. A
-// failed or stopped fetch marks the device slot's token failed: the bulk kernel skips its data.
-extern "C" __global__ void late_fetch(unsigned long long host, unsigned long long dev, unsigned int token, unsigned long long sync, unsigned long long timeout_ns) {
+// Late arguments (late.rs). Thread 0 of block 0 polls the host slot for this call's token (the
+// kernel's one read of host memory); thread 0 of every other block polls the device slot,
+// which block 0 fills and then marks with the token (failed: its high half set). Both stop at
+// an abort or the deadline, as every wait does. Block 0 acknowledges the host slot once it has
+// copied it: the launcher may refill it. True (in every thread of the block) when the call's
+// arguments are in the device slot.
+__device__ bool late_take(unsigned long long host, unsigned long long dev, unsigned int token, unsigned long long sync, unsigned long long timeout_ns) {
   volatile unsigned long long* h = (volatile unsigned long long*)host;
   volatile unsigned long long* d = (volatile unsigned long long*)dev;
   __shared__ int ok;
   if (threadIdx.x == 0) {
+    volatile unsigned long long* w = blockIdx.x == 0 ? h : d;
     unsigned long long t0 = now_ns();
     unsigned int spins = 0;
     int got = 0;
     for (;;) {
-      unsigned long long w = h[0];
-      if ((unsigned int)w == token) { got = (w >> 32) == 0 ? 1 : 0; break; }
+      unsigned long long v = w[0];
+      if ((unsigned int)v == token) { got = (v >> 32) == 0 ? 1 : 0; break; }
       if (now_ns() - t0 > timeout_ns) { timed_out(sync); break; }
       if ((++spins & 1023u) == 0 && aborted(sync)) break;
     }
+    // The slot's other words are read after its token.
     __threadfence_system();
     ok = got;
   }
   __syncthreads();
-  if (ok && threadIdx.x > 0 && threadIdx.x < 32) d[threadIdx.x] = h[threadIdx.x];
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    // A failed fetch's word never equals a token (its high half is set).
-    d[0] = ok ? (unsigned long long)token : ((unsigned long long)token | (1ull << 32));
-    __threadfence_system();
-    ((volatile unsigned int*)host)[2] = token;
+  if (blockIdx.x == 0) {
+    if (ok && threadIdx.x > 0 && threadIdx.x < 32) d[threadIdx.x] = h[threadIdx.x];
+    // The copied words are seen before the token that publishes them.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      // A failed word never equals a token (its high half is set).
+      d[0] = ok ? (unsigned long long)token : ((unsigned long long)token | (1ull << 32));
+      __threadfence_system();
+      ((volatile unsigned int*)host)[2] = token;
+    }
   }
+  return ok != 0;
 }
 "#;
 
@@ -127,34 +149,6 @@ pub fn dev_slot(sync: u64, call: u64) -> u64 {
     sync + (DEV_OFFSET + (call as usize % DEV_SLOTS) * SLOT_WORDS * 8) as u64
 }
 
-/// Enqueues the fetch of call `token`'s arguments from host slot `host` (its device address)
-/// into device slot `dev` on `stream`.
-///
-/// # Safety
-/// `host` is a slot of mapped pinned memory and `dev` a slot of `sync`, this GPU's sync area,
-/// both live until the stream passes the kernel; `stream` a live stream of `gpu`, current.
-pub unsafe fn fetch(
-    gpu: &GpuCtx,
-    stream: sys::CUstream,
-    (host, dev): (u64, u64),
-    token: u32,
-    sync: u64,
-    timeout_ns: u64,
-) -> Result<()> {
-    let f = gpu.late_fetch_func()?;
-    let (mut h, mut d, mut t, mut s, mut to) = (host, dev, token, sync, timeout_ns);
-    let mut params: [*mut c_void; 5] = [
-        &mut h as *mut u64 as *mut c_void,
-        &mut d as *mut u64 as *mut c_void,
-        &mut t as *mut u32 as *mut c_void,
-        &mut s as *mut u64 as *mut c_void,
-        &mut to as *mut u64 as *mut c_void,
-    ];
-    // SAFETY: the parameters match late_fetch's signature and live across the call; the
-    // caller vouches for the slots.
-    unsafe { enqueue(f, 1, 32, stream, &mut params, "cuLaunchKernel (late fetch)") }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,6 +172,10 @@ mod tests {
             assert!(src.contains(read), "the late bulk kernel reads {read}");
         }
         assert!(SOURCE.contains("((volatile unsigned int*)host)[2] = token"));
+        for p in [BULK_PROLOGUE, PUSH_PROLOGUE] {
+            assert!(p.contains("late_take(late_host, late, token, "), "{p}");
+        }
+        assert!(PARAMS.contains("late_host") && PARAMS.ends_with(", "));
         assert_eq!(ACK, 2);
         let too_many = Spec {
             ins: vec![0; MAX_PEERS + 1],

@@ -131,31 +131,34 @@ pub unsafe fn launch(
 }
 
 /// Enqueues GPU `me`'s bulk kernel in its late form (late.rs) on `stream`: its `n_in` inputs,
-/// outputs and range are read from the device slot `slot` once its token is `token`.
+/// outputs and range are read from `slot` once the launcher has filled it.
 ///
 /// # Safety
-/// `slot` a device slot of this GPU's sync area that a fetch earlier on `stream` fills;
-/// what it will hold obeys [`launch`]'s contract; `shape.syncs` as for [`launch`].
+/// `slot.host` a host slot of mapped pinned memory and `slot.dev` a device slot of this GPU's
+/// sync area, both live until the stream passes the kernel; what the launcher will write
+/// obeys [`launch`]'s contract; `shape.syncs` as for [`launch`].
 pub unsafe fn launch_late(
     gpu: &GpuCtx,
     stream: sys::CUstream,
     me: usize,
     n_in: usize,
-    (slot, token): (u64, u32),
+    slot: crate::late::LateSlot,
     shape: &CallShape<'_>,
 ) -> Result<()> {
     gpu.bind()?;
     // A single input is a copy: the plain sum kernel, as `launch` takes.
     let kop = if n_in == 1 { ReduceOp::Sum } else { shape.op };
     let f = gpu.late_func(shape.dt, kop)?;
-    let (mut late, mut tok, mut psync) = (slot, token, ptrs(shape.syncs));
+    let (mut host, mut dev, mut tok, mut psync) =
+        (slot.host, slot.dev, slot.token, ptrs(shape.syncs));
     let mut avg_n = shape.avg_n;
     let mut n_gpus = shape.syncs.len() as i32;
     let mut me_i = me as i32;
     let mut timeout = shape.timeout_ns;
     let mut wide = i32::from(shape.wide);
-    let mut params: [*mut c_void; 8] = [
-        &mut late as *mut u64 as *mut c_void,
+    let mut params: [*mut c_void; 9] = [
+        &mut host as *mut u64 as *mut c_void,
+        &mut dev as *mut u64 as *mut c_void,
         &mut tok as *mut u32 as *mut c_void,
         &mut avg_n as *mut i32 as *mut c_void,
         &mut psync as *mut Ptrs as *mut c_void,

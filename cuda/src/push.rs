@@ -116,7 +116,7 @@ pub fn kernel_source(dt: DataType, op: ReduceOp) -> String {
     [
         (format!("{name}(const {t}* in, Ptrs outs, "), "", ""),
         (
-            format!("{late}(const {t}* in, unsigned long long late, unsigned int token, "),
+            format!("{late}(const {t}* in, {}", crate::late::PARAMS),
             crate::late::PUSH_PROLOGUE,
             " || bad",
         ),
@@ -263,9 +263,8 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {head}unsigned long long
 pub enum Outs<'a> {
     /// `outs[h]`: GPU h's, as the launching GPU addresses it.
     Now(&'a [u64]),
-    /// In the device slot `slot` once its token is `token` (late.rs), filled by a fetch
-    /// earlier on the stream.
-    Late { slot: u64, token: u32 },
+    /// From a late slot (late.rs), once the launcher has filled it.
+    Late(crate::late::LateSlot),
 }
 
 /// Enqueues GPU `me`'s push all-reduce of `count` elements from `input` into every GPU's
@@ -301,9 +300,9 @@ pub unsafe fn launch(
     let (mut n, mut me_i, mut avg_n) = (areas.len() as i32, me as i32, areas.len() as i32);
     let mut tile = (slot_bytes / dt.size()) as u64;
     let mut timeout = timeout_ns;
-    let (mut po, mut late, mut token): (Ptrs, u64, u32);
-    // The function, then its parameters before the count: the outputs (one), or the slot
-    // and its token (two); the rest alike.
+    let (mut po, mut host, mut dev, mut token): (Ptrs, u64, u64, u32);
+    // The function, then its parameters before the count: the outputs (one), or the slots
+    // and the token (three, late.rs' PARAMS); the rest alike.
     let (f, head): (_, &[*mut c_void]) = match outs {
         Outs::Now(o) => {
             debug_assert!(o.len() == areas.len());
@@ -313,13 +312,13 @@ pub unsafe fn launch(
                 &[&mut po as *mut Ptrs as *mut c_void],
             )
         }
-        Outs::Late { slot, token: t } => {
-            late = slot;
-            token = t;
+        Outs::Late(l) => {
+            (host, dev, token) = (l.host, l.dev, l.token);
             (
                 gpu.push_late_func(dt, op)?,
                 &[
-                    &mut late as *mut u64 as *mut c_void,
+                    &mut host as *mut u64 as *mut c_void,
+                    &mut dev as *mut u64 as *mut c_void,
                     &mut token as *mut u32 as *mut c_void,
                 ],
             )
@@ -335,7 +334,7 @@ pub unsafe fn launch(
         &mut tile as *mut u64 as *mut c_void,
         &mut timeout as *mut u64 as *mut c_void,
     ];
-    let mut params = [std::ptr::null_mut::<c_void>(); 11];
+    let mut params = [std::ptr::null_mut::<c_void>(); 12];
     let used = 1 + head.len() + tail.len();
     params[0] = &mut i as *mut u64 as *mut c_void;
     params[1..1 + head.len()].copy_from_slice(head);

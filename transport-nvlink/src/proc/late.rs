@@ -6,11 +6,11 @@
 //! launch: 0.9-1.4 ms a call in DDP and FSDP steps on 4 x H200, where NCCL's calls return
 //! at once and wait on the GPU (`bench/results/issue31/return-time-design.md` §8).
 //!
-//! How: the caller publishes its buffers as usual, enqueues the fetch kernel and the bulk
-//! kernel's late form on its stream (in the kernel order), hands the call to the launcher
+//! How: the caller publishes its buffers as usual, enqueues the bulk (or push) kernel's late
+//! form on its stream (in the kernel order), hands the call to the launcher
 //! thread (`defer.rs`) and returns. The launcher meets the peers in call order, maps their
 //! buffers, and writes the call's arguments into the call's slot of mapped pinned memory
-//! ([`LateSlots::fill`]), where the fetch kernel finds them. Unlike `RAILCC_GPU_DEFER` the
+//! ([`LateSlots::fill`]), where the kernel's block 0 finds them. Unlike `RAILCC_GPU_DEFER` the
 //! launcher makes no stream call; its one driver call is the IPC or VMM open of an
 //! allocation not mapped before. A slot is reused every `CALL_DEPTH` calls, once the GPU has
 //! acknowledged its previous call. On a failure the launcher marks the slot failed (the
@@ -28,7 +28,7 @@ use railcc_cuda::launch::Spec;
 use std::time::Instant;
 
 /// A call's token: the low 32 bits of its number (the GPU compares 32-bit tokens), never 0
-/// (a device slot whose fetch failed holds no valid token): call 2^32 k takes 1, which no
+/// (a device slot whose call failed holds no valid token): call 2^32 k takes 1, which no
 /// other call of its slot (numbers 0 mod `CALL_DEPTH`) has.
 pub(super) fn token(call: u64) -> u32 {
     (call as u32).max(1)
@@ -85,7 +85,7 @@ impl LateSlots {
             )?;
         }
         // SAFETY: the GPU reads these words only after it sees this call's token, stored
-        // below; its fetch of the slot's previous call is over (acknowledged above).
+        // below; its copy of the slot's previous call is over (acknowledged above).
         unsafe { self.flags.write(at + ARGS, &words) }?;
         self.mark(call, false)
     }
@@ -121,7 +121,7 @@ enum LateForm {
 impl ProcGpu {
     /// Call `call`, published with buffers `bufs`, with late arguments (`late.rs`): hands it
     /// to the launcher `d`, which writes its kernel's arguments into its slot once it has met
-    /// the peers, and enqueues on the caller's stream, in the kernel order, the slot's fetch,
+    /// the peers, and enqueues on the caller's stream, in the kernel order,
     /// the late form of kernel `k` (the bulk kernel, or the push kernel, whose outputs come
     /// late) and `copy_out` of the bounce buffer.
     ///
@@ -161,9 +161,11 @@ impl ProcGpu {
                 .transport(crate::NAME))
             }
         };
-        let host = slots.host_slot(call)?;
-        let dev = railcc_cuda::late::dev_slot(self.gpu.sync.ptr, call);
-        let token = token(call);
+        let late = railcc_cuda::late::LateSlot {
+            host: slots.host_slot(call)?,
+            dev: railcc_cuda::late::dev_slot(self.gpu.sync.ptr, call),
+            token: token(call),
+        };
         let timeout_ns = self.timeout_ns();
         d.late(
             call,
@@ -177,21 +179,13 @@ impl ProcGpu {
         // (mapped before it writes the slot).
         unsafe {
             self.kernel_order.lock().run_eager(&self.gpu, c.stream, || {
-                railcc_cuda::late::fetch(
-                    &self.gpu,
-                    stream,
-                    (host, dev),
-                    token,
-                    self.gpu.sync.ptr,
-                    timeout_ns,
-                )?;
                 match form {
                     LateForm::Push { blocks, slot } => railcc_cuda::push::launch(
                         &self.gpu,
                         stream,
                         me,
                         bufs.0,
-                        railcc_cuda::push::Outs::Late { slot: dev, token },
+                        railcc_cuda::push::Outs::Late(late),
                         a.count,
                         a.dtype,
                         a.op,
@@ -210,14 +204,7 @@ impl ProcGpu {
                             wide,
                             tma: 0,
                         };
-                        railcc_cuda::launch::launch_late(
-                            &self.gpu,
-                            stream,
-                            me,
-                            n_in,
-                            (dev, token),
-                            &shape,
-                        )?
+                        railcc_cuda::launch::launch_late(&self.gpu, stream, me, n_in, late, &shape)?
                     }
                 }
                 copy_out_of_bounce(copy_out, stream)
