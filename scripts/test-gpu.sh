@@ -379,7 +379,9 @@ case " $PARTS " in *" stage "*)
 ;; esac
 
 case " $PARTS " in *" late "*)
-  late=(env RAILCC_GPU_LATE_ARGS=1)
+  # RAILCC_GPU_LATE_WAIT_US=0: every call the late way (by default a call whose peers are
+  # all there within 10 us takes the kernel's usual form, as the bench's ranks often are).
+  late=(env RAILCC_GPU_LATE_ARGS=1 RAILCC_GPU_LATE_WAIT_US=0)
   for c in all_reduce all_gather reduce_scatter broadcast reduce; do
     check "bench $c --per-process --ranks $NG with late kernel arguments: every dtype and op, 8 B-32 MB, --offset 8" \
       "${late[@]}" $R bench $c --device cuda --per-process --ranks $NG -b 8 -e 32M -f 8 -d all -o all -n 1 -w 0 -r 1 --offset 8
@@ -393,14 +395,19 @@ case " $PARTS " in *" late "*)
     echo "SKIP  late =2 checks: $NG GPUs, the push kernel runs on 4 or more (nothing counted)"
   else
     check "bench all_reduce --per-process --ranks $NG with late arguments on the push kernel too (=2): every dtype and op, 1 KB-64 MB, --offset 8" \
-      env RAILCC_GPU_LATE_ARGS=2 $R bench all_reduce --device cuda --per-process --ranks $NG -b 1K -e 64M -f 4 -d all -o all -n 1 -w 0 -r 1 --offset 8
+      env RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_WAIT_US=0 $R bench all_reduce --device cuda --per-process --ranks $NG -b 1K -e 64M -f 4 -d all -o all -n 1 -w 0 -r 1 --offset 8
     check "bench all_reduce --per-process --ranks $NG with late arguments on the push kernel too (=2): --fill random, every all-reduce pushed at 3 blocks, float and bfloat16, 1 KB-64 MB" \
-      env RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_AR_PUSH_BYTES=1 RAILCC_GPU_PUSH_MIN_BLOCKS=1 RAILCC_GPU_LL_MAX_BYTES=0 RAILCC_GPU_MAX_BLOCKS=3 $R bench all_reduce --device cuda --per-process --ranks $NG -b 1K -e 64M -f 8 -d float,bfloat16 -o sum,avg -n 2 -w 1 -r 1 --fill random
+      env RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_WAIT_US=0 RAILCC_GPU_AR_PUSH_BYTES=1 RAILCC_GPU_PUSH_MIN_BLOCKS=1 RAILCC_GPU_LL_MAX_BYTES=0 RAILCC_GPU_MAX_BLOCKS=3 $R bench all_reduce --device cuda --per-process --ranks $NG -b 1K -e 64M -f 8 -d float,bfloat16 -o sum,avg -n 2 -w 1 -r 1 --fill random
   fi
+  # The default wait: each rank takes the late way or the usual form call by call, alone.
+  for c in all_reduce all_gather; do
+    check "bench $c --per-process --ranks $NG with late arguments at the default wait (either form per call and rank): --fill random, -G 3, 4100 B-64 MB" \
+      env RAILCC_GPU_LATE_ARGS=2 $R bench $c --device cuda --per-process --ranks $NG -b 4100 -e 64M -f 4 -d float,bfloat16 -o sum,avg -n 8 -w 1 -G 3 -r 1 --fill random
+  done
   MISMATCH_WAYS=late timeout 200 bash nccl-compat/tests/mismatch/mismatch.sh > /tmp/test-gpu-mismatch.log 2>&1
   verdict "mismatch with late kernel arguments: counts and dtypes that differ across ranks (nccl-compat/tests/mismatch/mismatch.sh)" $? /tmp/test-gpu-mismatch.log notable
   grep -E "^(PASS|FAIL|      )" /tmp/test-gpu-mismatch.log
-  RAILCC_GPU_LATE_ARGS=1 RECOVER_CASES="${LATE_RECOVER_CASES:-abort:4 kill:host:shrink}" timeout 400 bash nccl-compat/tests/recover/recover.sh > /tmp/test-gpu-recover.log 2>&1
+  RAILCC_GPU_LATE_ARGS=1 RAILCC_GPU_LATE_WAIT_US=0 RECOVER_CASES="${LATE_RECOVER_CASES:-abort:4 kill:host:shrink}" timeout 400 bash nccl-compat/tests/recover/recover.sh > /tmp/test-gpu-recover.log 2>&1
   verdict "recover with late kernel arguments: a killed rank, ncclCommAbort while kernels wait (nccl-compat/tests/recover/recover.sh)" $? /tmp/test-gpu-recover.log notable
   grep -E "^(PASS|FAIL|      )" /tmp/test-gpu-recover.log
 ;; esac

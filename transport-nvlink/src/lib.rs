@@ -92,6 +92,9 @@ pub struct Settings {
     pub late_args: bool,
     /// ... and all-reduces on the push kernel take its late form (`RAILCC_GPU_LATE_ARGS=2`).
     pub late_push: bool,
+    /// ... after waiting this long on the host for the peers (`RAILCC_GPU_LATE_WAIT_US`):
+    /// a call whose peers are all there by then launches at once, as without late arguments.
+    pub late_wait: std::time::Duration,
 }
 
 impl Settings {

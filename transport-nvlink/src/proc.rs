@@ -71,6 +71,8 @@ pub struct ProcGpu {
     late: Option<Arc<late::LateSlots>>,
     /// ... which the push kernel's all-reduces take too (`RAILCC_GPU_LATE_ARGS=2`).
     late_push: bool,
+    /// ... unless every peer is there within this (`RAILCC_GPU_LATE_WAIT_US`).
+    late_wait: Duration,
     /// Where the data of buffers no peer can map goes through (made and grown on use), and
     /// the stream that used it last.
     bounce: Mutex<Bounce>,
@@ -658,6 +660,7 @@ impl ProcGpu {
             ll_no_wait,
             late,
             late_push,
+            late_wait: settings.late_wait,
             bounce: Mutex::new(Bounce::default()),
             stages: Mutex::new(std::collections::HashMap::new()),
             calls: AtomicU64::new(0),
@@ -903,9 +906,13 @@ impl ProcGpu {
         if let (Some(d), Some(slots), true) = (&self.defer, &self.late, late_kernel) {
             // With late arguments: the kernel is enqueued now and waits on the GPU for the
             // launcher to write its peers' addresses; never under capture (a graph would
-            // replay the slot's one call).
+            // replay the slot's one call). Unless the peers are all there within a few
+            // microseconds and no earlier call waits for its own (calls meet their peers in
+            // order): then the kernel's usual form, below. Each rank decides alone: both forms
+            // run the same kernel body with the same peers.
+            let here = d.idle() && self.peers_within(call, self.late_wait);
             // SAFETY: the caller's stream of this GPU (this function's contract).
-            if !unsafe { is_capturing(&self.gpu, stream) }? {
+            if !here && !unsafe { is_capturing(&self.gpu, stream) }? {
                 let late = (d, slots.as_ref(), k);
                 let copy_out = out.filter(|_| !no_recv);
                 // SAFETY: this function's contract; not capturing (asked above).
@@ -975,6 +982,22 @@ impl ProcGpu {
         }?;
         self.trace.lap(clock, "coll launch");
         Ok(launch)
+    }
+
+    /// Whether every peer has published call `call`, polled for at most `wait` (bounded:
+    /// a peer that is late leaves the call to the late way).
+    fn peers_within(&self, call: u64, wait: Duration) -> bool {
+        let all = || (0..self.nranks).all(|p| p == self.rank || self.table.published(call, p));
+        let until = Instant::now() + wait;
+        loop {
+            if all() {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
     }
 
     /// Call `call` without a meeting on the host: published for the launcher `d`'s check,

@@ -53,5 +53,6 @@ pub fn settings(cfg: &Config) -> Settings {
         ll_no_wait: cfg.gpu_ll_no_wait != 0,
         late_args: cfg.gpu_late_args != 0,
         late_push: cfg.gpu_late_args >= 2,
+        late_wait: std::time::Duration::from_micros(cfg.gpu_late_wait_us),
     }
 }

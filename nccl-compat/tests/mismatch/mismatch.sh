@@ -26,7 +26,7 @@ for way in ${MISMATCH_WAYS:-stage0 stage67108864 ll0 ll1 late}; do
   case $way in
     stage*) env=(RAILCC_GPU_STAGE_BYTES=${way#stage}) base=262144 ;;
     ll*) env=(RAILCC_GPU_LL_NO_WAIT=${way#ll}) base=1024 ;;
-    late) env=(RAILCC_GPU_LATE_ARGS=1) base=262144 ;;
+    late) env=(RAILCC_GPU_LATE_ARGS=1 RAILCC_GPU_LATE_WAIT_US=0) base=262144 ;;
   esac
   for what in count dtype; do
     name="$what-$way" d=$(mktemp -d)
