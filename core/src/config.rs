@@ -413,7 +413,8 @@ config! {
     /// With RAILCC_GPU_LATE_ARGS: how long, in microseconds, a call waits on the host for
     /// its peers before it takes the late way. Peers that are all there by then (back-to-back
     /// calls, as in nccl-tests) get the kernel's usual form, with no slot to read on the GPU
-    /// and no launcher thread on the way; 0: every such call is late.
+    /// and no launcher thread on the way. 0: every such call takes the late way, even with
+    /// its peers there (the GPU suite's late checks).
     gpu_late_wait_us: u64 = 10, "RAILCC_GPU_LATE_WAIT_US";
     /// The GPU this rank's data lives on (libnccl and the GPU paths set it; -1: none): its
     /// rails between hosts are the NICs nearest that GPU (`railcc topo`), as rail-optimised

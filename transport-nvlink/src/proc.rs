@@ -985,8 +985,11 @@ impl ProcGpu {
     }
 
     /// Whether every peer has published call `call`, polled for at most `wait` (bounded:
-    /// a peer that is late leaves the call to the late way).
+    /// a peer that is late leaves the call to the late way); never with no wait.
     fn peers_within(&self, call: u64, wait: Duration) -> bool {
+        if wait.is_zero() {
+            return false;
+        }
         let all = || (0..self.nranks).all(|p| p == self.rank || self.table.published(call, p));
         let until = Instant::now() + wait;
         loop {
