@@ -12,9 +12,9 @@
 //! pinned host memory until the launcher thread has met the peers and written the call's
 //! arguments there ([`SLOT_WORDS`] u64 words, layout below); block 0 copies them into this
 //! GPU's sync area ([`DEV_OFFSET`]), publishes the token there last, and acknowledges the
-//! slot; the other blocks wait for that token in device memory. Only one thread reads host
-//! memory: one such read per block at a kernel's start cost 2-3x at 2-16 MB (measured,
-//! nineteenth session). Until the twenty-first session a separate one-block fetch kernel ran
+//! slot; the other blocks wait for that token in device memory. Only block 0 reads host
+//! memory (its thread 0 polls): one such read per block at a kernel's start cost 2-3x at
+//! 2-16 MB (measured, nineteenth session). Until the twenty-first session a separate one-block fetch kernel ran
 //! first: 5-6 us a call at 1 MB in nccl-tests, and one more launch on the caller's thread.
 //! The stream's work after the call waits for it as for any kernel; the launcher makes no
 //! stream call (a stream waiting on a host thread that itself enqueues work hung under
@@ -84,8 +84,9 @@ pub const PUSH_PROLOGUE: &str = r#"  const bool bad = !late_take(late_host, late
 pub const SOURCE: &str = r#"
 // Late arguments (late.rs). Thread 0 of block 0 polls the host slot for this call's token (the
 // kernel's one read of host memory); thread 0 of every other block polls the device slot,
-// which block 0 fills and then marks with the token (failed: its high half set). Both stop at
-// an abort or the deadline, as every wait does. Block 0 acknowledges the host slot once it has
+// which block 0 fills and then marks with the token (failed: its high half set). Block 0 stops
+// at an abort or the deadline, as every wait does, and then marks the call failed; the others
+// stop at an abort only, so every block of the kernel agrees whether it has its arguments. Block 0 acknowledges the host slot once it has
 // copied it: the launcher may refill it. True (in every thread of the block) when the call's
 // arguments are in the device slot.
 __device__ bool late_take(unsigned long long host, unsigned long long dev, unsigned int token, unsigned long long sync, unsigned long long timeout_ns) {
@@ -100,7 +101,7 @@ __device__ bool late_take(unsigned long long host, unsigned long long dev, unsig
     for (;;) {
       unsigned long long v = w[0];
       if ((unsigned int)v == token) { got = (v >> 32) == 0 ? 1 : 0; break; }
-      if (now_ns() - t0 > timeout_ns) { timed_out(sync); break; }
+      if (blockIdx.x == 0 && now_ns() - t0 > timeout_ns) { timed_out(sync); break; }
       if ((++spins & 1023u) == 0 && aborted(sync)) break;
     }
     // The slot's other words are read after its token.

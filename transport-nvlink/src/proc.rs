@@ -910,9 +910,10 @@ impl ProcGpu {
             // microseconds and no earlier call waits for its own (calls meet their peers in
             // order): then the kernel's usual form, below. Each rank decides alone: both forms
             // run the same kernel body with the same peers.
-            let here = d.idle() && self.peers_within(call, self.late_wait);
             // SAFETY: the caller's stream of this GPU (this function's contract).
-            if !here && !unsafe { is_capturing(&self.gpu, stream) }? {
+            let capturing = unsafe { is_capturing(&self.gpu, stream) }?;
+            let here = || d.idle() && self.peers_within(call, self.late_wait);
+            if !capturing && !here() {
                 let late = (d, slots.as_ref(), k);
                 let copy_out = out.filter(|_| !no_recv);
                 // SAFETY: this function's contract; not capturing (asked above).
