@@ -36,8 +36,8 @@ case ${1:-} in
     ;;
   b)
     OUT=$L/host STEP_LAYOUTS=host STEP_MODES="ddp fsdp" STEP_RUNS=${STEP_RUNS:-2} STEP_LIMIT=80 STEP_LIBS="railcc nccl" \
-      STEP_EXTRA="late2:RAILCC_GPU_LATE_ARGS=2 late2w0:RAILCC_GPU_LATE_ARGS=2,RAILCC_GPU_LATE_WAIT_US=0" STEP_ARGS="--steps 30" \
-      NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/host.txt" | grep -v "^  "
+      STEP_EXTRA="${S25_EXTRA:-late2:RAILCC_GPU_LATE_ARGS=2 late2w0:RAILCC_GPU_LATE_ARGS=2,RAILCC_GPU_LATE_WAIT_US=0}" STEP_ARGS="--steps 30" \
+      NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout $(left ${S25_LEFT:-575}) bash bench/torch/step.sh 2>&1 | tee "$L/host.txt" | grep -v "^  "
     ;;
   *) echo "usage: $0 a|n|b"; exit 2 ;;
 esac
