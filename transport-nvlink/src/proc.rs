@@ -912,8 +912,7 @@ impl ProcGpu {
             // run the same kernel body with the same peers.
             // SAFETY: the caller's stream of this GPU (this function's contract).
             let capturing = unsafe { is_capturing(&self.gpu, stream) }?;
-            let here = || d.idle() && self.peers_within(call, self.late_wait);
-            if !capturing && !here() {
+            if !capturing && !self.peers_within(d, call, self.late_wait) {
                 let late = (d, slots.as_ref(), k);
                 let copy_out = out.filter(|_| !no_recv);
                 // SAFETY: this function's contract; not capturing (asked above).
@@ -985,13 +984,18 @@ impl ProcGpu {
         Ok(launch)
     }
 
-    /// Whether every peer has published call `call`, polled for at most `wait` (bounded:
-    /// a peer that is late leaves the call to the late way); never with no wait.
-    fn peers_within(&self, call: u64, wait: Duration) -> bool {
+    /// Whether, within `wait`, every peer has published call `call` and the launcher `d` has
+    /// no call left (calls meet their peers in order: a launcher still meeting an earlier
+    /// call's peers must finish first, and a call that went late makes the next one wait
+    /// for it here rather than go late too). Bounded: a late peer leaves the call to the
+    /// late way. Never with no wait.
+    fn peers_within(&self, d: &defer::Deferred, call: u64, wait: Duration) -> bool {
         if wait.is_zero() {
             return false;
         }
-        let all = || (0..self.nranks).all(|p| p == self.rank || self.table.published(call, p));
+        let all = || {
+            (0..self.nranks).all(|p| p == self.rank || self.table.published(call, p)) && d.idle()
+        };
         let until = Instant::now() + wait;
         loop {
             if all() {
