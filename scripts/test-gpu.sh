@@ -227,6 +227,32 @@ build_nccl_tests() {   # both builds at once (gpu-env.sh's nccl_tests_build)
   verdict "nccl-tests build (plain and MPI)" $((s0 + s1)) /tmp/nccl-build-1.log notable
 }
 
+# late_mix COLL FLAGS: nccl-tests COLL under mpirun -np NG with RAILCC_GPU_LATE_ARGS=2, ranks
+# 0..NG/2-1 always late, the others waiting up to 1 s for their peers (the usual form); its
+# verdict also needs "coll late launch" in the first half's host traces, never "coll peers
+# here", and "coll peers here" in the second half's.
+late_mix() {
+  local b=$1 F=$2 h=$((NG / 2)) f=/tmp/test-gpu-mix.log rc r line
+  local label="libnccl $b mpirun -np $NG, ranks 0-$((h - 1)) late, the others not (RAILCC_GPU_LATE_ARGS=2): $F"
+  env LD_LIBRARY_PATH="$PWD/.device/lib:/usr/local/cuda/lib64" RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_HOST_TRACE=1 \
+    timeout -k 5 "${TEST_GPU_CHECK_LIMIT:-600}" mpirun --allow-run-as-root --oversubscribe \
+    -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x RAILCC_GPU_LATE_ARGS -x RAILCC_GPU_HOST_TRACE \
+    -np $h env RAILCC_GPU_LATE_WAIT_US=0 $NTM/build/${b}_perf $F -g 1 : \
+    -np $((NG - h)) env RAILCC_GPU_LATE_WAIT_US=1000000 $NTM/build/${b}_perf $F -g 1 > $f 2>&1
+  rc=$?
+  for ((r = 0; r < NG; r++)); do
+    line=$(grep "railcc: rank $r gpu host trace" $f | head -1)
+    if [ "$r" -lt "$h" ]; then
+      [[ $line == *"coll late launch "* && $line != *"coll peers here"* ]] \
+        || { echo "late_mix: rank $r's host trace shows no late call, or a call not late: $line"; rc=97; }
+    else
+      [[ $line == *"coll peers here, not late "* ]] \
+        || { echo "late_mix: rank $r's host trace shows no call of the usual form: $line"; rc=97; }
+    fi
+  done >> $f
+  verdict "$label" $rc $f
+}
+
 case " $PARTS " in *" nccl "*)
   build_nccl_tests
   OURS="$PWD/.device/lib"
@@ -403,6 +429,13 @@ case " $PARTS " in *" late "*)
   for c in all_reduce all_gather; do
     check "bench $c --per-process --ranks $NG with late arguments at the default wait (either form per call and rank): --fill random, -G 3, 4100 B-64 MB" \
       env RAILCC_GPU_LATE_ARGS=2 $R bench $c --device cuda --per-process --ranks $NG -b 4100 -e 64M -f 4 -d float,bfloat16 -o sum,avg -n 8 -w 1 -G 3 -r 1 --fill random
+  done
+  # Each rank alone: under mpirun the first half of the ranks take the late way always
+  # (RAILCC_GPU_LATE_WAIT_US=0), the rest the usual form whenever their peers come within 1 s;
+  # nccl-tests checks the results, and each half's host trace must show its way.
+  build_nccl_tests
+  for b in all_reduce all_gather; do
+    late_mix "$b" "-b 1M -e 64M -f 8 -n 2 -w 1 -c 1 -d all"
   done
   MISMATCH_WAYS=late timeout 200 bash nccl-compat/tests/mismatch/mismatch.sh > /tmp/test-gpu-mismatch.log 2>&1
   verdict "mismatch with late kernel arguments: counts and dtypes that differ across ranks (nccl-compat/tests/mismatch/mismatch.sh)" $? /tmp/test-gpu-mismatch.log notable

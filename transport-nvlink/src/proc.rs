@@ -920,6 +920,10 @@ impl ProcGpu {
                 self.trace.lap(clock, "coll late launch");
                 return Ok(k.launch());
             }
+            if !capturing {
+                // Named apart so a host trace shows which way each call went.
+                self.trace.lap(clock, "coll peers here, not late");
+            }
         }
         if let Some(d) = self.defer.as_ref().filter(|_| self.defer_calls) {
             // Deferred unless every peer is there and no earlier call still waits for its
