@@ -9,7 +9,9 @@
 #   n  nccl-tests under mpirun -np N: all_reduce, all_gather, reduce_scatter 1 MB-256 MB,
 #      railcc default, late (=2, default wait), NCCL; does 1 MB all_reduce now stay at the
 #      default's time on 4 GPUs?
-#   b  steps on one host, DDP and FSDP: railcc default, late (=2), NCCL; STEP_RUNS (3).
+#   b  steps on one host, DDP and FSDP: railcc default, late (=2), late at NCCL's 24 blocks
+#      (a late kernel's blocks sit on their SMs until the peers come: with up to 132 of them
+#      the backward pass's matrix products may lose SMs), NCCL; STEP_RUNS (2).
 #   h  steps on 2 emulated hosts x 2 GPUs (issue 31, not run since the eighteenth session):
 #      HSDP and DDP, railcc, late (=2: the shard group inside each host), NCCL 4 x 4 sockets;
 #      STEP_RUNS (2).
@@ -41,8 +43,8 @@ case ${1:-} in
     done
     ;;
   b)
-    OUT=$L/host STEP_LAYOUTS=host STEP_MODES="ddp fsdp" STEP_RUNS=${STEP_RUNS:-3} STEP_LIMIT=80 STEP_LIBS="railcc nccl" \
-      STEP_EXTRA="late2:RAILCC_GPU_LATE_ARGS=2" STEP_ARGS="--steps 30" \
+    OUT=$L/host STEP_LAYOUTS=host STEP_MODES="ddp fsdp" STEP_RUNS=${STEP_RUNS:-2} STEP_LIMIT=80 STEP_LIBS="railcc nccl" \
+      STEP_EXTRA="late2:RAILCC_GPU_LATE_ARGS=2 late2b24:RAILCC_GPU_LATE_ARGS=2,RAILCC_GPU_MAX_BLOCKS=24" STEP_ARGS="--steps 30" \
       NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/host.txt" | grep -v "^  "
     ;;
   h)
