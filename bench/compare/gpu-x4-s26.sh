@@ -11,7 +11,9 @@
 #      default's time on 4 GPUs?
 #   b  steps on one host, DDP and FSDP: railcc default, late (=2), late at NCCL's 24 blocks
 #      (a late kernel's blocks sit on their SMs until the peers come: with up to 132 of them
-#      the backward pass's matrix products may lose SMs), NCCL; STEP_RUNS (2).
+#      the backward pass's matrix products may lose SMs), NCCL; STEP_RUNS (2). STEP_PIN (1):
+#      each rank on its GPU's share of the CPUs, both libraries (new, bench/torch/step.py
+#      pin_cpus: NCCL's own DDP medians ran 23.9-36.0 ms across the twenty-first session's runs).
 #   h  steps on 2 emulated hosts x 2 GPUs (issue 31, not run since the eighteenth session):
 #      HSDP and DDP, railcc, late (=2: the shard group inside each host), NCCL 4 x 4 sockets;
 #      STEP_RUNS (2).
@@ -43,12 +45,12 @@ case ${1:-} in
     done
     ;;
   b)
-    OUT=$L/host STEP_LAYOUTS=host STEP_MODES="ddp fsdp" STEP_RUNS=${STEP_RUNS:-2} STEP_LIMIT=80 STEP_LIBS="railcc nccl" \
+    OUT=$L/host STEP_PIN=${STEP_PIN:-1} STEP_LAYOUTS=host STEP_MODES="ddp fsdp" STEP_RUNS=${STEP_RUNS:-2} STEP_LIMIT=80 STEP_LIBS="railcc nccl" \
       STEP_EXTRA="late2:RAILCC_GPU_LATE_ARGS=2 late2b24:RAILCC_GPU_LATE_ARGS=2,RAILCC_GPU_MAX_BLOCKS=24" STEP_ARGS="--steps 30" \
       NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/host.txt" | grep -v "^  "
     ;;
   h)
-    OUT=$L/2x2 STEP_LAYOUTS=2x2 STEP_MODES="hsdp ddp" STEP_RUNS=${STEP_RUNS:-2} STEP_LIMIT=100 STEP_LIBS="railcc nccl-4x4" \
+    OUT=$L/2x2 STEP_PIN=${STEP_PIN:-1} STEP_LAYOUTS=2x2 STEP_MODES="hsdp ddp" STEP_RUNS=${STEP_RUNS:-2} STEP_LIMIT=100 STEP_LIBS="railcc nccl-4x4" \
       STEP_EXTRA="late2:RAILCC_GPU_LATE_ARGS=2" STEP_ARGS="--steps 30" \
       NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/2x2.txt" | grep -v "^  "
     ;;

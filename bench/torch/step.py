@@ -308,7 +308,26 @@ def small(a, dev, world):
     return {"us_per_call": out}
 
 
+def pin_cpus():
+    """STEP_PIN_SLOTS=N (step.sh's STEP_PIN=1; N: the machine's GPUs): this rank's threads on
+    the N-th share of the process's CPUs that belongs to its GPU (its index among all the
+    machine's GPUs, from CUDA_VISIBLE_DEVICES where set), so a run's steps do not depend on
+    where the scheduler put its ranks, for either library alike. Before any thread starts:
+    later threads (the libraries' own) inherit it."""
+    slots = int(os.environ.get("STEP_PIN_SLOTS", "0"))
+    if slots <= 0:
+        return
+    lr = int(os.environ.get("LOCAL_RANK", 0))
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    gpu = int(vis.split(",")[lr]) if vis else lr
+    cpus = sorted(os.sched_getaffinity(0))
+    per = max(1, len(cpus) // slots)
+    mine = cpus[gpu * per:(gpu + 1) * per] or cpus
+    os.sched_setaffinity(0, mine)
+
+
 def main():
+    pin_cpus()
     a = parse()
     backend = "gloo" if a.cpu else "nccl"
     dist.init_process_group(backend)
