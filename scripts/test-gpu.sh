@@ -53,7 +53,10 @@
 #         collective on every GPU and all_reduce on 2, every dtype and op, 8 B-32 MB,
 #         --offset 8; random inputs with -G 3 (captured calls take the usual path between
 #         late ones); =2 (the push kernel's late form too) on all_reduce, also at 3 blocks with
-#         every all-reduce pushed; then mismatch's late cases and recover's abort and kill
+#         every all-reduce pushed (all with RAILCC_GPU_LATE_WAIT_US=0: every call late);
+#         all_reduce and all_gather at the default wait (either form, call by call); late_mix:
+#         nccl-tests under mpirun, half the ranks always late and half never, each half's host
+#         trace showing its way; then mismatch's late cases and recover's abort and kill
 #         cases with it.
 # A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
