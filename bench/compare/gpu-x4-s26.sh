@@ -17,7 +17,9 @@
 #   h  steps on 2 emulated hosts x 2 GPUs (issue 31, not run since the eighteenth session):
 #      HSDP and DDP, railcc, late (=2: the shard group inside each host), NCCL 4 x 4 sockets;
 #      STEP_RUNS (2).
-# Usage: bash bench/compare/gpu-x4-s26.sh a|n|b|h
+#   o  the overlap benchmark on one host (issue 30: matrix products on one stream, a step's
+#      collectives on another): railcc, late (=2), late at 24 blocks, NCCL; STEP_RUNS (2).
+# Usage: bash bench/compare/gpu-x4-s26.sh a|n|b|h|o
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -54,6 +56,11 @@ case ${1:-} in
       STEP_EXTRA="late2:RAILCC_GPU_LATE_ARGS=2" STEP_ARGS="--steps 30" \
       NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/2x2.txt" | grep -v "^  "
     ;;
-  *) echo "usage: $0 a|n|b|h"; exit 2 ;;
+  o)
+    OUT=$L/overlap STEP_PIN=${STEP_PIN:-1} STEP_LAYOUTS=host STEP_MODES=overlap STEP_RUNS=${STEP_RUNS:-2} STEP_LIMIT=100 STEP_LIBS="railcc nccl" \
+      STEP_EXTRA="late2:RAILCC_GPU_LATE_ARGS=2 late2b24:RAILCC_GPU_LATE_ARGS=2,RAILCC_GPU_MAX_BLOCKS=24" \
+      NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/overlap.txt" | grep -v "^  "
+    ;;
+  *) echo "usage: $0 a|n|b|h|o"; exit 2 ;;
 esac
 session_end "$1"
