@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import time
 
 import torch
@@ -308,12 +309,32 @@ def small(a, dev, world):
     return {"us_per_call": out}
 
 
+def gpu_local_cpus(gpu):
+    """The CPUs nearest physical GPU `gpu` (its PCI device's local_cpulist, as NCCL binds its
+    own threads and bench/compare/as-host.sh binds ranks), or None where that is unknown."""
+    try:
+        bus = subprocess.run(
+            ["nvidia-smi", "--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", str(gpu)],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout.strip().lower()
+        with open(f"/sys/bus/pci/devices/{bus[4:] if bus.startswith('0000') else bus}/local_cpulist") as f:
+            spec = f.read().strip()
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    cpus = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus or None
+
+
 def pin_cpus():
     """STEP_PIN_SLOTS=N (step.sh's STEP_PIN=1; N: the machine's GPUs): this rank's threads on
-    the N-th share of the process's CPUs that belongs to its GPU (its index among all the
-    machine's GPUs, from CUDA_VISIBLE_DEVICES where set), so a run's steps do not depend on
-    where the scheduler put its ranks, for either library alike. Before any thread starts:
-    later threads (the libraries' own) inherit it."""
+    the CPUs nearest its GPU (its index among all the machine's GPUs, from
+    CUDA_VISIBLE_DEVICES where set), else on the N-th share of the process's CPUs that
+    belongs to it, so a run's steps do not depend on where the scheduler put its ranks, for
+    either library alike. Before any thread starts: later threads (the libraries' own)
+    inherit it."""
     slots = int(os.environ.get("STEP_PIN_SLOTS", "0"))
     if slots <= 0:
         return
@@ -321,8 +342,11 @@ def pin_cpus():
     vis = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     gpu = int(vis.split(",")[lr]) if vis else lr
     cpus = sorted(os.sched_getaffinity(0))
-    per = max(1, len(cpus) // slots)
-    mine = cpus[gpu * per:(gpu + 1) * per] or cpus
+    near = gpu_local_cpus(gpu)
+    mine = sorted(near & set(cpus)) if near else []
+    if not mine:
+        per = max(1, len(cpus) // slots)
+        mine = cpus[gpu * per:(gpu + 1) * per] or cpus
     os.sched_setaffinity(0, mine)
 
 

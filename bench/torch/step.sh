@@ -25,7 +25,7 @@ case " ${STEP_LAYOUTS:-host 2x2} " in
   *) [ "$NGPU" -ge 2 ] || { echo "step.sh: layout 2x1 needs 2 GPUs, found $NGPU"; exit 1; } ;;
 esac
 export NCCL_SOCKET_IFNAME=lo RAILCC_SOCKET_IFNAME=lo PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-# STEP_PIN=1: each rank on its GPU's even share of the CPUs (step.py pin_cpus), every library.
+# STEP_PIN=1: each rank on the CPUs nearest its GPU (else its even share; step.py pin_cpus), every library.
 [ "${STEP_PIN:-0}" = 1 ] && export STEP_PIN_SLOTS=$NGPU
 LIMIT=${STEP_LIMIT:-300}
 fails=0
