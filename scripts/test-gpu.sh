@@ -53,7 +53,8 @@
 #         collective on every GPU and all_reduce on 2, every dtype and op, 8 B-32 MB,
 #         --offset 8; random inputs with -G 3 (captured calls take the usual path between
 #         late ones); =2 (the push kernel's late form too) on all_reduce, also at 3 blocks with
-#         every all-reduce pushed (all with RAILCC_GPU_LATE_WAIT_US=0: every call late);
+#         every all-reduce pushed, and all_reduce, reduce_scatter, all_gather on 2 emulated
+#         hosts (all with RAILCC_GPU_LATE_WAIT_US=0: every call late);
 #         all_reduce and all_gather at the default wait (either form, call by call); late_mix:
 #         nccl-tests under mpirun, half the ranks always late and half never, each half's host
 #         trace showing its way; then mismatch's late cases and recover's abort and kill
@@ -427,6 +428,11 @@ case " $PARTS " in *" late "*)
       env RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_WAIT_US=0 $R bench all_reduce --device cuda --per-process --ranks $NG -b 1K -e 64M -f 4 -d all -o all -n 1 -w 0 -r 1 --offset 8
     check "bench all_reduce --per-process --ranks $NG with late arguments on the push kernel too (=2): --fill random, every all-reduce pushed at 3 blocks, float and bfloat16, 1 KB-64 MB" \
       env RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_WAIT_US=0 RAILCC_GPU_AR_PUSH_BYTES=1 RAILCC_GPU_PUSH_MIN_BLOCKS=1 RAILCC_GPU_LL_MAX_BYTES=0 RAILCC_GPU_MAX_BLOCKS=3 $R bench all_reduce --device cuda --per-process --ranks $NG -b 1K -e 64M -f 8 -d float,bfloat16 -o sum,avg -n 2 -w 1 -r 1 --fill random
+    # 2 emulated hosts: each host's part of the hierarchy (its GPUs' steps) late too.
+    for c in all_reduce reduce_scatter all_gather; do
+      check "bench $c --per-process --ranks $NG --hosts 2 with late kernel arguments: --fill random, float and bfloat16, 4100 B-16 MB" \
+        env RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_WAIT_US=0 $R bench $c --device cuda --per-process --ranks $NG --hosts 2 -b 4100 -e 16M -f 8 -d float,bfloat16 -o sum,avg -n 2 -w 1 -r 1 --fill random
+    done
   fi
   # The default wait: each rank takes the late way or the usual form call by call, alone.
   for c in all_reduce all_gather; do
