@@ -411,7 +411,8 @@ config! {
     /// session). 2: all-reduces on the push kernel too (its late form; not yet run on a GPU).
     gpu_late_args: u8 = 0, "RAILCC_GPU_LATE_ARGS";
     /// With RAILCC_GPU_LATE_ARGS: how long, in microseconds, a call waits on the host for
-    /// its peers before it takes the late way. Peers that are all there by then (back-to-back
+    /// its peers (and for the launcher thread's earlier late calls) before it takes the late
+    /// way. Peers that are all there by then (back-to-back
     /// calls, as in nccl-tests) get the kernel's usual form, with no slot to read on the GPU
     /// and no launcher thread on the way. 0: every such call takes the late way, even with
     /// its peers there (the GPU suite's late checks).
