@@ -1265,9 +1265,6 @@ struct Bounce {
     retired: Vec<DevBuf>,
 }
 
-/// What a broken communicator does on this GPU, whoever saw the break (the watcher, an
-/// abort, a failed call, the deferred launcher): its kernels stop waiting, and every stream
-/// waiting for a deferred call goes on.
 /// Enqueues `out`, a copy out of the bounce buffer (dst, src, len), if any, on `stream`.
 ///
 /// # Safety
@@ -1289,6 +1286,9 @@ unsafe fn copy_out_of_bounce(out: Option<(u64, u64, usize)>, stream: Stream) -> 
     }
 }
 
+/// What a broken communicator does on this GPU, whoever saw the break (the watcher, an
+/// abort, a failed call, the deferred launcher): its kernels stop waiting, and every stream
+/// waiting for a deferred call goes on.
 fn stop_gpu_work(gpu: &GpuCtx, release: Option<&defer::Release>) {
     gpu.abort_kernels();
     if let Some(r) = release {
