@@ -929,7 +929,7 @@ impl ProcGpu {
             // Deferred unless every peer is there and no earlier call still waits for its
             // peers (calls meet their peers in order); never under capture (the graph must
             // hold the kernel).
-            let ready = d.idle() && (0..n).all(|p| p == self.rank || self.table.published(call, p));
+            let ready = d.idle() && self.peers_published(call);
             // SAFETY: the caller's stream of this GPU (this function's contract).
             if !ready && !unsafe { is_capturing(&self.gpu, stream) }? {
                 let copy_out = out.filter(|_| !no_recv);
@@ -988,6 +988,11 @@ impl ProcGpu {
         Ok(launch)
     }
 
+    /// Whether every peer has published call `call` in the table.
+    fn peers_published(&self, call: u64) -> bool {
+        (0..self.nranks).all(|p| p == self.rank || self.table.published(call, p))
+    }
+
     /// Whether, within `wait`, every peer has published call `call` and the launcher `d` has
     /// no call left (calls meet their peers in order: a launcher still meeting an earlier
     /// call's peers must finish first, and a call that went late makes the next one wait
@@ -997,12 +1002,9 @@ impl ProcGpu {
         if wait.is_zero() {
             return false;
         }
-        let all = || {
-            (0..self.nranks).all(|p| p == self.rank || self.table.published(call, p)) && d.idle()
-        };
         let until = Instant::now() + wait;
         loop {
-            if all() {
+            if self.peers_published(call) && d.idle() {
                 return true;
             }
             if Instant::now() >= until {
