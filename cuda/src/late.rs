@@ -14,8 +14,9 @@
 //! GPU's sync area ([`DEV_OFFSET`]), publishes the token there last, and acknowledges the
 //! slot; the other blocks wait for that token in device memory. Only block 0 reads host
 //! memory (its thread 0 polls): one such read per block at a kernel's start cost 2-3x at
-//! 2-16 MB (measured, nineteenth session). Until the twenty-first session a separate one-block fetch kernel ran
-//! first: 5-6 us a call at 1 MB in nccl-tests, and one more launch on the caller's thread.
+//! 2-16 MB (measured, nineteenth session). Until the twenty-first session a separate
+//! one-block fetch kernel ran first: one more launch a call, though taking it out left
+//! nccl-tests' 1 MB late call as slow (26.5 against the usual form's 20.1 us on 4 x H200).
 //! The stream's work after the call waits for it as for any kernel; the launcher makes no
 //! stream call (a stream waiting on a host thread that itself enqueues work hung under
 //! PyTorch, `return-time-design.md` §7).
@@ -86,8 +87,8 @@ pub const SOURCE: &str = r#"
 // kernel's one read of host memory); thread 0 of every other block polls the device slot,
 // which block 0 fills and then marks with the token (failed: its high half set). Block 0 stops
 // at an abort or the deadline, as every wait does, and then marks the call failed; the others
-// stop at an abort only, so every block of the kernel agrees whether it has its arguments. Block 0 acknowledges the host slot once it has
-// copied it: the launcher may refill it. True (in every thread of the block) when the call's
+// stop at an abort only, so every block of the kernel agrees whether it has its arguments.
+// Block 0 acknowledges the host slot once it has copied it: the launcher may refill it. True (in every thread of the block) when the call's
 // arguments are in the device slot.
 __device__ bool late_take(unsigned long long host, unsigned long long dev, unsigned int token, unsigned long long sync, unsigned long long timeout_ns) {
   volatile unsigned long long* h = (volatile unsigned long long*)host;
