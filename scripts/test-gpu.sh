@@ -55,14 +55,14 @@
 #         late ones); =2 (the push kernel's late form too) on all_reduce, also at 3 blocks with
 #         every all-reduce pushed, and all_reduce, reduce_scatter, all_gather on 2 emulated
 #         hosts (all with RAILCC_GPU_LATE_WAIT_US=0: every call late);
-#         all_reduce and all_gather at the default wait (either form, call by call); late_mix:
-#         nccl-tests under mpirun, half the ranks always late and half never, each half's host
-#         trace showing its way; then mismatch's late cases and recover's abort and kill
-#         cases with it.
+#         all_reduce and all_gather at the default wait (either form, call by call); then
+#         mismatch's late cases and recover's abort and kill cases with it; then latemix.
+#  latemix (also in late) nccl-tests under mpirun with RAILCC_GPU_LATE_ARGS=2, half the ranks
+#         always late and half never, each half's host trace showing its way.
 # A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
 # exit status 1 if any failed. Without a CUDA driver: a SKIP line, exit 0.
-# TEST_GPU_PARTS="unit bench nccl p2pbatch p2pll register shared shrink split config alloc recover mismatch stage late" picks parts (one 10-minute device call may not hold them all),
+# TEST_GPU_PARTS="unit bench nccl p2pbatch p2pll register shared shrink split config alloc recover mismatch stage late latemix" picks parts (one 10-minute device call may not hold them all),
 # TEST_GPU_COLLS the bench's collectives, TEST_GPU_P2PBATCH_BINS and TEST_GPU_SHARED_BINS those
 # parts' nccl-tests, RAILCC_BIN another railcc binary;
 # logs under $OUT (default /tmp/out): test-gpu.log (every line of every check).
@@ -237,12 +237,14 @@ build_nccl_tests() {   # both builds at once (gpu-env.sh's nccl_tests_build)
 # here", and "coll peers here" in the second half's.
 late_mix() {
   local b=$1 F=$2 h=$((NG / 2)) f=/tmp/test-gpu-mix.log rc r line
+  local -a waits
+  read -ra waits <<< "${TEST_GPU_LATE_MIX_WAITS:-0 1000000}"
   local label="libnccl $b mpirun -np $NG, ranks 0-$((h - 1)) late, the others not (RAILCC_GPU_LATE_ARGS=2): $F"
   env LD_LIBRARY_PATH="$PWD/.device/lib:/usr/local/cuda/lib64" RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_HOST_TRACE=1 \
     timeout -k 5 "${TEST_GPU_CHECK_LIMIT:-600}" mpirun --allow-run-as-root --oversubscribe \
     -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x RAILCC_GPU_LATE_ARGS -x RAILCC_GPU_HOST_TRACE \
-    -np $h env RAILCC_GPU_LATE_WAIT_US=0 $NTM/build/${b}_perf $F -g 1 : \
-    -np $((NG - h)) env RAILCC_GPU_LATE_WAIT_US=1000000 $NTM/build/${b}_perf $F -g 1 > $f 2>&1
+    -np $h env RAILCC_GPU_LATE_WAIT_US=${waits[0]} $NTM/build/${b}_perf $F -g 1 : \
+    -np $((NG - h)) env RAILCC_GPU_LATE_WAIT_US=${waits[1]} $NTM/build/${b}_perf $F -g 1 > $f 2>&1
   rc=$?
   for ((r = 0; r < NG; r++)); do
     line=$(grep "railcc: rank $r gpu host trace" $f | head -1)
@@ -439,19 +441,23 @@ case " $PARTS " in *" late "*)
     check "bench $c --per-process --ranks $NG with late arguments at the default wait (either form per call and rank): --fill random, -G 3, 4100 B-64 MB" \
       env RAILCC_GPU_LATE_ARGS=2 $R bench $c --device cuda --per-process --ranks $NG -b 4100 -e 64M -f 4 -d float,bfloat16 -o sum,avg -n 8 -w 1 -G 3 -r 1 --fill random
   done
-  # Each rank alone: under mpirun the first half of the ranks take the late way always
-  # (RAILCC_GPU_LATE_WAIT_US=0), the rest the usual form whenever their peers come within 1 s;
-  # nccl-tests checks the results, and each half's host trace must show its way.
-  build_nccl_tests
-  for b in all_reduce all_gather; do
-    late_mix "$b" "-b 1M -e 64M -f 8 -n 2 -w 1 -c 1 -d all"
-  done
   MISMATCH_WAYS=late timeout 200 bash nccl-compat/tests/mismatch/mismatch.sh > /tmp/test-gpu-mismatch.log 2>&1
   verdict "mismatch with late kernel arguments: counts and dtypes that differ across ranks (nccl-compat/tests/mismatch/mismatch.sh)" $? /tmp/test-gpu-mismatch.log notable
   grep -E "^(PASS|FAIL|      )" /tmp/test-gpu-mismatch.log
   RAILCC_GPU_LATE_ARGS=1 RAILCC_GPU_LATE_WAIT_US=0 RECOVER_CASES="${LATE_RECOVER_CASES:-abort:4 kill:host:shrink}" timeout 400 bash nccl-compat/tests/recover/recover.sh > /tmp/test-gpu-recover.log 2>&1
   verdict "recover with late kernel arguments: a killed rank, ncclCommAbort while kernels wait (nccl-compat/tests/recover/recover.sh)" $? /tmp/test-gpu-recover.log notable
   grep -E "^(PASS|FAIL|      )" /tmp/test-gpu-recover.log
+;; esac
+
+case " $PARTS " in *" late "*|*" latemix "*)
+  # Each rank alone: under mpirun the first half of the ranks take the late way always
+  # (RAILCC_GPU_LATE_WAIT_US=0), the rest the usual form whenever their peers come within 1 s;
+  # nccl-tests checks the results, and each half's host trace must show its way.
+  # TEST_GPU_LATE_MIX_WAITS="1000000 0" swaps the halves (to see the trace test fail).
+  build_nccl_tests
+  for b in all_reduce all_gather; do
+    late_mix "$b" "-b 1M -e 64M -f 8 -n 2 -w 1 -c 1 -d all"
+  done
 ;; esac
 
 case " $PARTS " in *" recover "*)

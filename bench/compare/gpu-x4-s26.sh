@@ -6,6 +6,7 @@
 # $OUT/logs-<part>.tgz.
 #   a  the GPU suite's late part (with late_mix: break it once, e.g. by swapping the two
 #      halves' RAILCC_GPU_LATE_WAIT_US, and see it fail).
+#   x  a's late_mix broken on purpose (the halves' waits swapped): must print FAIL.
 #   n  gpu-x4-s25.sh n (nccl-tests under mpirun -np N: all_reduce, all_gather, reduce_scatter
 #      1 MB-256 MB, railcc default, late (=2, default wait), NCCL): does 1 MB all_reduce now
 #      stay at the default's time on 4 GPUs?
@@ -19,7 +20,7 @@
 #      STEP_RUNS (2).
 #   o  the overlap benchmark on one host (issue 30: matrix products on one stream, a step's
 #      collectives on another): railcc, late (=2), late at 24 blocks, NCCL; STEP_RUNS (2).
-# Usage: bash bench/compare/gpu-x4-s26.sh a|n|b|h|o
+# Usage: bash bench/compare/gpu-x4-s26.sh a|x|n|b|h|o
 set -u
 cd "$(dirname "$0")/../.."
 [ "${1:-}" = n ] && exec bash bench/compare/gpu-x4-s25.sh n
@@ -38,9 +39,14 @@ case ${1:-} in
     OUT=$L TEST_GPU_PARTS=late TEST_GPU_CHECK_LIMIT=120 timeout $(left 570) bash scripts/test-gpu.sh 2>&1 \
       | grep -E "^(PASS|FAIL|SKIP|      )|test-gpu:|late_mix:" | cut -c1-220
     ;;
+  x)
+    # a's late_mix broken on purpose: the halves' waits swapped, so every trace test must fail.
+    OUT=$L TEST_GPU_PARTS=latemix TEST_GPU_LATE_MIX_WAITS="1000000 0" TEST_GPU_CHECK_LIMIT=120 \
+      timeout $(left 570) bash scripts/test-gpu.sh 2>&1 | grep -E "^(PASS|FAIL|SKIP)|test-gpu:|late_mix:" | cut -c1-220
+    ;;
   b) steps host host "ddp fsdp" "railcc nccl" 80 "$LATE $LATE24" "--steps 30" ;;
   h) steps 2x2 2x2 "hsdp ddp" "railcc nccl-4x4" 100 "$LATE" "--steps 30" ;;
   o) steps overlap host overlap "railcc nccl" 100 "$LATE $LATE24" ;;
-  *) echo "usage: $0 a|n|b|h|o"; exit 2 ;;
+  *) echo "usage: $0 a|x|n|b|h|o"; exit 2 ;;
 esac
 session_end "$1"
