@@ -417,6 +417,12 @@ config! {
     /// and no launcher thread on the way. 0: every such call takes the late way, even with
     /// its peers there (the GPU suite's late checks).
     gpu_late_wait_us: u64 = 10, "RAILCC_GPU_LATE_WAIT_US";
+    /// With RAILCC_GPU_LATE_ARGS: 1 puts a wait for the call's arguments on the stream ahead
+    /// of its late kernel (a stream memory wait on the slot's token), so the kernel's blocks
+    /// take their SMs only once the launcher has met the peers; without it the whole grid
+    /// (up to 132 blocks) spins on its SMs until they come, beside the matrix products that
+    /// want them. Each rank alone; an experiment (twenty-second session).
+    gpu_late_gate: u8 = 0, "RAILCC_GPU_LATE_GATE";
     /// The GPU this rank's data lives on (libnccl and the GPU paths set it; -1: none): its
     /// rails between hosts are the NICs nearest that GPU (`railcc topo`), as rail-optimised
     /// clusters are wired, instead of those nearest the rank's NUMA node.

@@ -95,6 +95,9 @@ pub struct Settings {
     /// ... after waiting this long on the host for the peers (`RAILCC_GPU_LATE_WAIT_US`):
     /// a call whose peers are all there by then launches at once, as without late arguments.
     pub late_wait: std::time::Duration,
+    /// ... and a late kernel waits on its stream, not on its SMs, for its arguments
+    /// (`RAILCC_GPU_LATE_GATE`; each rank alone).
+    pub late_gate: bool,
 }
 
 impl Settings {

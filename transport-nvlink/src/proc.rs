@@ -73,6 +73,8 @@ pub struct ProcGpu {
     late_push: bool,
     /// ... unless every peer is there within this (`RAILCC_GPU_LATE_WAIT_US`).
     late_wait: Duration,
+    /// ... and a late kernel waits on its stream for its arguments (`RAILCC_GPU_LATE_GATE`).
+    late_gate: bool,
     /// Where the data of buffers no peer can map goes through (made and grown on use), and
     /// the stream that used it last.
     bounce: Mutex<Bounce>,
@@ -661,6 +663,7 @@ impl ProcGpu {
             late,
             late_push,
             late_wait: settings.late_wait,
+            late_gate: settings.late_gate,
             bounce: Mutex::new(Bounce::default()),
             stages: Mutex::new(std::collections::HashMap::new()),
             calls: AtomicU64::new(0),
