@@ -6,12 +6,14 @@
 #   g  the GPU suite's lategate part (correctness, mismatch, recover with the gate).
 #   n  nccl-tests under mpirun -np N: all_reduce, all_gather, reduce_scatter 1 MB-256 MB,
 #      railcc default, late (=2), late (=2) behind the gate, NCCL.
+#   p  bench/torch/late_peer.py on every GPU: rank 0's matrix products while its peers are
+#      100 ms late, beside each variant's waiting collective: railcc, late2, late2g, late2b24, NCCL.
 #   b  steps on one host, DDP and FSDP: late2, late2 behind the gate, late2 at NCCL's 24
 #      blocks, NCCL (S27_LIBS adds railcc's default: "railcc nccl"); STEP_RUNS (2), STEP_PIN (1).
 #   h  steps on 2 emulated hosts x 2 GPUs, HSDP and DDP: railcc, late2 behind the gate,
 #      NCCL 4 x 4 sockets; STEP_RUNS (2).
 #   o  the overlap benchmark on one host: railcc, late2, late2 behind the gate, NCCL.
-# Usage: bash bench/compare/gpu-x4-s27.sh g|n|b|h|o
+# Usage: bash bench/compare/gpu-x4-s27.sh g|n|p|b|h|o
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -48,9 +50,27 @@ case ${1:-} in
     done
     done
     ;;
+  p)
+    # bench/torch/late_peer.py on every GPU: rank 0's products while its peers are 100 ms late.
+    N=$(nvidia-smi -L | wc -l) port=29700
+    for v in railcc late2 late2g late2b24 nccl; do
+      port=$((port + 1)) envs=(LD_PRELOAD=$PWD/.device/lib/libnccl.so.2)
+      case $v in
+        late2) envs+=(RAILCC_GPU_LATE_ARGS=2) ;;
+        late2g) envs+=(RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_GATE=1) ;;
+        late2b24) envs+=(RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_MAX_BLOCKS=24) ;;
+        nccl) envs=() ;;
+      esac
+      env "${envs[@]}" NCCL_NVLS_ENABLE=0 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT timeout -k 5 120 \
+        python3 -m torch.distributed.run --nproc_per_node $N --master_addr 127.0.0.1 --master_port $port \
+        bench/torch/late_peer.py --out $L/late_peer --label $v > $L/late_peer-$v.log 2>&1
+      echo "== $v: exit $?$( [ $v = nccl ] && grep -m1 -oE ' [0-9]+ coll channels' $L/late_peer-$v.log)"
+      grep "^late_peer:" $L/late_peer-$v.log
+    done
+    ;;
   b) steps host host "ddp fsdp" "${S27_LIBS:-nccl}" 80 "$L2 $L2G $L2B24" "--steps 30" ;;
   h) steps 2x2 2x2 "hsdp ddp" "railcc nccl-4x4" 100 "$L2G" "--steps 30" ;;
   o) steps overlap host overlap "railcc nccl" 100 "$L2 $L2G" ;;
-  *) echo "usage: $0 g|n|b|h|o"; exit 2 ;;
+  *) echo "usage: $0 g|n|p|b|h|o"; exit 2 ;;
 esac
 session_end "$1"
