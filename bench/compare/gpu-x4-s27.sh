@@ -1,25 +1,25 @@
 #!/usr/bin/env bash
 # On nvidia-h200-x4 (after bash bench/compare/gpu-prepare.sh here; carry .device): for the
-# twenty-second session: a late kernel behind a stream wait (RAILCC_GPU_LATE_GATE=1), so its
-# blocks take their SMs only once the peers are there. Logs under $OUT/logs, tarred to
+# twenty-second session: a late kernel behind a stream wait (RAILCC_GPU_LATE_GATE, now on
+# with late arguments), so its blocks take their SMs only once the peers are there; late2s
+# is the kernel without it, spinning on its SMs. Logs under $OUT/logs, tarred to
 # $OUT/logs-<part>.tgz.
-#   g  the GPU suite's lategate part (correctness, mismatch, recover with the gate).
+#   g  the GPU suite's late and latespin parts (S27_PARTS).
 #   n  nccl-tests under mpirun -np N: all_reduce, all_gather, reduce_scatter 1 MB-256 MB,
-#      railcc default, late (=2), late (=2) behind the gate, NCCL.
+#      railcc default, late (=2), late2s, NCCL.
 #   p  bench/torch/late_peer.py on every GPU: rank 0's matrix products while its peers are
-#      100 ms late, beside each variant's waiting collective: railcc, late2, late2g, late2b24, NCCL.
-#   b  steps on one host, DDP and FSDP: late2, late2 behind the gate, late2 at NCCL's 24
-#      blocks, NCCL (S27_LIBS adds railcc's default: "railcc nccl"); STEP_RUNS (2), STEP_PIN (1).
-#   h  steps on 2 emulated hosts x 2 GPUs, HSDP and DDP: railcc, late2 behind the gate,
-#      NCCL 4 x 4 sockets; STEP_RUNS (2).
-#   o  the overlap benchmark on one host: railcc, late2, late2 behind the gate, NCCL.
+#      100 ms late, beside each variant's waiting collective: railcc, late2, late2s, late2b24, NCCL.
+#   b  steps on one host, DDP and FSDP: late2, late2s, NCCL (S27_LIBS adds railcc's default:
+#      "railcc nccl"); STEP_RUNS (2), STEP_PIN (1).
+#   h  steps on 2 emulated hosts x 2 GPUs, HSDP and DDP: railcc, late2, NCCL 4 x 4 sockets;
+#      STEP_RUNS (2).
+#   o  the overlap benchmark on one host: railcc, late2, late2s, NCCL.
 # Usage: bash bench/compare/gpu-x4-s27.sh g|n|p|b|h|o
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
 session_begin
-L2="late2:RAILCC_GPU_LATE_ARGS=2" L2G="late2g:RAILCC_GPU_LATE_ARGS=2,RAILCC_GPU_LATE_GATE=1"
-L2B24="late2b24:RAILCC_GPU_LATE_ARGS=2,RAILCC_GPU_MAX_BLOCKS=24"
+L2="late2:RAILCC_GPU_LATE_ARGS=2" L2S="late2s:RAILCC_GPU_LATE_ARGS=2,RAILCC_GPU_LATE_GATE=0"
 # steps NAME LAYOUT MODES LIBS LIMIT EXTRA [STEP_ARGS]: bench/torch/step.sh pinned (STEP_PIN, 1),
 # STEP_RUNS runs (2), its log in $L/NAME.txt and its files under $L/NAME.
 steps() {
@@ -29,7 +29,7 @@ steps() {
 }
 case ${1:-} in
   g)
-    OUT=$L TEST_GPU_PARTS=lategate TEST_GPU_CHECK_LIMIT=120 timeout $(left 570) bash scripts/test-gpu.sh 2>&1 \
+    OUT=$L TEST_GPU_PARTS="${S27_PARTS:-late latespin}" TEST_GPU_CHECK_LIMIT=120 timeout $(left 570) bash scripts/test-gpu.sh 2>&1 \
       | grep -E "^(PASS|FAIL|SKIP|      )|test-gpu:" | cut -c1-220
     ;;
   n)
@@ -38,10 +38,10 @@ case ${1:-} in
     NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
     MPIN="mpirun -np $N --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x RAILCC_GPU_LATE_ARGS -x RAILCC_GPU_LATE_GATE -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS"
     for c in all_reduce all_gather reduce_scatter; do
-    for v in railcc late2 late2g nccl; do
+    for v in railcc late2 late2s nccl; do
       lib="$PWD/.device/lib" late=0 gate=0 f="$L/n-$c-$v.log"
       [ "$v" = nccl ] && lib=$NCCL_HOME/lib
-      case $v in late2) late=2 ;; late2g) late=2 gate=1 ;; esac
+      case $v in late2) late=2 gate=1 ;; late2s) late=2 gate=0 ;; esac
       env RAILCC_GPU_LATE_ARGS=$late RAILCC_GPU_LATE_GATE=$gate NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
         LD_LIBRARY_PATH="$lib:/usr/local/cuda/lib64" \
         timeout 90 $MPIN $NTM/build/${c}_perf -g 1 -b 1M -e 256M -f 4 -n 20 -w 5 -c 1 > "$f" 2>&1
@@ -53,11 +53,11 @@ case ${1:-} in
   p)
     # bench/torch/late_peer.py on every GPU: rank 0's products while its peers are 100 ms late.
     N=$(nvidia-smi -L | wc -l) port=29700
-    for v in railcc late2 late2g late2b24 nccl; do
+    for v in railcc late2 late2s late2b24 nccl; do
       port=$((port + 1)) envs=(LD_PRELOAD=$PWD/.device/lib/libnccl.so.2)
       case $v in
         late2) envs+=(RAILCC_GPU_LATE_ARGS=2) ;;
-        late2g) envs+=(RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_GATE=1) ;;
+        late2s) envs+=(RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_GATE=0) ;;
         late2b24) envs+=(RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_MAX_BLOCKS=24) ;;
         nccl) envs=() ;;
       esac
@@ -68,9 +68,9 @@ case ${1:-} in
       grep "^late_peer:" $L/late_peer-$v.log
     done
     ;;
-  b) steps host host "ddp fsdp" "${S27_LIBS:-nccl}" 80 "$L2 $L2G $L2B24" "--steps 30" ;;
-  h) steps 2x2 2x2 "hsdp ddp" "railcc nccl-4x4" 100 "$L2G" "--steps 30" ;;
-  o) steps overlap host overlap "railcc nccl" 100 "$L2 $L2G" ;;
+  b) steps host host "ddp fsdp" "${S27_LIBS:-nccl}" 80 "$L2 $L2S" "--steps 30" ;;
+  h) steps 2x2 2x2 "hsdp ddp" "railcc nccl-4x4" 100 "$L2" "--steps 30" ;;
+  o) steps overlap host overlap "railcc nccl" 100 "$L2 $L2S" ;;
   *) echo "usage: $0 g|n|p|b|h|o"; exit 2 ;;
 esac
 session_end "$1"

@@ -417,12 +417,13 @@ config! {
     /// and no launcher thread on the way. 0: every such call takes the late way, even with
     /// its peers there (the GPU suite's late checks).
     gpu_late_wait_us: u64 = 10, "RAILCC_GPU_LATE_WAIT_US";
-    /// With RAILCC_GPU_LATE_ARGS: 1 puts a wait for the call's arguments on the stream ahead
-    /// of its late kernel (a stream memory wait on the slot's token), so the kernel's blocks
-    /// take their SMs only once the launcher has met the peers; without it the whole grid
-    /// (up to 132 blocks) spins on its SMs until they come, beside the matrix products that
-    /// want them. Each rank alone; an experiment (twenty-second session).
-    gpu_late_gate: u8 = 0, "RAILCC_GPU_LATE_GATE";
+    /// With RAILCC_GPU_LATE_ARGS: a wait for the call's arguments on the stream ahead of its
+    /// late kernel (a stream memory wait on the slot's token), so the kernel's blocks take
+    /// their SMs only once the launcher has met the peers. 0: the kernel is enqueued bare and
+    /// its whole grid (up to 132 blocks) spins on its SMs until the peers come: matrix
+    /// products beside it on 2 x H200 took 7.0x their time alone (1.0x with the wait, 1.21x
+    /// beside NCCL's 24 spinning blocks; bench/torch/late_peer.py). Each rank alone.
+    gpu_late_gate: u8 = 1, "RAILCC_GPU_LATE_GATE";
     /// The GPU this rank's data lives on (libnccl and the GPU paths set it; -1: none): its
     /// rails between hosts are the NICs nearest that GPU (`railcc topo`), as rail-optimised
     /// clusters are wired, instead of those nearest the rank's NUMA node.
