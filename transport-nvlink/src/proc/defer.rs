@@ -108,7 +108,8 @@ pub(super) struct Parts {
 /// The word the callers' streams wait on, and how to let them all go once the communicator
 /// breaks (whoever sees the break first: the launcher, the peer watcher, an abort).
 pub(super) struct Release {
-    /// Word 0: the last call whose kernel the launcher's stream has passed.
+    /// Word 0: the last call whose kernel the launcher's stream has passed, or, for late
+    /// calls, the last one the launcher is done with (`Deferred::gate`).
     done: Arc<Flags>,
     /// The last call handed to the launcher.
     last: AtomicU64,
@@ -120,7 +121,7 @@ impl Release {
     /// undefined: the communicator is broken). The launcher writes the word once more on its
     /// stream too, after its earlier writes, which would otherwise lower it again.
     pub fn all(&self) {
-        self.released.store(true, Ordering::Release);
+        self.released.store(true, Ordering::SeqCst);
         self.store_ahead();
     }
 
@@ -130,6 +131,18 @@ impl Release {
 
     fn store_ahead(&self) {
         self.done.store(0, self.ahead());
+    }
+
+    /// The launcher is done with late call `call` (its slot filled or failed): a stream
+    /// waiting for it (`Deferred::gate`) goes on. Calls come in order, so the word only
+    /// grows; one released stays ahead of every call.
+    fn pass(&self, call: u64) {
+        self.done.store(0, call as u32);
+        // The store before the load: else a release between them could be lowered again.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.released.load(Ordering::SeqCst) {
+            self.store_ahead();
+        }
     }
 }
 
@@ -283,7 +296,24 @@ impl Deferred {
     /// Hands call `call`, whose kernel is enqueued and waits for its arguments in its slot
     /// (`late.rs`), to the launcher, which meets its peers in call order and writes them.
     pub fn late(&self, call: u64, shape: [u64; 5], deadline: Instant, job: LateJob) -> Result<()> {
+        self.release.last.fetch_max(call, Ordering::AcqRel);
         self.hand(call, shape, deadline, Work::Late(job))
+    }
+
+    /// Enqueues on `stream` a wait until the launcher is done with late call `call`, handed
+    /// to it before (`RAILCC_GPU_LATE_GATE`): the stream, not the kernel's blocks on their
+    /// SMs, waits for the peers. The word is the deferred calls' (a communicator has one
+    /// kind or the other): the launcher passes every late call it takes, filled or failed,
+    /// and any break lets every waiting stream go (`Release::all`), so the wait ends. (A wait
+    /// on the call's slot would not: a broken communicator fails later calls at once, and
+    /// one may take the slot before the stream saw the earlier call's token.)
+    ///
+    /// # Safety
+    /// `stream` a live stream of this communicator's context.
+    pub unsafe fn gate(&self, stream: Stream, call: u64) -> Result<()> {
+        // SAFETY: the caller's stream; the word is of this context and lives as long as the
+        // launcher, which a close stops only after the streams passed their calls.
+        unsafe { self.release.done.wait_geq_on(stream, 0, call as u32) }
     }
 
     /// Counts call `call` as pending and sends it to the launcher.
@@ -504,6 +534,7 @@ impl Launcher {
         if met.is_err() || filled.is_err() {
             let _ = slots.fail(call);
         }
+        self.release.pass(call);
         met?;
         filled?;
         tracing::debug!("rank {}: launcher wrote call {call}'s arguments", p.rank);

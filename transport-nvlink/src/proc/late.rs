@@ -90,22 +90,6 @@ impl LateSlots {
         self.mark(call, false)
     }
 
-    /// Enqueues on `stream` a wait for call `call`'s token in its slot (filled or failed),
-    /// ahead of its kernel (`RAILCC_GPU_LATE_GATE`): the stream, not the kernel's blocks,
-    /// waits for the launcher. Every call handed to the launcher gets its token, filled or
-    /// failed (an abort or a broken peer fails it), so the wait ends.
-    ///
-    /// # Safety
-    /// `stream` a live stream of the slots' context.
-    pub unsafe fn gate(&self, stream: railcc_cuda::gpu::Stream, call: u64) -> Result<()> {
-        // SAFETY: the caller's stream; the slots live as long as the communicator, whose
-        // close waits for its streams' calls.
-        unsafe {
-            self.flags
-                .wait_on(stream, Self::first(call) + TOKEN, token(call))
-        }
-    }
-
     /// Marks call `call` failed in its slot, at once: the communicator is breaking, and
     /// every wait stops.
     pub fn fail(&self, call: u64) -> Result<()> {
@@ -196,7 +180,7 @@ impl ProcGpu {
         unsafe {
             self.kernel_order.lock().run_eager(&self.gpu, c.stream, || {
                 if self.late_gate {
-                    slots.gate(stream, call)?;
+                    d.gate(stream, call)?;
                 }
                 match form {
                     LateForm::Push { blocks, slot } => railcc_cuda::push::launch(
