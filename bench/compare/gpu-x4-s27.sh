@@ -11,10 +11,11 @@
 #      100 ms late, beside each variant's waiting collective: railcc, late2, late2s, late2b24, NCCL.
 #   b  steps on one host, DDP and FSDP: late2, late2s, NCCL (S27_LIBS adds railcc's default:
 #      "railcc nccl"); STEP_RUNS (2), STEP_PIN (1).
+#   b2 the same on 2 GPUs (while 4-GPU kinds are not lent).
 #   h  steps on 2 emulated hosts x 2 GPUs, HSDP and DDP: railcc, late2, NCCL 4 x 4 sockets;
 #      STEP_RUNS (2).
 #   o  the overlap benchmark on one host: railcc, late2, late2s, NCCL.
-# Usage: bash bench/compare/gpu-x4-s27.sh g|n|p|b|h|o
+# Usage: bash bench/compare/gpu-x4-s27.sh g|n|p|b|b2|h|o
 set -u
 cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
@@ -69,8 +70,9 @@ case ${1:-} in
     done
     ;;
   b) steps host host "ddp fsdp" "${S27_LIBS:-nccl}" 80 "$L2 $L2S" "--steps 30" ;;
+  b2) STEP_NPROC=2 steps host2 host "ddp fsdp" "${S27_LIBS:-nccl}" 80 "$L2 $L2S" "--steps 30" ;;
   h) steps 2x2 2x2 "hsdp ddp" "railcc nccl-4x4" 100 "$L2" "--steps 30" ;;
   o) steps overlap host overlap "railcc nccl" 100 "$L2 $L2S" ;;
-  *) echo "usage: $0 g|n|p|b|h|o"; exit 2 ;;
+  *) echo "usage: $0 g|n|p|b|b2|h|o"; exit 2 ;;
 esac
 session_end "$1"

@@ -7,7 +7,7 @@
 # overlap"; "small": all_reduce of 8 B, 64 KB and 1 MB, us per call). Libraries: railcc (LD_PRELOAD .device/lib/libnccl.so.2), nccl (defaults), and
 # across hosts also nccl-4x4 (NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4, NCCL's better
 # socket setting), and railcc-bN (railcc at most N thread blocks a kernel); STEP_LIBS picks some;
-# STEP_EXTRA="name:VAR=VALUE,VAR=VALUE ..." adds railcc-name runs with those settings;
+# STEP_NPROC: the host layout's ranks (4; 2 on a 2-GPU machine). STEP_EXTRA="name:VAR=VALUE,VAR=VALUE ..." adds railcc-name runs with those settings;
 # STEP_SMALL_SIZES="8,4096,..." the sizes of mode small (default 8, 64 KB, 1 MB). STEP_RUNS repeats each (default 2). Prints one line per run
 # ("step: ...") and a table of medians with railcc's ratio to the better NCCL; writes
 # $OUT/step.json (every measurement) and $OUT/step-*.log. STEP_ARGS: more arguments for
@@ -21,7 +21,7 @@ LIB=$PWD/.device/lib/libnccl.so.2
 PY=$PWD/bench/torch/step.py
 NGPU=$(nvidia-smi -L | wc -l)
 case " ${STEP_LAYOUTS:-host 2x2} " in
-  *" host "*|*" 2x2 "*) [ "$NGPU" -ge 4 ] || { echo "step.sh: layouts host and 2x2 need 4 GPUs, found $NGPU"; exit 1; } ;;
+  *" host "*|*" 2x2 "*) [ "$NGPU" -ge "${STEP_NPROC:-4}" ] || { echo "step.sh: layouts host and 2x2 need ${STEP_NPROC:-4} GPUs, found $NGPU"; exit 1; } ;;
   *) [ "$NGPU" -ge 2 ] || { echo "step.sh: layout 2x1 needs 2 GPUs, found $NGPU"; exit 1; } ;;
 esac
 export NCCL_SOCKET_IFNAME=lo RAILCC_SOCKET_IFNAME=lo PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
@@ -38,7 +38,7 @@ one() {
   port=$((port + 1))
   local log="$OUT/step-$label-$layout-$mode.log"
   if [ "$layout" = host ]; then
-    env "$@" timeout -k 10 "$LIMIT" python3 -m torch.distributed.run --nproc_per_node 4 \
+    env "$@" timeout -k 10 "$LIMIT" python3 -m torch.distributed.run --nproc_per_node "${STEP_NPROC:-4}" \
       --master_addr 127.0.0.1 --master_port $port "$PY" --mode "$mode" --out "$OUT/step" \
       --label "$label-$layout" ${STEP_ARGS:-} ${STEP_SMALL_SIZES:+--small-sizes $STEP_SMALL_SIZES} > "$log" 2>&1 || rc=$?
   else
