@@ -9,6 +9,7 @@
 #      railcc default, late (=2), late2s, NCCL.
 #   p  bench/torch/late_peer.py on every GPU: rank 0's matrix products while its peers are
 #      100 ms late, beside each variant's waiting collective: railcc, late2, late2s, late2b24, NCCL.
+#      (S27_VARIANTS picks some; CUDA_DEVICE_MAX_CONNECTIONS passes through, as Megatron sets 1).
 #   b  steps on one host, DDP and FSDP: late2, late2s, NCCL (S27_LIBS adds railcc's default:
 #      "railcc nccl"); STEP_RUNS (2), STEP_PIN (1).
 #   b2 the same on 2 GPUs (while 4-GPU kinds are not lent).
@@ -54,7 +55,7 @@ case ${1:-} in
   p)
     # bench/torch/late_peer.py on every GPU: rank 0's products while its peers are 100 ms late.
     N=$(nvidia-smi -L | wc -l) port=29700
-    for v in railcc late2 late2s late2b24 nccl; do
+    for v in ${S27_VARIANTS:-railcc late2 late2s late2b24 nccl}; do
       port=$((port + 1)) envs=(LD_PRELOAD=$PWD/.device/lib/libnccl.so.2)
       case $v in
         late2) envs+=(RAILCC_GPU_LATE_ARGS=2) ;;
