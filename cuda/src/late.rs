@@ -19,7 +19,11 @@
 //! nccl-tests' 1 MB late call as slow (26.5 against the usual form's 20.1 us on 4 x H200).
 //! The stream's work after the call waits for it as for any kernel; the launcher makes no
 //! stream call (a stream waiting on a host thread that itself enqueues work hung under
-//! PyTorch, `return-time-design.md` §7).
+//! PyTorch, `return-time-design.md` §7). By default (`RAILCC_GPU_LATE_GATE`) the caller puts a
+//! stream memory wait on the launcher's release word ahead of the kernel, so its blocks take
+//! their SMs only once the arguments are written: a bare late kernel's whole grid spins on
+//! its SMs meanwhile, and matrix products beside it on 2 x H200 took 6.9-7.0x their time
+//! alone (1.00-1.01x behind the wait; `bench/torch/late_peer.py`, twenty-second session).
 //!
 //! A slot, u64 words: 0 the token (low half: the call number's low 32 bits, never 0; high
 //! half: 1 if the launcher failed the call; one 8-byte store), 1 the GPU's acknowledgement (low
