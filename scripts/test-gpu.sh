@@ -59,7 +59,7 @@
 #         all_reduce and all_gather at the default wait (either form, call by call); then
 #         mismatch's late cases and recover's abort and kill cases with it; then latemix.
 #  latespin late arguments without the stream wait (RAILCC_GPU_LATE_GATE=0: kernels wait on
-#         their SMs; every call late):
+#         their SMs; every call late; lateprio the same with =2, on the communicator's stream):
 #         all_reduce every dtype and op --offset 8, four collectives with random inputs and
 #         -G 3, all_reduce at the default wait; mismatch's late cases; recover's abort and kill.
 #  latemix (also in late) nccl-tests under mpirun with RAILCC_GPU_LATE_ARGS=2, half the ranks
@@ -67,7 +67,7 @@
 # A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
 # exit status 1 if any failed. Without a CUDA driver: a SKIP line, exit 0.
-# TEST_GPU_PARTS="unit bench nccl p2pbatch p2pll register shared shrink split config alloc recover mismatch stage late latemix latespin" picks parts (one 10-minute device call may not hold them all),
+# TEST_GPU_PARTS="unit bench nccl p2pbatch p2pll register shared shrink split config alloc recover mismatch stage late latemix latespin lateprio" picks parts (one 10-minute device call may not hold them all),
 # TEST_GPU_COLLS the bench's collectives, TEST_GPU_P2PBATCH_BINS and TEST_GPU_SHARED_BINS those
 # parts' nccl-tests, RAILCC_BIN another railcc binary;
 # logs under $OUT (default /tmp/out): test-gpu.log (every line of every check).
@@ -454,26 +454,31 @@ case " $PARTS " in *" late "*)
   grep -E "^(PASS|FAIL|      )" /tmp/test-gpu-recover.log
 ;; esac
 
-case " $PARTS " in *" latespin "*)
-  # RAILCC_GPU_LATE_GATE=0: no stream wait ahead of a late kernel, whose blocks wait for its
-  # arguments on their SMs (the late part runs with the wait, the default); every call late,
-  # both late forms.
-  gate=(env RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_GATE=0 RAILCC_GPU_LATE_WAIT_US=0)
-  check "bench all_reduce --per-process --ranks $NG, late arguments, kernels waiting on their SMs: every dtype and op, 1 KB-64 MB, --offset 8" \
+# late_gate_checks G WHAT: the late checks with RAILCC_GPU_LATE_GATE=G (WHAT says how the
+# kernels wait); every call late (but one check at the default wait), both late forms.
+late_gate_checks() {
+  local g=$1 what=$2
+  local gate=(env RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_GATE=$g RAILCC_GPU_LATE_WAIT_US=0)
+  check "bench all_reduce --per-process --ranks $NG, late arguments, $what: every dtype and op, 1 KB-64 MB, --offset 8" \
     "${gate[@]}" $R bench all_reduce --device cuda --per-process --ranks $NG -b 1K -e 64M -f 4 -d all -o all -n 1 -w 0 -r 1 --offset 8
   for c in all_reduce all_gather reduce_scatter broadcast; do
-    check "bench $c --per-process --ranks $NG, late arguments, kernels waiting on their SMs: --fill random, -G 3, 4100 B-64 MB" \
+    check "bench $c --per-process --ranks $NG, late arguments, $what: --fill random, -G 3, 4100 B-64 MB" \
       "${gate[@]}" $R bench $c --device cuda --per-process --ranks $NG -b 4100 -e 64M -f 4 -d float,bfloat16 -o sum,avg -n 4 -w 1 -G 3 -r 1 --fill random
   done
-  check "bench all_reduce --per-process --ranks $NG, late arguments, kernels waiting on their SMs, at the default wait (either form per call and rank): --fill random, 4100 B-64 MB" \
-    env RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_GATE=0 $R bench all_reduce --device cuda --per-process --ranks $NG -b 4100 -e 64M -f 4 -d float,bfloat16 -o sum,avg -n 8 -w 1 -G 3 -r 1 --fill random
-  RAILCC_GPU_LATE_GATE=0 MISMATCH_WAYS=late timeout 200 bash nccl-compat/tests/mismatch/mismatch.sh > /tmp/test-gpu-mismatch.log 2>&1
-  verdict "mismatch with late arguments, kernels waiting on their SMs (nccl-compat/tests/mismatch/mismatch.sh)" $? /tmp/test-gpu-mismatch.log notable
+  check "bench all_reduce --per-process --ranks $NG, late arguments, $what, at the default wait (either form per call and rank): --fill random, 4100 B-64 MB" \
+    env RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_GATE=$g $R bench all_reduce --device cuda --per-process --ranks $NG -b 4100 -e 64M -f 4 -d float,bfloat16 -o sum,avg -n 8 -w 1 -G 3 -r 1 --fill random
+  RAILCC_GPU_LATE_GATE=$g MISMATCH_WAYS=late timeout 200 bash nccl-compat/tests/mismatch/mismatch.sh > /tmp/test-gpu-mismatch.log 2>&1
+  verdict "mismatch with late arguments, $what (nccl-compat/tests/mismatch/mismatch.sh)" $? /tmp/test-gpu-mismatch.log notable
   grep -E "^(PASS|FAIL|      )" /tmp/test-gpu-mismatch.log
-  RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_GATE=0 RAILCC_GPU_LATE_WAIT_US=0 RECOVER_CASES="${LATE_RECOVER_CASES:-abort:4 kill:host:shrink}" timeout 400 bash nccl-compat/tests/recover/recover.sh > /tmp/test-gpu-recover.log 2>&1
-  verdict "recover with late arguments, kernels waiting on their SMs: a killed rank, ncclCommAbort while kernels wait (nccl-compat/tests/recover/recover.sh)" $? /tmp/test-gpu-recover.log notable
+  RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_GATE=$g RAILCC_GPU_LATE_WAIT_US=0 RECOVER_CASES="${LATE_RECOVER_CASES:-abort:4 kill:host:shrink}" timeout 400 bash nccl-compat/tests/recover/recover.sh > /tmp/test-gpu-recover.log 2>&1
+  verdict "recover with late arguments, $what: a killed rank, ncclCommAbort while calls wait (nccl-compat/tests/recover/recover.sh)" $? /tmp/test-gpu-recover.log notable
   grep -E "^(PASS|FAIL|      )" /tmp/test-gpu-recover.log
-;; esac
+}
+# RAILCC_GPU_LATE_GATE=0: no stream wait ahead of a late kernel, whose blocks wait for its
+# arguments on their SMs (the late part runs with the wait on the caller's stream, the default).
+case " $PARTS " in *" latespin "*) late_gate_checks 0 "kernels waiting on their SMs" ;; esac
+# =2: the wait and the kernel on the communicator's high-priority stream, tied to the caller's.
+case " $PARTS " in *" lateprio "*) late_gate_checks 2 "waits and kernels on the communicator's high-priority stream" ;; esac
 
 case " $PARTS " in *" late "*|*" latemix "*)
   # Each rank alone: under mpirun the first half of the ranks take the late way always

@@ -97,7 +97,8 @@ pub struct Settings {
     pub late_wait: std::time::Duration,
     /// ... and a late kernel waits on its stream, not on its SMs, for its arguments
     /// (`RAILCC_GPU_LATE_GATE`; each rank alone).
-    pub late_gate: bool,
+    /// 2: on the communicator's stream at the highest priority, tied to the caller's.
+    pub late_gate: u8,
 }
 
 impl Settings {

@@ -27,7 +27,9 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::Mutex;
 use railcc_core::call::CollArgs;
 use railcc_core::{Error, ErrorKind, Result};
-use railcc_cuda::gpu::{create_stream, destroy_stream, GpuCtx, Marker, Stream};
+use railcc_cuda::gpu::{
+    create_priority_stream, create_stream, destroy_stream, GpuCtx, Marker, Stream,
+};
 use railcc_cuda::hostsync::Flags;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -122,6 +124,8 @@ impl Release {
     /// stream too, after its earlier writes, which would otherwise lower it again.
     pub fn all(&self) {
         self.released.store(true, Ordering::SeqCst);
+        // As in `pass`: the flag before the word, for `pass`'s load to see it.
+        std::sync::atomic::fence(Ordering::SeqCst);
         self.store_ahead();
     }
 
@@ -171,7 +175,12 @@ impl Deferred {
                 parts.rank
             );
         }
-        let stream = create_stream(&parts.gpu)?;
+        // With late arguments the stream runs late kernels (`RAILCC_GPU_LATE_GATE=2`): at the
+        // highest priority, so their blocks get SMs before the matrix products' waiting ones.
+        let stream = match parts.late {
+            Some(_) => create_priority_stream(&parts.gpu)?,
+            None => create_stream(&parts.gpu)?,
+        };
         let done = match Flags::new_current(1) {
             Ok(f) => Arc::new(f),
             Err(e) => {
@@ -208,6 +217,13 @@ impl Deferred {
             timeout,
             stuck: false,
         })
+    }
+
+    /// The launcher's stream, at the highest priority with late arguments, where late
+    /// kernels run with `RAILCC_GPU_LATE_GATE=2` (the launcher itself enqueues nothing on it
+    /// then but its release write after a break).
+    pub fn stream(&self) -> Stream {
+        self.stream as Stream
     }
 
     /// What lets the waiting streams go when the communicator breaks.
@@ -387,6 +403,9 @@ struct Launcher {
 
 impl Launcher {
     fn run(mut self, rx: &Receiver<Job>) {
+        // A launcher that panics lets every waiting stream go (as a break does), so no
+        // stream waits on a word nobody will raise.
+        let _on_panic = ReleaseOnPanic(self.release.clone());
         if let Err(e) = self.parts.gpu.bind() {
             self.fail(e);
         }
@@ -556,6 +575,16 @@ impl Launcher {
         stop_gpu_work(&p.gpu, Some(&self.release));
         if !was_broken {
             p.table.report_broken(p.rank, &first.to_string());
+        }
+    }
+}
+
+struct ReleaseOnPanic(Arc<Release>);
+
+impl Drop for ReleaseOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.all();
         }
     }
 }
