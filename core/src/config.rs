@@ -423,11 +423,11 @@ config! {
     /// their SMs only once the launcher has met the peers. 0: the kernel is enqueued bare and
     /// its whole grid (up to 132 blocks) spins on its SMs until the peers come: matrix
     /// products beside it on 2 x H200 took 7.0x their time alone (1.0x with the wait, 1.21x
-    /// beside NCCL's 24 spinning blocks; bench/torch/late_peer.py). Each rank alone. 2: the
-    /// wait and the kernel on the communicator's own stream at the highest priority, tied to
-    /// the caller's stream by events, so the kernel's blocks get SMs before those of the
-    /// caller's other streams' waiting kernels (behind a product's blocks the gated kernel
-    /// finished 1.6 ms after the last peer came, against 0.75 ms spinning or NCCL's).
+    /// beside NCCL's 24 spinning blocks; bench/torch/late_peer.py). Each rank alone. The
+    /// stream wait's release costs: with products running the call finished 1.0-1.6 ms after
+    /// the last peer came, against 0.75-0.83 ms spinning or NCCL's (0.7-0.8 all alike on an
+    /// idle GPU; the same with the wait on a stream of the highest priority, tried and
+    /// removed). 2: a one-warp kernel polls the word instead (one block slot while it waits).
     gpu_late_gate: u8 = 1, "RAILCC_GPU_LATE_GATE";
     /// The GPU this rank's data lives on (libnccl and the GPU paths set it; -1: none): its
     /// rails between hosts are the NICs nearest that GPU (`railcc topo`), as rail-optimised

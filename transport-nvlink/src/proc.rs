@@ -27,7 +27,7 @@ use railcc_core::agree::{agree, Exchange};
 use railcc_core::call::{Call, CollArgs, CollKind};
 use railcc_core::{Error, ErrorKind, Result};
 use railcc_cuda::gpu::{
-    copy_async, is_capturing, stream_of, stream_waits_for, DevBuf, GpuCtx, Marker, Stream,
+    copy_async, is_capturing, stream_of, stream_waits_for, DevBuf, GpuCtx, Stream,
 };
 use railcc_cuda::ipc::{export, open, BufDesc, HANDLE_BYTES};
 use railcc_cuda::kernels::MAX_PEERS;
@@ -75,9 +75,6 @@ pub struct ProcGpu {
     late_wait: Duration,
     /// ... and a late kernel waits on its stream for its arguments (`RAILCC_GPU_LATE_GATE`).
     late_gate: u8,
-    /// The caller's stream to the late stream and back (`RAILCC_GPU_LATE_GATE=2`), made on
-    /// first use (used under the kernel order's lock).
-    late_link: Mutex<Option<(Marker, Marker)>>,
     /// Where the data of buffers no peer can map goes through (made and grown on use), and
     /// the stream that used it last.
     bounce: Mutex<Bounce>,
@@ -667,7 +664,6 @@ impl ProcGpu {
             late_push,
             late_wait: settings.late_wait,
             late_gate: settings.late_gate,
-            late_link: Mutex::new(None),
             bounce: Mutex::new(Bounce::default()),
             stages: Mutex::new(std::collections::HashMap::new()),
             calls: AtomicU64::new(0),

@@ -104,28 +104,7 @@ pub fn create_stream(gpu: &GpuCtx) -> Result<Stream> {
     new_stream_current()
 }
 
-/// A non-blocking stream of `gpu`'s context at the context's highest priority: where its
-/// kernels wait for SMs, their blocks go before those of streams at the default priority
-/// (destroy it with [`destroy_stream`]).
-pub fn create_priority_stream(gpu: &GpuCtx) -> Result<Stream> {
-    gpu.bind()?;
-    let (mut least, mut greatest) = (0i32, 0i32);
-    // SAFETY: valid out-pointers; the context is current.
-    check(
-        unsafe { sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest) },
-        "cuCtxGetStreamPriorityRange",
-    )?;
-    let mut stream: sys::CUstream = std::ptr::null_mut();
-    let flags = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
-    // SAFETY: valid out-pointer in the current context.
-    check(
-        unsafe { sys::cuStreamCreateWithPriority(&mut stream, flags, greatest) },
-        "cuStreamCreateWithPriority",
-    )?;
-    Ok(stream)
-}
-
-/// Destroys a stream made by [`create_stream`] or [`create_priority_stream`].
+/// Destroys a stream made by [`create_stream`].
 ///
 /// # Safety
 /// `s` came from [`create_stream`] on `gpu` and is destroyed once, with no work of ours

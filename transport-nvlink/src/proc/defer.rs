@@ -27,9 +27,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use parking_lot::Mutex;
 use railcc_core::call::CollArgs;
 use railcc_core::{Error, ErrorKind, Result};
-use railcc_cuda::gpu::{
-    create_priority_stream, create_stream, destroy_stream, GpuCtx, Marker, Stream,
-};
+use railcc_cuda::gpu::{create_stream, destroy_stream, GpuCtx, Marker, Stream};
 use railcc_cuda::hostsync::Flags;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -175,12 +173,7 @@ impl Deferred {
                 parts.rank
             );
         }
-        // With late arguments the stream runs late kernels (`RAILCC_GPU_LATE_GATE=2`): at the
-        // highest priority, so their blocks get SMs before the matrix products' waiting ones.
-        let stream = match parts.late {
-            Some(_) => create_priority_stream(&parts.gpu)?,
-            None => create_stream(&parts.gpu)?,
-        };
+        let stream = create_stream(&parts.gpu)?;
         let done = match Flags::new_current(1) {
             Ok(f) => Arc::new(f),
             Err(e) => {
@@ -217,13 +210,6 @@ impl Deferred {
             timeout,
             stuck: false,
         })
-    }
-
-    /// The launcher's stream, at the highest priority with late arguments, where late
-    /// kernels run with `RAILCC_GPU_LATE_GATE=2` (the launcher itself enqueues nothing on it
-    /// then but its release write after a break).
-    pub fn stream(&self) -> Stream {
-        self.stream as Stream
     }
 
     /// What lets the waiting streams go when the communicator breaks.
@@ -330,6 +316,19 @@ impl Deferred {
         // SAFETY: the caller's stream; the word is of this context and lives as long as the
         // launcher, which a close stops only after the streams passed their calls.
         unsafe { self.release.done.wait_geq_on(stream, 0, call as u32) }
+    }
+
+    /// As [`Deferred::gate`], but a one-warp kernel polls the word (`RAILCC_GPU_LATE_GATE=2`):
+    /// it holds a block slot while it waits, and lets the late kernel launch about as soon as
+    /// the word moves (a stream memory wait's release took 0.3-0.9 ms longer while matrix
+    /// products ran, `bench/torch/late_peer.py`). It stops at an abort too.
+    ///
+    /// # Safety
+    /// As for [`Deferred::gate`].
+    pub unsafe fn gate_kernel(&self, gpu: &GpuCtx, stream: Stream, call: u64) -> Result<()> {
+        let word = self.release.done.dev_ptr(0)?;
+        // SAFETY: as in `gate`; the sync area is this context's.
+        unsafe { railcc_cuda::late::launch_gate(gpu, stream, word, call as u32) }
     }
 
     /// Counts call `call` as pending and sends it to the launcher.

@@ -21,7 +21,7 @@ use crate::plan::{self, Kernel};
 use crate::table::{wait_until, CALL_DEPTH};
 use railcc_core::call::Call;
 use railcc_core::{Error, ErrorKind, Result};
-use railcc_cuda::gpu::{stream_of, Marker, Stream};
+use railcc_cuda::gpu::stream_of;
 use railcc_cuda::hostsync::Flags;
 use railcc_cuda::late::{args_words, ACK, ARGS, FAILED, SLOT_U32, TOKEN};
 use railcc_cuda::launch::Spec;
@@ -179,19 +179,15 @@ impl ProcGpu {
         // (mapped before it writes the slot).
         unsafe {
             self.kernel_order.lock().run_eager(&self.gpu, c.stream, || {
-                // =2: the wait and the kernel on the launcher's high-priority stream, after
-                // the caller's stream's work so far, and the caller's stream after them.
-                let on = match self.late_gate {
-                    2 => self.late_link(stream, d.stream(), true)?,
-                    _ => stream,
-                };
-                if self.late_gate > 0 {
-                    d.gate(on, call)?;
+                match self.late_gate {
+                    0 => {}
+                    1 => d.gate(stream, call)?,
+                    _ => d.gate_kernel(&self.gpu, stream, call)?,
                 }
                 match form {
                     LateForm::Push { blocks, slot } => railcc_cuda::push::launch(
                         &self.gpu,
-                        on,
+                        stream,
                         me,
                         bufs.0,
                         railcc_cuda::push::Outs::Late(late),
@@ -213,38 +209,12 @@ impl ProcGpu {
                             wide,
                             tma: 0,
                         };
-                        railcc_cuda::launch::launch_late(&self.gpu, on, me, n_in, late, &shape)?
+                        railcc_cuda::launch::launch_late(&self.gpu, stream, me, n_in, late, &shape)?
                     }
-                }
-                if on != stream {
-                    self.late_link(on, stream, false)?;
                 }
                 copy_out_of_bounce(copy_out, stream)
             })
         }
-    }
-}
-
-impl ProcGpu {
-    /// Makes stream `to` wait for the work enqueued so far on `from` (`there`: the caller's
-    /// stream to the late stream, else back) with the communicator's two late markers, made
-    /// on first use; returns `to`. Under the kernel order's lock.
-    ///
-    /// # Safety
-    /// Both streams live streams of this GPU's context, which is current.
-    unsafe fn late_link(&self, from: Stream, to: Stream, there: bool) -> Result<Stream> {
-        let mut link = self.late_link.lock();
-        let (go, back) = match &mut *link {
-            Some(l) => l,
-            l => l.insert((Marker::in_current()?, Marker::in_current()?)),
-        };
-        let m = if there { go } else { back };
-        // SAFETY: the caller's contract; the markers are of this context.
-        unsafe {
-            m.record(from)?;
-            m.wait(to)?;
-        }
-        Ok(to)
     }
 }
 
