@@ -59,7 +59,7 @@
 #         all_reduce and all_gather at the default wait (either form, call by call); then
 #         mismatch's late cases and recover's abort and kill cases with it; then latemix.
 #  latespin late arguments without the stream wait (RAILCC_GPU_LATE_GATE=0: kernels wait on
-#         their SMs; every call late; latekernel the same with =2, a one-warp gate kernel):
+#         their SMs; every call late):
 #         all_reduce every dtype and op --offset 8, four collectives with random inputs and
 #         -G 3, all_reduce at the default wait; mismatch's late cases; recover's abort and kill.
 #  latemix (also in late) nccl-tests under mpirun with RAILCC_GPU_LATE_ARGS=2, half the ranks
@@ -67,7 +67,7 @@
 # A check passes when its command exits 0, prints "Out of bounds values : 0 OK" for every table,
 # and no row has a #wrong other than 0. One line per check, then "test-gpu: N passed, M failed";
 # exit status 1 if any failed. Without a CUDA driver: a SKIP line, exit 0.
-# TEST_GPU_PARTS="unit bench nccl p2pbatch p2pll register shared shrink split config alloc recover mismatch stage late latemix latespin latekernel" picks parts (one 10-minute device call may not hold them all),
+# TEST_GPU_PARTS="unit bench nccl p2pbatch p2pll register shared shrink split config alloc recover mismatch stage late latemix latespin" picks parts (one 10-minute device call may not hold them all),
 # TEST_GPU_COLLS the bench's collectives, TEST_GPU_P2PBATCH_BINS and TEST_GPU_SHARED_BINS those
 # parts' nccl-tests, RAILCC_BIN another railcc binary;
 # logs under $OUT (default /tmp/out): test-gpu.log (every line of every check).
@@ -477,8 +477,6 @@ late_gate_checks() {
 # RAILCC_GPU_LATE_GATE=0: no stream wait ahead of a late kernel, whose blocks wait for its
 # arguments on their SMs (the late part runs with the wait on the caller's stream, the default).
 case " $PARTS " in *" latespin "*) late_gate_checks 0 "kernels waiting on their SMs" ;; esac
-# =2: a one-warp kernel polls for the arguments instead of the stream memory wait.
-case " $PARTS " in *" latekernel "*) late_gate_checks 2 "a one-warp kernel waiting for the arguments" ;; esac
 
 case " $PARTS " in *" late "*|*" latemix "*)
   # Each rank alone: under mpirun the first half of the ranks take the late way always

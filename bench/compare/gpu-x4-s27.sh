@@ -4,8 +4,7 @@
 # with late arguments), so its blocks take their SMs only once the peers are there; late2s
 # is the kernel without it, spinning on its SMs. Logs under $OUT/logs, tarred to
 # $OUT/logs-<part>.tgz.
-#   g  the GPU suite's late, latespin and latekernel parts (S27_PARTS).
-#   (late2k: RAILCC_GPU_LATE_GATE=2, a one-warp kernel waits for the arguments.)
+#   g  the GPU suite's late and latespin parts (S27_PARTS).
 #   n  nccl-tests under mpirun -np N: all_reduce, all_gather, reduce_scatter 1 MB-256 MB,
 #      railcc default, late (=2), late2s, NCCL.
 #   p  bench/torch/late_peer.py on every GPU: rank 0's matrix products while its peers are
@@ -23,7 +22,7 @@ cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
 session_begin
 L2="late2:RAILCC_GPU_LATE_ARGS=2" L2S="late2s:RAILCC_GPU_LATE_ARGS=2,RAILCC_GPU_LATE_GATE=0"
-L2K="late2k:RAILCC_GPU_LATE_ARGS=2,RAILCC_GPU_LATE_GATE=2"
+
 # steps NAME LAYOUT MODES LIBS LIMIT EXTRA [STEP_ARGS]: bench/torch/step.sh pinned (STEP_PIN, 1),
 # STEP_RUNS runs (2), its log in $L/NAME.txt and its files under $L/NAME.
 steps() {
@@ -33,7 +32,7 @@ steps() {
 }
 case ${1:-} in
   g)
-    OUT=$L TEST_GPU_PARTS="${S27_PARTS:-late latespin latekernel}" TEST_GPU_CHECK_LIMIT=120 timeout $(left 570) bash scripts/test-gpu.sh 2>&1 \
+    OUT=$L TEST_GPU_PARTS="${S27_PARTS:-late latespin}" TEST_GPU_CHECK_LIMIT=120 timeout $(left 570) bash scripts/test-gpu.sh 2>&1 \
       | grep -E "^(PASS|FAIL|SKIP|      )|test-gpu:" | cut -c1-220
     ;;
   n)
@@ -57,12 +56,11 @@ case ${1:-} in
   p)
     # bench/torch/late_peer.py on every GPU: rank 0's products while its peers are 100 ms late.
     N=$(nvidia-smi -L | wc -l) port=29700
-    for v in ${S27_VARIANTS:-railcc late2 late2k late2s late2b24 nccl}; do
+    for v in ${S27_VARIANTS:-railcc late2 late2s late2b24 nccl}; do
       port=$((port + 1)) envs=(LD_PRELOAD=$PWD/.device/lib/libnccl.so.2)
       case $v in
         late2) envs+=(RAILCC_GPU_LATE_ARGS=2) ;;
         late2s) envs+=(RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_GATE=0) ;;
-        late2k) envs+=(RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_GATE=2) ;;
         late2b24) envs+=(RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_MAX_BLOCKS=24) ;;
         nccl) envs=() ;;
       esac
@@ -73,8 +71,8 @@ case ${1:-} in
       grep "^late_peer:" $L/late_peer-$v.log
     done
     ;;
-  b) steps host host "ddp fsdp" "${S27_LIBS:-nccl}" 80 "${S27_EXTRA:-$L2 $L2K $L2S}" "--steps 30" ;;
-  b2) STEP_NPROC=2 steps host2 host "ddp fsdp" "${S27_LIBS:-nccl}" 80 "${S27_EXTRA:-$L2 $L2K $L2S}" "--steps 30" ;;
+  b) steps host host "ddp fsdp" "${S27_LIBS:-nccl}" 80 "${S27_EXTRA:-$L2 $L2S}" "--steps 30" ;;
+  b2) STEP_NPROC=2 steps host2 host "ddp fsdp" "${S27_LIBS:-nccl}" 80 "${S27_EXTRA:-$L2 $L2S}" "--steps 30" ;;
   h) steps 2x2 2x2 "hsdp ddp" "railcc nccl-4x4" 100 "$L2" "--steps 30" ;;
   o) steps overlap host overlap "railcc nccl" 100 "$L2 $L2S" ;;
   *) echo "usage: $0 g|n|p|b|b2|h|o"; exit 2 ;;

@@ -427,7 +427,8 @@ config! {
     /// stream wait's release costs: with products running the call finished 1.0-1.6 ms after
     /// the last peer came, against 0.75-0.83 ms spinning or NCCL's (0.7-0.8 all alike on an
     /// idle GPU; the same with the wait on a stream of the highest priority, tried and
-    /// removed). 2: a one-warp kernel polls the word instead (one block slot while it waits).
+    /// removed; so was a one-warp kernel polling the word instead, 0.9-1.4 ms, the products
+    /// 1.07-1.09x: the late kernel's blocks wait for SMs behind the products' either way).
     gpu_late_gate: u8 = 1, "RAILCC_GPU_LATE_GATE";
     /// The GPU this rank's data lives on (libnccl and the GPU paths set it; -1: none): its
     /// rails between hosts are the NICs nearest that GPU (`railcc topo`), as rail-optimised

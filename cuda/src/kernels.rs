@@ -45,7 +45,7 @@ const _: () =
 /// batch kernels of a group's messages (p2p_many.rs): every send of the batch ready, every
 /// receive copied by thread blocks pulling from all peers at once, every send copied; and all
 /// of a batch in one launch.
-pub const P2P_KERNELS: [&str; 11] = [
+pub const P2P_KERNELS: [&str; 10] = [
     "p2p_ready",
     "p2p_wait_ready",
     "p2p_copied",
@@ -56,7 +56,6 @@ pub const P2P_KERNELS: [&str; 11] = [
     "p2p_recv_done",
     "p2p_fused",
     "p2p_ll",
-    "late_gate",
 ];
 /// The whole per-GPU area that peers reach: sync words, the low-latency scratch, the push
 /// all-reduce's scratch (push.rs), then the low-latency send/recv inbox (p2p_ll.rs).
@@ -233,13 +232,12 @@ pub fn modules() -> Vec<Module> {
         dtype: None,
         ops: Vec::new(),
         src: format!(
-            "{helpers}{}{}{}{}{}{}",
+            "{helpers}{}{}{}{}{}",
             p2p_source(),
             crate::p2p_many::SOURCE,
             crate::p2p_ll::source(),
             crate::check::source(),
-            crate::copies::SOURCE,
-            crate::late::GATE_SOURCE
+            crate::copies::SOURCE
         ),
     }];
     v.extend(family_modules(

@@ -130,49 +130,6 @@ __device__ bool late_take(unsigned long long host, unsigned long long dev, unsig
 }
 "#;
 
-/// Index of the gate kernel in `kernels::P2P_KERNELS` (the common module).
-pub const GATE_KERNEL: usize = 10;
-
-/// CUDA source of the gate kernel (`RAILCC_GPU_LATE_GATE=2`, in the common module): one warp
-/// whose lane 0 polls a u32 word of mapped pinned memory until it reaches `call` (cyclic, as
-/// a stream memory wait compares) or the context's kernels are stopped; the late kernel after
-/// it on the stream starts once it ends.
-pub const GATE_SOURCE: &str = r#"
-extern "C" __global__ void late_gate(unsigned long long word, unsigned int call, unsigned long long sync) {
-  if (threadIdx.x != 0) return;
-  volatile unsigned int* w = (volatile unsigned int*)word;
-  unsigned int spins = 0;
-  while ((int)(*w - call) < 0) {
-    if ((++spins & 1023u) == 0 && aborted(sync)) return;
-  }
-}
-"#;
-
-/// Enqueues the gate kernel on `stream`: it ends once the u32 at device address `word`
-/// reaches `call` or the context's kernels are stopped.
-///
-/// # Safety
-/// `stream` a live stream of `gpu`'s context; `word` a device address of mapped pinned memory
-/// of it that stays allocated until the stream has passed the kernel.
-pub unsafe fn launch_gate(
-    gpu: &crate::gpu::GpuCtx,
-    stream: cudarc::driver::sys::CUstream,
-    word: u64,
-    call: u32,
-) -> Result<()> {
-    gpu.bind()?;
-    let f = gpu.p2p_func(GATE_KERNEL)?;
-    let (mut word, mut call, mut sync) = (word, call, gpu.sync.ptr);
-    let mut params: [*mut std::ffi::c_void; 3] = [
-        &mut word as *mut u64 as *mut std::ffi::c_void,
-        &mut call as *mut u32 as *mut std::ffi::c_void,
-        &mut sync as *mut u64 as *mut std::ffi::c_void,
-    ];
-    // SAFETY: the parameters match `late_gate`'s signature and live across the call; the
-    // caller vouches for the stream and the word.
-    unsafe { crate::launch::enqueue(f, 1, 32, stream, &mut params, "cuLaunchKernel (late gate)") }
-}
-
 /// The slot's words from u32 word [`ARGS`] on for `s`: counts, range, inputs, outputs.
 pub fn args_words(s: &Spec) -> Result<Vec<u32>> {
     if s.ins.len() > MAX_PEERS || s.outs.len() > MAX_PEERS {
@@ -221,10 +178,6 @@ mod tests {
             assert!(src.contains(read), "the late bulk kernel reads {read}");
         }
         assert!(SOURCE.contains("((volatile unsigned int*)host)[2] = token"));
-        assert_eq!(crate::kernels::P2P_KERNELS[GATE_KERNEL], "late_gate");
-        assert!(GATE_SOURCE.contains(
-            "void late_gate(unsigned long long word, unsigned int call, unsigned long long sync)"
-        ));
         for p in [BULK_PROLOGUE, PUSH_PROLOGUE] {
             assert!(p.contains("late_take(late_host, late, token, "), "{p}");
         }

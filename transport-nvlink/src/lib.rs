@@ -97,8 +97,7 @@ pub struct Settings {
     pub late_wait: std::time::Duration,
     /// ... and a late kernel waits on its stream, not on its SMs, for its arguments
     /// (`RAILCC_GPU_LATE_GATE`; each rank alone).
-    /// 2: a one-warp kernel polls for the arguments instead of a stream memory wait.
-    pub late_gate: u8,
+    pub late_gate: bool,
 }
 
 impl Settings {

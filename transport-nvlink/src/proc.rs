@@ -74,7 +74,7 @@ pub struct ProcGpu {
     /// ... unless every peer is there within this (`RAILCC_GPU_LATE_WAIT_US`).
     late_wait: Duration,
     /// ... and a late kernel waits on its stream for its arguments (`RAILCC_GPU_LATE_GATE`).
-    late_gate: u8,
+    late_gate: bool,
     /// Where the data of buffers no peer can map goes through (made and grown on use), and
     /// the stream that used it last.
     bounce: Mutex<Bounce>,

@@ -54,6 +54,6 @@ pub fn settings(cfg: &Config) -> Settings {
         late_args: cfg.gpu_late_args != 0,
         late_push: cfg.gpu_late_args >= 2,
         late_wait: std::time::Duration::from_micros(cfg.gpu_late_wait_us),
-        late_gate: cfg.gpu_late_gate.min(2),
+        late_gate: cfg.gpu_late_gate != 0,
     }
 }

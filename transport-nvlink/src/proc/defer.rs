@@ -318,19 +318,6 @@ impl Deferred {
         unsafe { self.release.done.wait_geq_on(stream, 0, call as u32) }
     }
 
-    /// As [`Deferred::gate`], but a one-warp kernel polls the word (`RAILCC_GPU_LATE_GATE=2`):
-    /// it holds a block slot while it waits, and lets the late kernel launch about as soon as
-    /// the word moves (a stream memory wait's release took 0.3-0.9 ms longer while matrix
-    /// products ran, `bench/torch/late_peer.py`). It stops at an abort too.
-    ///
-    /// # Safety
-    /// As for [`Deferred::gate`].
-    pub unsafe fn gate_kernel(&self, gpu: &GpuCtx, stream: Stream, call: u64) -> Result<()> {
-        let word = self.release.done.dev_ptr(0)?;
-        // SAFETY: as in `gate`; the sync area is this context's.
-        unsafe { railcc_cuda::late::launch_gate(gpu, stream, word, call as u32) }
-    }
-
     /// Counts call `call` as pending and sends it to the launcher.
     fn hand(&self, call: u64, shape: [u64; 5], deadline: Instant, work: Work) -> Result<()> {
         let tx = self.tx.as_ref().ok_or_else(stopped)?;

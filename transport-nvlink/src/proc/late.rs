@@ -179,10 +179,8 @@ impl ProcGpu {
         // (mapped before it writes the slot).
         unsafe {
             self.kernel_order.lock().run_eager(&self.gpu, c.stream, || {
-                match self.late_gate {
-                    0 => {}
-                    1 => d.gate(stream, call)?,
-                    _ => d.gate_kernel(&self.gpu, stream, call)?,
+                if self.late_gate {
+                    d.gate(stream, call)?;
                 }
                 match form {
                     LateForm::Push { blocks, slot } => railcc_cuda::push::launch(
