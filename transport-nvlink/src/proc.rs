@@ -179,7 +179,8 @@ struct Watch {
     /// The communicator is closing (waiting for its last call's kernels): a peer that
     /// exits then has closed too, so it only stops this rank's kernels, unreported.
     closing: Arc<AtomicBool>,
-    /// Lets streams waiting for deferred calls go (`RAILCC_GPU_DEFER`).
+    /// Lets streams waiting for the launcher go (`RAILCC_GPU_DEFER`, late arguments), and
+    /// tells whether the launcher is stuck.
     release: Option<Arc<defer::Release>>,
 }
 
@@ -238,6 +239,18 @@ impl Watch {
             }
             if self.gpu.kernels_timed_out() {
                 return self.break_with(kernel_timeout(self.name(self.me)), true);
+            }
+            if let Some(d) = self.release.as_ref().and_then(|r| r.stuck()) {
+                let e = Error::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "the GPU call launcher has been on one call for {:.1} s, past twice the communicator's timeout: stuck (in a driver call?)",
+                        d.as_secs_f64()
+                    ),
+                )
+                .rank(self.name(self.me))
+                .transport(crate::NAME);
+                return self.break_with(e, true);
             }
             if let Some((peer, bytes)) = self.gpu.kernels_size_mismatch() {
                 let e = size_mismatch(self.name(self.me), self.name(peer), bytes);

@@ -114,6 +114,47 @@ pub(super) struct Release {
     /// The last call handed to the launcher.
     last: AtomicU64,
     released: AtomicBool,
+    /// Whether the launcher is on a job, since when ([`Release::stuck`]).
+    busy: Busy,
+}
+
+/// Since when the launcher has been on its job, and how long a job may take before the
+/// launcher counts as stuck (`None`: never).
+struct Busy {
+    /// ns after `epoch`, plus 1; 0: between jobs.
+    since: AtomicU64,
+    epoch: Instant,
+    after: Option<Duration>,
+}
+
+impl Busy {
+    fn new(after: Option<Duration>) -> Busy {
+        Busy {
+            since: AtomicU64::new(0),
+            epoch: Instant::now(),
+            after,
+        }
+    }
+
+    fn set(&self, on: bool) {
+        let t = match on {
+            true => (self.epoch.elapsed().as_nanos().min(u64::MAX as u128 - 1) as u64) + 1,
+            false => 0,
+        };
+        self.since.store(t, Ordering::Release);
+    }
+
+    /// How long the current job has taken, once past `after`.
+    fn stuck(&self) -> Option<Duration> {
+        let since = self.since.load(Ordering::Acquire);
+        let after = self.after?;
+        let on = (since != 0).then(|| {
+            self.epoch
+                .elapsed()
+                .saturating_sub(Duration::from_nanos(since - 1))
+        })?;
+        (on > after).then_some(on)
+    }
 }
 
 impl Release {
@@ -133,6 +174,16 @@ impl Release {
 
     fn store_ahead(&self) {
         self.done.store(0, self.ahead());
+    }
+
+    /// How long the launcher has been on its job, where that is longer than any job can
+    /// take unless the launcher is stuck (in a driver call): its peers' wait ends at the
+    /// call's deadline and its wait for a slot's acknowledgement one timeout later, so twice
+    /// the communicator's timeout and a second. Never without a timeout. The peer watcher
+    /// breaks the communicator then, which lets every waiting stream go: a stream waiting
+    /// for late arguments (`Deferred::gate`) has no deadline of its own.
+    pub fn stuck(&self) -> Option<Duration> {
+        self.busy.stuck()
     }
 
     /// The launcher is done with late call `call` (its slot filled or failed): a stream
@@ -184,12 +235,17 @@ impl Deferred {
         };
         let (tx, rx) = crossbeam_channel::unbounded();
         let pending = Arc::new(AtomicU64::new(0));
+        let timeout = Duration::from_nanos(parts.timeout_ns);
         let release = Arc::new(Release {
             done,
             last: AtomicU64::new(0),
             released: AtomicBool::new(false),
+            busy: Busy::new(
+                timeout
+                    .checked_mul(2)
+                    .and_then(|t| t.checked_add(Duration::from_secs(1))),
+            ),
         });
-        let timeout = Duration::from_nanos(parts.timeout_ns);
         let launcher = Launcher {
             parts,
             pending: pending.clone(),
@@ -406,6 +462,7 @@ impl Launcher {
             };
             let call = job.call;
             tracing::debug!("rank {}: launcher took call {call}", self.parts.rank);
+            self.release.busy.set(true);
             let r = match job.work {
                 Work::Late(l) => self.late(call, job.shape, job.deadline, l),
                 work => self.launch(Job { work, ..job }),
@@ -414,6 +471,7 @@ impl Launcher {
                 tracing::debug!("rank {}: launcher failed call {call}: {e}", self.parts.rank);
                 self.fail(e);
             }
+            self.release.busy.set(false);
             self.release_on_stream();
             self.pending.fetch_sub(1, Ordering::AcqRel);
         }
@@ -598,5 +656,28 @@ fn next(rx: &Receiver<Job>) -> Next {
                 };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Busy;
+    use std::time::Duration;
+
+    #[test]
+    fn a_launcher_counts_as_stuck_only_on_a_job_past_its_limit() {
+        let b = Busy::new(Some(Duration::from_millis(20)));
+        assert_eq!(b.stuck(), None, "between jobs");
+        b.set(true);
+        assert_eq!(b.stuck(), None, "a job just taken");
+        std::thread::sleep(Duration::from_millis(40));
+        let d = b.stuck().expect("40 ms on a job with a 20 ms limit");
+        assert!(d >= Duration::from_millis(40), "{d:?}");
+        b.set(false);
+        assert_eq!(b.stuck(), None, "the job ended");
+        let never = Busy::new(None);
+        never.set(true);
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(never.stuck(), None, "no timeout: never stuck");
     }
 }
