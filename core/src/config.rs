@@ -408,7 +408,7 @@ config! {
     /// it has met the peers (as NCCL's calls return at once and wait on the GPU). All-reduces
     /// and all-gathers then take the bulk kernel (not the push kernel or the copy engines).
     /// Every rank must have it on; not with RAILCC_GPU_DEFER. An experiment (twentieth
-    /// session). 2: all-reduces on the push kernel too (its late form; not yet run on a GPU).
+    /// session). 2: all-reduces on the push kernel too (its late form).
     gpu_late_args: u8 = 0, "RAILCC_GPU_LATE_ARGS";
     /// With RAILCC_GPU_LATE_ARGS: how long, in microseconds, a call waits on the host for
     /// its peers (and for the launcher thread's earlier late calls) before it takes the late

@@ -118,42 +118,29 @@ pub(super) struct Release {
     busy: Busy,
 }
 
-/// Since when the launcher has been on its job, and how long a job may take before the
-/// launcher counts as stuck (`None`: never).
+/// Since when the launcher has been on its job (`None`: between jobs), and how long a job
+/// may take before the launcher counts as stuck (`None`: never).
 struct Busy {
-    /// ns after `epoch`, plus 1; 0: between jobs.
-    since: AtomicU64,
-    epoch: Instant,
+    since: Mutex<Option<Instant>>,
     after: Option<Duration>,
 }
 
 impl Busy {
     fn new(after: Option<Duration>) -> Busy {
         Busy {
-            since: AtomicU64::new(0),
-            epoch: Instant::now(),
+            since: Mutex::new(None),
             after,
         }
     }
 
     fn set(&self, on: bool) {
-        let t = match on {
-            true => (self.epoch.elapsed().as_nanos().min(u64::MAX as u128 - 1) as u64) + 1,
-            false => 0,
-        };
-        self.since.store(t, Ordering::Release);
+        *self.since.lock() = on.then(Instant::now);
     }
 
     /// How long the current job has taken, once past `after`.
     fn stuck(&self) -> Option<Duration> {
-        let since = self.since.load(Ordering::Acquire);
-        let after = self.after?;
-        let on = (since != 0).then(|| {
-            self.epoch
-                .elapsed()
-                .saturating_sub(Duration::from_nanos(since - 1))
-        })?;
-        (on > after).then_some(on)
+        let on = (*self.since.lock())?.elapsed();
+        (on > self.after?).then_some(on)
     }
 }
 
