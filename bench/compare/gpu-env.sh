@@ -50,3 +50,36 @@ session_end() {
   echo "== part $1 ended after $(($(date +%s) - T0)) s"
   cd "$OUT" && tar czf "logs-$1.tgz" logs && rm -rf logs
 }
+# session_steps NAME LAYOUT MODES LIBS LIMIT EXTRA [STEP_ARGS]: bench/torch/step.sh pinned
+# (STEP_PIN, 1), STEP_RUNS runs (2), within the session's 575 s; its log in $L/NAME.txt and its
+# files under $L/NAME.
+session_steps() {
+  OUT=$L/$1 STEP_PIN=${STEP_PIN:-1} STEP_LAYOUTS=$2 STEP_MODES=$3 STEP_RUNS=${STEP_RUNS:-2} STEP_LIBS=$4 \
+    STEP_LIMIT=$5 STEP_EXTRA=$6 STEP_ARGS=${7:-} NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
+    timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/$1.txt" | grep -v "^  "
+}
+# nccl_variants PREFIX VARIANT...: nccl-tests all_reduce, all_gather and reduce_scatter,
+# 1 MB-256 MB, -c 1, under mpirun -np (every GPU), for each VARIANT: "nccl" (NCCL), or
+# "name[:VAR=VALUE,...]" (railcc's libnccl with those settings); logs $L/PREFIX-COLL-name.log;
+# prints a line per run (NCCL's with its channel count) and its rows.
+nccl_variants() {
+  local prefix=$1 n c v name f lib
+  shift
+  n=$(nvidia-smi -L | wc -l)
+  nccl_tests_build_both >/dev/null 2>&1 || echo "FAIL  nccl-tests build"
+  for c in all_reduce all_gather reduce_scatter; do
+    for v in "$@"; do
+      local -a set=() pass=()
+      name=${v%%:*} f="$L/$prefix-$c-${v%%:*}.log" lib="$PWD/.device/lib"
+      [[ $v == *:* ]] && IFS=',' read -r -a set <<< "${v#*:}"
+      for x in "${set[@]}"; do pass+=(-x "${x%%=*}"); done
+      [ "$name" = nccl ] && lib=$NCCL_HOME/lib
+      env "${set[@]}" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT LD_LIBRARY_PATH="$lib:/usr/local/cuda/lib64" \
+        timeout 90 mpirun -np "$n" --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH \
+        -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS "${pass[@]}" \
+        $NTM/build/${c}_perf -g 1 -b 1M -e 256M -f 4 -n 20 -w 5 -c 1 > "$f" 2>&1
+      echo "== $c $name: exit $?, $(grep -c 'Out of bounds values : 0 OK' "$f") OK table(s)$( [ "$name" = nccl ] && grep -m1 -oE ' [0-9]+ coll channels' "$f")"
+      grep -E "^ +[0-9]+ +[0-9]+ " "$f" | awk '{printf "  %10s %10s us %7s GB/s busbw #wrong %s\n", $1, $6, $8, $9}'
+    done
+  done
+}

@@ -17,23 +17,7 @@ case ${1:-} in
     OUT=$L TEST_GPU_PARTS="${S25_PARTS:-late}" TEST_GPU_CHECK_LIMIT=120 timeout $(left 570) bash scripts/test-gpu.sh 2>&1 \
       | grep -E "^(PASS|FAIL|SKIP|      )|test-gpu:" | cut -c1-200
     ;;
-  n)
-    N=$(nvidia-smi -L | wc -l)
-    nccl_tests_build_both >/dev/null 2>&1 || echo "FAIL  nccl-tests build"
-    NCCL_HOME=$(python3 -c "import nvidia.nccl,os;print(nvidia.nccl.__path__[0])")
-    MPIN="mpirun -np $N --bind-to none --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_NVLS_ENABLE -x RAILCC_CACHE_DIR -x RAILCC_GPU_LATE_ARGS -x NCCL_DEBUG -x NCCL_DEBUG_SUBSYS"
-    for c in all_reduce all_gather reduce_scatter; do
-    for v in railcc late2 nccl; do
-      lib="$PWD/.device/lib" late=0 f="$L/a-$c-$v.log"
-      [ "$v" = nccl ] && lib=$NCCL_HOME/lib
-      case $v in late*) late=${v#late} ;; esac
-      env RAILCC_GPU_LATE_ARGS=$late NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT LD_LIBRARY_PATH="$lib:/usr/local/cuda/lib64" \
-        timeout 90 $MPIN $NTM/build/${c}_perf -g 1 -b 1M -e 256M -f 4 -n 20 -w 5 -c 1 > "$f" 2>&1
-      echo "== $c $v: exit $?, $(grep -c 'Out of bounds values : 0 OK' "$f") OK table(s)$( [ $v = nccl ] && grep -m1 -oE ' [0-9]+ coll channels' "$f")"
-      grep -E "^ +[0-9]+ +[0-9]+ " "$f" | awk '{printf "  %10s %10s us %7s GB/s busbw #wrong %s\n", $1, $6, $8, $9}'
-    done
-    done
-    ;;
+  n) nccl_variants a railcc late2:RAILCC_GPU_LATE_ARGS=2 nccl ;;
   b)
     OUT=$L/host STEP_LAYOUTS=host STEP_MODES="ddp fsdp" STEP_RUNS=${STEP_RUNS:-2} STEP_LIMIT=80 STEP_LIBS="railcc nccl" \
       STEP_EXTRA="${S25_EXTRA:-late2:RAILCC_GPU_LATE_ARGS=2 late2w0:RAILCC_GPU_LATE_ARGS=2,RAILCC_GPU_LATE_WAIT_US=0}" STEP_ARGS="--steps 30" \

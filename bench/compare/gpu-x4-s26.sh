@@ -27,13 +27,6 @@ cd "$(dirname "$0")/../.."
 source bench/compare/gpu-env.sh
 session_begin
 LATE="late2:RAILCC_GPU_LATE_ARGS=2" LATE24="late2b24:RAILCC_GPU_LATE_ARGS=2,RAILCC_GPU_MAX_BLOCKS=24"
-# steps NAME LAYOUT MODES LIBS LIMIT EXTRA [STEP_ARGS]: bench/torch/step.sh pinned (STEP_PIN, 1),
-# STEP_RUNS runs (2), its log in $L/NAME.txt and its files under $L/NAME.
-steps() {
-  OUT=$L/$1 STEP_PIN=${STEP_PIN:-1} STEP_LAYOUTS=$2 STEP_MODES=$3 STEP_RUNS=${STEP_RUNS:-2} STEP_LIBS=$4 \
-    STEP_LIMIT=$5 STEP_EXTRA=$6 STEP_ARGS=${7:-} NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
-    timeout $(left 575) bash bench/torch/step.sh 2>&1 | tee "$L/$1.txt" | grep -v "^  "
-}
 case ${1:-} in
   a)
     OUT=$L TEST_GPU_PARTS=late TEST_GPU_CHECK_LIMIT=120 timeout $(left 570) bash scripts/test-gpu.sh 2>&1 \
@@ -44,9 +37,9 @@ case ${1:-} in
     OUT=$L TEST_GPU_PARTS=latemix TEST_GPU_LATE_MIX_WAITS="1000000 0" TEST_GPU_CHECK_LIMIT=120 \
       timeout $(left 570) bash scripts/test-gpu.sh 2>&1 | grep -E "^(PASS|FAIL|SKIP)|test-gpu:|late_mix:" | cut -c1-220
     ;;
-  b) steps host host "ddp fsdp" "railcc nccl" 80 "$LATE $LATE24" "--steps 30" ;;
-  h) steps 2x2 2x2 "hsdp ddp" "railcc nccl-4x4" 100 "$LATE" "--steps 30" ;;
-  o) steps overlap host overlap "railcc nccl" 100 "$LATE $LATE24" ;;
+  b) session_steps host host "ddp fsdp" "railcc nccl" 80 "$LATE $LATE24" "--steps 30" ;;
+  h) session_steps 2x2 2x2 "hsdp ddp" "railcc nccl-4x4" 100 "$LATE" "--steps 30" ;;
+  o) session_steps overlap host overlap "railcc nccl" 100 "$LATE $LATE24" ;;
   *) echo "usage: $0 a|x|n|b|h|o"; exit 2 ;;
 esac
 session_end "$1"
