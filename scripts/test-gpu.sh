@@ -454,11 +454,11 @@ case " $PARTS " in *" late "*)
   grep -E "^(PASS|FAIL|      )" /tmp/test-gpu-recover.log
 ;; esac
 
-# late_gate_checks G WHAT: the late checks with RAILCC_GPU_LATE_GATE=G (WHAT says how the
-# kernels wait); every call late (but one check at the default wait), both late forms.
-late_gate_checks() {
-  local g=$1 what=$2
-  local gate=(env RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_GATE=$g RAILCC_GPU_LATE_WAIT_US=0)
+case " $PARTS " in *" latespin "*)
+  # RAILCC_GPU_LATE_GATE=0: no stream wait ahead of a late kernel, whose blocks wait for its
+  # arguments on their SMs (the late part runs with the wait, the default); every call late
+  # (but one check at the default wait), both late forms.
+  gate=(env RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_GATE=0 RAILCC_GPU_LATE_WAIT_US=0) what="kernels waiting on their SMs"
   check "bench all_reduce --per-process --ranks $NG, late arguments, $what: every dtype and op, 1 KB-64 MB, --offset 8" \
     "${gate[@]}" $R bench all_reduce --device cuda --per-process --ranks $NG -b 1K -e 64M -f 4 -d all -o all -n 1 -w 0 -r 1 --offset 8
   for c in all_reduce all_gather reduce_scatter broadcast; do
@@ -466,17 +466,14 @@ late_gate_checks() {
       "${gate[@]}" $R bench $c --device cuda --per-process --ranks $NG -b 4100 -e 64M -f 4 -d float,bfloat16 -o sum,avg -n 4 -w 1 -G 3 -r 1 --fill random
   done
   check "bench all_reduce --per-process --ranks $NG, late arguments, $what, at the default wait (either form per call and rank): --fill random, 4100 B-64 MB" \
-    env RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_GATE=$g $R bench all_reduce --device cuda --per-process --ranks $NG -b 4100 -e 64M -f 4 -d float,bfloat16 -o sum,avg -n 8 -w 1 -G 3 -r 1 --fill random
-  RAILCC_GPU_LATE_GATE=$g MISMATCH_WAYS=late timeout 200 bash nccl-compat/tests/mismatch/mismatch.sh > /tmp/test-gpu-mismatch.log 2>&1
+    env RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_GATE=0 $R bench all_reduce --device cuda --per-process --ranks $NG -b 4100 -e 64M -f 4 -d float,bfloat16 -o sum,avg -n 8 -w 1 -G 3 -r 1 --fill random
+  RAILCC_GPU_LATE_GATE=0 MISMATCH_WAYS=late timeout 200 bash nccl-compat/tests/mismatch/mismatch.sh > /tmp/test-gpu-mismatch.log 2>&1
   verdict "mismatch with late arguments, $what (nccl-compat/tests/mismatch/mismatch.sh)" $? /tmp/test-gpu-mismatch.log notable
   grep -E "^(PASS|FAIL|      )" /tmp/test-gpu-mismatch.log
-  RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_GATE=$g RAILCC_GPU_LATE_WAIT_US=0 RECOVER_CASES="${LATE_RECOVER_CASES:-abort:4 kill:host:shrink}" timeout 400 bash nccl-compat/tests/recover/recover.sh > /tmp/test-gpu-recover.log 2>&1
+  RAILCC_GPU_LATE_ARGS=2 RAILCC_GPU_LATE_GATE=0 RAILCC_GPU_LATE_WAIT_US=0 RECOVER_CASES="${LATE_RECOVER_CASES:-abort:4 kill:host:shrink}" timeout 400 bash nccl-compat/tests/recover/recover.sh > /tmp/test-gpu-recover.log 2>&1
   verdict "recover with late arguments, $what: a killed rank, ncclCommAbort while calls wait (nccl-compat/tests/recover/recover.sh)" $? /tmp/test-gpu-recover.log notable
   grep -E "^(PASS|FAIL|      )" /tmp/test-gpu-recover.log
-}
-# RAILCC_GPU_LATE_GATE=0: no stream wait ahead of a late kernel, whose blocks wait for its
-# arguments on their SMs (the late part runs with the wait on the caller's stream, the default).
-case " $PARTS " in *" latespin "*) late_gate_checks 0 "kernels waiting on their SMs" ;; esac
+;; esac
 
 case " $PARTS " in *" late "*|*" latemix "*)
   # Each rank alone: under mpirun the first half of the ranks take the late way always
